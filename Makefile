@@ -1,0 +1,37 @@
+# Two commands set up a fresh machine and do the work (see README):
+#   make report   -> virtual environment, install, run `pathlift report` on its embedded default
+#   make test     -> virtual environment, install, ruff, the default test selection
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install report test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned: 2.13.0 is the local CPU build (an unpinned torch pulls CUDA).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+report: $(STAMP)
+	$(BIN)/pathlift report
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+test: $(STAMP) lint
+	$(BIN)/pytest
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -m slow
+
+bench: $(STAMP)
+	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) report build *.egg-info src/*.egg-info

@@ -1,0 +1,20 @@
+"""pathlift: the path-lifting of ReLU networks, made usable on real PyTorch models."""
+
+from pathlift.errors import (
+    ArchitectureMismatchError,
+    InvalidParameterError,
+    PathliftError,
+    ShapeError,
+    UnsupportedModelError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArchitectureMismatchError",
+    "InvalidParameterError",
+    "PathliftError",
+    "ShapeError",
+    "UnsupportedModelError",
+    "__version__",
+]

@@ -1,0 +1,48 @@
+"""Typed errors of pathlift. Each message names the offending layer and says what to do."""
+
+from __future__ import annotations
+
+
+class PathliftError(Exception):
+    """Base class of every error pathlift raises on purpose."""
+
+
+class UnsupportedModelError(PathliftError):
+    """The model contains an operation outside the ReLU DAG model of thesis Def. 2.2.2."""
+
+    def __init__(self, problems: list[Problem] | str):
+        if isinstance(problems, str):
+            self.problems: list[Problem] = []
+            super().__init__(problems)
+            return
+        self.problems = list(problems)
+        lines = [str(p) for p in self.problems]
+        head = "model is not a supported ReLU network (thesis Def. 2.2.2):"
+        super().__init__(head + "\n  " + "\n  ".join(lines))
+
+
+class ShapeError(PathliftError):
+    """The example input shape does not fit the model."""
+
+
+class ArchitectureMismatchError(PathliftError):
+    """Two models (or a model and a state_dict) do not share one architecture."""
+
+
+class InvalidParameterError(PathliftError):
+    """Parameters hold NaN/inf, or an argument is out of its domain."""
+
+
+class Problem:
+    """One unsupported node: where it is, what op it is, why it is refused, what to do."""
+
+    __slots__ = ("node", "op", "reason")
+
+    def __init__(self, node: str, op: str, reason: str):
+        self.node, self.op, self.reason = node, op, reason
+
+    def __repr__(self) -> str:
+        return f"Problem(node={self.node!r}, op={self.op!r}, reason={self.reason!r})"
+
+    def __str__(self) -> str:
+        return f"node '{self.node}' ({self.op}): {self.reason}"

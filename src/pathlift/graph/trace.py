@@ -1,0 +1,242 @@
+"""Trace an ``nn.Module`` with torch.fx into a validated graph of supported operations.
+
+``trace`` is the one entry point of pathlift into a user's model. It never copies
+parameters and never modifies the model: the returned ``LayerGraph`` holds an fx
+``GraphModule`` that shares the model's submodules by reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from pathlift.errors import Problem, ShapeError, UnsupportedModelError
+from pathlift.graph.ops import Call, Handler, Kind, handler_for
+
+HANDLER = "pathlift_handler"
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's default tracer (torch.nn modules are leaves), remembering where it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: list[str] = []
+
+    def call_module(self, m, forward, args, kwargs):  # noqa: ANN001 (fx signature)
+        self.current.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.current.pop()
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """A traced model whose every node has a registered handler and a known output shape."""
+
+    module: fx.GraphModule
+    input_shape: tuple[int, ...]
+    dtype: torch.dtype = field(default=torch.float32)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.module.graph
+
+    def nodes(self) -> Iterator[fx.Node]:
+        """Operation nodes in topological order (placeholder and output excluded)."""
+        return (n for n in self.graph.nodes if n.op not in ("placeholder", "output"))
+
+    def handler(self, node: fx.Node) -> Handler:
+        return node.meta[HANDLER]
+
+    def submodule(self, node: fx.Node) -> nn.Module | None:
+        return self.module.get_submodule(node.target) if node.op == "call_module" else None
+
+    def layers(self, kind: Kind = Kind.AFFINE) -> list[tuple[str, nn.Module]]:
+        """(qualified name, module) of every node of the given kind, in topological order."""
+        return [(n.target, self.submodule(n)) for n in self.nodes()
+                if self.handler(n).kind is kind and n.op == "call_module"]
+
+    def output_shape(self, node: fx.Node) -> tuple[int, ...]:
+        """Shape of a node's output, without the batch dimension."""
+        return tuple(node.meta["tensor_meta"].shape[1:])
+
+    def example_input(self, batch: int = 1, dtype: torch.dtype | None = None) -> Tensor:
+        return torch.zeros((batch, *self.input_shape), dtype=dtype or self.dtype,
+                           device=self.device)
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every problem found in a model at once (empty when the model is supported)."""
+
+    problems: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "model is supported"
+        return "\n".join(str(p) for p in self.problems)
+
+
+def _node_label(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    return node.name
+
+
+def _op_label(node: fx.Node, module: nn.Module | None) -> str:
+    if module is not None:
+        return type(module).__name__
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _symbolic_trace(model: nn.Module) -> fx.GraphModule:
+    tracer = _Tracer()
+    try:
+        graph = tracer.trace(model)
+    except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
+        where = tracer.current[-1] if tracer.current else type(model).__name__
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UnsupportedModelError([Problem(
+            where or "<root>", "data-dependent control flow",
+            f"torch.fx cannot trace it ({reason}); make the forward free of Python "
+            "control flow on tensor values")]) from err
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def _input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or any(s <= 0 for s in shape):
+        raise ShapeError(
+            f"input_shape {tuple(input_shape)} must be positive sizes without the batch "
+            "dimension, e.g. (3, 224, 224)")
+    return shape
+
+
+def _model_dtype(model: nn.Module) -> tuple[torch.dtype, torch.device]:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype, p.device
+    return torch.float32, torch.device("cpu")
+
+
+@contextmanager
+def _buffers_preserved(model: nn.Module) -> Iterator[None]:
+    """Restore every buffer afterwards: a training-mode BatchNorm must not be updated."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+def _classify(gm: fx.GraphModule) -> list[Problem]:
+    """Attach a handler to every node; problems for unknown ops (instance checks come later)."""
+    problems = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "get_attr":
+            problems.append(Problem(node.name, f"parameter access '{node.target}'",
+                                    "functional layers with their own parameters are not "
+                                    "supported; use nn.Linear / nn.Conv modules"))
+            continue
+        module = gm.get_submodule(node.target) if node.op == "call_module" else None
+        handler = handler_for(node, module)
+        if handler is None:
+            problems.append(Problem(
+                _node_label(node), _op_label(node, module),
+                "not an operation of the ReLU DAG model (Def. 2.2.2); supported: Linear, "
+                "Conv, ConvTranspose, eval BatchNorm, ReLU, max/avg pooling, mean, +, cat, "
+                "nearest upsampling, reshapes"))
+            continue
+        node.meta[HANDLER] = handler
+    return problems
+
+
+class _Validate(ShapeProp):
+    """ShapeProp that also asks each node's handler about the concrete call."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.problems: list[Problem] = []
+
+    def run_node(self, n: fx.Node):  # noqa: ANN201
+        if n.op in ("call_module", "call_function", "call_method"):
+            module = self.module.get_submodule(n.target) if n.op == "call_module" else None
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            reason = n.meta[HANDLER].problem(Call(n, module, tuple(args), dict(kwargs)))
+            if reason is not None:
+                self.problems.append(Problem(_node_label(n), _op_label(n, module), reason))
+        try:
+            result = super().run_node(n)
+        except UnsupportedModelError:
+            raise
+        except Exception as err:
+            module = self.module.get_submodule(n.target) if n.op == "call_module" else None
+            raise ShapeError(f"node '{_node_label(n)}' ({_op_label(n, module)}) fails on the "
+                             f"example input: {err}") from err
+        handler = n.meta.get(HANDLER)
+        if handler is not None and handler.kind is not Kind.SHAPE:
+            if not isinstance(result, Tensor):
+                self.problems.append(Problem(_node_label(n), _op_label(n, None),
+                                             "returns a non-tensor value"))
+            elif result.dim() == 0 or result.shape[0] != _BATCH:
+                self.problems.append(Problem(
+                    _node_label(n), _op_label(n, None),
+                    "mixes the batch dimension with features; keep dim 0 as the batch"))
+        return result
+
+
+_BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
+
+
+def check(model: nn.Module, input_shape: Sequence[int]) -> CheckReport:
+    """Every reason why ``model`` is outside the supported ReLU DAG model, all at once."""
+    try:
+        _trace(model, input_shape)
+    except UnsupportedModelError as err:
+        return CheckReport(tuple(err.problems))
+    return CheckReport(())
+
+
+def trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
+    """Trace and validate ``model`` (thesis Def. 2.2.2). The model is not modified.
+
+    Raises UnsupportedModelError listing every unsupported node (name, op, reason) and
+    ShapeError when the example input of ``input_shape`` (no batch dim) does not fit.
+    """
+    return _trace(model, input_shape)
+
+
+def _trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
+    shape = _input_shape(input_shape)
+    gm = _symbolic_trace(model)
+    problems = _classify(gm)
+    if problems:
+        raise UnsupportedModelError(problems)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise UnsupportedModelError([Problem(
+            "<inputs>", "forward signature",
+            f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
+    dtype, device = _model_dtype(model)
+    validator = _Validate(gm)
+    with torch.no_grad(), _buffers_preserved(model):
+        validator.propagate(torch.zeros((_BATCH, *shape), dtype=dtype, device=device))
+    if validator.problems:
+        raise UnsupportedModelError(validator.problems)
+    return LayerGraph(gm, shape, dtype, device)
