@@ -29,7 +29,7 @@ class Scaled:
 
     @staticmethod
     def normalised(t: Tensor, log_scale: float) -> Scaled:
-        peak = float(t.max()) if t.numel() else 0.0
+        peak = float(t.detach().max()) if t.numel() else 0.0
         if peak == 0.0 or not math.isfinite(peak):
             return Scaled(t, log_scale)
         return Scaled(t / peak, log_scale + math.log(peak))
@@ -53,12 +53,14 @@ class AbsPowInterpreter(fx.Interpreter):
         self.layer_graph, self.q, self.dtype = graph, q, dtype
 
     def run_all_ones(self) -> Scaled | tuple[Scaled, ...]:
+        """Outputs o_v = ||Phi^{->v}||_q^q. Differentiable in the parameters through the
+        mantissas (log scales are constants): wrap in torch.no_grad() when no gradient is
+        wanted."""
         ones = torch.ones((1, *self.layer_graph.input_shape), dtype=self.dtype,
                           device=self.layer_graph.device)
-        with torch.no_grad():
-            return self.run(Scaled(ones, 0.0))
+        return self.run(Scaled(ones, 0.0))
 
-    def run_node(self, n: fx.Node):  # noqa: ANN201
+    def run_node(self, n: fx.Node):
         if n.op in ("placeholder", "output"):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -91,14 +93,11 @@ class AbsPowInterpreter(fx.Interpreter):
         bias = handler.bias(call.module)
         if bias is None:
             return Scaled.normalised(y, log_scale)
-        b = bias.detach().to(self.dtype).abs().pow(self.q)
-        peak = float(b.max()) if b.numel() else 0.0
+        b = bias.to(self.dtype).abs().pow(self.q)
+        peak = float(b.detach().max()) if b.numel() else 0.0
         if peak == 0.0:
             return Scaled.normalised(y, log_scale)
         top = max(log_scale, math.log(peak))
-        if handler.channel_dim == -1:
-            shaped = b
-        else:
-            shaped = _channel_view(b, y.dim())
+        shaped = b if handler.channel_dim == -1 else _channel_view(b, y.dim())
         y = y * math.exp(log_scale - top) + (shaped / peak) * math.exp(math.log(peak) - top)
         return Scaled.normalised(y, top)

@@ -74,7 +74,7 @@ def param(module: nn.Module, name: str) -> Tensor | None:
 
 
 def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
-    """Eval-mode BatchNorm as the affine identity neuron x*a + c (thesis Sec. 2.2, below Def 2.2.2)."""
+    """Eval-mode BatchNorm as the affine identity neuron x*a + c (thesis, below Def 2.2.2)."""
     var, mean = bn.running_var, bn.running_mean
     a = torch.rsqrt(var + bn.eps)
     weight, bias = param(bn, "weight"), param(bn, "bias")
@@ -140,7 +140,7 @@ def _nonfinite_problem(module: nn.Module | None) -> str | None:
 
 
 def _abs_pow(t: Tensor, q: float, dtype: torch.dtype) -> Tensor:
-    return t.detach().to(dtype).abs().pow(q)
+    return t.to(dtype).abs().pow(q)
 
 
 class LinearHandler(AffineHandler):
@@ -248,7 +248,7 @@ def window_sum(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
         x = F.pad(x, pad)
     conv = (F.conv1d, F.conv2d, F.conv3d)[dims - 1]
     out = conv(x, ones, None, list(stride), list(padding), list(dilation), channels)
-    slices = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_spatial)
+    slices = (slice(None), slice(None), *tuple(slice(0, o) for o in out_spatial))
     return out[slices]
 
 

@@ -28,7 +28,7 @@ class _Tracer(fx.Tracer):
         super().__init__()
         self.current: list[str] = []
 
-    def call_module(self, m, forward, args, kwargs):  # noqa: ANN001 (fx signature)
+    def call_module(self, m, forward, args, kwargs):
         self.current.append(self.path_of_module(m))
         try:
             return super().call_module(m, forward, args, kwargs)
@@ -174,7 +174,7 @@ class _Validate(ShapeProp):
         super().__init__(gm)
         self.problems: list[Problem] = []
 
-    def run_node(self, n: fx.Node):  # noqa: ANN201
+    def run_node(self, n: fx.Node):
         if n.op in ("call_module", "call_function", "call_method"):
             module = self.module.get_submodule(n.target) if n.op == "call_module" else None
             args, kwargs = self.fetch_args_kwargs_from_env(n)

@@ -64,7 +64,7 @@ def _flatten_outputs(out: Scaled | Sequence[Scaled]) -> torch.Tensor:
 
 
 def mixed_norm_log(log_o: torch.Tensor, q: float, r: float) -> tuple[float, torch.Tensor]:
-    """From ln o_v = ln ||Phi^{->v}||_q^q, the natural log of the (q, r) norm and per-output logs."""
+    """ln of the (q, r) norm, and per-output ln norms, from ln o_v = ln ||Phi^{->v}||_q^q."""
     per_output = log_o / q
     if math.isinf(r):
         total = float(per_output.max())
@@ -77,7 +77,8 @@ def path_norm_of_graph(graph: LayerGraph, q: float = 1.0, r: float = 1.0,
                        dtype: torch.dtype = torch.float64) -> PathNorm:
     """Mixed path-norm of an already traced graph (Thm 3.1.1): one |theta|^q forward pass."""
     _check_exponents(q, r)
-    log_o = _flatten_outputs(AbsPowInterpreter(graph, q, dtype).run_all_ones())
+    with torch.no_grad():
+        log_o = _flatten_outputs(AbsPowInterpreter(graph, q, dtype).run_all_ones())
     total, per_output = mixed_norm_log(log_o, q, r)
     return PathNorm(q=q, r=r, log10=total / _LN10,
                     per_output_log10=tuple((per_output / _LN10).tolist()))
