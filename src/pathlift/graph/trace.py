@@ -22,18 +22,19 @@ HANDLER = "pathlift_handler"
 
 
 class _Tracer(fx.Tracer):
-    """torch.fx's default tracer (torch.nn modules are leaves), remembering where it is."""
+    """torch.fx's default tracer (torch.nn modules are leaves), remembering where it failed."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.current: list[str] = []
+        self.failed_in: str | None = None
 
     def call_module(self, m, forward, args, kwargs):
-        self.current.append(self.path_of_module(m))
         try:
             return super().call_module(m, forward, args, kwargs)
-        finally:
-            self.current.pop()
+        except Exception:
+            if self.failed_in is None:
+                self.failed_in = self.path_of_module(m)
+            raise
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _symbolic_trace(model: nn.Module) -> fx.GraphModule:
     try:
         graph = tracer.trace(model)
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
-        where = tracer.current[-1] if tracer.current else type(model).__name__
+        where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UnsupportedModelError([Problem(
             where or "<root>", "data-dependent control flow",
@@ -175,6 +176,7 @@ class _Validate(ShapeProp):
         self.problems: list[Problem] = []
 
     def run_node(self, n: fx.Node):
+        reason = None
         if n.op in ("call_module", "call_function", "call_method"):
             module = self.module.get_submodule(n.target) if n.op == "call_module" else None
             args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -190,7 +192,7 @@ class _Validate(ShapeProp):
             raise ShapeError(f"node '{_node_label(n)}' ({_op_label(n, module)}) fails on the "
                              f"example input: {err}") from err
         handler = n.meta.get(HANDLER)
-        if handler is not None and handler.kind is not Kind.SHAPE:
+        if reason is None and handler is not None and handler.kind is not Kind.SHAPE:
             if not isinstance(result, Tensor):
                 self.problems.append(Problem(_node_label(n), _op_label(n, None),
                                              "returns a non-tensor value"))
