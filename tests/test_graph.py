@@ -85,7 +85,7 @@ def test_batchnorm_in_training_mode_is_refused_and_not_updated():
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU())
     model.train()
     before = copy.deepcopy(model.state_dict())
-    with pytest.raises(UnsupportedModelError, match="call model.eval"):
+    with pytest.raises(UnsupportedModelError, match=r"call model\.eval"):
         path_norm(model, (1, 5, 5))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
