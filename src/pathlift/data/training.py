@@ -1,0 +1,115 @@
+"""Plain SGD training and top-1 evaluation of classifiers, with per-epoch callbacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch
+from rich.progress import Progress
+from torch import nn
+from torch.utils.data import DataLoader
+
+from pathlift.errors import InvalidParameterError
+
+__all__ = ["Callback", "evaluate", "train_classifier"]
+
+
+class Callback(Protocol):
+    """Anything with ``on_epoch_end``; it may add entries to ``logs`` (they are kept)."""
+
+    def on_epoch_end(self, model: nn.Module, epoch: int, logs: dict[str, Any]) -> None: ...
+
+
+def train_classifier(model: nn.Module, train_loader: DataLoader, epochs: int, lr: float,
+                     momentum: float = 0.9, weight_decay: float = 0.0,
+                     callbacks: Iterable[Callback] = (), progress: bool = True,
+                     seed: int | None = None) -> list[dict[str, Any]]:
+    """Train ``model`` in place with SGD on the cross-entropy; one log dict per epoch.
+
+    Each log holds ``epoch`` (1-based), ``loss`` (mean train loss) and ``accuracy`` (train
+    top-1 accuracy during the epoch), then whatever the callbacks add. With ``seed`` the
+    run is reproducible: the global torch RNG is seeded inside a forked RNG state (the
+    caller's RNG state is left untouched) and the loader's own generator, if it has one,
+    is reseeded. Raises InvalidParameterError when the loss stops being finite.
+    """
+    if epochs < 0 or not lr > 0:
+        raise InvalidParameterError(f"need epochs >= 0 and lr > 0 (got {epochs}, {lr})")
+    callbacks = tuple(callbacks)
+    device = _device(model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                          weight_decay=weight_decay)
+    history: list[dict[str, Any]] = []
+    with _seeded(seed, train_loader), _bar(progress, epochs * len(train_loader)) as advance:
+        for epoch in range(1, epochs + 1):
+            model.train()
+            total_loss, correct, seen = 0.0, 0, 0
+            for x, y in train_loader:
+                x, y = x.to(device), y.to(device)
+                opt.zero_grad(set_to_none=True)
+                out = model(x)
+                loss = nn.functional.cross_entropy(out, y)
+                if not torch.isfinite(loss):
+                    raise InvalidParameterError(
+                        f"training loss became {loss.item()} at epoch {epoch}; lower lr "
+                        f"(now {lr}) or check the inputs")
+                loss.backward()
+                opt.step()
+                total_loss += loss.item() * len(y)
+                correct += int((out.argmax(1) == y).sum())
+                seen += len(y)
+                advance()
+            logs: dict[str, Any] = {"epoch": epoch, "loss": total_loss / max(seen, 1),
+                                    "accuracy": correct / max(seen, 1)}
+            for cb in callbacks:
+                cb.on_epoch_end(model, epoch, logs)
+            history.append(logs)
+    return history
+
+
+def evaluate(model: nn.Module, loader: DataLoader) -> float:
+    """Top-1 accuracy of ``model`` on ``loader`` in eval mode; the training flag is restored."""
+    device = _device(model)
+    was_training = model.training
+    model.eval()
+    correct, seen = 0, 0
+    try:
+        with torch.no_grad():
+            for x, y in loader:
+                pred = model(x.to(device)).argmax(1)
+                correct += int((pred == y.to(device)).sum())
+                seen += len(y)
+    finally:
+        model.train(was_training)
+    if seen == 0:
+        raise InvalidParameterError("evaluate() got an empty loader")
+    return correct / seen
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+@contextmanager
+def _seeded(seed: int | None, loader: DataLoader) -> Iterator[None]:
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        generator = getattr(loader, "generator", None)
+        if generator is not None:
+            generator.manual_seed(seed)
+        yield
+
+
+@contextmanager
+def _bar(show: bool, total: int) -> Iterator[Any]:
+    if not show or total == 0:
+        yield lambda: None
+        return
+    with Progress(transient=True) as bar:
+        task = bar.add_task("training", total=total)
+        yield lambda: bar.advance(task)
+
