@@ -1,0 +1,459 @@
+"""The explicit neuron-level DAG of a small network (thesis Def. 2.2.2): the tests' ground truth.
+
+``NeuronDAG.from_module`` turns a small supported module into the DAG of Def. 2.2.2, with one
+neuron per element of each op's output (batch 1), and computes everything by enumerating
+paths: the path-lifting Phi(theta) and the path-activations A(theta, x) (Def. 2.3.3), the
+output through Thm 2.4.2, and the mixed path-norms of Def. 3.1.1 as explicit sums.
+
+Its numbers are computed independently of the |theta|^q pass of Thm 3.1.1
+(``pathlift.graph.abs_pow``): it never uses the handlers' ``abs_pow``/``weight_part``. It
+only uses the traced graph to know which op each node is, and recovers every number by
+probing the real torch op on a float64 copy of the model:
+
+- linear ops (Linear, Conv, ConvTranspose, eval BatchNorm, average pools, ``mean``, nearest
+  upsampling, residual ``+``) run on the zero input (their bias) and on a batch of basis
+  vectors (their exact matrix); each non-zero matrix entry is an edge. A zero entry is left
+  out: a path through a zero weight has Phi_p = 0, so it changes neither R nor any norm.
+- max-pool ops run on inputs equal to -1e9 everywhere but 0 at one position i: the outputs
+  equal to 0 are the windows containing i. Each output is a 1-max-pool neuron with weights
+  1 and bias 0 (below Def. 2.2.2); padding is never an antecedent.
+- a ReLU makes the neurons it follows ReLU neurons when nothing else reads their
+  pre-activation; otherwise (the ReLU reads an input, a max-pool neuron, or a value that is
+  also used elsewhere) it creates ReLU neurons with one weight-1 edge and bias 0.
+- structural ops (view, flatten, permute, transpose, squeeze, cat, slicing, Identity, eval
+  Dropout) create no neuron: they run on a tensor of neuron ids and only relabel. This
+  keeps P minimal; identity neurons with a zero bias and weight-1 edges would only add
+  paths with Phi_p = 0 and change no norm.
+
+Paths follow Def. 2.3.1: every path ending at an output neuron, starting at an input
+neuron (Phi_p = product of weights) or at any other neuron (Phi_p = its bias times the
+product). In A(theta, x), a path starting at an input neuron u uses column u and a path
+starting at a hidden or output neuron uses the bias column, so that
+<Phi, A(x; 1)> = sum_p Phi_p a_p x_{p_0} with x_u := 1 off the inputs (proof of Thm 2.4.2).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import scipy.sparse
+import torch
+from torch import Tensor, fx, nn
+
+from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
+from pathlift.graph.ops import Call, Kind
+from pathlift.graph.trace import LayerGraph, trace
+
+MAX_PATHS = 10**6
+_FAR_BELOW = -1e9  # max-pool probes: every position but one is far below the probed one
+
+
+class Activation(Enum):
+    """The activation rho_v of a neuron (Def. 2.2.2); max-pool neurons are 1-max-pool."""
+
+    INPUT = "input"
+    IDENTITY = "id"
+    RELU = "relu"
+    MAXPOOL = "1-max-pool"
+
+
+@dataclass(frozen=True)
+class Neuron:
+    """One neuron v: where it lives in the model, rho_v, b_v and its incoming edges."""
+
+    node: str  # the fx node whose output holds it ("x" for the input)
+    index: tuple[int, ...]  # its position in that output, batch dimension excluded
+    activation: Activation
+    bias: float
+    antecedents: tuple[int, ...]  # ids of ant(v), ascending (the lexicographic order)
+    weights: tuple[float, ...]  # theta^{u -> v}, aligned with ``antecedents``
+
+    @property
+    def label(self) -> str:
+        return f"{self.node}[{','.join(map(str, self.index))}]"
+
+
+@dataclass(frozen=True, eq=False)
+class PathLifting:
+    """Phi(theta) (Def. 2.3.3) with its path labels, grouped by output neuron.
+
+    ``paths[p]`` lists neuron ids from p_0 to the output; ``ends[p]`` is the position in
+    ``NeuronDAG.outputs`` of the output it ends at. |Phi_p| is kept as a natural log so that
+    products of many large weights do not overflow.
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+    ends: np.ndarray
+    sign: np.ndarray
+    log_abs: np.ndarray
+
+    @property
+    def values(self) -> np.ndarray:
+        """The coordinates Phi_p(theta) as float64 (inf where they exceed float64)."""
+        with np.errstate(over="ignore"):
+            return self.sign * np.exp(self.log_abs)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclass(frozen=True, eq=False)
+class PathActivations:
+    """A(theta, x) (Def. 2.3.3), stored by rows: path p is active (a_p) in column ``column[p]``
+    of (x; 1) — the input index of p_0, or d_in (the bias column) when p_0 is not an input."""
+
+    active: np.ndarray
+    column: np.ndarray
+    num_inputs: int
+
+    def matrix(self) -> scipy.sparse.csr_matrix:
+        """The binary matrix A(theta, x) of shape (#paths, d_in + 1)."""
+        rows = np.flatnonzero(self.active)
+        data = np.ones(len(rows))
+        shape = (len(self.active), self.num_inputs + 1)
+        return scipy.sparse.csr_matrix((data, (rows, self.column[rows])), shape=shape)
+
+
+@dataclass(frozen=True, eq=False)
+class NeuronDAG:
+    """A ReLU network as an explicit DAG of neurons (thesis Def. 2.2.2).
+
+    Neuron ids are a topological order: input neurons are ``0 .. d_in - 1`` in the order of
+    the flattened input, and every antecedent has a smaller id than its successor.
+    ``outputs`` lists the output neurons of every output tensor, flattened and concatenated.
+    """
+
+    neurons: tuple[Neuron, ...]
+    input_shape: tuple[int, ...]
+    outputs: tuple[int, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    _csr: tuple[np.ndarray, np.ndarray, np.ndarray] = field(repr=False)
+
+    @staticmethod
+    def from_module(model: nn.Module, input_shape: Sequence[int],
+                    max_paths: int = MAX_PATHS) -> NeuronDAG:
+        """The DAG of a small supported ``model`` (``input_shape`` without batch dimension).
+
+        The model is not modified: a float64 deep copy is traced and probed. Raises
+        UnsupportedModelError for ops outside Def. 2.2.2 and when the network has more than
+        ``max_paths`` paths (enumeration is for small networks; use ``pathlift.path_norm``).
+        """
+        work = copy.deepcopy(model).to(torch.float64)
+        graph = trace(work, input_shape)
+        builder = _Builder(graph)
+        with torch.no_grad():
+            out = builder.run(builder.input_ids())
+        leaves = _tensor_leaves(out)
+        dag = builder.finish(leaves)
+        count = dag.num_paths
+        if count > max_paths:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has {count} paths, more than max_paths={max_paths}: "
+                "the explicit neuron DAG enumerates every path and is meant for small "
+                "networks; use pathlift.path_norm for large ones or raise max_paths")
+        return dag
+
+    @property
+    def num_inputs(self) -> int:
+        return math.prod(self.input_shape)
+
+    @cached_property
+    def num_paths(self) -> int:
+        """|P|, counted without enumeration: #paths ending at v = 1 + sum over ant(v)."""
+        counts: list[int] = []
+        for v in self.neurons:
+            counts.append(1 + sum(counts[u] for u in v.antecedents))
+        return sum(counts[v] for v in self.outputs)
+
+    def paths(self) -> Iterator[tuple[int, ...]]:
+        """Every path of P (Def. 2.3.1), as neuron ids from p_0 to its output neuron."""
+        return iter(self.phi().paths)
+
+    def phi(self) -> PathLifting:
+        """The path-lifting Phi(theta) of Def. 2.3.3, by explicit enumeration of the paths."""
+        return self._phi
+
+    @cached_property
+    def _phi(self) -> PathLifting:
+        paths: list[tuple[int, ...]] = []
+        ends: list[int] = []
+        signs: list[float] = []
+        logs: list[float] = []
+        for j, v in enumerate(self.outputs):
+            stack = [((v,), 1.0, 0.0)]
+            while stack:
+                suffix, sign, log_abs = stack.pop()
+                start = self.neurons[suffix[0]]
+                if start.activation is Activation.INPUT:
+                    sign_p, log_p = sign, log_abs
+                else:  # a path from a hidden (or output) neuron carries its bias
+                    sign_p, log_p = sign * _sign(start.bias), log_abs + _log_abs(start.bias)
+                paths.append(suffix)
+                ends.append(j)
+                signs.append(sign_p)
+                logs.append(log_p)
+                for u, w in zip(start.antecedents, start.weights, strict=True):
+                    stack.append(((u, *suffix), sign * _sign(w), log_abs + _log_abs(w)))
+        return PathLifting(tuple(paths), np.asarray(ends, dtype=np.int64),
+                           np.asarray(signs), np.asarray(logs))
+
+    @cached_property
+    def _padded_paths(self) -> np.ndarray:
+        paths = self.phi().paths
+        width = max((len(p) for p in paths), default=1)
+        padded = np.full((len(paths), width), -1, dtype=np.int64)
+        for i, p in enumerate(paths):
+            padded[i, : len(p)] = p
+        return padded
+
+    def values(self, x: Tensor) -> np.ndarray:
+        """v(theta, x) for every neuron v, by the recursion of Def. 2.2.2 (Eq. 2.2-2.3)."""
+        flat = self._flat_input(x)
+        indptr, indices, data = self._csr
+        vals = np.zeros(len(self.neurons))
+        vals[: len(flat)] = flat
+        for v in range(len(flat), len(self.neurons)):
+            neuron = self.neurons[v]
+            inputs = vals[indices[indptr[v]: indptr[v + 1]]]
+            weights = data[indptr[v]: indptr[v + 1]]
+            if neuron.activation is Activation.MAXPOOL:
+                vals[v] = np.max(neuron.bias + inputs * weights)
+            else:
+                pre = neuron.bias + float(inputs @ weights)
+                vals[v] = max(pre, 0.0) if neuron.activation is Activation.RELU else pre
+        return vals
+
+    def activations(self, x: Tensor) -> PathActivations:
+        """The path-activations A(theta, x) of Def. 2.3.3.
+
+        a_p = a_{p_0} * prod of edge activations: an edge into a ReLU neuron v is active iff
+        v(theta, x) > 0; an edge u -> v into a max-pool neuron iff u is the first antecedent
+        (ascending id) attaining the max; every other neuron and edge is active.
+        """
+        vals = self.values(x)
+        relu = np.array([v.activation is Activation.RELU for v in self.neurons])
+        node_on = ~relu | (vals > 0)
+        chosen = np.full(len(self.neurons), -1, dtype=np.int64)
+        for i, v in enumerate(self.neurons):
+            if v.activation is Activation.MAXPOOL:
+                scores = [v.bias + vals[u] * w for u, w in zip(v.antecedents, v.weights,
+                                                                strict=True)]
+                chosen[i] = v.antecedents[int(np.argmax(scores))]  # argmax: first maximum
+        padded = self._padded_paths
+        active = node_on[padded[:, 0]]
+        for step in range(1, padded.shape[1]):
+            prev, cur = padded[:, step - 1], padded[:, step]
+            there = cur >= 0
+            cur_safe = np.where(there, cur, 0)
+            edge_on = np.where(chosen[cur_safe] >= 0, chosen[cur_safe] == prev,
+                               node_on[cur_safe])
+            active &= ~there | edge_on
+        starts = padded[:, 0]
+        column = np.where(starts < self.num_inputs, starts, self.num_inputs)
+        return PathActivations(active, column, self.num_inputs)
+
+    def output(self, x: Tensor) -> np.ndarray:
+        """R_theta(x) through Thm 2.4.2: <Phi^{->v}, A^{->v}(theta, x)(x; 1)> per output v,
+        flattened over all output tensors."""
+        phi = self.phi()
+        act = self.activations(x)
+        x1 = np.append(self._flat_input(x), 1.0)
+        terms = phi.values * act.active * x1[act.column]
+        return np.bincount(phi.ends, weights=terms, minlength=len(self.outputs))
+
+    def output_path_norms_log(self, q: float) -> np.ndarray:
+        """ln ||Phi^{->v}(theta)||_q for each output v, as an explicit sum over its paths."""
+        if not (q > 0 and math.isfinite(q)):
+            raise InvalidParameterError(f"q must be in (0, inf), got {q}")
+        phi = self.phi()
+        logs = np.empty(len(self.outputs))
+        bounds = np.searchsorted(phi.ends, np.arange(len(self.outputs) + 1))
+        for j in range(len(self.outputs)):
+            logs[j] = _log_sum_exp(q * phi.log_abs[bounds[j]: bounds[j + 1]]) / q
+        return logs
+
+    def path_norm_log10(self, q: float = 1.0, r: float = 1.0) -> float:
+        """log10 of the mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1, by enumeration."""
+        if not r > 0:
+            raise InvalidParameterError(f"r must be in (0, inf], got {r}")
+        per_output = self.output_path_norms_log(q)
+        total = per_output.max() if math.isinf(r) else _log_sum_exp(r * per_output) / r
+        return float(total) / math.log(10.0)
+
+    def path_norm(self, q: float = 1.0, r: float = 1.0) -> float:
+        """The mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1 (inf beyond float64)."""
+        log10 = self.path_norm_log10(q, r)
+        return math.inf if log10 > 308.25 else 10.0**log10
+
+    def _flat_input(self, x: Tensor) -> np.ndarray:
+        x = torch.as_tensor(x)
+        if tuple(x.shape) not in (self.input_shape, (1, *self.input_shape)):
+            raise ShapeError(f"input of shape {tuple(x.shape)} does not fit the DAG's input "
+                             f"shape {self.input_shape} (batch dimension 1 at most)")
+        return x.detach().to(torch.float64).reshape(-1).cpu().numpy()
+
+
+def _sign(w: float) -> float:
+    return float(np.sign(w))
+
+
+def _log_abs(w: float) -> float:
+    return math.log(abs(w)) if w != 0 else -math.inf
+
+
+def _log_sum_exp(a: np.ndarray) -> float:
+    """ln sum exp(a), with an exact (fsum) sum of the rescaled terms."""
+    if a.size == 0:
+        return -math.inf
+    top = float(a.max())
+    if top == -math.inf:
+        return top
+    return top + math.log(math.fsum(np.exp(a - top)))
+
+
+def _tensor_leaves(out: Any) -> list[Tensor]:
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensor_leaves(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensor_leaves(o)]
+    raise UnsupportedModelError(f"the model returns a {type(out).__name__}; NeuronDAG needs "
+                                "tensors, or tuples, lists or dicts of tensors")
+
+
+class _Builder(fx.Interpreter):
+    """Runs the traced graph on tensors of neuron ids, creating neurons as it goes."""
+
+    def __init__(self, graph: LayerGraph):
+        super().__init__(graph.module)
+        self.layer_graph = graph
+        self.node: list[str] = []
+        self.index: list[tuple[int, ...]] = []
+        self.act: list[Activation] = []
+        self.bias: list[float] = []
+        self.edges: list[dict[int, float]] = []
+        self.from_relu: list[bool] = []
+
+    def input_ids(self) -> Tensor:
+        shape = self.layer_graph.input_shape
+        ids = self._new("x", shape, Activation.INPUT, np.zeros(math.prod(shape)),
+                        [{} for _ in range(math.prod(shape))])
+        return ids
+
+    def _new(self, node: str, shape: Sequence[int], act: Activation, bias: np.ndarray,
+             edges: list[dict[int, float]], from_relu: bool = False) -> Tensor:
+        """Neurons for every element of an output of ``shape``; their ids, batch 1."""
+        start = len(self.node)
+        for flat, idx in enumerate(np.ndindex(*shape)):
+            self.node.append(node)
+            self.index.append(tuple(int(i) for i in idx))
+            self.act.append(act)
+            self.bias.append(float(bias[flat]))
+            self.edges.append(edges[flat])
+            self.from_relu.append(from_relu)
+        count = len(self.node) - start
+        return torch.arange(start, start + count, dtype=torch.int64).reshape(1, *shape)
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in ("placeholder", "output"):
+            return super().run_node(n)
+        kind = self.layer_graph.handler(n).kind
+        if kind in (Kind.SHAPE, Kind.RESHAPE, Kind.CAT, Kind.IDENTITY):
+            return super().run_node(n)  # relabels the ids, creates no neuron
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        call = Call(n, self.layer_graph.submodule(n), tuple(args), dict(kwargs))
+        if kind is Kind.RELU:
+            ids = args[0]
+            edges = [{int(u): 1.0} for u in ids.reshape(-1).tolist()]
+            return self._new(n.name, ids.shape[1:], Activation.RELU, np.zeros(len(edges)),
+                             edges, from_relu=True)
+        if kind is Kind.MAXPOOL:
+            return self._maxpool(n.name, call)
+        return self._linear(n.name, call)
+
+    def _linear(self, name: str, call: Call) -> Tensor:
+        """Neurons of an affine op: bias = op(0), matrix = op(basis) - op(0), per input."""
+        if any(isinstance(v, Tensor) for v in call.kwargs.values()):
+            raise UnsupportedModelError(f"node '{name}' passes a tensor by keyword; NeuronDAG "
+                                        "probes positional tensor arguments only")
+        slots = [i for i, a in enumerate(call.args) if isinstance(a, Tensor)]
+        zeros = [torch.zeros(call.args[i].shape, dtype=torch.float64) for i in slots]
+        y0 = self._run(call, slots, zeros)
+        bias = y0.reshape(-1).numpy()
+        edges: list[dict[int, float]] = [{} for _ in range(bias.size)]
+        for k, slot in enumerate(slots):
+            ids = call.args[slot].reshape(-1)
+            n_in = ids.numel()
+            probes = [torch.zeros((n_in, *call.args[i].shape[1:]), dtype=torch.float64)
+                      for i in slots]
+            probes[k] = torch.eye(n_in, dtype=torch.float64).reshape(probes[k].shape)
+            matrix = (self._run(call, slots, probes) - y0).reshape(n_in, -1).numpy()
+            for i, o in zip(*np.nonzero(matrix), strict=True):
+                src = int(ids[i])
+                edges[o][src] = edges[o].get(src, 0.0) + float(matrix[i, o])
+        return self._new(name, y0.shape[1:], Activation.IDENTITY, bias, edges)
+
+    def _maxpool(self, name: str, call: Call) -> Tensor:
+        """1-max-pool neurons, weights 1, bias 0; windows found by probing the real op."""
+        ids = call.args[0]
+        n_in = ids.numel()
+        probe = torch.full((n_in, *ids.shape[1:]), _FAR_BELOW, dtype=torch.float64)
+        probe.reshape(n_in, n_in).fill_diagonal_(0.0)
+        hit = (call.run(probe) == 0).reshape(n_in, -1).numpy()
+        flat_ids = ids.reshape(-1)
+        edges: list[dict[int, float]] = [{} for _ in range(hit.shape[1])]
+        for i, o in zip(*np.nonzero(hit), strict=True):
+            edges[o][int(flat_ids[i])] = 1.0
+        out_shape = call.run(torch.zeros(ids.shape, dtype=torch.float64)).shape[1:]
+        return self._new(name, out_shape, Activation.MAXPOOL, np.zeros(hit.shape[1]), edges)
+
+    @staticmethod
+    def _run(call: Call, slots: list[int], tensors: list[Tensor]) -> Tensor:
+        args = list(call.args)
+        for slot, t in zip(slots, tensors, strict=True):
+            args[slot] = t
+        return Call(call.node, call.module, tuple(args), call.kwargs).run()
+
+    def finish(self, outputs: list[Tensor]) -> NeuronDAG:
+        """Merge each ReLU into the neurons it follows when possible, renumber, freeze."""
+        out_ids = [int(i) for t in outputs for i in t.reshape(-1).tolist()]
+        alias = list(range(len(self.node)))
+        successors = [0] * len(self.node)
+        for e in self.edges:
+            for u in e:
+                successors[u] += 1
+        watched = set(out_ids)
+        kept: list[int] = []
+        for v in range(len(self.node)):
+            self.edges[v] = {alias[u]: w for u, w in self.edges[v].items()}
+            if self.from_relu[v]:
+                (u,) = self.edges[v]
+                if (self.act[u] in (Activation.IDENTITY, Activation.RELU)
+                        and successors[u] == 1 and u not in watched):
+                    self.act[u] = Activation.RELU  # relu(relu(z)) = relu(z)
+                    successors[u] = successors[v]
+                    alias[v] = u
+                    if v in watched:
+                        watched.add(u)
+                    continue
+            kept.append(v)
+        new_id = {v: i for i, v in enumerate(kept)}
+        neurons = []
+        for v in kept:
+            edges = sorted((new_id[u], w) for u, w in self.edges[v].items())
+            neurons.append(Neuron(self.node[v], self.index[v], self.act[v], self.bias[v],
+                                  tuple(u for u, _ in edges), tuple(w for _, w in edges)))
+        indptr = np.cumsum([0] + [len(v.antecedents) for v in neurons])
+        indices = np.fromiter((u for v in neurons for u in v.antecedents), dtype=np.int64)
+        data = np.fromiter((w for v in neurons for w in v.weights), dtype=np.float64)
+        return NeuronDAG(tuple(neurons), self.layer_graph.input_shape,
+                         tuple(new_id[alias[v]] for v in out_ids),
+                         tuple(tuple(t.shape[1:]) for t in outputs), (indptr, indices, data))
