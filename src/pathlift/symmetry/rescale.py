@@ -1,0 +1,140 @@
+"""Rescaling symmetries lambda <> theta of ReLU networks (thesis Def. 2.4.1, Appendix E.1.2)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
+from pathlift.graph import trace
+from pathlift.graph.channels import BATCHNORM, ChannelMap, channel_map
+from pathlift.symmetry.factors import apply_all_, as_factors
+
+_SPATIAL_GUESSES = (32, 224, 64, 8, 28, 16, 96, 128, 256)
+
+
+def resolve_input_shape(model: nn.Module, input_shape: Sequence[int] | None) -> tuple[int, ...]:
+    """``input_shape`` itself, or one inferred from the first layer when it is None.
+
+    A first Linear gives (in_features,); a first ConvNd gives (in_channels, s, ..., s) for
+    the first spatial size s among common ones for which the model traces.
+    """
+    if input_shape is not None:
+        return tuple(int(s) for s in input_shape)
+    first = next((m for m in model.modules()
+                  if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))), None)
+    if isinstance(first, nn.Linear):
+        return (first.in_features,)
+    if first is not None:
+        dims = len(first.kernel_size)
+        for size in _SPATIAL_GUESSES:
+            shape = (first.in_channels, *(size,) * dims)
+            try:
+                trace(model, shape)
+            except (ShapeError, UnsupportedModelError):
+                continue
+            return shape
+    raise ShapeError("cannot infer the input shape of this model; pass input_shape "
+                     "(without the batch dimension), e.g. input_shape=(3, 32, 32)")
+
+
+def analyse(model: nn.Module, input_shape: Sequence[int] | None = None) -> ChannelMap:
+    """The hidden neurons of ``model``, their tie groups and how they flow (see channels)."""
+    return channel_map(trace(model, resolve_input_shape(model, input_shape)))
+
+
+def _batchnorm_only(cmap: ChannelMap) -> set[int]:
+    kinds: dict[int, set[str]] = {}
+    for g, members in cmap.members().items():
+        kinds[g] = {p.kind for p, _ in members}
+    return {g for g, k in kinds.items() if k == {BATCHNORM}}
+
+
+def factors_from_groups(cmap: ChannelMap, values: Tensor, given: Tensor) -> Tensor:
+    """Per-id factors from per-group ``values``; groups not ``given`` get 1, except groups of
+    BatchNorm channels only, which inherit the factor of their input (Appendix E.1.2)."""
+    values, given = values.clone(), given.clone()
+    values[0], given[0] = 1.0, True
+    inherit = _batchnorm_only(cmap)
+    for p in cmap.producers:
+        groups = cmap.group[p.neurons]
+        for c in torch.nonzero(~given[groups]).flatten().tolist():
+            g = int(groups[c])
+            if given[g]:
+                continue
+            values[g] = values[cmap.group[p.inputs[c]]] if g in inherit else 1.0
+            given[g] = True
+    return values[cmap.group]
+
+
+def _apply(model: nn.Module, cmap: ChannelMap, grow: Tensor) -> nn.Module:
+    out = copy.deepcopy(model)
+    apply_all_(out, cmap.producers, grow, 1.0 / grow)
+    return out
+
+
+def rescale(model: nn.Module, lambdas: Mapping[str, float | Sequence[float] | Tensor],
+            input_shape: Sequence[int] | None = None) -> nn.Module:
+    """A copy of ``model`` with the rescaling lambda <> theta applied (thesis Def. 2.4.1).
+
+    ``lambdas`` maps a layer name (Linear, Conv, ConvTranspose, affine BatchNorm) to one
+    positive factor per output channel (or one scalar for all): that channel's incoming
+    weights and bias are multiplied by it, the weights reading it divided by it, through
+    ReLU, pooling, flatten/reshape/permute and cat. A BatchNorm not named inherits the
+    factor of its input channel, i.e. its running mean and bias are multiplied by it and
+    its weight is unchanged (thesis Appendix E.1.2); named, it rescales as its own affine
+    identity neuron. Channels tied by a residual addition must get equal factors, output
+    channels (and channels tied to the input or an output) must keep 1. The function and
+    every path-norm are unchanged; the model itself is not modified.
+    """
+    cmap = analyse(model, input_shape)
+    values = torch.ones(cmap.num_groups, dtype=torch.float64)
+    given = torch.zeros(cmap.num_groups, dtype=torch.bool)
+    names = {p.name: p for p in cmap.producers}
+    for name, raw_values in lambdas.items():
+        p = names.get(name)
+        if p is None or (p.kind == BATCHNORM and p.neurons is p.inputs):
+            raise InvalidParameterError(
+                f"'{name}' is not a rescalable layer; choose among {sorted(names)}")
+        lam = as_factors(raw_values, p.neurons.numel(), name)
+        if not (torch.isfinite(lam).all() and (lam > 0).all()):
+            raise InvalidParameterError(f"factors of layer '{name}' must be positive and "
+                                        "finite (ReLU is only positively homogeneous)")
+        groups = cmap.group[p.neurons]
+        for c, g in enumerate(groups.tolist()):
+            value = float(lam[c])
+            if g == 0 and value != 1.0:
+                raise InvalidParameterError(
+                    f"channel {c} of layer '{name}' is an output neuron or tied to an "
+                    "output/the input by a residual addition; it cannot be rescaled")
+            if given[g] and abs(values[g] - value) > 1e-12 * abs(value):
+                raise InvalidParameterError(
+                    f"channel {c} of layer '{name}' is tied by a residual addition to a "
+                    f"channel given factor {float(values[g]):g}; tied channels share one factor")
+            values[g], given[g] = value, True
+    return _apply(model, cmap, factors_from_groups(cmap, values, given))
+
+
+def random_rescale(model: nn.Module, factors: Sequence[float] = (1.0, 128.0, 4096.0),
+                   seed: int = 0, input_shape: Sequence[int] | None = None) -> nn.Module:
+    """A copy of ``model`` under a random rescaling (thesis Appendix E.1.2).
+
+    Every free hidden neuron group (a conv channel, a Linear unit, or channels tied by
+    residual additions) gets a factor drawn uniformly from ``factors``; BatchNorm channels
+    follow their input as in the thesis. The function and path-norms are unchanged, while
+    magnitude-based criteria are not.
+    """
+    choices = torch.as_tensor(list(factors), dtype=torch.float64)
+    if choices.numel() == 0 or not (torch.isfinite(choices).all() and (choices > 0).all()):
+        raise InvalidParameterError(f"factors must be positive and finite, got {factors}")
+    cmap = analyse(model, input_shape)
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(choices.numel(), (cmap.num_groups,), generator=generator)
+    values = choices[draws]
+    given = torch.ones(cmap.num_groups, dtype=torch.bool)
+    for g in _batchnorm_only(cmap):
+        given[g] = False
+    return _apply(model, cmap, factors_from_groups(cmap, values, given))
