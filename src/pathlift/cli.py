@@ -32,5 +32,90 @@ def norm(
     console.print(table)
 
 
+@app.command()
+def report(
+    model: str = typer.Option(None, "--model", help="reference name or checkpoint; default: "
+                              "small_cnn trained on the embedded digits"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    data: str = typer.Option(None, "--data", help="data for the data-dependent sections: digits"),
+    out: str = typer.Option("report", "--out", help="output folder"),
+    epochs: int = typer.Option(None, "--epochs", help="training epochs (default 30 for the "
+                               "default model, 0 with --model)"),
+    seed: int = typer.Option(0, "--seed", help="seed of initialisation, split and shuffling"),
+) -> None:
+    """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md and .html."""
+    from pathlift.report import run_report
+
+    result = run_report(out, model, input_shape or None, data, epochs, seed)
+    table = Table(title=f"pathlift report -> {result.markdown} ({result.seconds:.1f} s)")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for q, log10 in result.path_norm_log10.items():
+        table.add_row(f"log10 ||Phi||_{q:g}", f"{log10:.3f}")
+    if result.test_accuracy is not None:
+        table.add_row("test accuracy", f"{result.test_accuracy:.4f}")
+        table.add_row("log10 bound on E cross-entropy gap (Thm 4.4.1)",
+                      f"{result.bound_ce_log10:.2f}")
+        table.add_row("measured cross-entropy gap", f"{result.measured_ce_gap:.4f}")
+    table.add_row("plots", str(len(result.plots)))
+    console.print(table)
+
+
+@app.command()
+def prune(
+    dataset: str = typer.Option("digits", "--dataset", help="embedded dataset: digits"),
+    model: str = typer.Option("small_cnn", "--model", help="small_cnn or mlp"),
+    amount: list[float] = typer.Option([0.4, 0.6, 0.8], "--amount", help="fraction pruned"),
+    method: list[str] = typer.Option(None, "--method", help="magnitude-global, "
+                                     "magnitude-layerwise, path-magnitude-global, "
+                                     "path-magnitude-layerwise (default: all four)"),
+    seeds: int = typer.Option(3, "--seeds", help="number of seeds (0, 1, ...)"),
+    epochs: int = typer.Option(30, "--epochs", help="dense training epochs"),
+    rewind_epoch: int = typer.Option(2, "--rewind-epoch", help="epoch to rewind weights to"),
+    rounds: int = typer.Option(1, "--rounds", help="prune-rewind-retrain rounds (lottery)"),
+    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (momentum 0.9)"),
+    out: str = typer.Option("benchmarks/results", "--out", help="folder for CSVs and plot"),
+) -> None:
+    """Train, rescale at random or not, prune, rewind, retrain (thesis Sec. 3.5.2)."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from pathlift.data import load_digits, loaders
+    from pathlift.models import mlp, small_cnn
+    from pathlift.prune.pipeline import METHODS, PruneConfig, plot, run_experiment
+
+    builders = {"small_cnn": small_cnn, "mlp": mlp}
+    if dataset != "digits" or model not in builders:
+        raise typer.BadParameter(f"supported: --dataset digits, --model {sorted(builders)}")
+    config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)), epochs,
+                         rewind_epoch, rounds, lr)
+    digits = load_digits()
+    train, test = loaders(digits, batch_size=64, seed=0)
+    runs = seeds * (1 + 2 * len(config.amounts) * len(config.methods))
+    with Progress(console=console) as bar:
+        task = bar.add_task(f"prune {model} on {dataset}", total=runs)
+        result = run_experiment(builders[model], train, test, digits.input_shape, config,
+                                on_run=lambda text: bar.update(task, advance=1,
+                                                               description=text))
+    stem = Path(out) / f"prune_{dataset}_{model}"
+    csv_paths = result.write_csv(stem.with_suffix(".csv"))
+    png = plot(result, stem.with_suffix(".png"), f"{model} on {dataset}, {seeds} seeds")
+    table = Table(title=f"test accuracy (%) after prune-rewind-retrain, mean ± std over "
+                        f"{seeds} seeds")
+    table.add_column("method")
+    for a in config.amounts:
+        table.add_column(f"{100 * a:g}%", justify="right")
+    summary = result.summary()
+    for name in config.methods:
+        for rescaled in (False, True):
+            cells = [next(f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f}" for r in summary
+                          if (r["method"], r["rescaled"], r["amount"]) == (name, rescaled, a))
+                     for a in config.amounts]
+            table.add_row(name + (" + random rescale" if rescaled else ""), *cells)
+    console.print(table)
+    console.print(f"wrote {csv_paths[0]}, {csv_paths[1]}, {png}")
+
+
 if __name__ == "__main__":
     app()
