@@ -1,5 +1,12 @@
 """Quantities of the path-lifting Phi(theta): path-norms, path-metrics, Lipschitz bounds."""
 
+from pathlift.lift.average_case import (
+    AverageCasePathNorm,
+    LocalAffine,
+    average_case_path_norm,
+    local_affine,
+)
 from pathlift.lift.path_norm import PathNorm, path_norm, path_norm_of_graph, path_norms
 
-__all__ = ["PathNorm", "path_norm", "path_norm_of_graph", "path_norms"]
+__all__ = ["AverageCasePathNorm", "LocalAffine", "PathNorm", "average_case_path_norm",
+           "local_affine", "path_norm", "path_norm_of_graph", "path_norms"]

@@ -1,1 +1,6 @@
-"""pathlift.report."""
+"""The main job: measure a network end to end and write a report with plots."""
+
+from pathlift.report.run import ReportResult, run_report
+from pathlift.report.tracking import PathNormTracker
+
+__all__ = ["PathNormTracker", "ReportResult", "run_report"]

@@ -1,0 +1,146 @@
+"""The average-case path-norm E_x ||A(theta, x)^T Phi(theta)||_1 (thesis Sec. 7.2.2).
+
+On an input x where the path-activations are locally constant, R_theta is affine near x
+(Thm 2.4.2: R_theta(x) = <Phi(theta), A(theta, x)(x; 1)>), and the vector
+A(theta, x)^T Phi^{->v}(theta) in R^{d_in + 1} holds the slopes of output v (its input
+gradient) and its offset R_v(x) - <grad R_v(x), x>. Automatic differentiation therefore
+gives it exactly, batched with torch.func.vmap(jacrev). Since every a_p(theta, x) is 0 or
+1, ||A^T Phi^{->v}||_1 <= ||Phi^{->v}||_1: the l1 path-norm is the worst case over x.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.graph import trace
+from pathlift.lift.path_norm import path_norm_of_graph
+
+
+@dataclass(frozen=True)
+class LocalAffine:
+    """The local affine map of a network at each input: R(x) = slopes . x + offsets.
+
+    ``slopes`` has shape (n, d_out, *input_shape), ``offsets`` (n, d_out).
+    """
+
+    slopes: Tensor
+    offsets: Tensor
+
+    def coefficients(self) -> Tensor:
+        """A(theta, x)^T Phi^{->v}(theta) for each sample and output: shape (n, d_out, d_in+1)."""
+        return torch.cat([self.slopes.flatten(2), self.offsets.unsqueeze(-1)], dim=2)
+
+
+@dataclass(frozen=True)
+class AverageCasePathNorm:
+    """Monte Carlo estimate of E_x sum_v ||A(theta, x)^T Phi^{->v}(theta)||_q (Sec. 7.2.2).
+
+    ``mean`` is the estimate, ``std_error`` its standard error over ``n_samples`` inputs,
+    ``per_output_mean`` the estimate per output neuron v; ``worst_case_log10`` is log10 of
+    the mixed path-norm ||Phi||_{q,1} = sum_v ||Phi^{->v}||_q, which ``mean`` never exceeds
+    when q = 1.
+    """
+
+    q: float
+    mean: float
+    std_error: float
+    per_output_mean: tuple[float, ...]
+    n_samples: int
+    worst_case_log10: float
+
+    @property
+    def log10(self) -> float:
+        return math.log10(self.mean) if self.mean > 0 else -math.inf
+
+    @property
+    def gap_log10(self) -> float:
+        """Orders of magnitude between the worst case and the average case."""
+        return self.worst_case_log10 - self.log10
+
+
+def local_affine(model: nn.Module, input_shape: Sequence[int], x: Tensor,
+                 dtype: torch.dtype = torch.float64, chunk: int = 256) -> LocalAffine:
+    """Slopes and offsets of the network's local affine map at each row of x (Thm 2.4.2).
+
+    Works on an eval-mode copy in ``dtype``; the model is not modified. Raises
+    UnsupportedModelError outside the ReLU DAG model of Def. 2.2.2, ShapeError when x does
+    not have shape (n, *input_shape).
+    """
+    net = copy.deepcopy(model).to(dtype).eval()
+    trace(net, input_shape)
+    return _local_affine(net, input_shape, x, dtype, chunk)
+
+
+def _local_affine(net: nn.Module, input_shape: Sequence[int], x: Tensor,
+                  dtype: torch.dtype, chunk: int) -> LocalAffine:
+    if tuple(x.shape[1:]) != tuple(input_shape):
+        raise ShapeError(f"inputs have shape {tuple(x.shape)}; expected (n, *{tuple(input_shape)})")
+    device = next((p.device for p in net.parameters()), torch.device("cpu"))
+
+    def single(xi: Tensor) -> Tensor:
+        return net(xi.unsqueeze(0)).reshape(-1)
+
+    jac = torch.func.vmap(torch.func.jacrev(single))
+    slopes, offsets = [], []
+    with torch.no_grad():
+        for xb in x.to(device=device, dtype=dtype).split(chunk):
+            s = jac(xb)
+            out = net(xb).reshape(len(xb), -1)
+            slopes.append(s)
+            offsets.append(out - (s.flatten(2) * xb.flatten(1).unsqueeze(1)).sum(-1))
+    return LocalAffine(torch.cat(slopes), torch.cat(offsets))
+
+
+def average_case_path_norm(model: nn.Module, input_shape: Sequence[int],
+                           inputs: Tensor | Iterable, q: float = 1.0,
+                           max_samples: int | None = 512,
+                           dtype: torch.dtype = torch.float64) -> AverageCasePathNorm:
+    """E_x sum_v ||A(theta, x)^T Phi^{->v}(theta)||_q by Monte Carlo over ``inputs`` (thesis
+    Sec. 7.2.2; the l^q analogue for q != 1), with the worst case ||Phi||_{q,1}.
+
+    ``inputs`` is a tensor (n, *input_shape) or an iterable of (x, y) batches (a
+    DataLoader); at most ``max_samples`` inputs are used, in order. The model is not
+    modified.
+    """
+    if not (q >= 1 and math.isfinite(q)):
+        raise InvalidParameterError(f"q must be in [1, inf), got {q}")
+    x = _collect(inputs, max_samples)
+    net = copy.deepcopy(model).to(dtype).eval()
+    graph = trace(net, input_shape)
+    coeffs = _local_affine(net, input_shape, x, dtype, 256).coefficients()
+    per_sample_output = coeffs.abs().pow(q).sum(-1).pow(1 / q)  # (n, d_out)
+    per_sample = per_sample_output.sum(-1)
+    n = len(per_sample)
+    std_error = float(per_sample.std() / math.sqrt(n)) if n > 1 else math.nan
+    worst = path_norm_of_graph(graph, q=q, r=1.0, dtype=dtype)
+    return AverageCasePathNorm(q=q, mean=float(per_sample.mean()), std_error=std_error,
+                               per_output_mean=tuple(per_sample_output.mean(0).tolist()),
+                               n_samples=n, worst_case_log10=worst.log10)
+
+
+def _collect(inputs: Tensor | Iterable, max_samples: int | None) -> Tensor:
+    if isinstance(inputs, Tensor):
+        x = inputs
+    else:
+        parts, seen = [], 0
+        for batch in inputs:
+            xb = batch[0] if isinstance(batch, list | tuple) else batch
+            parts.append(xb)
+            seen += len(xb)
+            if max_samples is not None and seen >= max_samples:
+                break
+        if not parts:
+            raise InvalidParameterError("average_case_path_norm() got no inputs")
+        x = torch.cat(parts)
+    if max_samples is not None:
+        x = x[:max_samples]
+    if len(x) == 0:
+        raise InvalidParameterError("average_case_path_norm() got no inputs")
+    return x
