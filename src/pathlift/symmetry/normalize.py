@@ -1,0 +1,115 @@
+"""Normalisation of parameters (thesis Alg. 3.2.1, Def. 3.2.1, Lemma 3.2.1)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pathlift.errors import InvalidParameterError
+from pathlift.graph.channels import ChannelMap, Producer
+from pathlift.symmetry.factors import apply_, incoming_norms
+from pathlift.symmetry.rescale import analyse
+
+
+@dataclass(frozen=True)
+class Normalized:
+    """The normalised copy, the number of input-dead neuron groups and of tied groups
+    (several channels sharing one factor, for which Def. 3.2.1 holds only for the member
+    with the largest norm when the group is reached)."""
+
+    model: nn.Module
+    q: float
+    dead_neurons: int
+    tied_groups: int
+
+
+def normalize(model: nn.Module, input_shape: Sequence[int] | None = None,
+              q: float = 1.0) -> nn.Module:
+    """A functionally equivalent copy whose hidden neurons have ||(theta^{->v}, b_v)||_q in
+    {0, 1} (thesis Alg. 3.2.1, Lemma 3.2.1). See ``normalize_report`` for the details."""
+    return normalize_report(model, input_shape, q).model
+
+
+def normalize_report(model: nn.Module, input_shape: Sequence[int] | None = None,
+                     q: float = 1.0) -> Normalized:
+    """Alg. 3.2.1 on every hidden neuron group, in topological order; the model is not modified.
+
+    Each hidden neuron v (a conv channel, a Linear unit, an affine BatchNorm channel; all
+    positions of a conv channel share weights, so the norm is over its whole kernel) gets
+    lambda_v = ||(theta^{->v}, b_v)||_q; incoming weights and bias are divided by it and
+    outgoing weights multiplied by it. An input-dead neuron (lambda_v = 0) gets its outgoing
+    weights set to zero, as the algorithm says. Output neurons are untouched.
+
+    Neurons tied by a residual addition must share one factor (the skip edge has a fixed
+    weight 1): the group is divided by the largest norm among its members when its first
+    member is reached in topological order. Def. 3.2.1 then holds exactly for every untied
+    neuron, not in general for the later members of a tied group: their norms depend on
+    the group's own factor through the residual block, so no choice normalises them all.
+    Pooling neurons have fixed weights and are not rescaled.
+    """
+    if not (q > 0):
+        raise InvalidParameterError(f"q must be in (0, inf], got {q}")
+    cmap = analyse(model, input_shape)
+    out = copy.deepcopy(model)
+    members = cmap.members()
+    readers = _readers(cmap)
+    dead = 0
+    for groups in _batches(cmap):
+        lam = _group_norms(out, cmap, members, groups, q)[groups]
+        dead += int((lam == 0).sum())
+        group_grow = torch.ones(cmap.num_groups, dtype=torch.float64)
+        group_shrink = torch.ones_like(group_grow)
+        group_grow[groups] = torch.where(lam > 0, 1 / lam.clamp_min(1e-300), 1.0)
+        group_shrink[groups] = lam
+        touched = {p.name: p for g in groups.tolist() for p, _ in members[g]}
+        touched.update({p.name: p for g in groups.tolist() for p in readers.get(g, ())})
+        grow, shrink = group_grow[cmap.group], group_shrink[cmap.group]
+        for p in cmap.producers:
+            if p.name in touched:
+                apply_(out.get_submodule(p.name), p, grow, shrink)
+    tied = sum(sum(idx.numel() for _, idx in m) > 1 for m in members.values())
+    return Normalized(out, q, dead, tied)
+
+
+def _group_norms(model: nn.Module, cmap: ChannelMap, members, groups: torch.Tensor,
+                 q: float) -> torch.Tensor:
+    """Largest ||(theta^{->v}, b_v)||_q over the members of each group in ``groups``."""
+    in_batch = torch.zeros(cmap.num_groups, dtype=torch.bool)
+    in_batch[groups] = True
+    lam = torch.zeros(cmap.num_groups, dtype=torch.float64)
+    producers = {p.name: p for g in groups.tolist() for p, _ in members[g]}
+    for p in producers.values():
+        gp = cmap.group[p.neurons]
+        mask = in_batch[gp]
+        norms = incoming_norms(model.get_submodule(p.name), p, q)
+        lam.scatter_reduce_(0, gp[mask], norms[mask], "amax")
+    return lam
+
+
+def _batches(cmap: ChannelMap) -> list[torch.Tensor]:
+    """Free groups by the producer where they first appear (one layer at a time, in
+    topological order): groups of one batch never feed each other."""
+    seen = torch.zeros(cmap.num_groups, dtype=torch.bool)
+    seen[0] = True
+    batches = []
+    for p in cmap.producers:
+        groups = torch.unique(cmap.group[p.neurons])
+        new = groups[~seen[groups]]
+        if new.numel():
+            seen[new] = True
+            batches.append(new)
+    return batches
+
+
+def _readers(cmap: ChannelMap) -> dict[int, list[Producer]]:
+    """For each group: the producers that read one of its channels."""
+    out: dict[int, list[Producer]] = {}
+    for p in cmap.producers:
+        for g in torch.unique(cmap.group[p.inputs]).tolist():
+            if g:
+                out.setdefault(g, []).append(p)
+    return out
