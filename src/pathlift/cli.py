@@ -16,14 +16,16 @@ def norm(
     model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
     input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
     q: list[float] = typer.Option([1.0, 2.0, 4.0], "-q", help="exponents q (repeatable)"),
-    r: float = typer.Option(1.0, "-r", help="outer exponent r (use inf for max)"),
+    r: float = typer.Option(None, "-r", help="outer exponent r (inf for max); default r = q, "
+                            "the plain l^q norm of Phi as in thesis Table 7.2"),
 ) -> None:
-    """Mixed path-norms ||Phi||_{q,r} in one forward pass per q (thesis Thm 3.1.1)."""
+    """Path-norms ||Phi||_{q,r} in one forward pass per q (thesis Thm 3.1.1)."""
     from pathlift.lift import path_norms
     from pathlift.models import load_model
 
     net, shape = load_model(model, input_shape)
-    table = Table(title=f"path-norms of {model}, input {tuple(shape)}, r={r:g}")
+    outer = "q" if r is None else f"{r:g}"
+    table = Table(title=f"path-norms of {model}, input {tuple(shape)}, r={outer}")
     table.add_column("q", justify="right")
     table.add_column("value", justify="right")
     table.add_column("log10", justify="right")

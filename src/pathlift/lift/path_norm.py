@@ -97,8 +97,13 @@ def path_norm(model: nn.Module, input_shape: Sequence[int], q: float = 1.0,
 
 
 def path_norms(model: nn.Module, input_shape: Sequence[int],
-               qs: Iterable[float] = (1.0, 2.0, 4.0), r: float = 1.0,
+               qs: Iterable[float] = (1.0, 2.0, 4.0), r: float | None = None,
                dtype: torch.dtype = torch.float64) -> dict[float, PathNorm]:
-    """Several mixed path-norms from one trace: one |theta|^q pass per exponent q."""
+    """Several path-norms from one trace: one |theta|^q pass per exponent q (Thm 3.1.1).
+
+    ``r=None`` takes r = q for each exponent, i.e. the plain l^q norm ||Phi(theta)||_q of
+    the whole path-lifting, the quantity of thesis Table 7.2; a number fixes r for all.
+    """
     graph = trace(model, input_shape)
-    return {float(q): path_norm_of_graph(graph, float(q), r, dtype) for q in qs}
+    return {float(q): path_norm_of_graph(graph, float(q), float(q) if r is None else r, dtype)
+            for q in qs}
