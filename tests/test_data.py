@@ -11,7 +11,16 @@ from torch.utils.data import DataLoader
 from pathlift.data import load_digits, loaders, synthetic
 from pathlift.data.training import evaluate, train_classifier
 from pathlift.errors import InvalidParameterError
-from pathlift.models import mlp, small_cnn
+from pathlift.models import mlp
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: on the shared, loaded test machine two threads spin-wait."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +109,7 @@ class _Recorder:
 
 def test_training_improves_accuracy_and_calls_back(digits):
     torch.manual_seed(0)
-    model = small_cnn()
+    model = mlp()
     train, test = loaders(digits, 64, seed=0)
     before = evaluate(model, test)
     rec = _Recorder()
