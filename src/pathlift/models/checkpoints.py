@@ -126,6 +126,9 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     model to it (never rounding the checkpoint). Raises ArchitectureMismatchError naming
     the first missing, unexpected and mis-shaped keys.
     """
+    float_dtypes = {v.dtype for v in state_dict.values() if v.is_floating_point()}
+    if len(float_dtypes) == 1:
+        model.to(float_dtypes.pop())
     _reattach_pruning(model, state_dict)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
@@ -140,21 +143,26 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
         raise ArchitectureMismatchError(
             f"checkpoint does not fit {type(model).__name__}: " + "; ".join(parts)
             + ". Check the architecture name and its constructor arguments.")
-    float_dtypes = {v.dtype for v in state_dict.values() if v.is_floating_point()}
-    if len(float_dtypes) == 1:
-        model.to(float_dtypes.pop())
     model.load_state_dict(state_dict, strict=True)
     return model
 
 
 def _reattach_pruning(model: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
-    for key in state_dict:
-        if not key.endswith("_mask") or key[:-5] + "_orig" not in state_dict:
+    """Re-create each torch.nn.utils.prune reparametrisation ``name = name_orig * name_mask``."""
+    for key, mask in state_dict.items():
+        orig = state_dict.get(key[:-5] + "_orig") if key.endswith("_mask") else None
+        if orig is None:
             continue
         owner, _, name = key[:-5].rpartition(".")
-        module = model.get_submodule(owner)
-        if isinstance(getattr(module, name, None), nn.Parameter):
-            prune.custom_from_mask(module, name, state_dict[key])
+        try:
+            module = model.get_submodule(owner)
+        except AttributeError:
+            continue  # reported as unexpected keys by the caller
+        param = getattr(module, name, None)
+        if isinstance(param, nn.Parameter) and param.shape == orig.shape == mask.shape:
+            with torch.no_grad():
+                param.copy_(orig)
+            prune.custom_from_mask(module, name, mask.to(param.device))
 
 
 def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,

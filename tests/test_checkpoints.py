@@ -1,0 +1,192 @@
+"""Checkpoints: bit-identical round trips, torchvision-style state_dicts, refusals."""
+
+from __future__ import annotations
+
+import builtins
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch.nn.utils import prune
+
+from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
+from pathlift.models import (
+    UnsafeCheckpointError,
+    get_model,
+    load_model,
+    mlp,
+    read_checkpoint,
+    save_checkpoint,
+    small_cnn,
+    unet,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: on the shared, loaded test machine two threads spin-wait."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_identical(a, b):
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".pth"])
+def test_round_trip_is_bit_identical(tmp_path, suffix):
+    torch.manual_seed(0)
+    model = small_cnn(in_channels=3, num_classes=4)
+    with torch.no_grad():  # non-trivial values everywhere
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    before = _snapshot(model)
+    path = save_checkpoint(model, tmp_path / f"net{suffix}", "small_cnn", in_channels=3,
+                           num_classes=4)
+    _assert_identical(before, model.state_dict())  # saving does not touch the model
+    loaded, shape = load_model(path)
+    assert shape == (3, 8, 8) and not loaded.training
+    _assert_identical(before, loaded.state_dict())
+    x = torch.rand(5, 3, 8, 8)
+    assert torch.equal(loaded(x), model.eval()(x))
+
+
+def test_safetensors_metadata_holds_arch_and_kwargs(tmp_path):
+    model = unet(in_channels=2, num_classes=3, base=4, depth=2)
+    path = save_checkpoint(model, tmp_path / "u.safetensors", "unet", in_channels=2,
+                           num_classes=3, base=4, depth=2)
+    ckpt = read_checkpoint(path)
+    assert ckpt.arch == "unet"
+    assert ckpt.kwargs == {"in_channels": 2, "num_classes": 3, "base": 4, "depth": 2}
+    loaded, shape = load_model(path, input_shape=(2, 16, 16))
+    assert shape == (2, 16, 16)
+    _assert_identical(model.state_dict(), loaded.state_dict())
+
+
+def test_buffers_and_int64_counters_survive(tmp_path):
+    model = get_model("mobilenet_relu", num_classes=3, width_mult=0.25)
+    model.train()
+    with torch.no_grad():
+        model(torch.rand(4, 3, 32, 32))  # moves running stats and num_batches_tracked
+    path = save_checkpoint(model, tmp_path / "m.safetensors", "mobilenet_relu",
+                           num_classes=3, width_mult=0.25)
+    loaded, _ = load_model(path)
+    _assert_identical(model.state_dict(), loaded.state_dict())
+    assert int(loaded.features[0][1].num_batches_tracked) == 1
+
+
+def test_float64_is_kept(tmp_path):
+    model = mlp(64, (8,), 10).double()
+    path = save_checkpoint(model, tmp_path / "m64.safetensors", "mlp", hidden=[8])
+    loaded, shape = load_model(path)
+    assert shape == (1, 8, 8)
+    assert all(p.dtype == torch.float64 for p in loaded.parameters())
+    _assert_identical(model.state_dict(), loaded.state_dict())
+
+
+def test_pruning_masks_are_reattached(tmp_path):
+    torch.manual_seed(1)
+    model = small_cnn()
+    prune.l1_unstructured(model.features[0], "weight", amount=0.5)
+    path = save_checkpoint(model, tmp_path / "pruned.safetensors", "small_cnn")
+    loaded, _ = load_model(path)
+    conv = loaded.features[0]
+    assert prune.is_pruned(loaded) and hasattr(conv, "weight_mask")
+    assert int((conv.weight == 0).sum()) == conv.weight.numel() // 2
+    assert torch.equal(conv.weight, model.features[0].weight)
+    _assert_identical(model.state_dict(), loaded.state_dict())
+
+
+def test_plain_state_dict_needs_the_architecture_name(tmp_path):
+    model = get_model("resnet18", num_classes=7)
+    path = tmp_path / "plain.pth"
+    torch.save(model.state_dict(), path)
+    with pytest.raises(InvalidParameterError, match="load_model\\('<architecture>'"):
+        load_model(path)
+    with pytest.raises(ArchitectureMismatchError, match=r"fc.weight \(7, 512\)"):
+        load_model("resnet18", weights=path)  # 1000 classes by default
+
+
+def test_wrong_architecture_names_the_first_differing_keys(tmp_path):
+    path = tmp_path / "r18.pth"
+    torch.save(get_model("resnet18").state_dict(), path)
+    with pytest.raises(ArchitectureMismatchError) as err:
+        load_model("resnet34", weights=path)
+    message = str(err.value)
+    assert "missing (96)" in message and "layer1.2.conv1.weight" in message
+    with pytest.raises(ArchitectureMismatchError, match="unexpected"):
+        load_model("mlp", weights=path)
+
+
+def test_saved_arch_must_match_the_requested_one(tmp_path):
+    path = save_checkpoint(mlp(), tmp_path / "mlp.safetensors", "mlp")
+    with pytest.raises(ArchitectureMismatchError, match="saved from 'mlp'"):
+        load_model("small_cnn", weights=path)
+    model, _ = load_model("mlp", weights=path)
+    assert isinstance(model, torch.nn.Sequential)
+
+
+class _Exploit:
+    """A pickle payload that writes a file when unpickled."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (builtins.exec, (f"open({self.target!r}, 'w').write('pwned')",))
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
+    sentinel = tmp_path / "pwned.txt"
+    path = tmp_path / "evil.pt"
+    torch.save({"arch": "mlp", "kwargs": {}, "state_dict": {"x": _Exploit(sentinel)}}, path)
+    with pytest.raises(UnsafeCheckpointError, match="refused to load"):
+        load_model(path)
+    with pytest.raises(UnsafeCheckpointError):
+        load_model("mlp", weights=path)
+    assert not sentinel.exists()
+    # the payload is real: a full unpickling would have executed it
+    torch.load(path, weights_only=False)
+    assert sentinel.read_text() == "pwned"
+
+
+def test_raw_pickle_file_is_refused(tmp_path):
+    sentinel = tmp_path / "pwned.txt"
+    path = tmp_path / "evil.pth"
+    path.write_bytes(pickle.dumps(_Exploit(sentinel), protocol=2))
+    with pytest.raises(InvalidParameterError):
+        load_model("mlp", weights=path)
+    assert not sentinel.exists()
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(InvalidParameterError, match="no checkpoint file"):
+        load_model(tmp_path / "missing.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    with pytest.raises(InvalidParameterError, match="not a readable safetensors"):
+        load_model(junk)
+    with pytest.raises(InvalidParameterError, match="must end in"):
+        save_checkpoint(mlp(), tmp_path / "x.bin", "mlp")
+    with pytest.raises(InvalidParameterError, match="unknown model"):
+        save_checkpoint(mlp(), tmp_path / "x.pt", "not_a_model")
+    headless = tmp_path / "headless.safetensors"
+    save_file({k: v.contiguous() for k, v in mlp().state_dict().items()}, str(headless))
+    with pytest.raises(InvalidParameterError, match="plain state_dict"):
+        load_model(headless)
+
+
+def test_reference_name_gives_random_eval_model_and_default_shape():
+    model, shape = load_model("small_cnn")
+    assert shape == (1, 8, 8) and not model.training
+    _, shape = load_model("unet", input_shape=[1, 32, 32])
+    assert shape == (1, 32, 32)
