@@ -288,3 +288,51 @@ def test_input_shape_is_inferred():
     assert torch.allclose(out(x), model(x), rtol=1e-10, atol=1e-12)
     out = random_rescale(mlp().double(), seed=2)
     assert out[0].weight.shape == (9, 6)
+
+
+# --------------------------------------------------------------------------- reference models
+_FAST = {"mlp": (1, 8, 8), "small_cnn": (1, 8, 8), "unet": (1, 32, 32)}
+_SLOW = {"resnet18": (3, 32, 32), "mobilenet_relu": (3, 32, 32), "resnet34": (3, 32, 32),
+         "resnet50": (3, 32, 32), "resnet101": (3, 32, 32),
+         "resnet152": (3, 32, 32), "vgg11": (3, 32, 32), "vgg11_bn": (3, 32, 32),
+         "vgg16": (3, 32, 32), "vgg16_bn": (3, 32, 32), "alexnet": (3, 64, 64)}
+_REFERENCE = [pytest.param(n, s, id=n) for n, s in _FAST.items()] + [
+    pytest.param(n, s, id=n, marks=pytest.mark.slow) for n, s in _SLOW.items()]
+
+
+@pytest.mark.parametrize("name,shape", _REFERENCE)
+def test_reference_architectures(name, shape):
+    """rescale(random lambda), then normalize(q) of it: same outputs as the original (float64
+    1e-10, float32 1e-5), same path-norms (1e-9 relative); the rescaling moves the raw
+    parameter norm by orders of magnitude."""
+    from pathlift.models import get_model
+    from pathlift.symmetry import normalize
+
+    torch.manual_seed(0)
+    model = get_model(name, num_classes=10).eval()
+    big = sum(p.numel() for p in model.parameters()) > 50_000_000
+    dtype, tol = (torch.float32, 1e-5) if big else (torch.float64, 1e-10)
+    model = model.to(dtype)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    before = snapshot(model)
+    x = torch.rand((2, *shape), dtype=dtype, generator=torch.Generator().manual_seed(1))
+    norms = path_norms(model, shape, qs=(1.0, 2.0))
+    with torch.no_grad():
+        y = model(x)
+    rescaled = rescale(model, random_lambdas(model, shape), shape)
+    ratio = param_norm(rescaled) / param_norm(model)
+    assert ratio > 10 or ratio < 0.1, (name, ratio)
+    for transformed in (rescaled, normalize(rescaled, shape, q=2.0)):
+        with torch.no_grad():
+            y2 = transformed(x)
+        assert float((y - y2).abs().max()) <= tol * float(y.abs().max()), name
+        after = path_norms(transformed, shape, qs=(1.0, 2.0))
+        for q in norms:
+            assert abs(norms[q].log10 - after[q].log10) * math.log(10) <= 1e-9, (name, q)
+    assert_bit_identical(model, before)
