@@ -18,12 +18,14 @@ def norm(
     q: list[float] = typer.Option([1.0, 2.0, 4.0], "-q", help="exponents q (repeatable)"),
     r: float = typer.Option(None, "-r", help="outer exponent r (inf for max); default r = q, "
                             "the plain l^q norm of Phi as in thesis Table 7.2"),
+    weights: str = typer.Option(None, "--weights", help="state_dict file (.safetensors, .pt, "
+                                ".pth; weights-only) for the architecture MODEL"),
 ) -> None:
     """Path-norms ||Phi||_{q,r} in one forward pass per q (thesis Thm 3.1.1)."""
     from pathlift.lift import path_norms
     from pathlift.models import load_model
 
-    net, shape = load_model(model, input_shape)
+    net, shape = load_model(model, input_shape, weights)
     outer = "q" if r is None else f"{r:g}"
     table = Table(title=f"path-norms of {model}, input {tuple(shape)}, r={outer}")
     table.add_column("q", justify="right")
@@ -31,6 +33,24 @@ def norm(
     table.add_column("log10", justify="right")
     for qq, result in path_norms(net, shape, q, r).items():
         table.add_row(f"{qq:g}", f"{result.value:.6g}", f"{result.log10:.6f}")
+    console.print(table)
+
+
+@app.command()
+def models() -> None:
+    """Reference architectures: default input shape and parameter count."""
+    import torch
+
+    from pathlift.models import REFERENCE_MODELS
+
+    table = Table(title="pathlift reference architectures (torchvision names where one exists)")
+    table.add_column("name")
+    table.add_column("input shape", justify="right")
+    table.add_column("parameters", justify="right")
+    for name, spec in REFERENCE_MODELS.items():
+        with torch.device("meta"):  # shapes only: no memory, no initialisation
+            count = sum(p.numel() for p in spec.constructor().parameters())
+        table.add_row(name, " ".join(map(str, spec.input_shape)), f"{count:,}")
     console.print(table)
 
 
