@@ -305,3 +305,40 @@ def test_small_cnn_learns_digits():
     train_classifier(model, train, epochs=12, lr=0.05, progress=False, seed=0)
     assert time.process_time() - start < 30
     assert evaluate(model, test) >= 0.95
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def test_cli_models_lists_every_architecture_with_its_size():
+    from typer.testing import CliRunner
+
+    from pathlift.cli import app
+
+    result = CliRunner().invoke(app, ["models"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines()
+            if line.count("│") >= 3}
+    assert set(REFERENCE_MODELS) <= set(rows)
+    for name, count in PUBLISHED.items():
+        assert f"{count:,}" in rows[name]
+    assert "3 224 224" in rows["resnet18"] and "1 8 8" in rows["small_cnn"]
+
+
+def test_cli_norm_reads_a_checkpoint(tmp_path):
+    from typer.testing import CliRunner
+
+    from pathlift.cli import app
+    from pathlift.lift import path_norm
+    from pathlift.models import save_checkpoint
+
+    torch.manual_seed(3)
+    model = small_cnn()
+    path = save_checkpoint(model, tmp_path / "net.safetensors", "small_cnn")
+    expected = path_norm(model, (1, 8, 8), q=1).log10
+    for args in (["norm", str(path), "-q", "1"],
+                 ["norm", "small_cnn", "--weights", str(path), "-q", "1"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        row = next(line for line in result.output.splitlines() if line.startswith("│ 1 "))
+        assert float(row.split("│")[3]) == pytest.approx(expected, abs=1e-6)
