@@ -1,0 +1,181 @@
+"""Depth-limit experiments of the master's thesis, Sec. 4: datasets, runs, grids, rate fits.
+
+* C10k (Sec. 4.1): N points uniform in [-1, 1], constant target 0.01, d = 1; N = 10,000 as in
+  the text (the thesis' code used 1e5: ``n_samples``). Loss: ``squared_error``, ||y - yhat||^2
+  averaged over samples, as in the thesis' code (see pathlift.depth.train).
+* Digits (in place of CIFAR-10, Table 4.1 classes, d = 15): scikit-learn's 8x8 digits,
+  training split of pathlift.data.load_digits, 64 features, cross-entropy.
+
+A run trains one model class at one depth and one seed (the seed fixes data and embeddings,
+so one seed is the same network family across depths) and measures the 1-variation of the
+rescaled weight path L^beta W^{(L)}: of the norm path k -> ||L^beta W_k|| (the tables'
+quantity, see ../shared/REFERENCE.md) and of the matrix path itself.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pathlift.depth.classes import parse_model
+from pathlift.depth.model import DepthResNet
+from pathlift.depth.pvar import p_variation
+from pathlift.depth.train import train
+from pathlift.errors import InvalidParameterError
+
+__all__ = ["CSV_FIELDS", "DepthRun", "RhoFit", "append_csv", "c10k", "digits", "fit_rate",
+           "grid", "maxima", "plot_trajectories", "run"]
+
+CSV_FIELDS = ("model", "depth", "seed", "n_samples", "dtype", "steps", "learning_rate",
+              "one_var_norm", "one_var_matrix", "loss_first", "loss_last", "rho", "C")
+
+
+@dataclass(frozen=True)
+class DepthRun:
+    """One trained model: 1-variations of L^beta W^{(L)}, losses, Omega(t) and the norm path."""
+
+    model: str
+    depth: int
+    seed: int
+    n_samples: int
+    dtype: str
+    steps: int
+    learning_rate: float
+    one_var_norm: float
+    one_var_matrix: float
+    loss: tuple[float, ...]
+    omega: tuple[float, ...]
+    norm_path: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RhoFit:
+    """Omega(t) ~ C / (t + 1)^rho (eq. 4.5), with the standard deviations of curve_fit."""
+
+    C: float
+    rho: float
+    C_std: float
+    rho_std: float
+
+
+def c10k(n_samples: int = 10_000, target: float = 0.01, seed: int = 0,
+         dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The synthetic C10k set (thesis Sec. 4.1): x ~ U[-1, 1], y = ``target``; shapes (N, 1)."""
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    x = torch.rand(n_samples, 1, generator=gen, dtype=dtype) * 2 - 1
+    return x, torch.full_like(x, target)
+
+
+def digits(seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training split of scikit-learn's digits: x (N, 64) in [0, 1], integer labels (N,)."""
+    from pathlift.data import load_digits
+
+    x, y = load_digits(seed=seed).train.tensors
+    return x.reshape(x.shape[0], -1).to(dtype), y
+
+
+def run(model: str, depth: int, seed: int = 0, n_samples: int = 10_000,
+        dtype: torch.dtype = torch.float64,
+        on_step: Callable[[int], None] | None = None) -> DepthRun:
+    """Train class ``model`` (e.g. "C10k-B12c") at depth L for T_L = ceil(5 log L) GD steps."""
+    cls, init = parse_model(model)
+    if depth < 2:
+        raise InvalidParameterError(f"depth={depth}: the lab needs L >= 2 (T_L = ceil(5 log L))")
+    if cls.dataset == "C10k":
+        x, y = c10k(n_samples, seed=seed, dtype=dtype)
+        out, loss = 1, "squared_error"
+    else:
+        x, y = digits(seed, dtype)
+        out, loss = 10, "cross_entropy"
+    net = DepthResNet(x.shape[1], out, depth, cls.d, cls.alpha, cls.gamma, cls.activation,
+                      init, seed, dtype)
+    steps = cls.steps(depth)
+    trained = train(net, x, y, steps, cls.learning_rate(depth), loss, on_step)
+    path = trained.model.rescaled_weights().reshape(depth, -1).double().numpy()
+    norms = np.linalg.norm(path, axis=1)
+    return DepthRun(model, depth, seed, x.shape[0], str(dtype).removeprefix("torch."), steps,
+                    trained.learning_rate,
+                    p_variation(norms).value, p_variation(path).value,
+                    trained.loss, trained.omega, tuple(norms.tolist()))
+
+
+def grid(model: str, depths: Iterable[int], seeds: int = 3, n_samples: int = 10_000,
+         dtype: torch.dtype = torch.float64,
+         on_run: Callable[[DepthRun], None] | None = None) -> list[DepthRun]:
+    """Every depth x seeds 0..seeds-1 of one class; ``on_run`` sees each run as it ends."""
+    runs = []
+    for depth in depths:
+        for seed in range(seeds):
+            runs.append(run(model, depth, seed, n_samples, dtype))
+            if on_run is not None:
+                on_run(runs[-1])
+    return runs
+
+
+def append_csv(path: str | Path, runs: Iterable[DepthRun]) -> None:
+    """Append one row per run (CSV_FIELDS) to ``path``, writing the header to a new file."""
+    path = Path(path)
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(CSV_FIELDS)
+        for r in runs:
+            fit = fit_rate(r.omega) if len(r.omega) >= 3 else None
+            writer.writerow([r.model, r.depth, r.seed, r.n_samples, r.dtype, r.steps,
+                             f"{r.learning_rate:.10g}", f"{r.one_var_norm:.10g}",
+                             f"{r.one_var_matrix:.10g}", f"{r.loss[0]:.10g}",
+                             f"{r.loss[-1]:.10g}", f"{fit.rho:.6g}" if fit else "",
+                             f"{fit.C:.6g}" if fit else ""])
+
+
+def maxima(runs: Sequence[DepthRun], norm_path: bool = True) -> dict[tuple[str, int], float]:
+    """(model, L) -> maximum 1-variation over the seeds, as Tables 4.3-4.5 report."""
+    best: dict[tuple[str, int], float] = {}
+    for r in runs:
+        value = r.one_var_norm if norm_path else r.one_var_matrix
+        key = (r.model, r.depth)
+        best[key] = max(best.get(key, -np.inf), value)
+    return best
+
+
+def fit_rate(omega: Sequence[float]) -> RhoFit:
+    """Fit Omega(t) = C / (t + 1)^rho (eq. 4.5) by trust-region least squares, C, rho in [0, 3].
+
+    As the thesis (Sec. 4.3): scipy.optimize.curve_fit, method "trf", bounds B = [0, 3]^2.
+    """
+    from scipy.optimize import curve_fit
+
+    values = np.asarray(omega, dtype=np.float64)
+    if values.size < 3 or not np.isfinite(values).all():
+        raise InvalidParameterError("fit_rate needs at least 3 finite values of Omega(t)")
+    t = np.arange(values.size, dtype=np.float64)
+    start = (float(np.clip(values[0], 0.0, 3.0)), 0.5)
+    params, cov = curve_fit(lambda t, c, rho: c / (t + 1.0) ** rho, t, values, p0=start,
+                            bounds=([0.0, 0.0], [3.0, 3.0]), method="trf")
+    std = np.sqrt(np.diag(cov))
+    return RhoFit(float(params[0]), float(params[1]), float(std[0]), float(std[1]))
+
+
+def plot_trajectories(runs: Sequence[DepthRun], path: str) -> None:
+    """||L^beta W_k|| against k / L for each run (thesis Figs. 4.2-4.5), saved to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        k = np.arange(r.depth) / r.depth
+        ax.plot(k, r.norm_path, lw=0.8, label=f"{r.model} L={r.depth} seed={r.seed}")
+    ax.set_xlabel("k / L")
+    ax.set_ylabel(r"$\|L^\beta W_k\|$")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

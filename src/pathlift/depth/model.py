@@ -1,0 +1,152 @@
+"""The depth-scaled ResNet of the master's thesis, eq. (4.1), and its initialisations (eq. 4.2).
+
+    h_0 = U_in x,   h_{k+1} = h_k + delta_L * sigma(W_k h_k)  (k = 0..L-1),   y = U_out h_L,
+
+with delta_L = L^{-alpha}, U_in in R^{d x n_in} and U_out in R^{n_out x d} fixed (buffers,
+uniform on [-sqrt(phi), sqrt(phi)], phi = 1 / #input features of the map) and the L matrices
+W_k in R^{d x d} the only parameters, stored as one (L, d, d) tensor.
+
+The depth loop runs in one custom autograd function (`residual_stack`): a tight loop over k,
+batched over samples, with the backward pass written by hand and sqrt(L)-checkpointing, so
+that memory is O(sqrt(L) N d) instead of O(L N d) and autograd records one node instead of
+4 L. benchmarks/bench_depth.py measures it against plain autograd over an nn.ModuleList.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from pathlift.errors import InvalidParameterError
+
+__all__ = ["ACTIVATIONS", "DepthResNet", "initial_scale", "residual_stack"]
+
+# sigma, and delta * sigma'(z) written from a = sigma(z) (tanh' = 1 - a^2; relu' = [a > 0]).
+Derivative = Callable[[torch.Tensor, float], torch.Tensor]
+ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Derivative]] = {
+    "tanh": (torch.tanh, lambda a, delta: (1.0 - a * a).mul_(delta)),
+    "relu": (torch.relu, lambda a, delta: (a > 0).to(a.dtype).mul_(delta)),
+}
+
+
+def initial_scale(depth: int, d: int, alpha: float, gamma: float) -> float:
+    """L^{-1/gamma - beta} / d^2 with beta = 1 - alpha: the constant init of eq. (4.2)."""
+    return depth ** (-1.0 / gamma - (1.0 - alpha)) / d**2
+
+
+class _ResidualStack(torch.autograd.Function):
+    """h_L from h_0 and W (L, d, d); backward by the adjoint recursion, checkpointed."""
+
+    @staticmethod
+    def forward(ctx, h0: torch.Tensor, weight: torch.Tensor, delta: float,
+                activation: str) -> torch.Tensor:
+        sigma, _ = ACTIVATIONS[activation]
+        depth = weight.shape[0]
+        segment = max(1, math.isqrt(depth))
+        transposed = weight.transpose(1, 2).unbind(0)
+        checkpoints = []
+        h = h0.clone()
+        for k in range(depth):
+            if k % segment == 0:
+                checkpoints.append(h.clone())
+            h.add_(sigma(h @ transposed[k]), alpha=delta)
+        ctx.save_for_backward(weight, *checkpoints)
+        ctx.delta, ctx.activation, ctx.segment = delta, activation, segment
+        return h
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        weight, *checkpoints = ctx.saved_tensors
+        sigma, derivative = ACTIVATIONS[ctx.activation]
+        delta, segment, depth = ctx.delta, ctx.segment, weight.shape[0]
+        layers, transposed = weight.unbind(0), weight.transpose(1, 2).unbind(0)
+        grad_weight = torch.empty_like(weight)
+        g = grad_out.clone()
+        for start in reversed(range(0, depth, segment)):
+            stop = min(start + segment, depth)
+            hs, acts = [checkpoints[start // segment]], []
+            for k in range(start, stop):  # recompute the segment, keeping h_k and sigma(z_k)
+                acts.append(sigma(hs[-1] @ transposed[k]))
+                hs.append(hs[-1] + delta * acts[-1])
+            for k in reversed(range(start, stop)):
+                s = g * derivative(acts[k - start], delta)  # dJ/dz_k
+                torch.mm(s.T, hs[k - start], out=grad_weight[k])
+                g.addmm_(s, layers[k])
+        return g, grad_weight, None, None
+
+
+def residual_stack(h0: torch.Tensor, weight: torch.Tensor, delta: float,
+                   activation: str = "tanh") -> torch.Tensor:
+    """h_L of the recursion h_{k+1} = h_k + delta * sigma(W_k h_k) (eq. 4.1), rows = samples.
+
+    h0: (N, d); weight: (L, d, d). Differentiable w.r.t. both (hand-written backward).
+    """
+    if activation not in ACTIVATIONS:
+        raise InvalidParameterError(
+            f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}")
+    if weight.ndim != 3 or weight.shape[1] != weight.shape[2] or h0.shape[-1] != weight.shape[1]:
+        raise InvalidParameterError(
+            f"residual_stack needs h0 (N, d) and weight (L, d, d); got {tuple(h0.shape)} and "
+            f"{tuple(weight.shape)}")
+    return _ResidualStack.apply(h0, weight, delta, activation)
+
+
+class DepthResNet(nn.Module):
+    """Eq. (4.1): fixed random embeddings around L trainable d x d residual layers.
+
+    ``init`` is "constant" (eq. 4.2: every entry L^{-1/gamma-beta}/d^2) or "truncated"
+    (normal of mean 0 and variance s = L^{-1/gamma-beta}/d^2 truncated to [-s, s], thesis
+    Sec. 4, Assumption 3.1.1 (iii)). ``seed`` fixes the embeddings, drawn first, so that one
+    seed gives the same U_in, U_out at every depth (as in the thesis) and the truncated
+    initial weights after them.
+    """
+
+    def __init__(self, in_features: int, out_features: int, depth: int, d: int, alpha: float,
+                 gamma: float, activation: str = "tanh", init: str = "constant", seed: int = 0,
+                 dtype: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        if depth < 1 or d < 1 or in_features < 1 or out_features < 1:
+            raise InvalidParameterError(
+                f"DepthResNet needs depth, d, in/out features >= 1; got depth={depth}, d={d}, "
+                f"in_features={in_features}, out_features={out_features}")
+        if activation not in ACTIVATIONS:
+            raise InvalidParameterError(
+                f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}")
+        if gamma <= 0:
+            raise InvalidParameterError(f"gamma={gamma} must be > 0 (init scale L^(-1/gamma))")
+        self.depth, self.d, self.alpha, self.gamma = depth, d, alpha, gamma
+        self.activation, self.init = activation, init
+        self.delta = depth ** (-alpha)
+        gen = torch.Generator().manual_seed(seed)
+
+        def uniform(rows: int, cols: int) -> torch.Tensor:
+            bound = cols**-0.5
+            return (torch.rand(rows, cols, generator=gen, dtype=dtype) * 2 - 1) * bound
+
+        self.register_buffer("u_in", uniform(d, in_features))
+        self.register_buffer("u_out", uniform(out_features, d))
+        scale = initial_scale(depth, d, alpha, gamma)
+        if init == "constant":
+            weight = torch.full((depth, d, d), scale, dtype=dtype)
+        elif init == "truncated":
+            weight = torch.empty(depth, d, d, dtype=dtype)
+            nn.init.trunc_normal_(weight, 0.0, math.sqrt(scale), -scale, scale, generator=gen)
+        else:
+            raise InvalidParameterError(f"init {init!r} must be 'constant' or 'truncated'")
+        self.weight = nn.Parameter(weight)
+
+    @property
+    def beta(self) -> float:
+        """beta = 1 - alpha (thesis Assumption 3.1.1 (iii))."""
+        return 1.0 - self.alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h0 = x.reshape(x.shape[0], -1).to(self.u_in.dtype) @ self.u_in.T
+        return residual_stack(h0, self.weight, self.delta, self.activation) @ self.u_out.T
+
+    def rescaled_weights(self) -> torch.Tensor:
+        """L^beta W_k, k = 0..L-1: the path W^{(L)} the thesis measures (Sec. 4.2)."""
+        return self.depth**self.beta * self.weight.detach()
