@@ -139,5 +139,60 @@ def prune(
     console.print(f"wrote {csv_paths[0]}, {csv_paths[1]}, {png}")
 
 
+@app.command()
+def depth(
+    more_depths: list[int] = typer.Argument(None, hidden=True),
+    model: str = typer.Option("C10k-B12c", "--model", help="class of Tables 4.1/4.2 + c|t"),
+    depths: list[int] = typer.Option([128, 256, 512], "--depths", help="depths: --depths 128 256"),
+    seeds: int = typer.Option(3, "--seeds", help="seeds per depth; the table reports the max"),
+    samples: int = typer.Option(10_000, "--samples", help="C10k size N (the thesis' text: 1e4)"),
+    dtype: str = typer.Option("float64", "--dtype", help="float64, or float32 as the thesis' code"),
+    csv: str = typer.Option(None, "--csv", help="append one row per run to this CSV"),
+    plot: str = typer.Option(None, "--plot", help="PNG of ||L^beta W_k|| against k/L"),
+) -> None:
+    """Depth-limit ResNet lab (master's thesis eq. 4.1): 1-variation of L^beta W across depths."""
+    import torch
+    from rich.progress import Progress
+
+    from pathlift.depth.experiments import (
+        DepthRun,
+        append_csv,
+        fit_rate,
+        grid,
+        maxima,
+        plot_trajectories,
+    )
+    from pathlift.depth.published import PUBLISHED_C10K
+
+    all_depths = [*depths, *(more_depths or [])]
+    types = {"float64": torch.float64, "float32": torch.float32}
+    if dtype not in types:
+        raise typer.BadParameter(f"--dtype must be one of {sorted(types)}")
+
+    def on_run(r: DepthRun) -> None:
+        progress.update(task, advance=1, description=f"{model} L={r.depth}")
+        if csv is not None:
+            append_csv(csv, [r])
+
+    with Progress(console=console) as progress:
+        task = progress.add_task(f"{model}", total=len(all_depths) * seeds)
+        runs = grid(model, all_depths, seeds, samples, types[dtype], on_run)
+    if plot is not None:
+        plot_trajectories([r for r in runs if r.seed == 0], plot)
+    norm_max, matrix_max = maxima(runs), maxima(runs, norm_path=False)
+    table = Table(title=f"{model}: ||L^beta W||_1-var, max over {seeds} seeds ({dtype})")
+    for column in ("L", "T_L", "eta", "norm path", "matrix path", "published", "mean rho"):
+        table.add_column(column, justify="right")
+    for L in all_depths:
+        of_L = [r for r in runs if r.depth == L]
+        rhos = [fit_rate(r.omega).rho for r in of_L]
+        published = PUBLISHED_C10K.get(model, {}).get(L)
+        table.add_row(str(L), str(of_L[0].steps), f"{of_L[0].learning_rate:.4g}",
+                      f"{norm_max[model, L]:.4g}", f"{matrix_max[model, L]:.4g}",
+                      "-" if published is None else f"{published:.4g}",
+                      f"{sum(rhos) / len(rhos):.3g}")
+    console.print(table)
+
+
 if __name__ == "__main__":
     app()
