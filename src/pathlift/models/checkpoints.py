@@ -202,4 +202,4 @@ def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
 
 def _is_path(spec: str | Path) -> bool:
     return isinstance(spec, PurePath) or Path(spec).suffix in _SAFETENSORS + _TORCH \
-        or Path(spec).exists()
+        or Path(spec).is_file()
