@@ -1,0 +1,279 @@
+"""Y = X·K^T for a Kronecker-sparse K: the six algorithms of thesis Sec. 5.1.2 and 5.3.
+
+Algorithm 5.1.1 (loop over the ad dense blocks K[row, col]) and its permuted form 5.1.2
+(Y = ((X Q^T) K~^T) P^T with K~ block-diagonal) are implemented as
+
+- ``dense``:  K stored dense, ``torch.nn.functional.linear`` (generic);
+- ``sparse``: K stored in CSR (generic sparse, ignores the structure);
+- ``bsr``:    Alg. 5.1.2 with K~ in block-sparse-row format;
+- ``einsum``: Alg. 5.1.1 as one tensor contraction on w (a, b, c, d);
+- ``bmm``:    Alg. 5.1.2 with ``torch.bmm`` on K~ stored (ad, b, c) (Dao et al. 2022);
+- ``fused``:  Alg. 5.1.1 without the permutation passes: the C kernel of
+  ``pathlift.kron.cpu_kernel`` on CPU, the Triton kernel of ``pathlift.kron.triton_kernel``
+  on CUDA.
+
+Layouts (Sec. 5.1.2): ``"bsf"`` (batch-size-first) takes X of shape (B, acd) and returns
+(B, abd); ``"bsl"`` (batch-size-last) takes (acd, B) and returns (abd, B).
+Every algorithm is differentiable in X and in the factor w (autograd). On CPU, half
+precision inputs of ``sparse``, ``bsr`` and ``fused`` are computed in float32 (PyTorch's MKL
+sparse routines and the C kernel have no half-precision path) and cast back.
+
+``prepare(w, pattern, algorithm)`` converts w to the storage of the algorithm once;
+``apply`` runs it, so a layer or a benchmark pays for conversion only when w changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.kron import cpu_kernel
+from pathlift.kron.factor import _check_factor, to_dense
+from pathlift.kron.pattern import KSPattern
+
+__all__ = ["ALGORITHMS", "LAYOUTS", "apply", "ks_multiply", "prepare"]
+
+ALGORITHMS = ("dense", "sparse", "bsr", "einsum", "bmm", "fused")
+LAYOUTS = ("bsf", "bsl")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _check(algorithm: str, layout: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise InvalidParameterError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    if layout not in LAYOUTS:
+        raise InvalidParameterError(f"unknown layout {layout!r}; choose 'bsf' (batch-size-first,"
+                                    " x of shape (B, N)) or 'bsl' (batch-size-last, (N, B))")
+
+
+def _upcast_on_cpu(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Run ``fn`` in float32 when x is a CPU half tensor, and cast the result back."""
+
+    def run(x: torch.Tensor, op: Any, pattern: KSPattern, layout: str) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype in _HALF:
+            op = {k: v.float() if torch.is_tensor(v) else v for k, v in op.items()}
+            return fn(x.float(), op, pattern, layout).to(x.dtype)
+        return fn(x, op, pattern, layout)
+
+    return run
+
+
+@contextlib.contextmanager
+def _quiet_sparse() -> Iterator[None]:
+    """PyTorch warns that sparse compressed tensors are beta on construction; the indices
+    built here are valid by construction (the tests compare against the dense product)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+        yield
+
+
+# --- dense -------------------------------------------------------------------------------
+def _prep_dense(w: torch.Tensor, p: KSPattern) -> dict:
+    return {"k": to_dense(w, p)}
+
+
+def _dense(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
+    return F.linear(x, op["k"]) if layout == "bsf" else op["k"] @ x
+
+
+# --- sparse (CSR) ------------------------------------------------------------------------
+def _prep_sparse(w: torch.Tensor, p: KSPattern) -> dict:
+    a, b, c, d = p.as_tuple()
+    dev = w.device
+    i, _, j, ell = torch.meshgrid(torch.arange(a, device=dev), torch.arange(b, device=dev),
+                                  torch.arange(d, device=dev), torch.arange(c, device=dev),
+                                  indexing="ij")
+    cols = (i * c * d + ell * d + j).reshape(-1)
+    crow = torch.arange(0, p.out_features + 1, device=dev) * c
+    values = w.permute(0, 1, 3, 2).reshape(-1)  # row (i, k, j), then l
+    with _quiet_sparse():
+        k = torch.sparse_csr_tensor(crow, cols, values, (p.out_features, p.in_features),
+                                    check_invariants=False)
+    return {"k": k}
+
+
+@_upcast_on_cpu
+def _sparse(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
+    return F.linear(x, op["k"]) if layout == "bsf" else op["k"] @ x
+
+
+# --- bsr (Alg. 5.1.2) --------------------------------------------------------------------
+def _prep_bsr(w: torch.Tensor, p: KSPattern) -> dict:
+    a, b, c, d = p.as_tuple()
+    # MKL's CPU BSR product needs square blocks: cut each b × c block into g × g ones.
+    g = math.gcd(b, c) if w.device.type == "cpu" else None
+    gb, gc = (b // g, c // g) if g else (1, 1)
+    bh, bw = (g, g) if g else (b, c)
+    values = (w.permute(0, 3, 1, 2).reshape(a * d, gb, bh, gc, bw)
+              .permute(0, 1, 3, 2, 4).reshape(-1, bh, bw))
+    block_rows = a * d * gb
+    crow = torch.arange(0, block_rows + 1, device=w.device) * gc
+    cols = ((torch.arange(block_rows, device=w.device) // gb)[:, None] * gc
+            + torch.arange(gc, device=w.device)[None, :]).reshape(-1)
+    with _quiet_sparse():
+        k = torch.sparse_bsr_tensor(crow, cols, values, (p.out_features, p.in_features),
+                                    check_invariants=False)
+    return {"k": k, "w": w}
+
+
+def _permute_in(x: torch.Tensor, p: KSPattern, layout: str) -> torch.Tensor:
+    """X Q^T (Alg. 5.1.2, line 1)."""
+    a, _, c, d = p.as_tuple()
+    if layout == "bsf":
+        return x.reshape(-1, a, c, d).transpose(-1, -2).reshape(-1, a * c * d)
+    return x.reshape(a, c, d, -1).transpose(1, 2).reshape(a * c * d, -1)
+
+
+def _permute_out(y: torch.Tensor, p: KSPattern, layout: str) -> torch.Tensor:
+    """Y~ P^T (Alg. 5.1.2, line 3)."""
+    a, b, _, d = p.as_tuple()
+    if layout == "bsf":
+        return y.reshape(-1, a, d, b).transpose(-1, -2).reshape(-1, a * b * d)
+    return y.reshape(a, d, b, -1).transpose(1, 2).reshape(a * b * d, -1)
+
+
+@_upcast_on_cpu
+def _bsr(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
+    def run(v: torch.Tensor) -> torch.Tensor:
+        vp = _permute_in(v, p, layout)
+        yp = F.linear(vp, op["k"]) if layout == "bsf" else op["k"] @ vp
+        return _permute_out(yp, p, layout)
+
+    # PyTorch has no CPU backward for BSR products: supply it.
+    return _KernelProduct.apply(x, op["w"], run, p, layout, "bsr")
+
+
+# --- einsum (Alg. 5.1.1) -----------------------------------------------------------------
+def _prep_einsum(w: torch.Tensor, p: KSPattern) -> dict:
+    return {"w": w}
+
+
+def _einsum(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
+    a, b, c, d = p.as_tuple()
+    if layout == "bsf":
+        y = torch.einsum("nilj,iklj->nikj", x.reshape(-1, a, c, d), op["w"])
+        return y.reshape(-1, a * b * d)
+    y = torch.einsum("iljn,iklj->ikjn", x.reshape(a, c, d, -1), op["w"])
+    return y.reshape(a * b * d, -1)
+
+
+# --- bmm (Alg. 5.1.2, Dao et al. 2022) ---------------------------------------------------
+def _prep_bmm(w: torch.Tensor, p: KSPattern) -> dict:
+    a, b, c, d = p.as_tuple()
+    return {"k": w.permute(0, 3, 1, 2).reshape(a * d, b, c).contiguous()}
+
+
+def _bmm(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
+    a, b, c, d = p.as_tuple()
+    if layout == "bsf":
+        xp = x.reshape(-1, a, c, d).transpose(-1, -2).reshape(-1, a * d, c).transpose(0, 1)
+        yp = torch.bmm(xp, op["k"].transpose(-1, -2))  # (ad, B, b)
+        return yp.transpose(0, 1).reshape(-1, a, d, b).transpose(-1, -2).reshape(-1, a * b * d)
+    xp = x.reshape(a, c, d, -1).transpose(1, 2).reshape(a * d, c, -1)
+    yp = torch.bmm(op["k"], xp)  # (ad, b, B)
+    return yp.reshape(a, d, b, -1).transpose(1, 2).reshape(a * b * d, -1)
+
+
+# --- fused (Alg. 5.1.1 in one pass) ------------------------------------------------------
+def _prep_fused(w: torch.Tensor, p: KSPattern) -> dict:
+    """Both packings, so the layout can be chosen per call: bsf (a, d, c, bpad) with the
+    output dimension padded to the kernel's register tile, bsl (a, d, b, c)."""
+    nr = cpu_kernel.NR.get(w.dtype, 32)
+    pad = cpu_kernel.pad_to(p.b, nr) - p.b
+    return {"bsf": F.pad(w.permute(0, 3, 2, 1), (0, pad)).contiguous(),
+            "bsl": w.permute(0, 3, 1, 2).contiguous(), "w": w}
+
+
+class _KernelProduct(torch.autograd.Function):
+    """Products whose kernel has no autograd formula (the C kernel, CPU BSR). Backward:
+    dX = dY·K is the same algorithm on K^T (pattern (a, c, b, d), factor w transposed in
+    (b, c)), and dw[i, k, l, j] = sum_n dY[n, i, k, j] X[n, i, l, j]."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, run: Callable, p: KSPattern,
+                layout: str, algorithm: str) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.p, ctx.layout, ctx.algorithm = p, layout, algorithm
+        return run(x)
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        p, layout = ctx.p, ctx.layout
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            gx = ks_multiply(gy, w.transpose(1, 2), p.transpose(), ctx.algorithm, layout)
+        if ctx.needs_input_grad[1]:
+            a, b, c, d = p.as_tuple()
+            if layout == "bsf":
+                gw = torch.einsum("nikj,nilj->iklj", gy.reshape(-1, a, b, d),
+                                  x.reshape(-1, a, c, d))
+            else:
+                gw = torch.einsum("ikjn,iljn->iklj", gy.reshape(a, b, d, -1),
+                                  x.reshape(a, c, d, -1))
+        return gx, gw, None, None, None, None
+
+
+def _fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
+    if x.device.type == "cuda":
+        from pathlift.kron import triton_kernel
+
+        return triton_kernel.ks_fused(x, op["w"], p, layout)
+    if x.dtype in _HALF:
+        op32 = _prep_fused(op["w"].float(), p)
+        return _fused(x.float(), op32, p, layout).to(x.dtype)
+    lib = cpu_kernel.load_kernel(x.dtype) if x.dtype in cpu_kernel.NR else None
+    if lib is None:
+        return _einsum(x, op, p, layout)
+    wp = op[layout]
+    if wp.dtype != x.dtype:
+        raise InvalidParameterError(f"fused: input dtype {x.dtype} != factor dtype {wp.dtype}")
+    run = cpu_kernel.fused_bsf if layout == "bsf" else cpu_kernel.fused_bsl
+    return _KernelProduct.apply(x, op["w"], lambda v: run(lib, v.contiguous(), wp, p.as_tuple()),
+                                p, layout, "fused")
+
+
+_REGISTRY: dict[str, tuple[Callable, Callable]] = {
+    "dense": (_prep_dense, _dense),
+    "sparse": (_prep_sparse, _sparse),
+    "bsr": (_prep_bsr, _bsr),
+    "einsum": (_prep_einsum, _einsum),
+    "bmm": (_prep_bmm, _bmm),
+    "fused": (_prep_fused, _fused),
+}
+
+
+def prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict:
+    """Convert the factor w (a, b, c, d) to the storage of ``algorithm`` (differentiable)."""
+    _check(algorithm, "bsf")
+    _check_factor(w, pattern)
+    return _REGISTRY[algorithm][0](w, pattern)
+
+
+def apply(x: torch.Tensor, prepared: dict, pattern: KSPattern, algorithm: str,
+          layout: str = "bsf") -> torch.Tensor:
+    """Y = X K^T with K given by ``prepare(w, pattern, algorithm)``."""
+    _check(algorithm, layout)
+    n = pattern.in_features
+    if x.dim() != 2 or x.shape[1 if layout == "bsf" else 0] != n:
+        want = "(B, N)" if layout == "bsf" else "(N, B)"
+        raise ShapeError(f"{algorithm}/{layout}: x must have shape {want} with N = acd = {n} "
+                         f"for pattern {pattern}, got {tuple(x.shape)}")
+    return _REGISTRY[algorithm][1](x, prepared, pattern, layout)
+
+
+def ks_multiply(x: torch.Tensor, w: torch.Tensor, pattern: KSPattern,
+                algorithm: str = "bmm", layout: str = "bsf") -> torch.Tensor:
+    """Y = X·K^T for the pattern-``pattern`` factor w (thesis Alg. 5.1.1 / 5.1.2).
+
+    x: (B, acd) for layout "bsf", (acd, B) for "bsl"; returns (B, abd) or (abd, B).
+    Differentiable in x and w for every algorithm.
+    """
+    return apply(x, prepare(w, pattern, algorithm), pattern, algorithm, layout)
