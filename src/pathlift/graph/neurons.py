@@ -24,6 +24,11 @@ probing the real torch op on a float64 copy of the model:
   Dropout) create no neuron: they run on a tensor of neuron ids and only relabel. This
   keeps P minimal; identity neurons with a zero bias and weight-1 edges would only add
   paths with Phi_p = 0 and change no norm.
+- a neuron that one op reads twice (``x + x``, a conv or max-pool after ``cat([x, x])``)
+  is read the second time through an identity copy (weight-1 edge, bias 0). Def. 2.2.2 has
+  no parallel edges; merging the two into one edge of weight w1 + w2 would describe the
+  same function but another parameterization, whose q != 1 path-norms differ from those of
+  the torch weights w1, w2 (the copy keeps them two edges, as Thm 3.1.1's pass does).
 
 Paths follow Def. 2.3.1: every path ending at an output neuron, starting at an input
 neuron (Phi_p = product of weights) or at any other neuron (Phi_p = its bias times the
@@ -145,8 +150,7 @@ class NeuronDAG:
         UnsupportedModelError for ops outside Def. 2.2.2 and when the network has more than
         ``max_paths`` paths (enumeration is for small networks; use ``pathlift.path_norm``).
         """
-        work = copy.deepcopy(model).to(torch.float64)
-        graph = trace(work, input_shape)
+        graph = trace(_float64_copy(model), input_shape)
         builder = _Builder(graph)
         with torch.no_grad():
             out = builder.run(builder.input_ids())
@@ -300,6 +304,18 @@ class NeuronDAG:
         return x.detach().to(torch.float64).reshape(-1).cpu().numpy()
 
 
+def _float64_copy(model: nn.Module) -> nn.Module:
+    """A float64 deep copy. Tensors computed from parameters and cached on a module (the
+    ``weight`` that torch.nn.utils.prune recomputes before each forward) are not graph
+    leaves and cannot be deep-copied: they are copied detached."""
+    memo: dict[int, Any] = {}
+    for m in model.modules():
+        for value in vars(m).values():
+            if isinstance(value, Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach().clone()
+    return copy.deepcopy(model, memo).to(torch.float64)
+
+
 def _sign(w: float) -> float:
     return float(np.sign(w))
 
@@ -385,6 +401,7 @@ class _Builder(fx.Interpreter):
             raise UnsupportedModelError(f"node '{name}' passes a tensor by keyword; NeuronDAG "
                                         "probes positional tensor arguments only")
         slots = [i for i, a in enumerate(call.args) if isinstance(a, Tensor)]
+        call = self._distinct(call, slots)
         zeros = [torch.zeros(call.args[i].shape, dtype=torch.float64) for i in slots]
         y0 = self._run(call, slots, zeros)
         bias = y0.reshape(-1).numpy()
@@ -397,23 +414,43 @@ class _Builder(fx.Interpreter):
             probes[k] = torch.eye(n_in, dtype=torch.float64).reshape(probes[k].shape)
             matrix = (self._run(call, slots, probes) - y0).reshape(n_in, -1).numpy()
             for i, o in zip(*np.nonzero(matrix), strict=True):
-                src = int(ids[i])
-                edges[o][src] = edges[o].get(src, 0.0) + float(matrix[i, o])
+                edges[o][int(ids[i])] = float(matrix[i, o])
         return self._new(name, y0.shape[1:], Activation.IDENTITY, bias, edges)
 
     def _maxpool(self, name: str, call: Call) -> Tensor:
         """1-max-pool neurons, weights 1, bias 0; windows found by probing the real op."""
+        call = self._distinct(call, [0])
         ids = call.args[0]
         n_in = ids.numel()
         probe = torch.full((n_in, *ids.shape[1:]), _FAR_BELOW, dtype=torch.float64)
         probe.reshape(n_in, n_in).fill_diagonal_(0.0)
         hit = (call.run(probe) == 0).reshape(n_in, -1).numpy()
+        if not hit.any(axis=0).all():
+            raise UnsupportedModelError(f"node '{name}' has a max-pool window inside the "
+                                        "padding only (its output is -inf); reduce the "
+                                        "padding or the dilation")
         flat_ids = ids.reshape(-1)
         edges: list[dict[int, float]] = [{} for _ in range(hit.shape[1])]
         for i, o in zip(*np.nonzero(hit), strict=True):
             edges[o][int(flat_ids[i])] = 1.0
         out_shape = call.run(torch.zeros(ids.shape, dtype=torch.float64)).shape[1:]
         return self._new(name, out_shape, Activation.MAXPOOL, np.zeros(hit.shape[1]), edges)
+
+    def _distinct(self, call: Call, slots: list[int]) -> Call:
+        """The call with every repeated neuron (x + x, a conv after cat([x, x])) read
+        through a fresh identity copy (weight 1, bias 0): Def. 2.2.2 has no parallel edges,
+        and the copies keep each torch weight its own edge, as in the |theta|^q pass."""
+        seen: set[int] = set()
+        args = list(call.args)
+        for slot in slots:
+            flat = args[slot].reshape(-1).clone()
+            for pos, u in enumerate(flat.tolist()):
+                if u in seen:
+                    flat[pos] = self._new(f"{call.node.name}.copy", (1,), Activation.IDENTITY,
+                                          np.zeros(1), [{u: 1.0}])[0, 0]
+                seen.add(u)
+            args[slot] = flat.reshape(args[slot].shape)
+        return Call(call.node, call.module, tuple(args), call.kwargs)
 
     @staticmethod
     def _run(call: Call, slots: list[int], tensors: list[Tensor]) -> Tensor:
