@@ -126,7 +126,7 @@ def _input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _model_dtype(model: nn.Module) -> tuple[torch.dtype, torch.device]:
-    for p in model.parameters():
+    for p in (*model.parameters(), *model.buffers()):  # BatchNorm(affine=False): buffers only
         if p.is_floating_point():
             return p.dtype, p.device
     return torch.float32, torch.device("cpu")
