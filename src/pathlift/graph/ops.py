@@ -317,6 +317,9 @@ class MaxPoolHandler(Handler):
                    else call.arg(6 if not self.adaptive else 2, "return_indices", False))
         if indices:
             return "max-pooling with return_indices=True (unpooling) is not a DAG neuron op"
+        if torch.isinf(call.run(torch.zeros_like(call.args[0]))).any():
+            return ("a pooling window lies entirely in the padding (its output is -inf); "
+                    "reduce the padding or the dilation")
         return None
 
     def abs_pow(self, x: Tensor, q: float, call: Call) -> Tensor:
