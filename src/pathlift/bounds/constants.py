@@ -70,9 +70,8 @@ def architecture_constants(model: nn.Module, input_shape: Sequence[int]
 
 def constants_of_graph(graph: LayerGraph) -> ArchitectureConstants:
     """Architecture constants of an already traced graph (thesis Thm 4.4.1, Thm 4.3.1)."""
-    counts = _Counter(graph)
     with torch.no_grad():
-        counts.run(torch.ones((1, *graph.input_shape), dtype=graph.dtype, device=graph.device))
+        counts = _count(graph)
     maxpools = [n for n in graph.nodes() if graph.handler(n).kind is Kind.MAXPOOL]
     return ArchitectureConstants(
         depth=_longest(graph, refined=True, count_maxpool=True),
@@ -151,38 +150,36 @@ def _cuts(graph: LayerGraph, removed: fx.Node) -> bool:
     return True
 
 
-class _Counter(fx.Interpreter):
-    """Runs the graph on the all-ones input and counts, per node: max-pool antecedents
+@dataclass
+class _Counts:
+    kernels: list[int]
+    shared: dict[int, int]
+    unshared: int
+    d_out: int
+
+
+def _count(graph: LayerGraph) -> _Counts:
+    """Per node, on all-ones inputs of the recorded shapes (batch 1): max-pool antecedents
     (window sums of ones), edges of affine layers (|W|^0 applied to ones), neurons."""
-
-    def __init__(self, graph: LayerGraph):
-        super().__init__(graph.module)
-        self.layer_graph = graph
-        self.kernels: list[int] = []
-        self.shared: dict[int, int] = {}
-        self.unshared = 0
-        self.d_out = 0
-
-    def run_node(self, n: fx.Node):
-        result = super().run_node(n)
+    counts = _Counts([], {}, 0, 0)
+    for n in graph.graph.nodes:
         if n.op == "output":
-            outs = result if isinstance(result, tuple | list) else (result,)
-            self.d_out = sum(o[0].numel() for o in outs)
-            return result
-        if n.op == "placeholder":
-            return result
-        handler = self.layer_graph.handler(n)
-        if handler.kind not in (Kind.MAXPOOL, Kind.AFFINE):
-            return result
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        module = self.layer_graph.submodule(n)
-        call = Call(n, module, tuple(args), dict(kwargs))
-        ones = torch.ones_like(args[0])
+            counts.d_out = sum(math.prod(_shape(o)) for o in n.all_input_nodes)
+            continue
+        if n.op == "placeholder" or graph.handler(n).kind not in (Kind.MAXPOOL, Kind.AFFINE):
+            continue
+        handler, module = graph.handler(n), graph.submodule(n)
+        ones = torch.ones((1, *_shape(n.args[0])), dtype=graph.dtype, device=graph.device)
+        call = Call(n, module, (ones, *n.args[1:]), dict(n.kwargs))
         if handler.kind is Kind.MAXPOOL:
-            self.kernels.append(int(handler.abs_pow(ones, 1.0, call).max()))
-            return result
+            counts.kernels.append(int(handler.abs_pow(ones, 1.0, call).max()))
+            continue
         edges = int(handler.weight_part(ones, 0.0, call).double().sum())
-        has_bias = handler.bias(module) is not None
-        self.unshared += edges + (result[0].numel() if has_bias else 0)
-        self.shared[id(module)] = sum(p.numel() for p in module.parameters())
-        return result
+        bias = math.prod(_shape(n)) if handler.bias(module) is not None else 0
+        counts.unshared += edges + bias
+        counts.shared[id(module)] = sum(p.numel() for p in module.parameters())
+    return counts
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    return tuple(node.meta["tensor_meta"].shape[1:])

@@ -60,13 +60,19 @@ def _sigma(n: int, column_sq: torch.Tensor, row_max: torch.Tensor) -> Sigma:
                  max_abs=float(row_max.max()))
 
 
-def peeling_constant(c: ArchitectureConstants, biases: bool = True) -> float:
+def peeling_constant(c: ArchitectureConstants, biases: bool = True,
+                     depth: int | None = None) -> float:
     """C = (D log((3+2P)K) + log((3+2P)/(1+P) d_in d_out))^{1/2} of thesis Thm 4.4.1
-    (d_in + 1 with biases, as in its extension to nonzero biases)."""
+    (d_in + 1 with biases, as in its extension to nonzero biases).
+
+    ``depth`` overrides D = ``c.depth``; thesis Table 7.1 uses ``c.depth_without_maxpool``
+    (Appendix E.1: D = 2 + #blocks x #convs, the max-pool layer not counted).
+    """
     _check_depth(c)
     P, K = c.pool_types, c.kernel
     d_in = c.d_in + int(biases)
-    return math.sqrt(c.depth * math.log((3 + 2 * P) * K)
+    D = c.depth if depth is None else depth
+    return math.sqrt(D * math.log((3 + 2 * P) * K)
                      + math.log((3 + 2 * P) / (1 + P) * d_in * c.d_out))
 
 
