@@ -7,6 +7,7 @@ parameters and never modifies the model: the returned ``LayerGraph`` holds an fx
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,9 +17,10 @@ from torch import Tensor, fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from pathlift.errors import Problem, ShapeError, UnsupportedModelError
-from pathlift.graph.ops import Call, Handler, Kind, handler_for
+from pathlift.graph.ops import Call, Handler, Kind, ReshapeHandler, handler_for
 
 HANDLER = "pathlift_handler"
+_SLICE = ReshapeHandler("getitem")  # x[:, :k] on a tensor keeps some neurons: a relabelling
 
 
 class _Tracer(fx.Tracer):
@@ -180,6 +182,8 @@ class _Validate(ShapeProp):
         if n.op in ("call_module", "call_function", "call_method"):
             module = self.module.get_submodule(n.target) if n.op == "call_module" else None
             args, kwargs = self.fetch_args_kwargs_from_env(n)
+            if n.target is operator.getitem and isinstance(args[0], Tensor):
+                n.meta[HANDLER] = _SLICE  # not shape arithmetic: every pass must see it
             reason = n.meta[HANDLER].problem(Call(n, module, tuple(args), dict(kwargs)))
             if reason is not None:
                 self.problems.append(Problem(_node_label(n), _op_label(n, module), reason))
