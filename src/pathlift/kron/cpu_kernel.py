@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -209,6 +210,11 @@ def _row_tile(c: int, d: int, itemsize: int) -> int:
     return max(6, min(240, rows // 6 * 6))
 
 
+def _threads(batch: int, shape: tuple[int, ...]) -> int:
+    """One thread for small products: waking an OpenMP team costs more than it saves."""
+    return torch.get_num_threads() if batch * math.prod(shape) >= 1 << 18 else 1
+
+
 def fused_bsf(lib: ctypes.CDLL, x: torch.Tensor, wp: torch.Tensor, shape: tuple[int, ...]
               ) -> torch.Tensor:
     """Y (B, abd) from x (B, acd) contiguous and wp (a, d, c, bpad) contiguous."""
@@ -216,7 +222,7 @@ def fused_bsf(lib: ctypes.CDLL, x: torch.Tensor, wp: torch.Tensor, shape: tuple[
     batch = x.shape[0]
     y = torch.empty(batch, a * b * d, dtype=x.dtype)
     lib.ks_bsf(x.data_ptr(), wp.data_ptr(), y.data_ptr(), batch, a, b, c, d, wp.shape[-1],
-               _row_tile(c, d, x.element_size()), torch.get_num_threads())
+               _row_tile(c, d, x.element_size()), _threads(batch, shape))
     return y
 
 
@@ -227,5 +233,5 @@ def fused_bsl(lib: ctypes.CDLL, x: torch.Tensor, wp: torch.Tensor, shape: tuple[
     batch = x.shape[1]
     y = torch.empty(a * b * d, batch, dtype=x.dtype)
     lib.ks_bsl(x.data_ptr(), wp.data_ptr(), y.data_ptr(), batch, a, b, c, d, 512,
-               torch.get_num_threads())
+               _threads(batch, shape))
     return y

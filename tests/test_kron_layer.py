@@ -1,0 +1,92 @@
+"""KSLinear: forward and gradients against the dense weight K_1 ⋯ K_L, conversion from a
+dense matrix / nn.Linear, the cached operands, and the "auto" algorithm choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.kron import (
+    ALGORITHMS,
+    KSLinear,
+    chain_to_dense,
+    fastest_algorithm,
+    monarch,
+    random_factor,
+    square_dyadic_butterfly,
+)
+from pathlift.kron.pattern import KSPattern
+
+
+@pytest.mark.parametrize("algorithm", [*ALGORITHMS, "auto"])
+def test_forward_and_gradients_match_the_dense_weight(algorithm):
+    torch.manual_seed(0)
+    layer = KSLinear(monarch(24, 16, 4), algorithm=algorithm)
+    x = torch.randn(3, 5, 16)
+    y = layer(x)
+    assert y.shape == (3, 5, 24)
+    expected = x.double() @ layer.to_dense().double().T + layer.bias.double()
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-6)
+    # gradients of a scalar loss w.r.t. each factor, against autograd through the dense product
+    gy = torch.randn_like(y)
+    (y * gy).sum().backward()
+    leaves = [f.detach().double().requires_grad_() for f in layer.factors]
+    dense_w = chain_to_dense(leaves, layer.patterns)
+    ((x.double() @ dense_w.T) * gy.double()).sum().backward()
+    for param, leaf in zip(layer.factors, leaves, strict=True):
+        torch.testing.assert_close(param.grad.double(), leaf.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(layer.bias.grad, gy.sum((0, 1)))
+
+
+def test_from_linear_is_exact_on_a_monarch_product_and_leaves_the_linear_untouched():
+    chain = monarch(32, 16, 4)
+    g = torch.Generator().manual_seed(1)
+    linear = nn.Linear(16, 32)
+    with torch.no_grad():
+        linear.weight.copy_(chain_to_dense([random_factor(p, generator=g) for p in chain], chain))
+    before = {k: v.clone() for k, v in linear.state_dict().items()}
+    layer = KSLinear.from_linear(linear, chain, algorithm="bmm")
+    for k, v in linear.state_dict().items():
+        assert torch.equal(v, before[k])
+    x = torch.randn(7, 16, generator=g)
+    torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
+    assert sum(f.numel() for f in layer.factors) < linear.weight.numel()
+
+
+def test_butterfly_layer_from_dense():
+    chain = square_dyadic_butterfly(16)
+    g = torch.Generator().manual_seed(2)
+    weight = chain_to_dense([random_factor(p, torch.float64, generator=g) for p in chain], chain)
+    layer = KSLinear.from_dense(weight, chain, bias=None, algorithm="fused")
+    torch.testing.assert_close(layer.to_dense(), weight)
+    assert layer.bias is None
+
+
+def test_cached_operands_follow_in_place_updates():
+    layer = KSLinear(monarch(8, 8, 2), bias=False, algorithm="dense")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        first = layer(x)
+        layer.factors[0].mul_(2.0)  # bumps the version counter: the cached dense K is stale
+        second = layer(x)
+    torch.testing.assert_close(second, 2 * first)
+
+
+def test_auto_picks_a_measured_algorithm_and_caches_it():
+    p = KSPattern(1, 16, 16, 4)
+    choice = fastest_algorithm(p, 32, torch.float32)
+    assert choice in ALGORITHMS
+    assert fastest_algorithm(p, 32, torch.float32) == choice
+    layer = KSLinear([p], algorithm="auto")
+    assert layer.algorithms(32) == (choice,)
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(InvalidParameterError, match="do not chain"):
+        KSLinear([(1, 4, 4, 1), (1, 3, 4, 1)])
+    with pytest.raises(InvalidParameterError, match="unknown algorithm"):
+        KSLinear(monarch(8, 8, 2), algorithm="fast")
+    with pytest.raises(ShapeError, match=r"\(\.\.\., 8\)"):
+        KSLinear(monarch(8, 8, 2))(torch.randn(2, 9))

@@ -1,0 +1,138 @@
+"""The six algorithms of thesis Sec. 5.1.2/5.3 against the dense product X·K^T, in both
+layouts and four dtypes, their gradients (torch.autograd.gradcheck in float64), and the
+fused C kernel's tiling edge cases and fallback."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.kron import (
+    ALGORITHMS,
+    LAYOUTS,
+    KSPattern,
+    cpu_kernel,
+    ks_multiply,
+    random_factor,
+    to_dense,
+)
+
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, p: KSPattern) -> torch.Tensor:
+    """X K^T in float64 through the dense matrix (batch-size-first)."""
+    return x.double() @ to_dense(w.double(), p).T
+
+
+def run(x: torch.Tensor, w: torch.Tensor, p: KSPattern, algorithm: str, layout: str):
+    """ks_multiply on x given batch-size-first, result returned batch-size-first."""
+    if layout == "bsf":
+        return ks_multiply(x, w, p, algorithm, layout)
+    return ks_multiply(x.T.contiguous(), w, p, algorithm, layout).T
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 5), st.integers(1, 4),
+       st.integers(1, 9), st.sampled_from(sorted(TOL, key=str)), st.integers(0, 2**16))
+@settings(max_examples=15, deadline=None)
+def test_every_algorithm_and_layout_matches_dense(a, b, c, d, batch, dtype, seed):
+    p = KSPattern(a, b, c, d)
+    g = torch.Generator().manual_seed(seed)
+    w = random_factor(p, torch.float32, generator=g).to(dtype)
+    x = torch.randn(batch, p.in_features, generator=g).to(dtype)
+    ref = reference(x, w, p)
+    for algorithm in ALGORITHMS:
+        for layout in LAYOUTS:
+            y = run(x, w, p, algorithm, layout)
+            assert y.dtype == dtype and y.shape == (batch, p.out_features)
+            assert rel_err(y, ref) <= TOL[dtype], (algorithm, layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("pattern", [(2, 3, 2, 2), (1, 4, 2, 1), (3, 1, 2, 2)], ids=str)
+def test_gradcheck_float64(pattern, algorithm, layout):
+    p = KSPattern(*pattern)
+    g = torch.Generator().manual_seed(1)
+    w = random_factor(p, torch.float64, generator=g).requires_grad_()
+    shape = (3, p.in_features) if layout == "bsf" else (p.in_features, 3)
+    x = torch.randn(shape, dtype=torch.float64, generator=g).requires_grad_()
+    assert torch.autograd.gradcheck(lambda u, v: ks_multiply(u, v, p, algorithm, layout), (x, w))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_gradients_match_dense_in_float32(algorithm, layout):
+    p = KSPattern(2, 8, 6, 3)
+    g = torch.Generator().manual_seed(2)
+    w0 = random_factor(p, generator=g)
+    x0 = torch.randn(11, p.in_features, generator=g)
+    gy = torch.randn(11, p.out_features, generator=g)
+    w, x = w0.clone().requires_grad_(), x0.clone().requires_grad_()
+    (run(x, w, p, algorithm, layout) * gy).sum().backward()
+    wd, xd = w0.double().requires_grad_(), x0.double().requires_grad_()
+    ((xd @ to_dense(wd, p).T) * gy.double()).sum().backward()
+    assert rel_err(x.grad, xd.grad) <= 1e-5 and rel_err(w.grad, wd.grad) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("pattern,batch", [((1, 40, 300, 1), 13), ((2, 33, 17, 5), 601),
+                                           ((1, 1, 1, 1), 1), ((3, 64, 16, 2), 7)], ids=str)
+def test_fused_kernel_tiles(pattern, batch, dtype, layout):
+    """c > 256 (K blocking accumulates), b not a multiple of the register tile, batch > 512
+    (bsl batch tiles) and not a multiple of 6 (bsf row tiles); x is not modified."""
+    p = KSPattern(*pattern)
+    g = torch.Generator().manual_seed(4)
+    w = random_factor(p, generator=g).to(dtype)
+    x = torch.randn(batch, p.in_features, generator=g).to(dtype)
+    before = x.clone()
+    assert rel_err(run(x, w, p, "fused", layout), reference(x, w, p)) <= TOL[dtype]
+    assert torch.equal(x, before)
+
+
+def test_fused_kernel_is_built_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(tmp_path))
+    lib = cpu_kernel.load_kernel.__wrapped__(torch.float32)
+    assert lib is not None
+    built = list((tmp_path / "kron").glob("ks_fused_float_*.so"))
+    assert len(built) == 1
+    assert cpu_kernel._compile("float") == built[0]  # second call reuses the cached file
+
+
+def test_fused_falls_back_with_a_warning_without_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.warns(RuntimeWarning, match="falling back to the einsum"):
+        assert cpu_kernel.load_kernel.__wrapped__(torch.float32) is None
+
+
+def test_bad_arguments_raise_typed_errors():
+    p = KSPattern(2, 3, 4, 5)
+    w = random_factor(p)
+    x = torch.randn(3, p.in_features)
+    with pytest.raises(InvalidParameterError, match="unknown algorithm"):
+        ks_multiply(x, w, p, "magic")
+    with pytest.raises(InvalidParameterError, match="unknown layout"):
+        ks_multiply(x, w, p, "bmm", "bfs")
+    with pytest.raises(ShapeError, match="N = acd = 40"):
+        ks_multiply(x, w, p, "bmm", "bsl")
+    with pytest.raises(ShapeError, match="shape"):
+        ks_multiply(x, w[:1], p, "einsum")
+
+
+def test_no_sparse_warnings_leak():
+    p = KSPattern(2, 3, 4, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for algorithm in ("sparse", "bsr"):
+            ks_multiply(torch.randn(2, p.in_features), random_factor(p), p, algorithm)
