@@ -178,7 +178,11 @@ def test_torchvision_style_state_dict_loads_strictly(name, tmp_path):
     assert all(torch.equal(loaded[k], v) and loaded[k].dtype == v.dtype for k, v in state.items())
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCE_MODELS))
+_HEAVY = ("vgg16", "vgg16_bn")  # 138M parameters each; same layer kinds as vgg11(_bn)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _HEAVY
+                                  else n for n in sorted(REFERENCE_MODELS)])
 def test_every_reference_model_traces(name):
     spec = REFERENCE_MODELS[name]
     # The traced graph does not depend on the spatial size (adaptive pooling), so the
