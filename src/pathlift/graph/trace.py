@@ -170,6 +170,58 @@ def _classify(gm: fx.GraphModule) -> list[Problem]:
     return problems
 
 
+_ALIASING = (Kind.RESHAPE, Kind.IDENTITY, Kind.SHAPE)  # may return a view of their input
+
+
+def _mutates_input(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """An in-place ReLU (relu_, inplace=True) or residual sum (+=, add_)."""
+    kind = node.meta[HANDLER].kind
+    if kind not in (Kind.RELU, Kind.ADD):
+        return False
+    if node.op == "call_module":
+        return bool(getattr(gm.get_submodule(node.target), "inplace", False))
+    if node.op == "call_method":
+        return str(node.target).endswith("_")
+    name = getattr(node.target, "__name__", "")
+    return (name.endswith("_") or node.target is operator.iadd
+            or bool(node.kwargs.get("inplace", len(node.args) > 1 and node.args[1] is True)))
+
+
+def _in_place_problems(gm: fx.GraphModule) -> list[Problem]:
+    """In-place ops whose overwritten tensor is read again afterwards.
+
+    The graph passes treat every op as pure; eager PyTorch reads the overwritten values
+    (``h = fc(x); relu_(h); h + 1``), so such a model computes another function.
+    """
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    problems = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output") or not _mutates_input(node, gm):
+            continue
+        root = node.args[0]
+        if not isinstance(root, fx.Node):
+            continue
+        while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output")
+               and (root.meta[HANDLER].kind in _ALIASING or _mutates_input(root, gm))):
+            root = root.args[0]
+        aliases, todo = set(), [root]
+        while todo:  # the tensors sharing storage with the overwritten one
+            a = todo.pop()
+            aliases.add(a)
+            todo += [u for u in a.users if u is not node and u not in aliases
+                     and u.op != "output" and (u.meta[HANDLER].kind in _ALIASING
+                                               or _mutates_input(u, gm))]
+        late = [u for a in aliases for u in a.users
+                if u is not node and u not in aliases and order[u] > order[node]]
+        if late:
+            module = gm.get_submodule(node.target) if node.op == "call_module" else None
+            problems.append(Problem(
+                _node_label(node), _op_label(node, module),
+                f"overwrites a tensor that '{_node_label(late[0])}' reads afterwards, so "
+                "PyTorch computes another function than the graph; use inplace=False / x = x + y"))
+    return problems
+
+
 class _Validate(ShapeProp):
     """ShapeProp that also asks each node's handler about the concrete call."""
 
@@ -232,6 +284,7 @@ def _trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
     shape = _input_shape(input_shape)
     gm = _symbolic_trace(model)
     problems = _classify(gm)
+    problems += [] if problems else _in_place_problems(gm)
     if problems:
         raise UnsupportedModelError(problems)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
