@@ -273,3 +273,44 @@ def test_tensor_slicing_is_a_relabelling():
     for q in (0.5, 1.0, 2.0):
         assert path_norm(model, (4,), q).value == pytest.approx(dag.path_norm(q), rel=1e-12)
     assert "batch" in str(check(Slice(batch_slice=True), (4,)))
+
+
+class _InPlace(nn.Module):
+    def __init__(self, mode: str):
+        super().__init__()
+        self.fc, self.relu, self.mode = nn.Linear(4, 4), nn.ReLU(inplace=True), mode
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.mode == "relu_ then read":
+            return h + torch.relu_(h)
+        if self.mode == "module through a view":
+            v = h.view(-1, 4)
+            return self.relu(h) + v
+        if self.mode == "functional, output read":
+            F.relu(h, inplace=True)
+            return h
+        if self.mode == "input overwritten":
+            return self.fc(torch.relu_(x)) + x
+        if self.mode == "safe +=":
+            h += torch.relu(h)
+            return self.relu(h)
+        return self.relu(h)
+
+
+@pytest.mark.parametrize("mode", ["relu_ then read", "module through a view",
+                                  "functional, output read", "input overwritten"])
+def test_in_place_op_on_a_value_read_again_is_refused(mode):
+    """Eager PyTorch reads the overwritten values, the graph passes would not: refused
+    (path_norm used to return the norm of another network)."""
+    report = check(_InPlace(mode).eval(), (4,))
+    assert len(report.problems) == 1 and "overwrites" in report.problems[0].reason
+
+
+@pytest.mark.parametrize("mode", ["safe +=", "plain"])
+def test_safe_in_place_ops_are_accepted(mode):
+    model = _InPlace(mode).eval()
+    dag = NeuronDAG.from_module(model, (4,))
+    x = random_input((4,), seed=5)
+    np.testing.assert_allclose(dag.output(x), _torch_output(model, x), rtol=1e-12)
+    assert path_norm(model, (4,), 2).value == pytest.approx(dag.path_norm(2), rel=1e-12)
