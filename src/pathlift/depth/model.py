@@ -24,11 +24,11 @@ from pathlift.errors import InvalidParameterError
 
 __all__ = ["ACTIVATIONS", "DepthResNet", "initial_scale", "residual_stack"]
 
-# sigma, and delta * sigma'(z) written from a = sigma(z) (tanh' = 1 - a^2; relu' = [a > 0]).
-Derivative = Callable[[torch.Tensor, float], torch.Tensor]
-ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Derivative]] = {
-    "tanh": (torch.tanh, lambda a, delta: (1.0 - a * a).mul_(delta)),
-    "relu": (torch.relu, lambda a, delta: (a > 0).to(a.dtype).mul_(delta)),
+# sigma, and sigma'(z) written from a = sigma(z): tanh' = 1 - a^2, relu' = [a > 0].
+Activation = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+ACTIVATIONS: dict[str, Activation] = {
+    "tanh": (torch.tanh, lambda a: 1.0 - a * a),
+    "relu": (torch.relu, lambda a: a > 0),
 }
 
 
@@ -37,13 +37,27 @@ def initial_scale(depth: int, d: int, alpha: float, gamma: float) -> float:
     return depth ** (-1.0 / gamma - (1.0 - alpha)) / d**2
 
 
+def _kernels(d: int) -> tuple[Callable, Callable, Callable]:
+    """(h W^T, s^T h, g += c s W) on row batches; elementwise for d = 1 (no BLAS call)."""
+    if d == 1:
+        return (torch.mul, lambda s, h: (s * h).sum(0, keepdim=True),
+                lambda g, s, w, c: g.addcmul_(s, w, value=c))
+    return torch.mm, lambda s, h: s.T @ h, lambda g, s, w, c: g.addmm_(s, w, alpha=c)
+
+
 class _ResidualStack(torch.autograd.Function):
-    """h_L from h_0 and W (L, d, d); backward by the adjoint recursion, checkpointed."""
+    """h_L from h_0 and W (L, d, d); backward by the adjoint recursion, checkpointed.
+
+    Adjoint (g_k = dJ/dh_k, z_k = W_k h_k): dJ/dW_k = delta (g_{k+1} * sigma'(z_k))^T h_k and
+    g_k = g_{k+1} + delta (g_{k+1} * sigma'(z_k)) W_k (row convention). h_k is kept every
+    isqrt(L) layers; each segment is recomputed once in the backward pass.
+    """
 
     @staticmethod
     def forward(ctx, h0: torch.Tensor, weight: torch.Tensor, delta: float,
                 activation: str) -> torch.Tensor:
         sigma, _ = ACTIVATIONS[activation]
+        matmul, _, _ = _kernels(weight.shape[1])
         depth = weight.shape[0]
         segment = max(1, math.isqrt(depth))
         transposed = weight.transpose(1, 2).unbind(0)
@@ -52,7 +66,7 @@ class _ResidualStack(torch.autograd.Function):
         for k in range(depth):
             if k % segment == 0:
                 checkpoints.append(h.clone())
-            h.add_(sigma(h @ transposed[k]), alpha=delta)
+            h.add_(sigma(matmul(h, transposed[k])), alpha=delta)
         ctx.save_for_backward(weight, *checkpoints)
         ctx.delta, ctx.activation, ctx.segment = delta, activation, segment
         return h
@@ -61,6 +75,7 @@ class _ResidualStack(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         weight, *checkpoints = ctx.saved_tensors
         sigma, derivative = ACTIVATIONS[ctx.activation]
+        matmul, outer, update = _kernels(weight.shape[1])
         delta, segment, depth = ctx.delta, ctx.segment, weight.shape[0]
         layers, transposed = weight.unbind(0), weight.transpose(1, 2).unbind(0)
         grad_weight = torch.empty_like(weight)
@@ -69,13 +84,13 @@ class _ResidualStack(torch.autograd.Function):
             stop = min(start + segment, depth)
             hs, acts = [checkpoints[start // segment]], []
             for k in range(start, stop):  # recompute the segment, keeping h_k and sigma(z_k)
-                acts.append(sigma(hs[-1] @ transposed[k]))
-                hs.append(hs[-1] + delta * acts[-1])
+                acts.append(sigma(matmul(hs[-1], transposed[k])))
+                hs.append(torch.add(hs[-1], acts[-1], alpha=delta))
             for k in reversed(range(start, stop)):
-                s = g * derivative(acts[k - start], delta)  # dJ/dz_k
-                torch.mm(s.T, hs[k - start], out=grad_weight[k])
-                g.addmm_(s, layers[k])
-        return g, grad_weight, None, None
+                s = g * derivative(acts[k - start])  # dJ/dz_k / delta
+                grad_weight[k] = outer(s, hs[k - start])
+                update(g, s, layers[k], delta)
+        return g, grad_weight.mul_(delta), None, None
 
 
 def residual_stack(h0: torch.Tensor, weight: torch.Tensor, delta: float,
