@@ -196,7 +196,7 @@ def _mlp_paths_l1(model: nn.Sequential) -> tuple[float, list[list[float]]]:
             widths = [lin.in_features for lin in linears[start:]]
             for idx in itertools.product(*[range(w) for w in widths]):
                 chain = [*idx, v]
-                prod = 1.0 if start == 0 else float(linears[start - 1].bias[chain[0]])
+                prod = 1.0 if start == 0 else float(linears[start - 1].bias[chain[0]].detach())
                 for layer, (i, j) in enumerate(itertools.pairwise(chain)):
                     prod *= float(linears[start + layer].weight[j, i].detach())
                 values.append(prod)
@@ -212,12 +212,18 @@ def test_two_pass_metric_equals_path_enumeration():
     for bits in (2, 3, 6, 12):
         qm = quantize(model, (3,), bits=bits)
         _, phi_q = _mlp_paths_l1(qm.model)
-        per_output = [sum(abs(a - b) for a, b in zip(p, pq, strict=True))
-                      for p, pq in zip(phi, phi_q, strict=True)]
+        enumerated = sum(abs(a - b) for p, pq in zip(phi, phi_q, strict=True)
+                         for a, b in zip(p, pq, strict=True))
         ce = certified_error(model, qm, (3,))
         assert ce.exact
-        assert ce.value == pytest.approx(sum(per_output), rel=1e-10)
-        np.testing.assert_allclose(10 ** np.array(ce.per_output_log10), per_output, rtol=1e-10)
+        assert ce.value == pytest.approx(enumerated, rel=1e-10)
+        # rounding to nearest: a certified interval that contains the enumerated value
+        qn = quantize(model, (3,), bits=bits, rounding="nearest")
+        _, phi_n = _mlp_paths_l1(qn.model)
+        enumerated = sum(abs(a - b) for p, pq in zip(phi, phi_n, strict=True)
+                         for a, b in zip(p, pq, strict=True))
+        interval = certified_error(model, qn, (3,)).metric
+        assert interval.lower * (1 - 1e-9) <= enumerated <= interval.upper * (1 + 1e-9)
 
 
 def _check_bound(net: nn.Module, shape: tuple[int, ...], bits: int, per_channel: bool,
@@ -232,7 +238,6 @@ def _check_bound(net: nn.Module, shape: tuple[int, ...], bits: int, per_channel:
     with torch.no_grad():
         diff = copy.deepcopy(net).double()(x) - qm.model.double()(x)
     assert torch.all(diff.abs().flatten(1).sum(1) <= ce.bound(x))
-    assert torch.all(diff.abs().flatten(1) <= ce.per_output_bound(x) * (1 + 1e-9))
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8, 16])
@@ -257,8 +262,13 @@ def test_certified_error_shrinks_with_bits():
 
 def test_certified_error_refuses_what_it_cannot_certify():
     net = _net()
-    with pytest.raises(InvalidParameterError, match="rounding='zero'"):
-        certified_error(net, quantize(net, SHAPE, bits=4, rounding="nearest"), SHAPE)
+    nearest = certified_error(net, quantize(net, SHAPE, bits=4, rounding="nearest"), SHAPE)
+    assert not nearest.exact and math.isinf(nearest.value)  # max-pool: no Lemma F.3 bound
+    flipped = copy.deepcopy(net)
+    with torch.no_grad():
+        flipped.fc.weight[0, 0] *= -1
+    with pytest.raises(InvalidParameterError, match="sign"):
+        certified_error(net, flipped, SHAPE)
     other = nn.Sequential(nn.Flatten(), nn.Linear(32, 5))
     with pytest.raises(ArchitectureMismatchError):
         certified_error(net, other, SHAPE)
