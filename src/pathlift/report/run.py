@@ -47,8 +47,10 @@ DEFAULT_EPOCHS = 30
 
 @dataclass(frozen=True)
 class ReportResult:
-    """Where the report went and its headline numbers (None where data was needed)."""
+    """Where the report went, the reported (trained) model and its headline numbers (None
+    where data was needed)."""
 
+    model: nn.Module
     out_dir: Path
     markdown: Path
     html: Path
@@ -159,7 +161,7 @@ def _run(out: Path, model: str | None, input_shape: Sequence[int] | None, data: 
     doc.para(f"Report written in {seconds:.1f} s.")
     md, page = doc.write(out)
     console.log(f"wrote {md} and {page} with {len(figures)} plots")
-    return ReportResult(out, md, page, tuple(figures), seconds, constants,
+    return ReportResult(net, out, md, page, tuple(figures), seconds, constants,
                         {q: n.log10 for q, n in norms.items()}, **result)
 
 

@@ -1,0 +1,67 @@
+"""`pathlift report`: a shortened default run and a no-data run through the CLI."""
+
+import re
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from pathlift.bounds import (
+    architecture_constants,
+    cross_entropy_gap_log10,
+    rademacher_peeling,
+    sigma_from_loader,
+)
+from pathlift.cli import app
+from pathlift.data import load_digits, loaders
+from pathlift.lift import path_norm
+from pathlift.models import save_checkpoint, small_cnn
+from pathlift.report import run_report
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_shortened_default_report(tmp_path):
+    """One epoch of the default job: files, plots, and numbers recomputed independently."""
+    threads = torch.get_num_threads()
+    result = run_report(tmp_path, epochs=1, samples=32, progress=False)
+    assert torch.get_num_threads() == threads  # restored
+    md = result.markdown.read_text()
+    page = result.html.read_text()
+    assert len(result.plots) >= 5
+    for plot in result.plots:
+        assert plot.read_bytes().startswith(PNG) and f"]({plot.name})" in md
+    assert page.count("data:image/png;base64,") == len(result.plots)  # self-contained
+    assert set(re.findall(r"\]\(([^)]+\.png)\)", md)) == {p.name for p in result.plots}
+
+    model = result.model
+    for q, log10 in result.path_norm_log10.items():
+        assert path_norm(model, (1, 8, 8), q=q).log10 == pytest.approx(log10, abs=1e-9)
+    train, _ = loaders(load_digits(seed=0), seed=0)
+    c = architecture_constants(model, (1, 8, 8))
+    assert result.constants == c
+    bound = cross_entropy_gap_log10(
+        rademacher_peeling(c, sigma_from_loader(train).peeling, result.path_norm_log10[1.0]),
+        len(train.dataset))
+    assert result.bound_ce_log10 == pytest.approx(bound, abs=1e-12)
+    assert 0.0 < result.test_accuracy <= 1.0
+    for section in ("Architecture constants", "Path-norms", "During training", "Margins",
+                    "Average-case vs worst-case", "Generalisation bounds against"):
+        assert f"## {section}" in md
+    assert f"| D, depth of Thm 4.4.1 (identity neurons merged) | {c.depth} |" in md
+
+
+def test_cli_report_on_a_checkpoint_without_data(tmp_path):
+    torch.manual_seed(0)
+    model = small_cnn().eval()
+    ckpt = tmp_path / "net.safetensors"
+    save_checkpoint(model, ckpt, arch="small_cnn")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out = tmp_path / "rep"
+    res = CliRunner().invoke(app, ["report", "--model", str(ckpt), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    md = (out / "report.md").read_text()
+    expected = path_norm(model, (1, 8, 8), q=1).log10
+    assert re.search(rf"\| 1 \| \S+ \| {expected:.3f} \|", md)
+    assert "No data given" in md and "## Margins" not in md
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
