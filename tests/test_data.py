@@ -158,3 +158,14 @@ def test_progress_bar_runs(digits):
     train, _ = loaders(digits, 512, seed=0)
     logs = train_classifier(model, train, epochs=1, lr=0.01, progress=True)
     assert len(logs) == 1
+
+
+def test_float64_models_train_and_evaluate_on_float32_data(digits):
+    model = mlp(64, (16,), 10).double()
+    train, test = loaders(digits, 128, seed=0)
+    logs = train_classifier(model, train, epochs=2, lr=0.05, progress=False, seed=0)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    x, y = digits.test.tensors
+    with torch.no_grad():
+        expected = int((model(x.double()).argmax(1) == y).sum()) / len(y)
+    assert evaluate(model, test) == expected and logs[-1]["loss"] < logs[0]["loss"]

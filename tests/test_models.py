@@ -17,7 +17,7 @@ from torch import nn
 
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import evaluate, train_classifier
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import Kind, trace
 from pathlift.models import REFERENCE_MODELS, get_model, load_model, mlp, small_cnn, unet
 
@@ -253,6 +253,23 @@ def test_unet_shapes_and_structure():
     assert sum(isinstance(m, nn.ConvTranspose2d) for m in model.modules()) == 2
     with pytest.raises(InvalidParameterError):
         unet(depth=0)
+
+
+def test_unet_parameter_count_by_formula():
+    def double_conv(a, b):  # two bias-free 3x3 convs, each followed by BatchNorm (2 per channel)
+        return 9 * a * b + 2 * b + 9 * b * b + 2 * b
+
+    base, depth, c_in, classes = 8, 3, 1, 2
+    expected = double_conv(c_in, base) + classes * (base + 1)
+    for level in range(depth):
+        a, b = base * 2**level, base * 2 ** (level + 1)
+        expected += double_conv(a, b) + (4 * b * a + a) + double_conv(2 * a, a)
+    assert sum(p.numel() for p in unet(c_in, classes, base, depth).parameters()) == expected
+
+
+def test_unet_refuses_sides_not_divisible_by_two_to_the_depth():
+    with pytest.raises(ShapeError, match="cat"):
+        trace(unet(depth=3).eval(), (1, 20, 20))
 
 
 def test_get_model_unknown_name_lists_choices():

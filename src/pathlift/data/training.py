@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
 from rich.progress import Progress
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from pathlift.errors import InvalidParameterError
@@ -37,7 +37,7 @@ def train_classifier(model: nn.Module, train_loader: DataLoader, epochs: int, lr
     if epochs < 0 or not lr > 0:
         raise InvalidParameterError(f"need epochs >= 0 and lr > 0 (got {epochs}, {lr})")
     callbacks = tuple(callbacks)
-    device = _device(model)
+    to_model = _placement(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
     history: list[dict[str, Any]] = []
@@ -46,7 +46,8 @@ def train_classifier(model: nn.Module, train_loader: DataLoader, epochs: int, lr
             model.train()
             total_loss, correct, seen = 0.0, 0, 0
             for x, y in train_loader:
-                x, y = x.to(device), y.to(device)
+                x = to_model(x)
+                y = y.to(x.device)
                 opt.zero_grad(set_to_none=True)
                 out = model(x)
                 loss = nn.functional.cross_entropy(out, y)
@@ -70,15 +71,15 @@ def train_classifier(model: nn.Module, train_loader: DataLoader, epochs: int, lr
 
 def evaluate(model: nn.Module, loader: DataLoader) -> float:
     """Top-1 accuracy of ``model`` on ``loader`` in eval mode; the training flag is restored."""
-    device = _device(model)
+    to_model = _placement(model)
     was_training = model.training
     model.eval()
     correct, seen = 0, 0
     try:
         with torch.no_grad():
             for x, y in loader:
-                pred = model(x.to(device)).argmax(1)
-                correct += int((pred == y.to(device)).sum())
+                pred = model(to_model(x)).argmax(1)
+                correct += int((pred == y.to(pred.device)).sum())
                 seen += len(y)
     finally:
         model.train(was_training)
@@ -87,8 +88,13 @@ def evaluate(model: nn.Module, loader: DataLoader) -> float:
     return correct / seen
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
+def _placement(model: nn.Module) -> Callable[[Tensor], Tensor]:
+    """Move a batch to the model's device and floating dtype (float64 models take float32
+    data)."""
+    p = next(model.parameters(), None)
+    if p is None:
+        return lambda x: x
+    return lambda x: x.to(p.device, p.dtype) if x.is_floating_point() else x.to(p.device)
 
 
 @contextmanager
