@@ -7,6 +7,8 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 from torch.nn.utils import prune
 
@@ -190,3 +192,19 @@ def test_reference_name_gives_random_eval_model_and_default_shape():
     assert shape == (1, 8, 8) and not model.training
     _, shape = load_model("unet", input_shape=[1, 32, 32])
     assert shape == (1, 32, 32)
+
+
+@settings(max_examples=10, deadline=None)
+@given(hidden=st.lists(st.integers(1, 12), min_size=0, max_size=3),
+       in_features=st.integers(1, 20), classes=st.integers(2, 5),
+       suffix=st.sampled_from([".safetensors", ".pt"]))
+def test_round_trip_of_random_mlps(tmp_path_factory, hidden, in_features, classes, suffix):
+    kwargs = {"in_features": in_features, "hidden": hidden, "num_classes": classes}
+    model = mlp(**kwargs)
+    path = save_checkpoint(model, tmp_path_factory.mktemp("ckpt") / f"m{suffix}", "mlp",
+                           **kwargs)
+    loaded, shape = load_model(path)
+    assert shape == ((in_features,) if in_features != 64 else (1, 8, 8))
+    _assert_identical(model.state_dict(), loaded.state_dict())
+    x = torch.randn(3, *shape)
+    assert torch.equal(loaded(x), model(x))
