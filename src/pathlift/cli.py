@@ -194,5 +194,55 @@ def depth(
     console.print(table)
 
 
+@app.command()
+def quantize(
+    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
+    bits: list[int] = typer.Option([8], "--bits", help="bit widths (repeatable)"),
+    symmetry_aware: bool = typer.Option(False, "--symmetry-aware",
+                                        help="also normalise before quantising and compare"),
+    per_channel: bool = typer.Option(False, "--per-channel", help="one step per out channel"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    weights: str = typer.Option(None, "--weights", help="state_dict file for MODEL"),
+    data: str = typer.Option(None, "--data", help="'digits': measure on the digits test set"),
+    samples: int = typer.Option(64, "--samples", help="N(0,1) inputs when no --data"),
+    rescale_seed: int = typer.Option(None, "--random-rescale",
+                                     help="first apply random_rescale with this seed"),
+) -> None:
+    """Quantisation towards zero with its certified error (thesis Lemma 3.4.1, Cor. 3.4.1)."""
+    import torch
+    from rich.progress import track
+
+    from pathlift.models import load_model
+    from pathlift.quant import compare
+
+    net, shape = load_model(model, input_shape, weights)
+    labels = None
+    if data == "digits":
+        from pathlift.data import load_digits
+
+        inputs, labels = load_digits().test.tensors
+    elif data is not None:
+        raise typer.BadParameter("--data must be 'digits' (or left out)")
+    else:
+        inputs = torch.randn((samples, *shape), generator=torch.Generator().manual_seed(0))
+    if rescale_seed is not None:
+        from pathlift.symmetry import random_rescale
+
+        net = random_rescale(net, seed=rescale_seed, input_shape=shape)
+    reports = [r for b in track(bits, description="quantising", console=console)
+               for r in compare(net, shape, b, inputs, labels, per_channel=per_channel,
+                                symmetry_aware=symmetry_aware)]
+    table = Table(title=f"{model} quantised towards zero, {len(inputs)} inputs",
+                  caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over "
+                  "inputs of max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)")
+    for column in ("bits", "method", "d", "d/||Phi||_1", "max ||dR||_1", "bound", "acc"):
+        table.add_column(column, justify="right")
+    for r in reports:
+        table.add_row(str(r.bits), r.method, f"{r.certified:.4g}", f"{r.relative:.4f}",
+                      f"{r.measured:.4g}", f"{r.bound:.4g}",
+                      "-" if r.accuracy is None else f"{r.accuracy:.4f}")
+    console.print(table)
+
+
 if __name__ == "__main__":
     app()

@@ -61,7 +61,8 @@ def symmetry_aware_quantize(model: nn.Module, input_shape: Sequence[int], bits: 
 
 @dataclass(frozen=True)
 class QuantReport:
-    """One quantised copy judged at equal bits: certified error d and d / ||Phi||_1, the
+    """One quantised copy (``method`` "plain" or "aware q=..." with the normalisation
+    exponent kept) judged at equal bits: certified error d and d / ||Phi||_1, the
     measured worst ||R_theta(x) - R_Q(x)||_1 over the inputs and its certified bound, and
     top-1 accuracy when labels were given."""
 
@@ -76,20 +77,24 @@ class QuantReport:
 
 def compare(model: nn.Module, input_shape: Sequence[int], bits: int, inputs: Tensor,
             labels: Tensor | None = None, *, per_channel: bool = False,
-            qs: Sequence[float] = DEFAULT_QS) -> tuple[QuantReport, QuantReport]:
-    """Plain and symmetry-aware quantisation towards zero at equal ``bits``, on ``inputs``
-    (a batch; ``labels`` for accuracy). Returns (plain, symmetry-aware)."""
+            symmetry_aware: bool = True, qs: Sequence[float] = DEFAULT_QS
+            ) -> tuple[QuantReport, ...]:
+    """Plain (and, with ``symmetry_aware``, symmetry-aware) quantisation towards zero at
+    equal ``bits``, judged on ``inputs`` (a batch; ``labels`` for accuracy)."""
     plain = quantize(model, input_shape, bits=bits, rounding=Rounding.ZERO,
                      per_channel=per_channel)
-    aware = symmetry_aware_quantize(model, input_shape, bits, per_channel=per_channel, qs=qs)
+    candidates = [("plain", plain.model, certified_error(model, plain, input_shape))]
+    if symmetry_aware:
+        aware = symmetry_aware_quantize(model, input_shape, bits, per_channel=per_channel,
+                                        qs=qs)
+        candidates.append((f"aware q={aware.q:g}", aware.quantized.model,
+                           aware.certified))
     reports = []
-    for method, qmodel, cert in (
-            ("plain", plain.model, certified_error(model, plain, input_shape)),
-            (f"symmetry-aware (q={aware.q:g})", aware.quantized.model, aware.certified)):
+    for method, qmodel, cert in candidates:
         measured, accuracy = _measure(model, qmodel, inputs, labels)
         reports.append(QuantReport(method, bits, cert.value, cert.relative, measured,
                                    float(cert.bound(inputs).max()), accuracy))
-    return reports[0], reports[1]
+    return tuple(reports)
 
 
 def _measure(model: nn.Module, qmodel: nn.Module, inputs: Tensor, labels: Tensor | None
