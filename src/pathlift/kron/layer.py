@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +14,7 @@ from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.kron.factor import chain_to_dense, project, random_factor
 from pathlift.kron.multiply import ALGORITHMS, apply, prepare
 from pathlift.kron.pattern import KSPattern, check_chain
+from pathlift.kron.timing import round_robin
 
 __all__ = ["KSLinear", "fastest_algorithm"]
 
@@ -30,21 +30,11 @@ def fastest_algorithm(pattern: KSPattern, batch: int, dtype: torch.dtype,
     if key not in _FASTEST:
         w = random_factor(pattern, dtype, device)
         x = torch.randn(batch, pattern.in_features, dtype=dtype, device=device)
-        times = {}
         with torch.no_grad():
-            for algorithm in ALGORITHMS:
-                op = prepare(w, pattern, algorithm)
-                apply(x, op, pattern, algorithm)  # warm-up (and kernel build)
-                runs = []
-                for _ in range(repeats):
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    start = time.perf_counter()
-                    apply(x, op, pattern, algorithm)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    runs.append(time.perf_counter() - start)
-                times[algorithm] = statistics.median(runs)
+            ops = {alg: prepare(w, pattern, alg) for alg in ALGORITHMS}
+            fns = {alg: (lambda alg=alg: apply(x, ops[alg], pattern, alg)) for alg in ops}
+            times = {alg: statistics.median(ts)
+                     for alg, ts in round_robin(fns, repeats, device).items()}
         _FASTEST[key] = min(times, key=times.__getitem__)
     return _FASTEST[key]
 

@@ -1,0 +1,295 @@
+"""The Kronecker-sparse benchmark of thesis Sec. 5.4-5.5: every algorithm and layout on the
+pattern grid of App. D.2.1, medians of repeated runs, the summary of Tables 5.3-5.4, the
+plot of Figure 5.8, and the ViT-S/16 MLP timings of Table 5.5.
+
+Ratios, never absolute times, are the result: all algorithms of one pattern are timed in
+the same run, round-robin (one run of each algorithm in turn, ``repeats`` times), so a
+change of machine load hits them alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import platform
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pathlift.kron.factor import random_factor
+from pathlift.kron.layer import KSLinear
+from pathlift.kron.multiply import ALGORITHMS, LAYOUTS, apply, prepare
+from pathlift.kron.pattern import GRID_BATCH_SIZE, KSPattern, benchmark_patterns
+from pathlift.kron.timing import round_robin
+
+__all__ = [
+    "CPU_BATCH_SIZE",
+    "CPU_MAX_DENSE",
+    "GridSummary",
+    "Timing",
+    "cpu_name",
+    "cpu_patterns",
+    "plot_speedups",
+    "read_csv",
+    "summarize",
+    "time_grid",
+    "time_vit_mlp",
+    "write_csv",
+    "write_vit_csv",
+]
+
+# The documented CPU configuration: the thesis batch (25,088) and the 627 patterns take days
+# on 2 cores; 256 vectors and the patterns whose dense matrix has at most 2^22 entries
+# (M·N <= 4,194,304: 160 patterns, 62 of density <= 1/8) take minutes.
+CPU_BATCH_SIZE = 256
+CPU_MAX_DENSE = 2**22
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median time of one (pattern, algorithm, layout) in one run."""
+
+    a: int
+    b: int
+    c: int
+    d: int
+    algorithm: str
+    layout: str
+    batch: int
+    dtype: str
+    device: str
+    median_s: float
+    min_s: float
+    max_s: float
+
+    @property
+    def pattern(self) -> KSPattern:
+        return KSPattern(self.a, self.b, self.c, self.d)
+
+
+def cpu_patterns(max_dense: int = CPU_MAX_DENSE, every: int = 1) -> tuple[KSPattern, ...]:
+    """The grid of App. D.2.1 restricted to dense sizes M·N <= max_dense, every k-th one."""
+    grid = [p for p in benchmark_patterns() if p.out_features * p.in_features <= max_dense]
+    return tuple(grid[::every])
+
+
+def time_grid(patterns: Iterable[KSPattern], batch: int,
+              algorithms: Sequence[str] = ALGORITHMS, layouts: Sequence[str] = LAYOUTS,
+              dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+              repeats: int = 5, seed: int = 0,
+              on_pattern: Callable[[KSPattern], None] | None = None) -> list[Timing]:
+    """Time Y = X K^T for every pattern, algorithm and layout (forward, no autograd).
+
+    Entries of K uniform in [-1/sqrt(c), 1/sqrt(c)], of X standard normal (App. D.2.1);
+    each algorithm's storage of K is prepared before timing, as in the thesis."""
+    device = torch.device(device)
+    rows: list[Timing] = []
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in patterns:
+            w = random_factor(p, torch.float32, generator=g).to(device, dtype)
+            x = torch.randn(batch, p.in_features, generator=g).to(device, dtype)
+            inputs = {"bsf": x, "bsl": x.T.contiguous()}
+            fns = {}
+            for algorithm in algorithms:
+                op = prepare(w, p, algorithm)
+                for layout in layouts:
+                    fns[(algorithm, layout)] = functools.partial(
+                        apply, inputs[layout], op, p, algorithm, layout)
+            for (algorithm, layout), ts in round_robin(fns, repeats, device).items():
+                rows.append(Timing(*p.as_tuple(), algorithm, layout, batch, str(dtype),
+                                   str(device), statistics.median(ts), min(ts), max(ts)))
+            del fns, inputs, x, w
+            if on_pattern is not None:
+                on_pattern(p)
+    return rows
+
+
+def write_csv(rows: Sequence[Timing], path: str | Path, machine: str = "") -> Path:
+    """One line per timing; ``machine`` goes into a leading comment line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = [*asdict(rows[0]), "rewrite_ratio", "energy_ratio", "density"]
+    with path.open("w", newline="") as fh:
+        if machine:
+            fh.write(f"# {machine}\n")
+        writer = csv.DictWriter(fh, fieldnames=names)
+        writer.writeheader()
+        for r in rows:
+            p = r.pattern
+            writer.writerow(asdict(r) | {"rewrite_ratio": p.rewrite_ratio,
+                                         "energy_ratio": p.energy_ratio, "density": p.density})
+    return path
+
+
+def read_csv(path: str | Path) -> list[Timing]:
+    """Timings written by ``write_csv``."""
+    with Path(path).open() as fh:
+        lines = [line for line in fh if not line.startswith("#")]
+    out = []
+    for row in csv.DictReader(lines):
+        out.append(Timing(*(int(row[k]) for k in "abcd"), row["algorithm"], row["layout"],
+                          int(row["batch"]), row["dtype"], row["device"],
+                          *(float(row[k]) for k in ("median_s", "min_s", "max_s"))))
+    return out
+
+
+@dataclass(frozen=True)
+class GridSummary:
+    """Same-run ratios over the grid (time of the baseline / time of fused).
+
+    ``speedup_vs_bmm[layout]``: median over patterns of t(bmm)/t(fused) in that layout,
+    ``"best"`` taking for each algorithm the faster layout (as Table 5.3);
+    ``fused_fastest[layout]``: fraction of patterns where fused beats every other algorithm
+    (Table 5.4); ``sparse_patterns``: patterns of density <= 1/8; ``fused_beats_dense``:
+    how many of them have t(fused) < t(dense) in each layout; ``worst_vs_dense``: the
+    smallest t(dense)/t(fused) among them."""
+
+    patterns: int
+    speedup_vs_bmm: dict[str, float]
+    fused_fastest: dict[str, float]
+    speedup_vs_best_other: dict[str, float]
+    sparse_patterns: int
+    fused_beats_dense: dict[str, int]
+    worst_vs_dense: dict[str, float]
+
+
+def _table(rows: Sequence[Timing]) -> dict[KSPattern, dict[str, dict[str, float]]]:
+    table: dict[KSPattern, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        per_layout = table.setdefault(r.pattern, {}).setdefault(r.layout, {})
+        per_layout[r.algorithm] = r.median_s
+    for per in table.values():
+        layouts = list(per)
+        per["best"] = {alg: min(per[lay][alg] for lay in layouts if alg in per[lay])
+                       for alg in per[layouts[0]]}
+    return table
+
+
+def summarize(rows: Sequence[Timing]) -> GridSummary:
+    """Table 5.3/5.4-style figures of a run that timed ``fused``, ``bmm`` and ``dense``."""
+    table = _table(rows)
+    keys = sorted({k for per in table.values() for k in per}, key=lambda k: k != "best")
+    vs_bmm, fastest, vs_other, beats, worst = {}, {}, {}, {}, {}
+    sparse = [p for p in table if p.density <= 1 / 8]
+    for key in keys:
+        per = [table[p][key] for p in table if key in table[p]]
+        vs_bmm[key] = statistics.median(t["bmm"] / t["fused"] for t in per)
+        others = [min(v for alg, v in t.items() if alg != "fused") for t in per]
+        vs_other[key] = statistics.median(o / t["fused"] for o, t in zip(others, per,
+                                                                          strict=True))
+        fastest[key] = sum(o > t["fused"] for o, t in zip(others, per, strict=True)) / len(per)
+        dense_ratios = [table[p][key]["dense"] / table[p][key]["fused"] for p in sparse
+                        if key in table[p]]
+        beats[key] = sum(r > 1 for r in dense_ratios)
+        worst[key] = min(dense_ratios, default=float("nan"))
+    return GridSummary(len(table), vs_bmm, fastest, vs_other, len(sparse), beats, worst)
+
+
+def plot_speedups(rows: Sequence[Timing], path: str | Path, title: str = "") -> Path:
+    """Figure 5.8: boxplots of t(baseline)/t(fused) grouped by (b+c)/(bc), for bmm and for
+    the best of bmm, einsum and bsr, each algorithm at its faster layout."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = _table(rows)
+    groups: dict[float, list[tuple[float, float]]] = {}
+    for p, per in table.items():
+        best = per["best"]
+        baseline = min(best[a] for a in ("bmm", "einsum", "bsr") if a in best)
+        groups.setdefault(round(p.rewrite_ratio, 4), []).append(
+            (best["bmm"] / best["fused"], baseline / best["fused"]))
+    ratios = sorted(groups)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, idx, label in ((axes[0], 0, "bmm"), (axes[1], 1, "min(bmm, einsum, bsr)")):
+        ax.boxplot([[v[idx] for v in groups[r]] for r in ratios], whis=(5, 95),
+                   showfliers=False)
+        ax.set_xticks(range(1, len(ratios) + 1), [f"{r:.3f}" for r in ratios], rotation=90,
+                      fontsize=7)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("(b+c)/(bc)")
+        ax.set_title(f"time({label}) / time(fused)")
+    axes[0].set_ylabel("speed-up of fused")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# --- Table 5.5: ViT-S/16 -----------------------------------------------------------------
+VIT_S_DIM = 384
+VIT_PATTERNS_NN = ((1, 192, 48, 2), (2, 48, 192, 1))  # N × N
+VIT_PATTERNS_UP = ((1, 768, 192, 2), (6, 64, 64, 1))  # 4N × N
+VIT_PATTERNS_DOWN = ((6, 64, 64, 1), (1, 192, 768, 2))  # N × 4N: the transposed chain
+
+
+def _mlp(up: nn.Module, down: nn.Module) -> nn.Module:
+    return nn.Sequential(up, nn.GELU(), down)
+
+
+def time_vit_mlp(batch: int, algorithms: Sequence[str] = ("bmm", "fused"),
+                 device: str | torch.device = "cpu", repeats: int = 10
+                 ) -> dict[str, dict[str, float]]:
+    """Table 5.5 on this machine: time(module with Kronecker-sparse weights) / time(dense)
+    for the N × N linear layer and the feed-forward block of ViT-S/16 (N = 384, hidden 4N,
+    thesis patterns), batch-size-first, float32, inference. Returns {module: {algorithm:
+    ratio}}."""
+    device = torch.device(device)
+    n = VIT_S_DIM
+    torch.manual_seed(0)
+    modules: dict[str, dict[str, nn.Module]] = {
+        "linear N x N": {"dense": nn.Linear(n, n)},
+        "feed-forward": {"dense": _mlp(nn.Linear(n, 4 * n), nn.Linear(4 * n, n))},
+    }
+    for alg in algorithms:
+        modules["linear N x N"][alg] = KSLinear(VIT_PATTERNS_NN, algorithm=alg)
+        modules["feed-forward"][alg] = _mlp(KSLinear(VIT_PATTERNS_UP, algorithm=alg),
+                                            KSLinear(VIT_PATTERNS_DOWN, algorithm=alg))
+    x = torch.randn(batch, n, device=device)
+    out: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        for name, variants in modules.items():
+            fns = {alg: functools.partial(m.to(device).eval(), x) for alg, m in variants.items()}
+            times = {k: statistics.median(v)
+                     for k, v in round_robin(fns, repeats, device).items()}
+            out[name] = {alg: times[alg] / times["dense"] for alg in algorithms}
+    return out
+
+
+def write_vit_csv(ratios: dict[str, dict[str, float]], path: str | Path, machine: str = ""
+                  ) -> Path:
+    """The ratios of ``time_vit_mlp``, one line per (module, algorithm)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        if machine:
+            fh.write(f"# {machine}\n")
+        writer = csv.writer(fh)
+        writer.writerow(["module", "algorithm", "time_over_dense"])
+        for module, per in ratios.items():
+            writer.writerows([module, alg, f"{v:.4f}"] for alg, v in per.items())
+    return path
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux /proc/cpuinfo), else the platform's machine."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def thesis_batch(device: torch.device | str) -> int:
+    """25,088 on GPU (App. D.2.1), the documented CPU batch otherwise."""
+    return GRID_BATCH_SIZE if torch.device(device).type == "cuda" else CPU_BATCH_SIZE
