@@ -244,5 +244,79 @@ def quantize(
     console.print(table)
 
 
+@app.command("kron-bench")
+def kron_bench(
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+    full: bool = typer.Option(False, "--full", help="all 627 patterns of App. D.2.1 (default on"
+                              " CPU: those with M*N <= --max-dense)"),
+    max_dense: int = typer.Option(2**22, "--max-dense", help="CPU subset: largest M*N"),
+    every: int = typer.Option(1, "--every", help="keep every k-th pattern of the grid"),
+    batch: int = typer.Option(None, "--batch", help="default 25,088 on cuda, 256 on cpu"),
+    algorithms: list[str] = typer.Option(None, "--algorithm", help="repeatable; default all"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, float16 or bfloat16"),
+    repeats: int = typer.Option(5, "--repeats", help="timed runs per algorithm (median)"),
+    vit: bool = typer.Option(True, "--vit/--no-vit", help="also time the ViT-S/16 MLP"),
+    vit_batch: int = typer.Option(None, "--vit-batch", help="tokens; default 8*196 on cpu, "
+                                  "128*196 on cuda"),
+    out: str = typer.Option("benchmarks/results", "--out", help="folder for CSV and plot"),
+) -> None:
+    """Kronecker-sparse multiplication benchmark (thesis Sec. 5.4-5.5, App. D.2.1)."""
+    import os
+    from pathlib import Path
+
+    import torch
+    from rich.progress import Progress
+
+    from pathlift.kron import ALGORITHMS, bench, benchmark_patterns
+
+    dev = torch.device(device)
+    patterns = benchmark_patterns()[::every] if full else bench.cpu_patterns(max_dense, every)
+    batch = batch or bench.thesis_batch(dev)
+    algs = tuple(algorithms or ALGORITHMS)
+    machine = (f"{bench.cpu_name()}, {os.cpu_count()} cpus, "
+               f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+               f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
+               f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, "
+               f"{len(patterns)} patterns{' (full grid)' if full else f', M*N <= {max_dense}'}")
+    console.print(machine)
+    with Progress(console=console) as progress:
+        task = progress.add_task("patterns", total=len(patterns))
+        rows = bench.time_grid(patterns, batch, algs, dtype=getattr(torch, dtype), device=dev,
+                               repeats=repeats, on_pattern=lambda _: progress.advance(task))
+    stem = Path(out) / f"kron_{dev.type}_{dtype}"
+    csv_path = bench.write_csv(rows, stem.with_suffix(".csv"), machine)
+    console.print(f"wrote {csv_path}")
+    if {"fused", "bmm", "dense"} <= set(algs):
+        s = bench.summarize(rows)
+        console.print(f"wrote {bench.plot_speedups(rows, stem.with_suffix('.png'), machine)}")
+        table = Table(title=f"fused vs baselines, same run ({s.patterns} patterns)")
+        console.print("ratios t(baseline)/t(fused), medians over patterns; 'best' = each "
+                      f"algorithm at its faster layout; {s.sparse_patterns} patterns have "
+                      "density <= 1/8")
+        for col in ("layout", "vs bmm", "fused fastest", "vs best other",
+                    "fused < dense (density <= 1/8)", "worst vs dense"):
+            table.add_column(col, justify="right")
+        for key in s.speedup_vs_bmm:
+            table.add_row(key, f"{s.speedup_vs_bmm[key]:.2f}x", f"{s.fused_fastest[key]:.0%}",
+                          f"{s.speedup_vs_best_other[key]:.2f}x",
+                          f"{s.fused_beats_dense[key]}/{s.sparse_patterns}",
+                          f"{s.worst_vs_dense[key]:.2f}x")
+        console.print(table)
+    if vit:
+        tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
+        ratios = bench.time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs],
+                                    device=dev, repeats=max(repeats, 10))
+        vit_path = bench.write_vit_csv(ratios, f"{stem}_vit.csv", f"{machine}, {tokens} tokens")
+        console.print(f"wrote {vit_path}")
+        table = Table(title=f"ViT-S/16 modules, {tokens} tokens: time / time(dense) "
+                      "(thesis Table 5.5)")
+        table.add_column("module")
+        for alg in next(iter(ratios.values())):
+            table.add_column(alg, justify="right")
+        for module, per in ratios.items():
+            table.add_row(module, *(f"{v:.2f}" for v in per.values()))
+        console.print(table)
+
+
 if __name__ == "__main__":
     app()
