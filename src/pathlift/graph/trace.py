@@ -174,7 +174,8 @@ _ALIASING = (Kind.RESHAPE, Kind.IDENTITY, Kind.SHAPE)  # may return a view of th
 
 
 def _mutates_input(node: fx.Node, gm: fx.GraphModule) -> bool:
-    """An in-place ReLU (relu_, inplace=True) or residual sum (+=, add_)."""
+    """An in-place ReLU (relu_, inplace=True) or residual sum (add_). torch.fx records
+    ``a += b`` as an out-of-place add: that mutation is invisible here."""
     kind = node.meta[HANDLER].kind
     if kind not in (Kind.RELU, Kind.ADD):
         return False
@@ -183,8 +184,8 @@ def _mutates_input(node: fx.Node, gm: fx.GraphModule) -> bool:
     if node.op == "call_method":
         return str(node.target).endswith("_")
     name = getattr(node.target, "__name__", "")
-    return (name.endswith("_") or node.target is operator.iadd
-            or bool(node.kwargs.get("inplace", len(node.args) > 1 and node.args[1] is True)))
+    return name.endswith("_") or bool(
+        node.kwargs.get("inplace", len(node.args) > 1 and node.args[1] is True))
 
 
 def _in_place_problems(gm: fx.GraphModule) -> list[Problem]:
