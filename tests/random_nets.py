@@ -5,14 +5,14 @@
     @given(networks())                                  # hypothesis strategy of the same
 
 Each network is a random DAG in eval mode, traceable by torch.fx, over a vector, 1-d or 2-d
-input: Linear (also on the last dim of a signal), Conv1d/2d (stride, padding, dilation,
-groups), ConvTranspose1d/2d, eval BatchNorm with random running statistics, ReLU (module,
-functional, method, in-place), MaxPool (padding, dilation, ceil_mode, module and
-functional), AdaptiveMaxPool, AvgPool (count_include_pad, ceil_mode, divisor_override),
-AdaptiveAvgPool, ``mean`` over spatial dims, residual ``+`` (also ``x + x`` and ``+=``),
-``torch.cat``, nearest upsampling, Identity, eval Dropout, flatten/view/reshape/
-permute/transpose/unsqueeze, and one to three outputs. Weights and biases are random with
-mixed signs and scales; some layers have no bias.
+input (rarely a 3-d volume): Linear (also on the last dim of a signal), Conv1d/2d/3d
+(stride, padding, dilation, groups), ConvTranspose1d/2d/3d, eval BatchNorm with random
+running statistics, ReLU (module, functional, method, in-place), MaxPool (padding,
+dilation, ceil_mode, module and functional), AdaptiveMaxPool, AvgPool (count_include_pad,
+ceil_mode, divisor_override), AdaptiveAvgPool, ``mean`` over spatial dims, residual ``+``
+(also ``x + x`` and ``+=``), ``torch.cat``, nearest upsampling, Identity, eval Dropout,
+flatten/view/reshape/permute/transpose/unsqueeze, and one to three outputs. Weights and
+biases are random with mixed signs and scales; some layers have no bias.
 
 Sizes are kept small: an upper bound of the number of paths (Def. 2.3.1) is tracked while
 the network grows, so that explicit enumeration (``pathlift.graph.neurons``) stays cheap.
@@ -139,7 +139,7 @@ class _Grower:
     # ------------------------------------------------------------------ the ops
     def grow(self, i: int) -> bool:
         v = self.values[i]
-        dims = len(v.shape) - 1  # 0: vector, 1: signal, 2: image
+        dims = len(v.shape) - 1  # 0: vector, 1: signal, 2: image, 3: volume
         ops = [self.relu, self.affine, self.add_residual, self.cat, self.structure]
         if dims >= 1:
             ops += [self.conv, self.conv, self.pool, self.pool, self.spatial]
@@ -162,7 +162,7 @@ class _Grower:
             n_in = shape[-1]
             layer = nn.Linear(n_in, r.randint(1, 4), bias=r.random() < 0.8)
             return self.add(layer, (i,), n_in)
-        bn = (nn.BatchNorm1d, nn.BatchNorm1d, nn.BatchNorm2d)[dims]
+        bn = (nn.BatchNorm1d, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)[dims]
         layer = bn(shape[0], affine=r.random() < 0.8).eval()
         return self.add(layer, (i,), 1)
 
@@ -175,12 +175,12 @@ class _Grower:
         kw = {"stride": stride, "dilation": dilation, "groups": groups,
               "bias": r.random() < 0.8}
         if r.random() < 0.3:
-            cls = (nn.ConvTranspose1d, nn.ConvTranspose2d)[dims - 1]
+            cls = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[dims - 1]
             kw["padding"] = r.randint(0, (dilation * (k - 1)) // 2)
             kw["output_padding"] = r.randint(0, max(stride, dilation) - 1)
             fan_in = (c_in // groups) * k**dims
         else:
-            cls = (nn.Conv1d, nn.Conv2d)[dims - 1]
+            cls = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1]
             kw["padding"] = r.randint(0, k // 2 + dilation - 1)
             fan_in = (c_in // groups) * k**dims
         return self.add(cls(c_in, c_out, k, **kw), (i,), fan_in)
@@ -191,9 +191,9 @@ class _Grower:
             size = tuple(r.randint(1, n) for n in spatial)
             fan_in = math.prod(math.ceil(n / o) + 1 for n, o in zip(spatial, size, strict=True))
             if r.random() < 0.5:
-                cls = (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d)[dims - 1]
+                cls = (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)[dims - 1]
             else:
-                cls = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)[dims - 1]
+                cls = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)[dims - 1]
             return self.add(cls(size if dims > 1 else size[0]), (i,), fan_in)
         k = r.randint(2, 3)
         stride = r.choice((None, 1, 2))
@@ -203,10 +203,10 @@ class _Grower:
         if r.random() < 0.5:
             dilation = r.choice((1, 2))
             if r.random() < 0.5:
-                cls = (nn.MaxPool1d, nn.MaxPool2d)[dims - 1]
+                cls = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)[dims - 1]
                 fn = cls(k, stride, padding, dilation, ceil_mode=ceil_mode)
             else:
-                pool_f = (F.max_pool1d, F.max_pool2d)[dims - 1]
+                pool_f = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[dims - 1]
 
                 def fn(net, x, pool_f=pool_f):
                     return pool_f(x, k, stride, padding, dilation, ceil_mode=ceil_mode)
@@ -216,9 +216,10 @@ class _Grower:
             layer = nn.AvgPool1d(k, stride, padding, ceil_mode, include_pad)
         else:
             divisor = r.choice((None, None, 1, 3, 5))
-            layer = nn.AvgPool2d(k, stride, padding, ceil_mode, include_pad, divisor)
+            cls = (nn.AvgPool2d, nn.AvgPool3d)[dims - 2]
+            layer = cls(k, stride, padding, ceil_mode, include_pad, divisor)
         if r.random() < 0.3:
-            avg_f = (F.avg_pool1d, F.avg_pool2d)[dims - 1]
+            avg_f = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[dims - 1]
 
             def avg(net, x):
                 return avg_f(x, k, stride, padding, ceil_mode, include_pad)
@@ -230,8 +231,8 @@ class _Grower:
         r, spatial = self.rng, self.values[i].shape[1:]
         if r.random() < 0.5:
             axes = tuple(range(2, 2 + dims))
-            if dims == 2 and r.random() < 0.4:
-                axes = (r.choice((2, 3, -1)),)
+            if dims >= 2 and r.random() < 0.4:
+                axes = (r.choice((*range(2, 2 + dims), -1)),)
             keep = r.random() < 0.5
             fan_in = math.prod(spatial[a - 2] if a > 0 else spatial[-1] for a in axes)
             fn = r.choice((lambda net, x: x.mean(axes, keepdim=keep),
@@ -294,10 +295,11 @@ def random_network(seed: int, max_paths: int = MAX_PATHS) -> tuple[nn.Module, tu
     is tracked while the network grows).
     """
     rng = random.Random(seed)
-    kind = rng.choice(("vector", "signal", "image", "image"))
+    kind = rng.choice(("vector", "signal", "image", "image") * 3 + ("volume",))
     shape = {"vector": (rng.randint(1, 5),),
              "signal": (rng.randint(1, 2), rng.randint(3, 8)),
-             "image": (rng.randint(1, 2), rng.randint(2, 5), rng.randint(2, 5))}[kind]
+             "image": (rng.randint(1, 2), rng.randint(2, 5), rng.randint(2, 5)),
+             "volume": (1, rng.randint(2, 3), rng.randint(2, 3), rng.randint(2, 3))}[kind]
     grower = _Grower(rng, max_paths)
     grower.values.append(_Value(shape, 1, fresh=False))
     target = rng.randint(2, 9)

@@ -152,3 +152,38 @@ def test_state_dict_bit_identical():
         assert torch.equal(x, x_before)
         _assert_same_state(model, before)
         assert [m.training for m in model.modules()] == modes
+
+
+def test_random_networks_cover_the_supported_layers():
+    """The 200 networks above exercise every layer and option the issue lists."""
+    seen: set[str] = set()
+    for seed in range(200):
+        model, shape = random_network(seed)
+        graph = trace(model, shape)
+        outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+        if isinstance(outputs, tuple):
+            seen.add("several outputs")
+        for node in graph.nodes():
+            m = graph.submodule(node)
+            seen.add(graph.handler(node).name)
+            if node.kwargs.get("inplace") or str(node.target).endswith("_") or getattr(
+                    m, "inplace", False):
+                seen.add("in-place relu")
+            if isinstance(m, nn.modules.pooling._MaxPoolNd):
+                flags = {"padding": m.padding != 0, "dilation": m.dilation != 1,
+                         "ceil_mode": m.ceil_mode}
+                seen |= {f"max {k}" for k, on in flags.items() if on}
+            if isinstance(m, (nn.AvgPool2d, nn.AvgPool3d)) and m.divisor_override:
+                seen.add("divisor_override")
+            if isinstance(m, nn.modules.pooling._AvgPoolNd) and not m.count_include_pad:
+                seen.add("count_include_pad=False")
+            if isinstance(m, nn.modules.conv._ConvNd) and m.groups > 1:
+                seen.add("groups")
+    expected = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+                "BatchNorm1d", "BatchNorm2d", "ReLU", "relu", "MaxPool1d", "MaxPool2d",
+                "max_pool2d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AvgPool1d", "AvgPool2d",
+                "avg_pool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "mean", "add", "cat",
+                "Upsample", "interpolate", "Flatten", "reshape", "Identity", "Dropout",
+                "several outputs", "in-place relu", "max padding", "max dilation",
+                "max ceil_mode", "divisor_override", "count_include_pad=False", "groups"}
+    assert expected <= seen, expected - seen
