@@ -4,7 +4,9 @@ On an input x where the path-activations are locally constant, R_theta is affine
 (Thm 2.4.2: R_theta(x) = <Phi(theta), A(theta, x)(x; 1)>), and the vector
 A(theta, x)^T Phi^{->v}(theta) in R^{d_in + 1} holds the slopes of output v (its input
 gradient) and its offset R_v(x) - <grad R_v(x), x>. Automatic differentiation therefore
-gives it exactly, batched with torch.func.vmap(jacrev). Since every a_p(theta, x) is 0 or
+gives it exactly: one backward pass per output over the whole batch (samples do not
+interact in eval mode), faster on CPU than torch.func.vmap(jacrev), see
+benchmarks/bench_average_case.py. Since every a_p(theta, x) is 0 or
 1, ||A^T Phi^{->v}||_1 <= ||Phi^{->v}||_1: the l1 path-norm is the worst case over x.
 """
 
@@ -73,7 +75,7 @@ def local_affine(model: nn.Module, input_shape: Sequence[int], x: Tensor,
     UnsupportedModelError outside the ReLU DAG model of Def. 2.2.2, ShapeError when x does
     not have shape (n, *input_shape).
     """
-    net = copy.deepcopy(model).to(dtype).eval()
+    net = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
     trace(net, input_shape)
     return _local_affine(net, input_shape, x, dtype, chunk)
 
@@ -83,18 +85,16 @@ def _local_affine(net: nn.Module, input_shape: Sequence[int], x: Tensor,
     if tuple(x.shape[1:]) != tuple(input_shape):
         raise ShapeError(f"inputs have shape {tuple(x.shape)}; expected (n, *{tuple(input_shape)})")
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
-
-    def single(xi: Tensor) -> Tensor:
-        return net(xi.unsqueeze(0)).reshape(-1)
-
-    jac = torch.func.vmap(torch.func.jacrev(single))
     slopes, offsets = [], []
-    with torch.no_grad():
-        for xb in x.to(device=device, dtype=dtype).split(chunk):
-            s = jac(xb)
-            out = net(xb).reshape(len(xb), -1)
-            slopes.append(s)
-            offsets.append(out - (s.flatten(2) * xb.flatten(1).unsqueeze(1)).sum(-1))
+    for xb in x.to(device=device, dtype=dtype).split(chunk):
+        leaf = xb.detach().requires_grad_()
+        out = net(leaf.clone()).reshape(len(xb), -1)  # clone: in-place ReLUs may follow
+        d_out = out.shape[1]
+        s = torch.stack([torch.autograd.grad(out[:, v].sum(), leaf, retain_graph=v < d_out - 1)[0]
+                         for v in range(d_out)], dim=1)
+        out = out.detach()
+        slopes.append(s)
+        offsets.append(out - (s.flatten(2) * xb.flatten(1).unsqueeze(1)).sum(-1))
     return LocalAffine(torch.cat(slopes), torch.cat(offsets))
 
 
@@ -112,7 +112,7 @@ def average_case_path_norm(model: nn.Module, input_shape: Sequence[int],
     if not (q >= 1 and math.isfinite(q)):
         raise InvalidParameterError(f"q must be in [1, inf), got {q}")
     x = _collect(inputs, max_samples)
-    net = copy.deepcopy(model).to(dtype).eval()
+    net = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
     graph = trace(net, input_shape)
     coeffs = _local_affine(net, input_shape, x, dtype, 256).coefficients()
     per_sample_output = coeffs.abs().pow(q).sum(-1).pow(1 / q)  # (n, d_out)
