@@ -170,8 +170,9 @@ def prune_model(model: nn.Module, input_shape: Sequence[int], amount: float,
     masks = _masks(targets)
     fractions = {n: amount * (last_layer_factor if n.rsplit(".", 1)[0] == last else 1.0)
                  for n in masks}
-    counts = {n: round(fractions[n] * int(mask.sum())) for n, mask in masks.items()}
-    per_step = {n: _split(c, steps) for n, c in counts.items()}
+    wanted = {n: fractions[n] * int(mask.sum()) for n, mask in masks.items()}
+    per_step = {n: _split(round(c), steps) for n, c in wanted.items()}
+    global_steps = _split(round(sum(wanted.values())), steps)
     dense_norm = path_norm_of_graph(graph, 1.0).log10
     method = PathMagnitudeUnstructured if criterion == "path-magnitude" else prune.L1Unstructured
     bounds = []
@@ -184,7 +185,7 @@ def prune_model(model: nn.Module, input_shape: Sequence[int], amount: float,
             importance = {(module, p): scores.tensors[f"{m}.{p}"] for m, module, p in targets}
             prune.global_unstructured([(module, p) for _, module, p in targets],
                                       pruning_method=method, importance_scores=importance,
-                                      amount=sum(c[step] for c in per_step.values()))
+                                      amount=global_steps[step])
         else:
             for m, module, p in targets:
                 name = f"{m}.{p}"
