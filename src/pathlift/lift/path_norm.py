@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, trace
 
 _LN10 = math.log(10.0)
@@ -57,10 +57,21 @@ def _check_exponents(q: float, r: float) -> None:
         raise InvalidParameterError(f"r must be in (0, inf], got {r}")
 
 
-def _flatten_outputs(out: Scaled | Sequence[Scaled]) -> torch.Tensor:
-    """Natural logs of o_v for every output neuron, across every output tensor."""
-    outs = [out] if isinstance(out, Scaled) else list(out)
-    return torch.cat([o.log().reshape(-1) for o in outs])
+def _flatten_outputs(out: Scaled | Sequence[Scaled] | dict[str, Scaled]) -> torch.Tensor:
+    """Natural logs of o_v for every output neuron, across every output tensor (in nested
+    tuples, lists and dict values too, in order)."""
+    return torch.cat([o.log().reshape(-1) for o in _output_leaves(out)])
+
+
+def _output_leaves(out: object) -> list[Scaled]:
+    if isinstance(out, Scaled):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [leaf for o in out for leaf in _output_leaves(o)]
+    raise UnsupportedModelError(f"the model returns a {type(out).__name__}; pathlift needs "
+                                "tensors, or tuples, lists or dicts of tensors")
 
 
 def mixed_norm_log(log_o: torch.Tensor, q: float, r: float) -> tuple[float, torch.Tensor]:
