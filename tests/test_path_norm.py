@@ -187,3 +187,30 @@ def test_random_networks_cover_the_supported_layers():
                 "several outputs", "in-place relu", "max padding", "max dilation",
                 "max ceil_mode", "divisor_override", "count_include_pad=False", "groups"}
     assert expected <= seen, expected - seen
+
+
+class _NestedOutputs(nn.Module):
+    """Returns a dict holding a tensor and a tuple (torchvision segmentation models return
+    dicts): path_norm used to fail with AttributeError on such outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv1d(1, 2, 2), nn.Linear(3, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        return {"out": self.fc(h), "aux": (h.mean(-1), nn.functional.max_pool1d(h, 2))}
+
+
+def test_nested_and_dict_outputs():
+    torch.manual_seed(2)
+    model = _NestedOutputs().eval()
+    dag = NeuronDAG.from_module(model, (1, 4))
+    assert len(dag.outputs) == 4 + 2 + 2
+    for q in QS:
+        for r in RS:
+            assert path_norm(model, (1, 4), q, r).value == pytest.approx(dag.path_norm(q, r),
+                                                                          rel=REL)
+    per_output = path_norm(model, (1, 4), 2.0).per_output_log10
+    np.testing.assert_allclose(per_output, dag.output_path_norms_log(2.0) / math.log(10.0),
+                               rtol=0, atol=1e-12)
