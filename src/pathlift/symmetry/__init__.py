@@ -1,8 +1,20 @@
 """Symmetries of ReLU networks: rescaling, normalisation, permutations, conserved quantities."""
 
 from pathlift.symmetry.conserved import ConservedQuantities, conserved_quantities
+from pathlift.symmetry.equivalence import (
+    Canonical,
+    Equivalence,
+    Symmetries,
+    canonicalize,
+    equivalent,
+    permutable_units,
+    permute,
+    symmetries,
+)
 from pathlift.symmetry.normalize import Normalized, normalize, normalize_report
 from pathlift.symmetry.rescale import analyse, random_rescale, rescale
 
-__all__ = ["ConservedQuantities", "Normalized", "analyse", "conserved_quantities", "normalize",
-           "normalize_report", "random_rescale", "rescale"]
+__all__ = ["Canonical", "ConservedQuantities", "Equivalence", "Normalized", "Symmetries",
+           "analyse", "canonicalize", "conserved_quantities", "equivalent", "normalize",
+           "normalize_report", "permutable_units", "permute", "random_rescale", "rescale",
+           "symmetries"]

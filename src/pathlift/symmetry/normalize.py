@@ -18,8 +18,8 @@ from pathlift.symmetry.rescale import analyse
 @dataclass(frozen=True)
 class Normalized:
     """The normalised copy, the number of input-dead neuron groups and of tied groups
-    (several channels sharing one factor, for which Def. 3.2.1 holds only for the member
-    with the largest norm when the group is reached)."""
+    (several channels sharing one factor, for which Def. 3.2.1 holds only for the first
+    member reached)."""
 
     model: nn.Module
     q: float
@@ -45,10 +45,12 @@ def normalize_report(model: nn.Module, input_shape: Sequence[int] | None = None,
     weights set to zero, as the algorithm says. Output neurons are untouched.
 
     Neurons tied by a residual addition must share one factor (the skip edge has a fixed
-    weight 1): the group is divided by the largest norm among its members when its first
-    member is reached in topological order. Def. 3.2.1 then holds exactly for every untied
-    neuron, not in general for the later members of a tied group: their norms depend on
-    the group's own factor through the residual block, so no choice normalises them all.
+    weight 1): the group is divided by the norm of its first member in topological order
+    (the largest one if that layer holds several), whose incoming weights are final at
+    that point, so the result is the same for all rescaling-equivalent parameters.
+    Def. 3.2.1 then holds exactly for every untied neuron, not in general for the later
+    members of a tied group: their norms depend on the group's own factor through the
+    residual block, so no single factor normalises them all.
     Pooling neurons have fixed weights and are not rescaled.
     """
     if not (q > 0):
@@ -58,8 +60,8 @@ def normalize_report(model: nn.Module, input_shape: Sequence[int] | None = None,
     members = cmap.members()
     readers = _readers(cmap)
     dead = 0
-    for groups in _batches(cmap):
-        lam = _group_norms(out, cmap, members, groups, q)[groups]
+    for producer, groups in _batches(cmap):
+        lam = _group_norms(out, cmap, producer, groups, q)[groups]
         dead += int((lam == 0).sum())
         group_grow = torch.ones(cmap.num_groups, dtype=torch.float64)
         group_shrink = torch.ones_like(group_grow)
@@ -75,22 +77,19 @@ def normalize_report(model: nn.Module, input_shape: Sequence[int] | None = None,
     return Normalized(out, q, dead, tied)
 
 
-def _group_norms(model: nn.Module, cmap: ChannelMap, members, groups: torch.Tensor,
+def _group_norms(model: nn.Module, cmap: ChannelMap, producer: Producer, groups: torch.Tensor,
                  q: float) -> torch.Tensor:
-    """Largest ||(theta^{->v}, b_v)||_q over the members of each group in ``groups``."""
+    """Largest ||(theta^{->v}, b_v)||_q over the channels of each group in ``producer``."""
     in_batch = torch.zeros(cmap.num_groups, dtype=torch.bool)
     in_batch[groups] = True
     lam = torch.zeros(cmap.num_groups, dtype=torch.float64)
-    producers = {p.name: p for g in groups.tolist() for p, _ in members[g]}
-    for p in producers.values():
-        gp = cmap.group[p.neurons]
-        mask = in_batch[gp]
-        norms = incoming_norms(model.get_submodule(p.name), p, q)
-        lam.scatter_reduce_(0, gp[mask], norms[mask], "amax")
-    return lam
+    gp = cmap.group[producer.neurons]
+    mask = in_batch[gp]
+    norms = incoming_norms(model.get_submodule(producer.name), producer, q)
+    return lam.scatter_reduce_(0, gp[mask], norms[mask], "amax")
 
 
-def _batches(cmap: ChannelMap) -> list[torch.Tensor]:
+def _batches(cmap: ChannelMap) -> list[tuple[Producer, torch.Tensor]]:
     """Free groups by the producer where they first appear (one layer at a time, in
     topological order): groups of one batch never feed each other."""
     seen = torch.zeros(cmap.num_groups, dtype=torch.bool)
@@ -101,7 +100,7 @@ def _batches(cmap: ChannelMap) -> list[torch.Tensor]:
         new = groups[~seen[groups]]
         if new.numel():
             seen[new] = True
-            batches.append(new)
+            batches.append((p, new))
     return batches
 
 

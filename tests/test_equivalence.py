@@ -1,0 +1,114 @@
+"""Permutations, canonical forms and functional equivalence (slides on functional equivalence)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
+from pathlift.symmetry import analyse, random_rescale
+from pathlift.symmetry.equivalence import (
+    canonicalize,
+    equivalent,
+    permutable_units,
+    permute,
+    symmetries,
+)
+from test_rescale import ZOO, assert_bit_identical, build, inputs, snapshot
+
+
+def random_permutations(model: nn.Module, shape, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {u.producer.name: torch.randperm(u.producer.neurons.numel(), generator=g)
+            for u in permutable_units(analyse(model, shape))}
+
+
+def one_weight_changed(model: nn.Module, delta: float = 1e-3) -> nn.Module:
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        weight = [p for p in out.parameters() if p.dim() > 1][1]
+        weight.view(-1)[0] += delta
+    return out
+
+
+@pytest.mark.parametrize("name", ["mlp", "vgg_like", "residual", "unet_like"])
+def test_permuted_and_rescaled_copy_is_equivalent(name):
+    model = build(name)
+    shape = ZOO[name][1]
+    before = snapshot(model)
+    perms = random_permutations(model, shape, seed=1)
+    assert perms and any(not torch.equal(p, torch.arange(len(p))) for p in perms.values())
+    copy_ = random_rescale(permute(model, perms, shape), seed=2, input_shape=shape)
+    x = inputs(name)
+    with torch.no_grad():  # really the same function, really different parameters
+        assert torch.allclose(model(x), copy_(x), rtol=1e-10, atol=1e-12)
+    result = equivalent(model, copy_, shape)
+    assert result.equivalent and result.parameter_gap < 1e-10 and result.output_gap < 1e-10
+    changed = equivalent(model, one_weight_changed(model), shape)
+    assert not changed.equivalent and changed.parameter_gap > 1e-5
+    assert_bit_identical(model, before)
+
+
+def test_canonical_form_sorts_biases_and_inverts_the_permutation():
+    model = build("mlp")
+    perm = torch.tensor([3, 0, 8, 1, 2, 7, 4, 6, 5])
+    permuted = permute(model, {"0": perm}, (6,))
+    assert torch.equal(permuted[0].bias, model[0].bias[perm])
+    assert torch.equal(permuted[2].weight, model[2].weight[:, perm])
+    canon = canonicalize(permuted, (6,), normalized=False)
+    bias = canon.model[0].bias
+    assert (bias[:-1] >= bias[1:]).all()  # descending
+    assert torch.equal(canon.model[0].bias, canonicalize(model, (6,), normalized=False)
+                       .model[0].bias)
+
+
+def test_units_exclude_tied_grouped_and_output_layers():
+    cmap = analyse(build("residual"), (3, 8, 8))
+    names = {u.producer.name: [c.name for c in u.carried] for u in permutable_units(cmap)}
+    assert names == {"a1": ["abn1"], "b1": ["bbn1"]}  # a2/b2/down feed the tied stream
+    assert permutable_units(analyse(build("depthwise"), (3, 8, 8))) == []
+    with pytest.raises(InvalidParameterError, match="cannot be permuted"):
+        permute(build("residual"), {"a2": [0, 1, 2, 3, 4, 5]}, (3, 8, 8))
+    with pytest.raises(InvalidParameterError, match="permutation"):
+        permute(build("mlp"), {"0": [0, 0, 1, 2, 3, 4, 5, 6, 7]}, (6,))
+
+
+def test_different_architectures_are_refused():
+    with pytest.raises(ArchitectureMismatchError):
+        equivalent(build("mlp"), nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.Linear(9, 3)),
+                   (6,))
+
+
+def test_symmetry_table_of_the_slides():
+    relu, tanh, sigmoid = symmetries("ReLU"), symmetries("tanh"), symmetries("sigmoid")
+    assert relu.scaling and relu.permutation and not relu.sign_flip
+    assert symmetries("leaky ReLU").scaling
+    assert tanh.sign_flip and not tanh.scaling and tanh.permutation
+    assert sigmoid.sign_flip and "0.5" in sigmoid.note
+    with pytest.raises(InvalidParameterError):
+        symmetries("gelu")
+    # the table is right: check each claimed symmetry numerically on a 1-hidden-layer net
+    x = torch.randn(50, 3, dtype=torch.float64)
+    w1, b1, w2 = (torch.randn(4, 3, dtype=torch.float64), torch.randn(4, dtype=torch.float64),
+                  torch.randn(2, 4, dtype=torch.float64))
+    relu_net = (lambda a, b, c: torch.relu(x @ a.T + b) @ c.T)  # noqa: E731
+    assert torch.allclose(relu_net(w1, b1, w2), relu_net(3 * w1, 3 * b1, w2 / 3))
+    tanh_net = (lambda a, b, c: torch.tanh(x @ a.T + b) @ c.T)  # noqa: E731
+    assert torch.allclose(tanh_net(w1, b1, w2), tanh_net(-w1, -b1, -w2))
+    assert not torch.allclose(tanh_net(w1, b1, w2), tanh_net(3 * w1, 3 * b1, w2 / 3))
+
+
+@pytest.mark.slow
+def test_resnet18_permuted_and_rescaled_is_equivalent():
+    from pathlift.models import get_model
+
+    torch.manual_seed(0)
+    model = get_model("resnet18", num_classes=10).double().eval()
+    shape = (3, 32, 32)
+    copy_ = random_rescale(permute(model, random_permutations(model, shape, 0), shape),
+                           seed=1, input_shape=shape)
+    assert equivalent(model, copy_, shape).equivalent
+    assert not equivalent(model, one_weight_changed(model), shape).equivalent
