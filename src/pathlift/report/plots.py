@@ -86,6 +86,7 @@ def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], pat
     ax.bar([i + width / 2 for i in idx], list(average), width,
            label="average case E_x ||A(theta,x)^T Phi^{->v}||_1")
     ax.set_yscale("log")
+    ax.set_ylim(top=30 * 10.0 ** max(worst_log10))  # room for the legend above the bars
     ax.set_xlabel("output neuron v")
     ax.set_xticks(idx)
     ax.set_title("Average-case vs worst-case path-norm per output")

@@ -105,12 +105,14 @@ def run_report(out_dir: str | Path = "report", model: str | None = None,
     the given weights are reported, trained first only if ``data`` and ``epochs`` > 0 are
     given. Data-dependent sections (margins, average case, bounds vs gap) need ``data``.
     Runs torch single-threaded (restored afterwards): the small default network is several
-    times faster so on a shared CPU.
+    times faster so on a shared CPU. The caller's global RNG state is restored too.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(Path(out_dir), model, input_shape, data, epochs, seed, samples, progress)
+        with torch.random.fork_rng(devices=[]):  # the caller's RNG state is left untouched
+            return _run(Path(out_dir), model, input_shape, data, epochs, seed, samples,
+                        progress)
     finally:
         torch.set_num_threads(threads)
 
