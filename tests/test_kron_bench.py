@@ -1,0 +1,67 @@
+"""The benchmark's bookkeeping: the CPU subset, CSV round trip, the summary ratios against
+a hand computation, the plot, and one tiny real run through the CLI."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from typer.testing import CliRunner
+
+from pathlift.cli import app
+from pathlift.kron import KSPattern, bench
+
+
+def fake_rows() -> list[bench.Timing]:
+    """Two patterns with chosen times (seconds) per (algorithm, layout)."""
+    times = {
+        (1, 4, 4, 4): {"bsf": {"fused": 1.0, "bmm": 3.0, "dense": 2.0, "einsum": 5.0},
+                       "bsl": {"fused": 2.0, "bmm": 2.0, "dense": 1.0, "einsum": 0.5}},
+        (2, 8, 2, 1): {"bsf": {"fused": 4.0, "bmm": 2.0, "dense": 8.0, "einsum": 9.0},
+                       "bsl": {"fused": 1.0, "bmm": 3.0, "dense": 2.0, "einsum": 9.0}},
+    }
+    return [bench.Timing(*p, alg, layout, 16, "torch.float32", "cpu", t, t, t)
+            for p, per in times.items() for layout, algs in per.items()
+            for alg, t in algs.items()]
+
+
+def test_cpu_configuration_is_the_documented_subset():
+    subset = bench.cpu_patterns()
+    assert len(subset) == 160
+    assert sum(p.density <= 1 / 8 for p in subset) == 62
+    assert all(p.out_features * p.in_features <= bench.CPU_MAX_DENSE for p in subset)
+    assert len(bench.cpu_patterns(every=8)) == 20
+
+
+def test_summary_matches_a_hand_computation():
+    s = bench.summarize(fake_rows())
+    assert s.patterns == 2
+    # bsf: bmm/fused = 3/1 and 2/4 -> median 1.75; bsl: 2/2 and 3/1 -> 2
+    assert s.speedup_vs_bmm["bsf"] == pytest.approx(statistics.median([3.0, 0.5]))
+    assert s.speedup_vs_bmm["bsl"] == pytest.approx(2.0)
+    # best layout per algorithm: p1 fused 1, bmm 2; p2 fused 1, bmm 2 -> 2
+    assert s.speedup_vs_bmm["best"] == pytest.approx(2.0)
+    # fused beats every other algorithm: bsf p1 yes, p2 no; bsl p1 no (einsum), p2 yes
+    assert s.fused_fastest == {"best": 0.5, "bsf": 0.5, "bsl": 0.5}
+    # density 1/(ad): p1 1/4 (not <= 1/8), p2 1/2: no sparse pattern
+    assert s.sparse_patterns == 0 and s.fused_beats_dense["bsf"] == 0
+
+
+def test_csv_round_trip_and_plot(tmp_path):
+    rows = fake_rows()
+    path = bench.write_csv(rows, tmp_path / "k.csv", machine="test machine")
+    assert path.read_text().startswith("# test machine\n")
+    assert bench.read_csv(path) == rows
+    png = bench.plot_speedups(rows, tmp_path / "k.png", "test")
+    assert png.stat().st_size > 1000
+
+
+def test_cli_runs_a_tiny_grid(tmp_path):
+    result = CliRunner().invoke(app, ["kron-bench", "--every", "80", "--batch", "8",
+                                      "--repeats", "1", "--no-vit", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = bench.read_csv(tmp_path / "kron_cpu_float32.csv")
+    assert len(rows) == 2 * 6 * 2  # 2 patterns, 6 algorithms, 2 layouts
+    assert {r.pattern for r in rows} == set(bench.cpu_patterns(every=80))
+    assert "vs bmm" in result.output
+    assert isinstance(rows[0].pattern, KSPattern)
