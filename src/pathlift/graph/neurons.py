@@ -35,6 +35,12 @@ neuron (Phi_p = product of weights) or at any other neuron (Phi_p = its bias tim
 product). In A(theta, x), a path starting at an input neuron u uses column u and a path
 starting at a hidden or output neuron uses the bias column, so that
 <Phi, A(x; 1)> = sum_p Phi_p a_p x_{p_0} with x_u := 1 off the inputs (proof of Thm 2.4.2).
+The output neurons are the elements of the returned tensors, also when another op reads
+them (Thm 2.4.2 and Def. 3.1.1 hold for Phi^{->v} of any neuron v).
+
+Numbers: Phi_p is kept as a sign and ln|Phi_p| (a sum of ln|weight|, ~1e-15 relative, no
+overflow), and norms sum |Phi_p|^q with math.fsum. Enumeration costs O(|P| * depth); more
+than ``max_paths`` (default 1e6) paths is refused.
 """
 
 from __future__ import annotations
@@ -305,7 +311,7 @@ class NeuronDAG:
 
 
 def _float64_copy(model: nn.Module) -> nn.Module:
-    """A float64 deep copy. Tensors computed from parameters and cached on a module (the
+    """A float64 CPU deep copy. Tensors computed from parameters and cached on a module (the
     ``weight`` that torch.nn.utils.prune recomputes before each forward) are not graph
     leaves and cannot be deep-copied: they are copied detached."""
     memo: dict[int, Any] = {}
@@ -313,7 +319,7 @@ def _float64_copy(model: nn.Module) -> nn.Module:
         for value in vars(m).values():
             if isinstance(value, Tensor) and not value.is_leaf:
                 memo[id(value)] = value.detach().clone()
-    return copy.deepcopy(model, memo).to(torch.float64)
+    return copy.deepcopy(model, memo).to("cpu", torch.float64)
 
 
 def _sign(w: float) -> float:
