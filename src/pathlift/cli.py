@@ -318,5 +318,166 @@ def kron_bench(
         console.print(table)
 
 
+def _symmetry_table(title: str, net, other, shape, samples: int) -> Table:
+    """Parameter norm, l1 path-norm and output gap of a model and its transformed copy."""
+    import torch
+
+    from pathlift.lift import path_norm
+
+    x = torch.randn((samples, *shape), generator=torch.Generator().manual_seed(0))
+    x = x.to(next(net.parameters()).dtype)
+    with torch.no_grad():
+        y, y2 = net(x), other(x)
+    table = Table(title=title)
+    for column in ("", "original", "transformed"):
+        table.add_column(column, justify="right")
+    norms = [sum(float(p.detach().double().pow(2).sum()) for p in m.parameters()) ** 0.5
+             for m in (net, other)]
+    table.add_row("||theta||_2", *(f"{v:.6g}" for v in norms))
+    table.add_row("log10 ||Phi||_1", *(f"{path_norm(m, shape).log10:.10f}" for m in (net, other)))
+    gap = float((y - y2).abs().max() / y.abs().max().clamp_min(1e-300))
+    table.add_row("max |R - R'| / max |R|", "", f"{gap:.3g}")
+    return table
+
+
+def _save_like(net, spec: str, out: str) -> None:
+    from pathlib import Path
+
+    from pathlift.models.checkpoints import read_checkpoint, save_checkpoint
+
+    arch, kwargs = spec, {}
+    if Path(spec).is_file():
+        ckpt = read_checkpoint(spec)
+        arch, kwargs = ckpt.arch or spec, ckpt.kwargs
+    console.print(f"wrote {save_checkpoint(net, out, arch, **kwargs)}")
+
+
+@app.command("rescale")
+def rescale_command(
+    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    weights: str = typer.Option(None, "--weights", help="state_dict file for MODEL"),
+    factors: list[float] = typer.Option([1.0, 128.0, 4096.0], "--factor",
+                                        help="factors drawn per neuron (repeatable)"),
+    seed: int = typer.Option(0, "--seed", help="random seed"),
+    out: str = typer.Option(None, "--out", help="write the rescaled checkpoint here"),
+    samples: int = typer.Option(16, "--samples", help="N(0,1) inputs for the output gap"),
+) -> None:
+    """Random rescaling lambda <> theta (thesis Def. 2.4.1, App. E.1.2): same function and
+    path-norms, different raw parameters."""
+    from pathlift.models import load_model
+    from pathlift.symmetry import random_rescale
+
+    net, shape = load_model(model, input_shape, weights)
+    rescaled = random_rescale(net, factors, seed, shape)
+    console.print(_symmetry_table(f"random rescaling of {model}, factors {factors}", net,
+                                  rescaled, shape, samples))
+    if out:
+        _save_like(rescaled, model, out)
+
+
+@app.command("normalize")
+def normalize_command(
+    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    weights: str = typer.Option(None, "--weights", help="state_dict file for MODEL"),
+    q: float = typer.Option(1.0, "-q", help="normalise incoming (weights, bias) in l^q"),
+    out: str = typer.Option(None, "--out", help="write the normalised checkpoint here"),
+    samples: int = typer.Option(16, "--samples", help="N(0,1) inputs for the output gap"),
+) -> None:
+    """Normalisation (thesis Alg. 3.2.1): every hidden neuron gets ||(theta^{->v}, b_v)||_q in
+    {0, 1}; residual-tied channels share one factor."""
+    from pathlift.models import load_model
+    from pathlift.symmetry import normalize_report
+
+    net, shape = load_model(model, input_shape, weights)
+    result = normalize_report(net, shape, q)
+    table = _symmetry_table(f"{model} normalised (q={q:g})", net, result.model, shape, samples)
+    table.caption = (f"{result.dead_neurons} input-dead neuron groups, {result.tied_groups} "
+                     "residual-tied groups (Def. 3.2.1 exact for untied neurons)")
+    console.print(table)
+    if out:
+        _save_like(result.model, model, out)
+
+
+@app.command()
+def metric(
+    model_a: str = typer.Argument(..., help="first model: architecture name or checkpoint"),
+    model_b: str = typer.Argument(..., help="second model, same architecture"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+) -> None:
+    """l1 path-metric ||Phi(A) - Phi(B)||_1: exact in two passes when signs agree and one
+    dominates (Lemma 3.4.1), else a certified interval (paper 002 Lemma 3.2 / F.3)."""
+    from pathlift.lift import path_metric
+    from pathlift.models import load_model
+
+    net_a, shape = load_model(model_a, input_shape)
+    net_b, _ = load_model(model_b, shape)
+    result = path_metric(net_a, net_b, shape)
+    table = Table(title=f"path-metric between {model_a} and {model_b}, input {shape}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_row("case", result.case)
+    table.add_row("d lower", f"{result.lower:.6g} (log10 {result.lower_log10:.6f})")
+    table.add_row("d upper", f"{result.upper:.6g} (log10 {result.upper_log10:.6f})")
+    table.add_row("||Phi(A)||_1, ||Phi(B)||_1 (log10)",
+                  f"{result.norm_a_log10:.6f}, {result.norm_b_log10:.6f}")
+    table.add_row("relative accuracy", f"{result.relative_accuracy:.2g}")
+    table.caption = result.reason
+    console.print(table)
+
+
+@app.command()
+def lipschitz(
+    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
+    other: str = typer.Option(None, "--other", help="second model: bound in the parameters"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    r: float = typer.Option(1.0, "-r", help="output norm l^r (inf for max)"),
+    x_inf: float = typer.Option(1.0, "--x-inf", help="bound on ||x||_inf of the inputs"),
+) -> None:
+    """Lipschitz bounds: in x, ||Phi||_{1,r} (Thm 3.3.1) vs Pi_{1,r} (Def. 3.3.1); in theta
+    with --other, max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1) vs eq. 3.7."""
+    from pathlift.lift import lipschitz_input, lipschitz_params
+    from pathlift.models import load_model
+
+    net, shape = load_model(model, input_shape)
+    table = Table(title=f"Lipschitz bounds of {model}, input {shape}, r={r:g}")
+    table.add_column("bound")
+    table.add_column("log10", justify="right")
+    bound = lipschitz_input(net, shape, r)
+    table.add_row("in x: ||Phi||_{1,r} (Thm 3.3.1)", f"{bound.log10:.6f}")
+    product = "n/a (residual sums)" if bound.layer_product is None else \
+        f"{bound.layer_product.log10:.6f}"
+    table.add_row("in x: Pi_{1,r} product of layer norms", product)
+    if other:
+        net_b, _ = load_model(other, shape)
+        p = lipschitz_params(net, net_b, shape, x_inf)
+        table.add_row(f"in theta, ||x||_inf <= {x_inf:g} (Cor. 3.4.1)",
+                      f"{p.log10:.6f}" if p.applies else "no bound")
+        table.add_row("in theta: classical (eq. 3.7)",
+                      "n/a" if p.lfcn_log10 is None else f"{p.lfcn_log10:.6f}")
+        table.caption = p.reason
+    console.print(table)
+
+
+@app.command("equivalent")
+def equivalent_command(
+    model_a: str = typer.Argument(..., help="first model: architecture name or checkpoint"),
+    model_b: str = typer.Argument(..., help="second model, same architecture"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    tolerance: float = typer.Option(1e-6, "--tolerance", help="relative parameter tolerance"),
+) -> None:
+    """Do A and B differ only by neuron permutations and rescalings? (canonical forms)"""
+    from pathlift.models import load_model
+    from pathlift.symmetry import equivalent
+
+    net_a, shape = load_model(model_a, input_shape)
+    net_b, _ = load_model(model_b, shape)
+    result = equivalent(net_a, net_b, shape, tolerance)
+    verdict = "[green]equivalent[/]" if result.equivalent else "[red]not equivalent[/]"
+    console.print(f"{model_a} vs {model_b}: {verdict} (canonical parameter gap "
+                  f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})")
+
+
 if __name__ == "__main__":
     app()
