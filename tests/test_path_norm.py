@@ -214,3 +214,22 @@ def test_nested_and_dict_outputs():
     per_output = path_norm(model, (1, 4), 2.0).per_output_log10
     np.testing.assert_allclose(per_output, dag.output_path_norms_log(2.0) / math.log(10.0),
                                rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("weight, bias", [(1e10, 1e8), (1e-10, 1e-30)])
+def test_norms_beyond_float64_agree_in_log_space(weight, bias):
+    """A 40-layer chain whose path-norms overflow (~1e390) or whose paths underflow float64:
+    the log-space pass and the log-space enumeration agree on log10."""
+    layers: list[nn.Module] = []
+    for i in range(40):
+        layers += [nn.Linear(2 if i == 0 else 1, 1), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1]).eval()
+    with torch.no_grad():
+        for i, layer in enumerate(model[::2]):
+            layer.weight.fill_(weight if i % 2 else -3 * weight)
+            layer.bias.fill_(bias)
+    dag = NeuronDAG.from_module(model, (2,))
+    for q in QS:
+        one_pass = path_norm(model, (2,), q)
+        assert one_pass.log10 == pytest.approx(dag.path_norm_log10(q), abs=1e-9)
+        assert one_pass.value == pytest.approx(dag.path_norm(q), rel=REL)  # inf beyond float64
