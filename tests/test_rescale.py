@@ -336,3 +336,31 @@ def test_reference_architectures(name, shape):
         for q in norms:
             assert abs(norms[q].log10 - after[q].log10) * math.log(10) <= 1e-9, (name, q)
     assert_bit_identical(model, before)
+
+
+# --------------------------------------------------------------------------- adversarial
+@pytest.mark.parametrize("name", ["mlp", "vgg_like", "residual", "depthwise"])
+def test_adversarial_rescale_hurts_magnitude_pruning(name):
+    """Same function and path-norm; magnitude pruning of 30% then loses more of ||Phi||_1
+    (exact path-metric, Lemma 3.4.1) than without rescaling and than a random rescaling."""
+    from pathlift.lift import path_metric
+    from pathlift.symmetry.adversarial import adversarial_rescale, magnitude_prune
+
+    model = build(name)
+    shape = ZOO[name][1]
+    before = snapshot(model)
+    adversarial = adversarial_rescale(model, 0.3, input_shape=shape)
+    x = inputs(name)
+    with torch.no_grad():
+        assert torch.allclose(adversarial(x), model(x), rtol=1e-9, atol=1e-12)
+
+    def damage(m: nn.Module) -> float:
+        result = path_metric(m, magnitude_prune(m, 0.3), shape)
+        assert result.exact
+        return result.lower
+
+    plain, attacked = damage(model), damage(adversarial)
+    randomised = damage(random_rescale(model, seed=0, input_shape=shape))
+    assert attacked > 2 * plain and attacked > randomised
+    assert attacked <= path_norm(model, shape).value * (1 + 1e-9)
+    assert_bit_identical(model, before)
