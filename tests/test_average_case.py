@@ -3,6 +3,7 @@
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,9 +11,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
+from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import average_case_path_norm, local_affine, path_norm
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
+from random_nets import networks
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +76,31 @@ def test_equals_path_enumeration(seed):
         expected = want.abs().pow(q).sum(-1).pow(1 / q).sum(-1).mean()
         assert avg.mean == pytest.approx(float(expected), rel=1e-10)
         assert avg.n_samples == 6
+
+
+def _dag_coefficients(dag: NeuronDAG, x: torch.Tensor) -> np.ndarray:
+    """A(theta,x)^T Phi^{->v}(theta) from the explicit neuron DAG: sum of Phi_p a_p over the
+    paths p ending at v, in the column of p's first neuron (d_in for the bias paths)."""
+    phi, act = dag.phi(), dag.activations(x)
+    coef = np.zeros((len(dag.outputs), dag.num_inputs + 1))
+    np.add.at(coef, (phi.ends, act.column), phi.values * act.active)
+    return coef
+
+
+@settings(max_examples=12, deadline=None)
+@given(networks(max_paths=3000), st.integers(0, 1000))
+def test_equals_neuron_dag_enumeration_on_random_networks(net_shape, seed):
+    """On random DAGs (conv, pools, BatchNorm, residuals, cat, several outputs, ...)."""
+    net, shape = net_shape
+    dag = NeuronDAG.from_module(net, shape)
+    x = torch.randn(3, *shape, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(seed))
+    got = local_affine(net, shape, x).coefficients().numpy()
+    for i in range(len(x)):
+        np.testing.assert_allclose(got[i], _dag_coefficients(dag, x[i]), rtol=1e-9,
+                                   atol=1e-9 * (1 + np.abs(got[i]).max()))
+    avg = average_case_path_norm(net, shape, x)
+    assert avg.log10 <= dag.path_norm_log10(1.0) + 1e-9
 
 
 def test_local_affine_map_reproduces_outputs_and_finite_differences():

@@ -16,6 +16,7 @@ import copy
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +30,8 @@ from pathlift.lift.path_norm import path_norm_of_graph
 class LocalAffine:
     """The local affine map of a network at each input: R(x) = slopes . x + offsets.
 
-    ``slopes`` has shape (n, d_out, *input_shape), ``offsets`` (n, d_out).
+    ``slopes`` has shape (n, d_out, *input_shape), ``offsets`` (n, d_out); the d_out output
+    neurons of every output tensor are flattened and concatenated in order.
     """
 
     slopes: Tensor
@@ -85,10 +87,12 @@ def _local_affine(net: nn.Module, input_shape: Sequence[int], x: Tensor,
     if tuple(x.shape[1:]) != tuple(input_shape):
         raise ShapeError(f"inputs have shape {tuple(x.shape)}; expected (n, *{tuple(input_shape)})")
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
+    # functionalize: in-place ops (ReLU(inplace=True), +=) would break the backward passes
+    forward = torch.func.functionalize(net)
     slopes, offsets = [], []
     for xb in x.to(device=device, dtype=dtype).split(chunk):
         leaf = xb.detach().requires_grad_()
-        out = net(leaf.clone()).reshape(len(xb), -1)  # clone: in-place ReLUs may follow
+        out = _flat_outputs(forward(leaf), len(xb))
         d_out = out.shape[1]
         s = torch.stack([torch.autograd.grad(out[:, v].sum(), leaf, retain_graph=v < d_out - 1)[0]
                          for v in range(d_out)], dim=1)
@@ -96,6 +100,15 @@ def _local_affine(net: nn.Module, input_shape: Sequence[int], x: Tensor,
         slopes.append(s)
         offsets.append(out - (s.flatten(2) * xb.flatten(1).unsqueeze(1)).sum(-1))
     return LocalAffine(torch.cat(slopes), torch.cat(offsets))
+
+
+def _flat_outputs(out: Any, n: int) -> Tensor:
+    """Every output neuron of a tensor, or of nested tuples/lists/dicts of tensors, in order:
+    shape (n, d_out)."""
+    if isinstance(out, Tensor):
+        return out.reshape(n, -1)
+    values = out.values() if isinstance(out, dict) else out
+    return torch.cat([_flat_outputs(o, n) for o in values], dim=1)
 
 
 def average_case_path_norm(model: nn.Module, input_shape: Sequence[int],
