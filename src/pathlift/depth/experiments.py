@@ -67,7 +67,7 @@ def c10k(n_samples: int = 10_000, target: float = 0.01, seed: int = 0,
          dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """The synthetic C10k set (thesis Sec. 4.1): x ~ U[-1, 1], y = ``target``; shapes (N, 1)."""
     gen = torch.Generator().manual_seed(10_000 + seed)
-    x = torch.rand(n_samples, 1, generator=gen, dtype=dtype) * 2 - 1
+    x = (torch.rand(n_samples, 1, generator=gen, dtype=torch.float64) * 2 - 1).to(dtype)
     return x, torch.full_like(x, target)
 
 

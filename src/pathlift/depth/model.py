@@ -116,7 +116,8 @@ class DepthResNet(nn.Module):
     (normal of mean 0 and variance s = L^{-1/gamma-beta}/d^2 truncated to [-s, s], thesis
     Sec. 4, Assumption 3.1.1 (iii)). ``seed`` fixes the embeddings, drawn first, so that one
     seed gives the same U_in, U_out at every depth (as in the thesis) and the truncated
-    initial weights after them.
+    initial weights after them; draws are made in float64 and cast, so that a seed gives the
+    same network in every dtype.
     """
 
     def __init__(self, in_features: int, out_features: int, depth: int, d: int, alpha: float,
@@ -137,21 +138,22 @@ class DepthResNet(nn.Module):
         self.delta = depth ** (-alpha)
         gen = torch.Generator().manual_seed(seed)
 
-        def uniform(rows: int, cols: int) -> torch.Tensor:
+        def uniform(rows: int, cols: int) -> torch.Tensor:  # float64 draws: same net per seed
             bound = cols**-0.5
-            return (torch.rand(rows, cols, generator=gen, dtype=dtype) * 2 - 1) * bound
+            return ((torch.rand(rows, cols, generator=gen, dtype=torch.float64) * 2 - 1)
+                    * bound).to(dtype)
 
         self.register_buffer("u_in", uniform(d, in_features))
         self.register_buffer("u_out", uniform(out_features, d))
         scale = initial_scale(depth, d, alpha, gamma)
         if init == "constant":
-            weight = torch.full((depth, d, d), scale, dtype=dtype)
+            weight = torch.full((depth, d, d), scale, dtype=torch.float64)
         elif init == "truncated":
-            weight = torch.empty(depth, d, d, dtype=dtype)
+            weight = torch.empty(depth, d, d, dtype=torch.float64)
             nn.init.trunc_normal_(weight, 0.0, math.sqrt(scale), -scale, scale, generator=gen)
         else:
             raise InvalidParameterError(f"init {init!r} must be 'constant' or 'truncated'")
-        self.weight = nn.Parameter(weight)
+        self.weight = nn.Parameter(weight.to(dtype))
 
     @property
     def beta(self) -> float:
