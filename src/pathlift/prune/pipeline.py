@@ -139,14 +139,19 @@ def _masks(model: nn.Module) -> dict[str, Tensor]:
             if name.endswith("_mask")}
 
 
-def _rewound(model_fn: Callable[[], nn.Module], early: dict[str, Tensor],
-             masks: dict[str, Tensor]) -> nn.Module:
-    """A fresh model with the early weights and the masks (the lottery-ticket rewind)."""
+def _masked(model_fn: Callable[[], nn.Module], state: dict[str, Tensor],
+            masks: dict[str, Tensor]) -> nn.Module:
+    """A fresh model with the masks and ``state``: early weights of a dense model (the
+    lottery-ticket rewind) or the state_dict of a pruned one (a copy that deepcopy cannot
+    make once training has left non-leaf ``weight`` tensors on the pruned modules)."""
     model = model_fn()
-    model.load_state_dict(early)
+    if not any(k.endswith("_orig") for k in state):
+        model.load_state_dict(state)
     for name, mask in masks.items():
         module_name, p = name.rsplit(".", 1)
         prune.custom_from_mask(model.get_submodule(module_name), p, mask)
+    if any(k.endswith("_orig") for k in state):
+        model.load_state_dict(state)
     return model
 
 
@@ -228,14 +233,14 @@ def _prune_run(trained: nn.Module, early: dict[str, Tensor], model_fn: Callable[
     per_round = 1.0 - (1.0 - amount) ** (1.0 / config.rounds)
     current, first_mask, first = trained, None, None
     for _ in range(config.rounds):
-        candidate = copy.deepcopy(current).eval()
+        candidate = _masked(model_fn, current.state_dict(), _masks(current)).eval()
         result = prune_model(candidate, input_shape, per_round, criterion, scope,
                              last_layer_factor=config.last_layer_factor)
         masks = _masks(candidate)
         if first is None:
             first, first_mask = result, masks
             pruned_acc = evaluate(candidate)
-        current = _rewound(model_fn, early, masks)
+        current = _masked(model_fn, early, masks)
         retrain(current)
         current.eval()
     sparsity = 1.0 - sum(float(m.sum()) for m in masks.values()) / first.total
