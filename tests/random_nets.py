@@ -16,8 +16,9 @@ biases are random with mixed signs and scales; some layers have no bias.
 
 Sizes are kept small: an upper bound of the number of paths (Def. 2.3.1) is tracked while
 the network grows, so that explicit enumeration (``pathlift.graph.neurons``) stays cheap.
-In-place ops only ever act on a tensor that nothing else has read, so eager PyTorch and
-the traced graph compute the same function.
+In-place ops only ever act on a tensor that nothing else has read and that autograd does
+not need, so eager PyTorch and the traced graph compute the same function and every
+network can be differentiated (w.r.t. its input and its parameters).
 """
 
 from __future__ import annotations
@@ -154,7 +155,10 @@ class _Grower:
             return self.add(fn, (i,), 1, view=True, in_place=True)
         fn = r.choice((lambda net, x: F.relu(x), lambda net, x: torch.relu(x),
                        lambda net, x: x.relu(), nn.ReLU()))
-        return self.add(fn, (i,), 1)
+        added = self.add(fn, (i,), 1)
+        if added:  # autograd saves a ReLU's output: overwriting it would break backward
+            self.values[-1].fresh = False
+        return added
 
     def affine(self, i: int, dims: int) -> bool:
         r, shape = self.rng, self.values[i].shape
