@@ -59,7 +59,7 @@ def test_every_algorithm_and_layout_matches_dense(a, b, c, d, batch, dtype, seed
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("pattern", [(2, 3, 2, 2), (1, 4, 2, 1), (3, 1, 2, 2)], ids=str)
+@pytest.mark.parametrize("pattern", [(2, 3, 2, 2), (3, 1, 2, 2)], ids=str)
 def test_gradcheck_float64(pattern, algorithm, layout):
     p = KSPattern(*pattern)
     g = torch.Generator().manual_seed(1)
