@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pathlift.depth.model import DepthResNet, initial_scale, residual_stack
+from pathlift.depth.model import MEMORY_BUDGET, DepthResNet, initial_scale, residual_stack
 from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError
 
@@ -23,15 +23,17 @@ def plain_stack(h0: torch.Tensor, weight: torch.Tensor, delta: float, act: str) 
     return h
 
 
+@pytest.mark.parametrize("budget", [0, MEMORY_BUDGET])  # 0: checkpointed recomputation
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("depth", [1, 5, 37])  # 37: last checkpoint segment is partial
-def test_forward_and_gradients_match_plain_autograd(activation: str, depth: int) -> None:
+def test_forward_and_gradients_match_plain_autograd(activation: str, depth: int,
+                                                    budget: int) -> None:
     gen = torch.Generator().manual_seed(depth)
     weight = torch.randn(depth, 3, 3, generator=gen, dtype=DT).requires_grad_()
     h0 = torch.randn(6, 3, generator=gen, dtype=DT).requires_grad_()
     probe = torch.randn(6, 3, generator=gen, dtype=DT)
     delta = depth**-0.5
-    ours = residual_stack(h0, weight, delta, activation)
+    ours = residual_stack(h0, weight, delta, activation, budget)
     ref = plain_stack(h0, weight, delta, activation)
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
     g_ours = torch.autograd.grad((ours * probe).sum(), [h0, weight])
@@ -44,7 +46,9 @@ def test_gradcheck_against_finite_differences() -> None:
     gen = torch.Generator().manual_seed(0)
     weight = (0.5 * torch.randn(10, 2, 2, generator=gen, dtype=DT)).requires_grad_()
     h0 = torch.randn(4, 2, generator=gen, dtype=DT).requires_grad_()
-    assert torch.autograd.gradcheck(lambda h, w: residual_stack(h, w, 0.3), (h0, weight))
+    for budget in (0, MEMORY_BUDGET):
+        assert torch.autograd.gradcheck(lambda h, w, b=budget: residual_stack(h, w, 0.3, "tanh", b),
+                                        (h0, weight))
 
 
 def test_constant_init_is_eq_4_2_and_embeddings_depend_on_the_seed_only() -> None:

@@ -7,9 +7,10 @@ uniform on [-sqrt(phi), sqrt(phi)], phi = 1 / #input features of the map) and th
 W_k in R^{d x d} the only parameters, stored as one (L, d, d) tensor.
 
 The depth loop runs in one custom autograd function (`residual_stack`): a tight loop over k,
-batched over samples, with the backward pass written by hand and sqrt(L)-checkpointing, so
-that memory is O(sqrt(L) N d) instead of O(L N d) and autograd records one node instead of
-4 L. benchmarks/bench_depth.py measures it against plain autograd over an nn.ModuleList.
+batched over samples, with the backward pass written by hand (no autograd graph of 4 L nodes,
+elementwise kernels for d = 1). Activations are kept while they fit in MEMORY_BUDGET; beyond,
+sqrt(L)-checkpointing keeps memory O(sqrt(L) N d) instead of O(L N d) for one extra forward.
+benchmarks/bench_depth.py measures it against plain autograd over an nn.ModuleList.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 
 from pathlift.errors import InvalidParameterError
 
-__all__ = ["ACTIVATIONS", "DepthResNet", "initial_scale", "residual_stack"]
+__all__ = ["ACTIVATIONS", "MEMORY_BUDGET", "DepthResNet", "initial_scale", "residual_stack"]
 
 # sigma, and sigma'(z) written from a = sigma(z): tanh' = 1 - a^2, relu' = [a > 0].
 Activation = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
@@ -30,6 +31,9 @@ ACTIVATIONS: dict[str, Activation] = {
     "tanh": (torch.tanh, lambda a: 1.0 - a * a),
     "relu": (torch.relu, lambda a: a > 0),
 }
+
+
+MEMORY_BUDGET = 1 << 30  # bytes of kept activations before the backward pass recomputes
 
 
 def initial_scale(depth: int, d: int, alpha: float, gamma: float) -> float:
@@ -46,29 +50,36 @@ def _kernels(d: int) -> tuple[Callable, Callable, Callable]:
 
 
 class _ResidualStack(torch.autograd.Function):
-    """h_L from h_0 and W (L, d, d); backward by the adjoint recursion, checkpointed.
+    """h_L from h_0 and W (L, d, d); backward by the adjoint recursion.
 
     Adjoint (g_k = dJ/dh_k, z_k = W_k h_k): dJ/dW_k = delta (g_{k+1} * sigma'(z_k))^T h_k and
-    g_k = g_{k+1} + delta (g_{k+1} * sigma'(z_k)) W_k (row convention). h_k is kept every
-    isqrt(L) layers; each segment is recomputed once in the backward pass.
+    g_k = g_{k+1} + delta (g_{k+1} * sigma'(z_k)) W_k (row convention). When the L pairs
+    (h_k, sigma(z_k)) fit in ``budget`` bytes they are kept; otherwise h_k is kept every
+    isqrt(L) layers and each segment is recomputed once in the backward pass.
     """
 
     @staticmethod
-    def forward(ctx, h0: torch.Tensor, weight: torch.Tensor, delta: float,
-                activation: str) -> torch.Tensor:
+    def forward(ctx, h0: torch.Tensor, weight: torch.Tensor, delta: float, activation: str,
+                budget: int) -> torch.Tensor:
         sigma, _ = ACTIVATIONS[activation]
         matmul, _, _ = _kernels(weight.shape[1])
         depth = weight.shape[0]
-        segment = max(1, math.isqrt(depth))
+        keep_all = 2 * depth * h0.numel() * h0.element_size() <= budget
+        segment = depth if keep_all else max(1, math.isqrt(depth))
         transposed = weight.transpose(1, 2).unbind(0)
-        checkpoints = []
+        checkpoints, hs, acts = [], [], []
         h = h0.clone()
         for k in range(depth):
             if k % segment == 0:
                 checkpoints.append(h.clone())
-            h.add_(sigma(matmul(h, transposed[k])), alpha=delta)
+            a = sigma(matmul(h, transposed[k]))
+            if keep_all:
+                hs.append(h.clone())
+                acts.append(a)
+            h.add_(a, alpha=delta)
         ctx.save_for_backward(weight, *checkpoints)
         ctx.delta, ctx.activation, ctx.segment = delta, activation, segment
+        ctx.kept = (hs, acts) if keep_all else None
         return h
 
     @staticmethod
@@ -82,22 +93,28 @@ class _ResidualStack(torch.autograd.Function):
         g = grad_out.clone()
         for start in reversed(range(0, depth, segment)):
             stop = min(start + segment, depth)
-            hs, acts = [checkpoints[start // segment]], []
-            for k in range(start, stop):  # recompute the segment, keeping h_k and sigma(z_k)
-                acts.append(sigma(matmul(hs[-1], transposed[k])))
-                hs.append(torch.add(hs[-1], acts[-1], alpha=delta))
+            if ctx.kept is not None:
+                hs, acts = ctx.kept
+            else:  # recompute the segment, keeping h_k and sigma(z_k)
+                hs, acts = [checkpoints[start // segment]], []
+                for k in range(start, stop):
+                    acts.append(sigma(matmul(hs[-1], transposed[k])))
+                    hs.append(torch.add(hs[-1], acts[-1], alpha=delta))
             for k in reversed(range(start, stop)):
                 s = g * derivative(acts[k - start])  # dJ/dz_k / delta
                 grad_weight[k] = outer(s, hs[k - start])
                 update(g, s, layers[k], delta)
-        return g, grad_weight.mul_(delta), None, None
+        ctx.kept = None
+        return g, grad_weight.mul_(delta), None, None, None
 
 
 def residual_stack(h0: torch.Tensor, weight: torch.Tensor, delta: float,
-                   activation: str = "tanh") -> torch.Tensor:
+                   activation: str = "tanh", memory_budget: int = MEMORY_BUDGET) -> torch.Tensor:
     """h_L of the recursion h_{k+1} = h_k + delta * sigma(W_k h_k) (eq. 4.1), rows = samples.
 
-    h0: (N, d); weight: (L, d, d). Differentiable w.r.t. both (hand-written backward).
+    h0: (N, d); weight: (L, d, d). Differentiable w.r.t. both (hand-written backward). The
+    backward keeps all activations when they fit in ``memory_budget`` bytes, else O(sqrt(L))
+    of them and recomputes (one extra forward pass).
     """
     if activation not in ACTIVATIONS:
         raise InvalidParameterError(
@@ -106,7 +123,7 @@ def residual_stack(h0: torch.Tensor, weight: torch.Tensor, delta: float,
         raise InvalidParameterError(
             f"residual_stack needs h0 (N, d) and weight (L, d, d); got {tuple(h0.shape)} and "
             f"{tuple(weight.shape)}")
-    return _ResidualStack.apply(h0, weight, delta, activation)
+    return _ResidualStack.apply(h0, weight, delta, activation, memory_budget)
 
 
 class DepthResNet(nn.Module):
