@@ -344,3 +344,23 @@ def test_random_networks_are_differentiable():
         outs = [out] if isinstance(out, torch.Tensor) else list(out)
         sum(o.sum() for o in outs).backward()
         assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_symmetry_transforms_keep_phi_and_a(seed):
+    """Thm 2.4.1 on random DAGs: pathlift.symmetry's random rescaling and normalisation
+    (Alg. 3.2.1) leave every coordinate of Phi and every path activation unchanged (up to
+    the float32 rounding of the rescaled weights)."""
+    from pathlift.symmetry import normalize, random_rescale
+
+    model, shape = random_network(seed)
+    dag = NeuronDAG.from_module(model, shape)
+    x = random_input(shape, seed)
+    for moved in (random_rescale(model, seed=seed, input_shape=shape),
+                  normalize(model, shape, q=2.0)):
+        other = NeuronDAG.from_module(moved, shape)
+        assert other.phi().paths == dag.phi().paths
+        phi = dag.phi().values
+        np.testing.assert_allclose(other.phi().values, phi, rtol=1e-5,
+                                   atol=1e-6 * np.abs(phi).max())
+        assert np.array_equal(other.activations(x).active, dag.activations(x).active)
