@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from pathlift.errors import InvalidParameterError
 from pathlift.quant.certify import CertifiedError, certified_error
 from pathlift.quant.model import QuantizedModel, quantize
 from pathlift.quant.uniform import Rounding
+from pathlift.symmetry import normalize
 
 DEFAULT_QS = (1.0, 2.0, math.inf)
 
@@ -35,7 +37,7 @@ DEFAULT_QS = (1.0, 2.0, math.inf)
 @dataclass(frozen=True)
 class SymmetryAwareQuantized:
     """The quantised normalised copy, the normalisation exponent ``q`` that was kept and its
-    certified error with respect to the caller's model."""
+    certified error d(N_q(theta), Q(N_q(theta))) = d(theta, Q(N_q(theta)))."""
 
     quantized: QuantizedModel
     q: float
@@ -47,8 +49,8 @@ def symmetry_aware_quantize(model: nn.Module, input_shape: Sequence[int], bits: 
                             qs: Sequence[float] = DEFAULT_QS) -> SymmetryAwareQuantized:
     """Normalise (Alg. 3.2.1) with each q in ``qs``, quantise towards zero with ``bits``,
     keep the copy with the smallest certified error (Lemma 3.4.1). The model is unchanged."""
-    from pathlift.symmetry import normalize
-
+    if not qs:
+        raise InvalidParameterError("qs must list at least one normalisation exponent")
     best = None
     for q in qs:
         normalised = normalize(model, input_shape, q=q)
