@@ -207,8 +207,3 @@ def benchmark_patterns(batch_size: int = GRID_BATCH_SIZE) -> tuple[KSPattern, ..
              if a != 1 and (b, c) not in _SKIPPED_BC]
     return tuple(KSPattern(*p) for p in grid if ok(*p))
 
-
-def chain_nnz(patterns: Sequence[KSPattern]) -> int:
-    """Number of stored values of a chain: sum of abcd."""
-    return sum(p.nnz for p in patterns)
-
