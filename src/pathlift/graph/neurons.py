@@ -366,9 +366,8 @@ class _Builder(fx.Interpreter):
 
     def input_ids(self) -> Tensor:
         shape = self.layer_graph.input_shape
-        ids = self._new("x", shape, Activation.INPUT, np.zeros(math.prod(shape)),
-                        [{} for _ in range(math.prod(shape))])
-        return ids
+        return self._new("x", shape, Activation.INPUT, np.zeros(math.prod(shape)),
+                         [{} for _ in range(math.prod(shape))])
 
     def _new(self, node: str, shape: Sequence[int], act: Activation, bias: np.ndarray,
              edges: list[dict[int, float]], from_relu: bool = False) -> Tensor:
@@ -392,14 +391,15 @@ class _Builder(fx.Interpreter):
             return super().run_node(n)  # relabels the ids, creates no neuron
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         call = Call(n, self.layer_graph.submodule(n), tuple(args), dict(kwargs))
+        name = str(n.target) if n.op == "call_module" else n.name  # as errors name nodes
         if kind is Kind.RELU:
             ids = args[0]
             edges = [{int(u): 1.0} for u in ids.reshape(-1).tolist()]
-            return self._new(n.name, ids.shape[1:], Activation.RELU, np.zeros(len(edges)),
+            return self._new(name, ids.shape[1:], Activation.RELU, np.zeros(len(edges)),
                              edges, from_relu=True)
         if kind is Kind.MAXPOOL:
-            return self._maxpool(n.name, call)
-        return self._linear(n.name, call)
+            return self._maxpool(name, call)
+        return self._linear(name, call)
 
     def _linear(self, name: str, call: Call) -> Tensor:
         """Neurons of an affine op: bias = op(0), matrix = op(basis) - op(0), per input."""
