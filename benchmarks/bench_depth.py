@@ -10,7 +10,8 @@ activations: ~8 GB at L = 32,768 in float64, hence the smaller comparison depth)
 pathlift.depth runs one custom autograd function over the whole depth with O(sqrt(L) N)
 memory. Then one GD step at --depth (32,768), extrapolated to the T_L = ceil(5 log L) steps of
 a training, or with --full the whole training timed (target: < 5 minutes at L = 32,768,
-N = 10,000). Wall and process CPU seconds are both printed: on a shared machine the CPU time
+N = 10,000); last, one step of the d = 15, L = 12,000 network on the digits, extrapolated.
+Wall and process CPU seconds are both printed: on a shared machine the CPU time
 is the stable figure.
 """
 
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from pathlift.depth.classes import parse_model
-from pathlift.depth.experiments import c10k
+from pathlift.depth.experiments import c10k, digits
 from pathlift.depth.model import DepthResNet
 from pathlift.depth.train import train
 
@@ -104,6 +105,16 @@ def main() -> None:
           f"baseline per-layer cost extrapolated: "
           f"{base[0] * cls.steps(L) * L / args.compare_depth:.1f} s CPU; "
           f"loss {result.loss[0]:.3g} -> {result.loss[-1]:.3g}")
+
+    digits_cls, _ = parse_model("Digits-B11c")  # d = 15 on the digits, L = 12,000
+    xd, yd = digits(dtype=dtype)
+    net = DepthResNet(64, 10, 12_000, 15, digits_cls.alpha, digits_cls.gamma, dtype=dtype)
+    lr = digits_cls.learning_rate(12_000)
+    cpu, wall = cpu_and_wall(lambda: train(net, xd, yd, 1, lr, "cross_entropy"), 1)
+    steps = digits_cls.steps(12_000)
+    print(f"d=15, L=12000, N={xd.shape[0]} digits, one step timed x T_L={steps}: "
+          f"{steps * cpu:.1f} s CPU, {steps * wall:.1f} s wall")
+
 
 if __name__ == "__main__":
     main()
