@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
+from torch.utils._pytree import tree_leaves
 
 from pathlift.errors import Problem, ShapeError, UnsupportedModelError
 from pathlift.graph.ops import Call, Handler, Kind, ReshapeHandler, handler_for
@@ -294,9 +295,27 @@ def _trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
     dtype, device = _model_dtype(model)
+    generator = torch.Generator().manual_seed(0)  # the caller's RNG state is left alone
+    example = torch.randn((_BATCH, *shape), generator=generator, dtype=dtype).to(device)
     validator = _Validate(gm)
     with torch.no_grad(), _buffers_preserved(model):
-        validator.propagate(torch.zeros((_BATCH, *shape), dtype=dtype, device=device))
-    if validator.problems:
-        raise UnsupportedModelError(validator.problems)
+        traced = validator.propagate(example.clone())
+        if validator.problems:
+            raise UnsupportedModelError(validator.problems)
+        eager = model(example.clone())
+    if not _same_outputs(traced, eager):
+        raise UnsupportedModelError([Problem(
+            "<forward>", "torch.fx trace",
+            "the traced graph computes another function than model.forward (an in-place "
+            "update of a tensor that is read elsewhere, such as `h += y` with an alias of h?); "
+            "write the update out of place")])
     return LayerGraph(gm, shape, dtype, device)
+
+
+def _same_outputs(traced: object, eager: object) -> bool:
+    """Whether the traced graph reproduced the eager forward on the example input."""
+    a, b = tree_leaves(traced), tree_leaves(eager)
+    return len(a) == len(b) and all(
+        isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape == y.shape
+        and torch.allclose(x, y, rtol=1e-5, atol=1e-6 * float(y.abs().max().clamp(min=1)))
+        for x, y in zip(a, b, strict=True))
