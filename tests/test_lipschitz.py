@@ -133,3 +133,32 @@ def test_path_metric_bound_is_finer_than_the_classical_one(seed, keep):
     with torch.no_grad():
         gap = (model(x) - pruned(x)).abs().sum(1)
     assert (gap <= result.value * (1 + 1e-9) + 1e-15).all()
+
+
+_REFERENCE = [pytest.param("mlp", (1, 8, 8), id="mlp"),
+              pytest.param("small_cnn", (1, 8, 8), id="small_cnn")] + [
+    pytest.param(n, s, id=n, marks=pytest.mark.slow)
+    for n, s in (("unet", (1, 32, 32)), ("resnet18", (3, 32, 32)),
+                 ("mobilenet_relu", (3, 32, 32)), ("vgg11_bn", (3, 32, 32)))]
+
+
+@pytest.mark.parametrize("name,shape", _REFERENCE)
+def test_bounds_hold_on_reference_architectures(name, shape):
+    """Thm 3.3.1 on sampled (x, x') and Cor. 3.4.1 on (theta, magnitude-pruned theta')."""
+    from pathlift.models import get_model
+    from pathlift.symmetry import magnitude_prune
+
+    torch.manual_seed(0)
+    model = get_model(name).double().eval()
+    pruned = magnitude_prune(model, 0.3)
+    g = torch.Generator().manual_seed(1)
+    x = 2 * torch.rand((8, *shape), dtype=torch.float64, generator=g) - 1
+    x2 = x + 0.05 * torch.randn(x.shape, dtype=torch.float64, generator=g)
+    with torch.no_grad():
+        y, y2, yp = model(x), model(x2), pruned(x)
+    in_x = lipschitz_input(model, shape, r=1.0)
+    dx = (x - x2).flatten(1).abs().amax(1)
+    assert ((y - y2).flatten(1).abs().sum(1) <= in_x.path_norm.value * dx * (1 + 1e-9)).all()
+    in_theta = lipschitz_params(model, pruned, shape, x_inf=1.0)
+    assert in_theta.applies and in_theta.metric.exact
+    assert ((y - yp).flatten(1).abs().sum(1) <= in_theta.value * (1 + 1e-9)).all()
