@@ -112,3 +112,34 @@ def test_resnet18_permuted_and_rescaled_is_equivalent():
                            seed=1, input_shape=shape)
     assert equivalent(model, copy_, shape).equivalent
     assert not equivalent(model, one_weight_changed(model), shape).equivalent
+
+
+def test_cli_symmetry_commands(tmp_path):
+    """rescale -> normalize -> equivalent / metric / lipschitz on one checkpoint chain."""
+    from typer.testing import CliRunner
+
+    from pathlift.cli import app
+    from pathlift.models import get_model
+    from pathlift.models.checkpoints import load_model, save_checkpoint
+
+    torch.manual_seed(0)
+    base = save_checkpoint(get_model("mlp"), tmp_path / "base.safetensors", "mlp")
+    rescaled, normalized = tmp_path / "r.safetensors", tmp_path / "n.safetensors"
+    runner = CliRunner()
+    result = runner.invoke(app, ["rescale", str(base), "--seed", "3", "--out", str(rescaled)])
+    assert result.exit_code == 0, result.output
+    assert "log10 ||Phi||_1" in result.output
+    result = runner.invoke(app, ["normalize", str(rescaled), "-q", "2", "--out",
+                                 str(normalized)])
+    assert result.exit_code == 0, result.output
+    net_b, shape = load_model(str(base))
+    net_n, _ = load_model(str(normalized))
+    x = torch.randn(4, *shape)
+    with torch.no_grad():
+        assert torch.allclose(net_b(x), net_n(x), rtol=1e-4, atol=1e-5)
+    result = runner.invoke(app, ["equivalent", str(base), str(normalized)])
+    assert result.exit_code == 0 and "not equivalent" not in result.output
+    result = runner.invoke(app, ["metric", str(rescaled), str(normalized)])
+    assert result.exit_code == 0 and "interval" in result.output, result.output
+    result = runner.invoke(app, ["lipschitz", str(base), "--other", str(normalized)])
+    assert result.exit_code == 0 and "Thm 3.3.1" in result.output, result.output
