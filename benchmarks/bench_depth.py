@@ -7,8 +7,9 @@ One full-batch GD step of the eq. (4.1) ResNet (C10k-B12c hyper-parameters, d = 
 --compare-depth timed two ways: the baseline is the thesis code's layout, an nn.ModuleList
 of L bias-free nn.Linear(1, 1) blocks differentiated by autograd (it keeps O(L N)
 activations: ~8 GB at L = 32,768 in float64, hence the smaller comparison depth);
-pathlift.depth runs one custom autograd function over the whole depth with O(sqrt(L) N)
-memory. Then one GD step at --depth (32,768), extrapolated to the T_L = ceil(5 log L) steps of
+pathlift.depth runs one custom autograd function over the whole depth, keeping activations
+within 1 GiB and checkpointing beyond (O(sqrt(L) N) memory at L = 32,768).
+Then one GD step at --depth (32,768), extrapolated to the T_L = ceil(5 log L) steps of
 a training, or with --full the whole training timed (target: < 5 minutes at L = 32,768,
 N = 10,000); last, one step of the d = 15, L = 12,000 network on the digits, extrapolated.
 Wall and process CPU seconds are both printed: on a shared machine the CPU time
