@@ -207,13 +207,14 @@ def quantize(
     samples: int = typer.Option(64, "--samples", help="N(0,1) inputs when no --data"),
     rescale_seed: int = typer.Option(None, "--random-rescale",
                                      help="first apply random_rescale with this seed"),
+    csv: str = typer.Option(None, "--csv", help="append one row per table row to this CSV"),
 ) -> None:
     """Quantisation towards zero with its certified error (thesis Lemma 3.4.1, Cor. 3.4.1)."""
     import torch
     from rich.progress import track
 
     from pathlift.models import load_model
-    from pathlift.quant import compare
+    from pathlift.quant import append_csv, compare
 
     net, shape = load_model(model, input_shape, weights)
     labels = None
@@ -242,6 +243,9 @@ def quantize(
                       f"{r.measured:.4g}", f"{r.bound:.4g}",
                       "-" if r.accuracy is None else f"{r.accuracy:.4f}")
     console.print(table)
+    if csv is not None:
+        append_csv(csv, reports, model=model, random_rescale=rescale_seed,
+                   per_channel=per_channel)
 
 
 @app.command("kron-bench")

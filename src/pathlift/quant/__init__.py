@@ -6,6 +6,7 @@ from pathlift.quant.model import QuantizedModel, quantize
 from pathlift.quant.symmetry_aware import (
     QuantReport,
     SymmetryAwareQuantized,
+    append_csv,
     compare,
     symmetry_aware_quantize,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "QuantizedTensor",
     "Rounding",
     "SymmetryAwareQuantized",
+    "append_csv",
     "certified_error",
     "compare",
     "lfcn_constants",

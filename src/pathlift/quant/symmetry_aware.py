@@ -18,9 +18,11 @@ normalised weights (relative 1e-7 in float32).
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -97,6 +99,19 @@ def compare(model: nn.Module, input_shape: Sequence[int], bits: int, inputs: Ten
         reports.append(QuantReport(method, bits, cert.value, cert.relative, measured,
                                    float(cert.bound(inputs).max()), accuracy))
     return tuple(reports)
+
+
+def append_csv(path: str | Path, reports: Sequence[QuantReport], **context: object) -> None:
+    """Append one row per report (``context`` columns first) to a CSV, header if new."""
+    path = Path(path)
+    names = [*context, *(f.name for f in fields(QuantReport))]
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=names)
+        if new:
+            writer.writeheader()
+        for report in reports:
+            writer.writerow({**context, **asdict(report)})
 
 
 def _measure(model: nn.Module, qmodel: nn.Module, inputs: Tensor, labels: Tensor | None
