@@ -13,6 +13,8 @@ from torch import nn
 from pathlift import models
 from pathlift.bounds import architecture_constants, peeling_constant, sharpened_constant
 from pathlift.errors import InvalidParameterError
+from pathlift.graph.neurons import Activation, NeuronDAG
+from random_nets import networks
 
 # Data constants of thesis Sec. 7.2.1 / Appendix E.1 (ImageNet, not architecture).
 N_IMAGENET = 1_268_355
@@ -144,3 +146,44 @@ def test_constants_leave_the_model_untouched():
     c = architecture_constants(model, (1, 8, 8))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert (c.depth, c.maxpool_layers, c.kernel, c.d_in, c.d_out) == (6, 2, 4, 64, 10)
+
+
+def _dag_constants(dag: NeuronDAG) -> list:
+    """[M, K, P, Remark 4.4.1 applies] from the explicit neuron DAG: M by dynamic
+    programming over neurons, K = most antecedents of a max-pool neuron, the remark by
+    reachability of the outputs without each max-pool layer."""
+    neurons = dag.neurons
+    pools = [0] * len(neurons)
+    for i, v in enumerate(neurons):
+        pools[i] = max((pools[u] for u in v.antecedents), default=0) + (
+            v.activation is Activation.MAXPOOL)
+    maxpools = [v for v in neurons if v.activation is Activation.MAXPOOL]
+    K = max((len(v.antecedents) for v in maxpools), default=1)
+
+    def reaches_output_without(layer: str) -> bool:
+        seen = [False] * len(neurons)
+        for i, v in enumerate(neurons):
+            seen[i] = v.node != layer and (v.activation is Activation.INPUT
+                                           or any(seen[u] for u in v.antecedents))
+        return any(seen[o] for o in dag.outputs)
+
+    remark = bool(maxpools) and not any(reaches_output_without(layer)
+                                        for layer in {v.node for v in maxpools})
+    return [max(pools[o] for o in dag.outputs), K, int(bool(maxpools)), remark]
+
+
+@settings(max_examples=25, deadline=None)
+@given(networks(max_paths=3000))
+def test_constants_match_the_neuron_dag_on_random_networks(net_shape):
+    """M, K, P, d_in, d_out and Remark 4.4.1's assumptions, layer-level (pathlift.bounds)
+    against neuron-level (pathlift.graph.neurons), on random DAGs of every supported op.
+
+    D is compared on the hand-built networks and the ResNets above only: in corner cases of
+    the random DAGs (ReLU of copies of ReLU neurons, neurons repeated in a max-pool window)
+    the two levels merge different neurons."""
+    net, shape = net_shape
+    c = architecture_constants(net, shape)
+    dag = NeuronDAG.from_module(net, shape)
+    assert [c.maxpool_layers, c.kernel, c.pool_types, c.sharpened_applies] == \
+        _dag_constants(dag)
+    assert (c.d_in, c.d_out) == (dag.num_inputs, len(dag.outputs))

@@ -19,6 +19,7 @@ from pathlift.graph import Call, Kind, LayerGraph, trace
 
 _CLOSES = (Kind.RELU, Kind.MAXPOOL)  # activations that end a neuron layer
 _OPENS = (Kind.AFFINE, Kind.POOL, Kind.ADD)  # ops that create (or feed) identity neurons
+_RELABEL = (Kind.RESHAPE, Kind.CAT, Kind.IDENTITY, Kind.SHAPE)  # ops creating no neuron
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class ArchitectureConstants:
       identity neurons are merged into their successors, so D counts the ReLU and max-pool
       layers on the longest input->output path, plus the output layer when it is an
       identity (affine) layer. Identity neurons feeding a max-pool cannot be merged (the
-      max of a sum is not a max of terms) and are counted.
+      max of a sum is not a max of terms) and are counted; a ReLU applied to ReLU neurons
+      adds no layer (relu(relu(z)) = relu(z)).
     - ``depth_unrefined``: D of Def. 2.2.2 before that refinement: every neuron layer,
       identity ones (average-pool, a linear layer not followed by ReLU) included; an eval
       BatchNorm is folded into the affine layer it follows, ``+`` merges skip edges.
@@ -94,6 +96,7 @@ def _longest(graph: LayerGraph, refined: bool, count_maxpool: bool) -> int:
     are still waiting for the activation that ends their layer."""
     done: dict[fx.Node, int] = {}
     open_: dict[fx.Node, int] = {}
+    relu_out: dict[fx.Node, bool] = {}  # holds ReLU neurons only (relu of them is themselves)
     out = 0
     for n in graph.graph.nodes:
         preds = n.all_input_nodes
@@ -104,8 +107,10 @@ def _longest(graph: LayerGraph, refined: bool, count_maxpool: bool) -> int:
             continue
         kind = graph.handler(n).kind if n.op != "placeholder" else Kind.IDENTITY
         step = int(count_maxpool or kind is not Kind.MAXPOOL)
+        idempotent = refined and bool(preds) and all(relu_out[p] for p in preds)
+        relu_out[n] = kind is Kind.RELU or (kind in _RELABEL and idempotent)
         if kind is Kind.RELU:
-            d = o = d + 1
+            d = o = d + (0 if idempotent else 1)  # relu(relu(z)) = relu(z)
         elif kind is Kind.MAXPOOL:  # identity neurons before a max cannot be merged into it
             d = o = o + step
         elif kind in _OPENS:
@@ -163,8 +168,8 @@ def _count(graph: LayerGraph) -> _Counts:
     (window sums of ones), edges of affine layers (|W|^0 applied to ones), neurons."""
     counts = _Counts([], {}, 0, 0)
     for n in graph.graph.nodes:
-        if n.op == "output":
-            counts.d_out = sum(math.prod(_shape(o)) for o in n.all_input_nodes)
+        if n.op == "output":  # every output tensor, repeated ones included, in order
+            counts.d_out = sum(math.prod(_shape(o)) for o in _leaves(n.args[0]))
             continue
         if n.op == "placeholder" or graph.handler(n).kind not in (Kind.MAXPOOL, Kind.AFFINE):
             continue
@@ -179,6 +184,14 @@ def _count(graph: LayerGraph) -> _Counts:
         counts.unshared += edges + bias
         counts.shared[id(module)] = sum(p.numel() for p in module.parameters())
     return counts
+
+
+def _leaves(arg: object) -> list[fx.Node]:
+    """The nodes of a (nested tuple/list/dict) output argument, repeats included."""
+    if isinstance(arg, fx.Node):
+        return [arg]
+    values = arg.values() if isinstance(arg, dict) else arg
+    return [leaf for a in values for leaf in _leaves(a)]
 
 
 def _shape(node: fx.Node) -> tuple[int, ...]:
