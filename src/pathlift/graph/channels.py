@@ -50,12 +50,14 @@ class ChannelMap:
 
     ``group[i]`` is the tie group of neuron id i; group 0 is the fixed group (input,
     outputs, and everything tied to them). Groups are numbered 1..num_groups-1 otherwise.
+    ``outputs`` are the ids found in the model's output tensors.
     """
 
     graph: LayerGraph
     producers: tuple[Producer, ...]
     group: Tensor
     num_groups: int
+    outputs: Tensor
 
     def producer(self, name: str) -> Producer:
         for p in self.producers:
@@ -135,6 +137,7 @@ class _Labeller(fx.Interpreter):
         self.layer_graph = graph
         self.uf = _UnionFind()
         self.producers: list[Producer] = []
+        self.outputs: list[Tensor] = []
 
     def run_node(self, n: fx.Node):
         if n.op == "placeholder":
@@ -142,6 +145,7 @@ class _Labeller(fx.Interpreter):
         if n.op == "output":
             for t in _tensors(self.fetch_args_kwargs_from_env(n)[0]):
                 self.uf.union(0, self.uf.union_all(t.long()))
+                self.outputs.append(torch.unique(t.long()))
             return super().run_node(n)
         kind = n.meta[HANDLER].kind
         args, _ = self.fetch_args_kwargs_from_env(n)
@@ -206,4 +210,6 @@ def channel_map(graph: LayerGraph) -> ChannelMap:
     uf = labeller.uf
     roots = torch.tensor([uf.find(i) for i in range(len(uf.parent))], dtype=torch.long)
     unique, group = torch.unique(roots, return_inverse=True)  # root 0 -> group 0
-    return ChannelMap(graph, tuple(labeller.producers), group, int(unique.numel()))
+    outputs = torch.unique(torch.cat(labeller.outputs)) if labeller.outputs else \
+        torch.zeros(0, dtype=torch.long)
+    return ChannelMap(graph, tuple(labeller.producers), group, int(unique.numel()), outputs)

@@ -11,7 +11,16 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import ArchitectureMismatchError
-from pathlift.graph import AbsPowInterpreter, Kind, LayerGraph, batchnorm_affine, param, trace
+from pathlift.graph import (
+    AbsPowInterpreter,
+    Call,
+    Kind,
+    LayerGraph,
+    batchnorm_affine,
+    param,
+    trace,
+)
+from pathlift.graph.channels import channel_map
 from pathlift.graph.ops import MeanHandler, UpsampleHandler
 from pathlift.lift.path_norm import _flatten_outputs, _format_log10, _power10
 
@@ -175,8 +184,7 @@ def path_metric(model_a: nn.Module, model_b: nn.Module, input_shape: Sequence[in
                           "signs agree and one model dominates the other (Lemma 3.4.1)")
     totals = torch.tensor([norm_a, norm_b], dtype=torch.float64) * _LN10
     lower, accuracy = _log_diff(totals.max().reshape(1), totals.min().reshape(1))
-    upper, why = _upper_bound_log(model_a, model_b, graph_a, input_shape,
-                                  min(norm_a, norm_b) * _LN10)
+    upper, why = _upper_bound_log(model_a, model_b, graph_a, input_shape)
     reason = ("signs differ" if not signs else "neither model dominates the other") + \
         "; lower bound: paper 002 eq. (6); upper bound: " + why
     return PathMetric(INTERVAL, lower / _LN10, upper / _LN10, norm_a, norm_b, signs,
@@ -184,36 +192,104 @@ def path_metric(model_a: nn.Module, model_b: nn.Module, input_shape: Sequence[in
 
 
 def _upper_bound_log(model_a: nn.Module, model_b: nn.Module, graph: LayerGraph,
-                     input_shape: Sequence[int], log_min_norm: float) -> tuple[float, str]:
-    """ln of the Lemma F.3 bound (q = 1), or +inf when its premise does not hold."""
+                     input_shape: Sequence[int]) -> tuple[float, str]:
+    """ln of the invariant upper bound of paper 002 Lemma F.3 (q = 1), or +inf with the
+    reason when its premise cannot be verified on the normalised parameters.
+
+    The proof (Theorem F.2, then l1 <= count x l_inf) needs, for N = Alg. 3.2.1 with q = 1,
+    every hidden neuron with ||(theta^{->v}, b_v)||_1 <= 1 (checked on both normalised
+    models) and gives ||Phi - Phi'||_1 <= (d_out (K+1) + min(S, S') L (K+1)) ||N - N'||_inf
+    with K the largest fan-in, L = D - 1 and S = sum over output neurons of
+    ||theta^{->v}||_1; paper 002 then bounds S by ||Phi||_1 (exact normalisation) and K+1
+    by W. The bound computed here is that inequality, with S measured, so it never
+    exceeds the stated Lemma F.3 when its premise holds and stays valid when S > ||Phi||_1.
+    """
     blocking = sorted({graph.handler(n).name for n in graph.nodes()
                        if graph.handler(n).kind in (Kind.ADD, Kind.MAXPOOL)})
     if blocking:
         return math.inf, (
             f"Lemma F.3 needs every hidden neuron of N(theta) to have l1 norm <= 1, which "
             f"{', '.join(blocking)} (fixed weights 1) rule out; no certified upper bound")
+    if not _outputs_are_affine(graph):
+        return math.inf, ("the output neurons are not those of an affine layer (pooling "
+                          "after the last layer has fixed weights); no certified upper bound")
     # Lazy import: normalisation is a symmetry (one layer up) that this bound needs.
     from pathlift.symmetry.normalize import normalize
 
-    norm_a = trace(normalize(model_a, input_shape, 1.0), input_shape)
-    norm_b = trace(normalize(model_b, input_shape, 1.0), input_shape)
+    traced, sums = [], []
+    for model in (model_a, model_b):
+        g = trace(normalize(model, input_shape, 1.0), input_shape)
+        problem, total = _premise(g)
+        if problem:
+            return math.inf, problem + "; no certified upper bound"
+        traced.append(g)
+        sums.append(total)
     gap = max(float((a.to(torch.float64) - b.to(torch.float64)).abs().max())
-              for _, a, b in paired_parameters(norm_a, norm_b) if a.numel())
-    width, depth = width_and_depth(graph)
+              for _, a, b in paired_parameters(*traced) if a.numel())
+    fan_in, depth, d_out = width_and_depth(graph)
     if gap == 0.0:
         return -math.inf, "Lemma F.3 of paper 002 (N(theta) = N(theta'))"
-    factor = math.log(width**2 + math.exp(log_min_norm) * (depth - 1) * width) \
-        if log_min_norm < 700 else log_min_norm + math.log((depth - 1) * width)
-    return factor + math.log(gap), (
-        f"Lemma F.3 of paper 002 with W = {width}, L = {depth - 1}, "
-        f"||N(theta) - N(theta')||_inf = {gap:.3g}")
+    factor = d_out * (fan_in + 1) + min(sums) * (depth - 1) * (fan_in + 1)
+    return math.log(factor) + math.log(gap), (
+        f"Lemma F.3 of paper 002 (K = {fan_in}, L = {depth - 1}, d_out = {d_out}, "
+        f"S = {min(sums):.4g}, ||N(theta) - N(theta')||_inf = {gap:.3g})")
 
 
-def width_and_depth(graph: LayerGraph) -> tuple[int, int]:
-    """W = max(d_out, largest number of antecedents of a neuron) and D = the longest path
-    (in edges, each affine or pooling layer one step) of the DAG (paper 002 Lemma F.3).
-    Fan-ins count every kernel entry, so W may over-count at borders: the bound stays valid.
-    """
+def _outputs_are_affine(graph: LayerGraph) -> bool:
+    """Whether every output tensor comes from affine layers through reshapes/cat only."""
+    def affine(node) -> bool:
+        if node.op == "placeholder":
+            return False
+        kind = graph.handler(node).kind
+        if kind is Kind.AFFINE:
+            return True
+        if kind in (Kind.RESHAPE, Kind.IDENTITY, Kind.CAT):
+            return all(affine(a) for a in node.all_input_nodes)
+        return False
+
+    out = next(n for n in graph.graph.nodes if n.op == "output")
+    return all(affine(a) for a in out.all_input_nodes)
+
+
+def _premise(graph: LayerGraph) -> tuple[str | None, float]:
+    """(reason the normalised parameters violate ||(theta^{->v}, b_v)||_1 <= 1 at a hidden
+    neuron, or None; S = sum over output neurons of ||theta^{->v}||_1)."""
+    from pathlift.symmetry.factors import incoming_norms  # lazy: one layer up
+
+    cmap = channel_map(graph)
+    total = 0.0
+    nodes = {n.target: n for n in graph.nodes() if n.op == "call_module"}
+    for p in cmap.producers:
+        if p.kind == "batchnorm" and p.neurons is p.inputs:
+            continue
+        module = graph.submodule(nodes[p.name])
+        is_out = torch.isin(p.neurons, cmap.outputs)
+        norms = incoming_norms(module, p, 1.0)
+        if (norms[~is_out] > 1 + 1e-9).any():
+            return (f"layer '{p.name}' keeps a hidden neuron of l1 norm "
+                    f"{float(norms[~is_out].max()):.4g} > 1 after normalisation (tied or "
+                    "fixed channels)"), 0.0
+        if is_out.any():
+            total += _output_weight_sum(graph, nodes[p.name], module, is_out)
+    return None, total
+
+
+def _output_weight_sum(graph: LayerGraph, node, module: nn.Module, mask: Tensor) -> float:
+    """sum over the output neurons (every position) of the masked channels of ||theta^{->v}||_1."""
+    handler = graph.handler(node)
+    source = node.all_input_nodes[0]
+    ones = torch.ones((1, *graph.output_shape(source)), dtype=torch.float64)
+    call = Call(node, module, (ones,), dict(node.kwargs))
+    per_neuron = handler.weight_part(ones, 1.0, call)
+    dim = per_neuron.dim() - 1 if handler.channel_dim == -1 else 1
+    return float(per_neuron.movedim(dim, 0)[mask].sum())
+
+
+def width_and_depth(graph: LayerGraph) -> tuple[int, int, int]:
+    """(K, D, d_out): the largest number of antecedents of a neuron, the longest path (in
+    edges, each affine or pooling layer one step) and the number of outputs (paper 002
+    Lemma F.3 uses W = max(d_out, K)). Fan-ins count every kernel entry, so K may
+    over-count at borders: the bound stays valid."""
     depth: dict[str, int] = {}
     width = 1
     for node in graph.nodes():
@@ -228,7 +304,7 @@ def width_and_depth(graph: LayerGraph) -> tuple[int, int]:
     d_out = sum(math.prod(a.meta["tensor_meta"].shape[1:]) for a in outputs.all_input_nodes
                 if "tensor_meta" in a.meta)
     longest = max((depth.get(a.name, 0) for a in outputs.all_input_nodes), default=0)
-    return max(width, d_out), longest
+    return width, longest, d_out
 
 
 def _fan_in(graph: LayerGraph, node) -> int:
