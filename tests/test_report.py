@@ -13,10 +13,11 @@ from pathlift.bounds import (
     sigma_from_loader,
 )
 from pathlift.cli import app
-from pathlift.data import load_digits, loaders
-from pathlift.lift import path_norm
-from pathlift.models import save_checkpoint, small_cnn
-from pathlift.report import run_report
+from pathlift.data import load_digits, loaders, synthetic
+from pathlift.data.training import train_classifier
+from pathlift.lift import average_case_path_norm, path_norm
+from pathlift.models import mlp, save_checkpoint, small_cnn
+from pathlift.report import PathNormTracker, run_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -65,3 +66,33 @@ def test_cli_report_on_a_checkpoint_without_data(tmp_path):
     assert re.search(rf"\| 1 \| \S+ \| {expected:.3f} \|", md)
     assert "No data given" in md and "## Margins" not in md
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class _Reference:
+    """A second callback computing the tracked quantities directly from the live model."""
+
+    def __init__(self, probe):
+        self.probe, self.rows = probe, []
+
+    def on_epoch_end(self, model, epoch, logs):
+        self.rows.append((path_norm(model, (1, 8, 8), q=2).log10,
+                          average_case_path_norm(model, (1, 8, 8), self.probe).mean))
+
+
+def test_tracker_records_every_epoch_without_touching_training():
+    digits = synthetic(n_train=64, n_test=16, num_classes=3, seed=1)
+    train, _ = loaders(digits, batch_size=32)
+    torch.manual_seed(0)
+    model = mlp(64, (8,), 3)
+    probe = digits.test.tensors[0]
+    tracker, ref = PathNormTracker((1, 8, 8), probe, n_train=64, sigma=8.0), _Reference(probe)
+    history = train_classifier(model, train, epochs=3, lr=0.05, callbacks=(tracker, ref),
+                               progress=False, seed=0)
+    assert [h["epoch"] for h in tracker.history] == [1, 2, 3] and model.training
+    for logs, (l2, avg) in zip(tracker.history, ref.rows, strict=True):
+        assert logs["path_norm_log10_q2"] == pytest.approx(l2, abs=1e-12)
+        assert logs["average_case"] == pytest.approx(avg, rel=1e-12)
+        c = architecture_constants(model, (1, 8, 8))
+        assert logs["bound_ce_log10"] == pytest.approx(cross_entropy_gap_log10(
+            rademacher_peeling(c, 8.0, logs["path_norm_log10_q1"]), 64), abs=1e-12)
+    assert len({h["path_norm_log10_q1"] for h in history}) == 3  # it trained
