@@ -19,16 +19,10 @@ from torch import nn
 
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_metric
+from pathlift.lift.path_metric import enumerated_path_metric
 from pathlift.models import resnet18
 from pathlift.symmetry import magnitude_prune, normalize, random_rescale
 from timing import median_seconds
-
-
-def enumerated_metric(a: nn.Module, b: nn.Module, shape) -> float:
-    pa, pb = NeuronDAG.from_module(a, shape).phi(), NeuronDAG.from_module(b, shape).phi()
-    va = dict(zip(zip(pa.paths, pa.ends.tolist(), strict=True), pa.values, strict=True))
-    vb = dict(zip(zip(pb.paths, pb.ends.tolist(), strict=True), pb.values, strict=True))
-    return float(sum(abs(va.get(k, 0.0) - vb.get(k, 0.0)) for k in va.keys() | vb.keys()))
 
 
 def main() -> None:
@@ -57,9 +51,9 @@ def main() -> None:
     small_shape = (1, 8, 8)
     small_pruned = magnitude_prune(small, 0.5)
     result = path_metric(small, small_pruned, small_shape)
-    reference = enumerated_metric(small, small_pruned, small_shape)
+    reference = enumerated_path_metric(small, small_pruned, small_shape)
     fast = median_seconds(lambda: path_metric(small, small_pruned, small_shape), args.repeats)
-    slow = median_seconds(lambda: enumerated_metric(small, small_pruned, small_shape), 1, 0)
+    slow = median_seconds(lambda: enumerated_path_metric(small, small_pruned, small_shape), 1, 0)
     paths = NeuronDAG.from_module(small, small_shape).num_paths
     print(f"small CNN {small_shape}, {paths} paths: two passes {fast * 1e3:.1f} ms, "
           f"enumeration {slow * 1e3:.1f} ms (baseline): {slow / fast:.0f}x faster; "

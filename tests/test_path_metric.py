@@ -12,19 +12,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import ArchitectureMismatchError
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_metric, path_norm
+from pathlift.lift.path_metric import enumerated_path_metric
 from pathlift.symmetry import random_rescale
 from random_nets import random_network
 from test_rescale import assert_bit_identical, snapshot
-
-
-def enumerated_distance(a: nn.Module, b: nn.Module, shape) -> float:
-    """sum_p |Phi_p(a) - Phi_p(b)| over explicitly enumerated paths (zero edges dropped)."""
-    pa, pb = NeuronDAG.from_module(a, shape).phi(), NeuronDAG.from_module(b, shape).phi()
-    va = {(p, int(e)): v for p, e, v in zip(pa.paths, pa.ends, pa.values, strict=True)}
-    vb = {(p, int(e)): v for p, e, v in zip(pb.paths, pb.ends, pb.values, strict=True)}
-    return float(sum(abs(va.get(k, 0.0) - vb.get(k, 0.0)) for k in set(va) | set(vb)))
 
 
 def masked(model: nn.Module, keep: float, seed: int) -> nn.Module:
@@ -66,7 +58,7 @@ def test_exact_case_equals_enumeration(seed, keep):
     pruned = masked(model, keep, seed)
     before = snapshot(model)
     result = path_metric(model, pruned, shape)
-    expected = enumerated_distance(model, pruned, shape)
+    expected = enumerated_path_metric(model, pruned, shape)
     if result.exact:
         assert math.isclose(result.lower, expected, rel_tol=1e-9, abs_tol=1e-12)
         assert result.upper_log10 == result.lower_log10
@@ -84,7 +76,7 @@ def test_interval_contains_enumeration(seed):
     model = model.double()
     other = noisy(model, 0.3, seed)
     result = path_metric(model, other, shape)
-    expected = enumerated_distance(model, other, shape)
+    expected = enumerated_path_metric(model, other, shape)
     assert result.lower <= expected * (1 + 1e-9) + 1e-12
     assert expected <= result.upper * (1 + 1e-9) + 1e-12
     if not result.exact:
@@ -98,7 +90,7 @@ def test_quantisation_towards_zero_is_exact():
     q = rounded_towards_zero(model, 0.05)
     result = path_metric(model, q, (2, 4, 4))
     assert result.exact
-    assert math.isclose(result.lower, enumerated_distance(model, q, (2, 4, 4)), rel_tol=1e-10)
+    assert math.isclose(result.lower, enumerated_path_metric(model, q, (2, 4, 4)), rel_tol=1e-10)
     # symmetric: the dominating model may come second
     assert math.isclose(path_metric(q, model, (2, 4, 4)).lower, result.lower, rel_tol=1e-12)
 
@@ -111,7 +103,7 @@ def test_finite_upper_bound_of_lemma_f3_contains_enumeration(seed):
                           nn.Flatten(), nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     other = noisy(model, 0.2, seed)
     result = path_metric(model, other, (1, 4))
-    expected = enumerated_distance(model, other, (1, 4))
+    expected = enumerated_path_metric(model, other, (1, 4))
     assert not result.exact and math.isfinite(result.upper_log10)
     assert result.lower <= expected * (1 + 1e-9) <= result.upper
     # invariant: a random rescaling of either model gives the same interval

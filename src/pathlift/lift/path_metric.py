@@ -191,6 +191,21 @@ def path_metric(model_a: nn.Module, model_b: nn.Module, input_shape: Sequence[in
                       accuracy, reason)
 
 
+def enumerated_path_metric(model_a: nn.Module, model_b: nn.Module,
+                           input_shape: Sequence[int]) -> float:
+    """sum_p |Phi_p(theta_a) - Phi_p(theta_b)| by explicit enumeration of every path (Def.
+    2.3.3) with the neuron-level DAG: the ground truth for small networks (exponential)."""
+    from pathlift.graph.neurons import NeuronDAG
+
+    values = []
+    for model in (model_a, model_b):
+        phi = NeuronDAG.from_module(model, input_shape).phi()
+        keys = zip(phi.paths, phi.ends.tolist(), strict=True)
+        values.append(dict(zip(keys, phi.values.tolist(), strict=True)))
+    va, vb = values
+    return float(sum(abs(va.get(k, 0.0) - vb.get(k, 0.0)) for k in va.keys() | vb.keys()))
+
+
 def _upper_bound_log(model_a: nn.Module, model_b: nn.Module, graph: LayerGraph,
                      input_shape: Sequence[int]) -> tuple[float, str]:
     """ln of the invariant upper bound of paper 002 Lemma F.3 (q = 1), or +inf with the
