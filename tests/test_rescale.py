@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.utils.prune as prune
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
@@ -363,4 +365,27 @@ def test_adversarial_rescale_hurts_magnitude_pruning(name):
     randomised = damage(random_rescale(model, seed=0, input_shape=shape))
     assert attacked > 2 * plain and attacked > randomised
     assert attacked <= path_norm(model, shape).value * (1 + 1e-9)
+    assert_bit_identical(model, before)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 100_000))
+def test_random_networks_of_every_layer(seed):
+    """Every supported op (ConvTranspose, cat, upsampling, permute, pools, +, ...): random
+    non-power-of-two factors keep the function, the path-norm and the caller's model."""
+    from random_nets import random_network
+
+    model, shape = random_network(seed)
+    model = model.double()
+    before = snapshot(model)
+    out = random_rescale(model, factors=(0.37, 3.1, 250.0), seed=seed, input_shape=shape)
+    x = torch.randn((3, *shape), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ys, ys2 = model(x), out(x)
+    ys = ys if isinstance(ys, tuple) else (ys,)
+    ys2 = ys2 if isinstance(ys2, tuple) else (ys2,)
+    for y, y2 in zip(ys, ys2, strict=True):
+        assert float((y - y2).abs().max()) <= 1e-9 * max(float(y.abs().max()), 1e-300)
+    a, b = path_norm(model, shape).log10, path_norm(out, shape).log10
+    assert a == b or abs(a - b) * math.log(10) <= 1e-9
     assert_bit_identical(model, before)
