@@ -83,17 +83,17 @@ def test_cli_depth_prints_the_table(tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["C10k-B12c", "C10k-C11c"])
-def test_c10k_rows_of_tables_4_3_and_4_4(model: str) -> None:
-    """Same trend in L as published: decreasing for B12c, increasing for C11c (3 seeds, max).
+def test_c10k_rows_of_tables_4_3_and_4_4() -> None:
+    """C10k-B12c falls with L within a factor 10 of Table 4.3; C10k-C11c blows up (Table 4.4).
 
-    The thesis ran float32 (its code's default); C11c's blow-up depends on it.
+    float32 and 3 seeds (max), as the thesis ran; about 15 CPU-minutes.
     """
     depths = (128, 256, 512, 1024, 2048, 4096)
-    best = maxima(grid(model, depths, seeds=3, dtype=torch.float32))
-    ours = [best[model, L] for L in depths]
-    published = [PUBLISHED_C10K[model][L] for L in depths]
-    trend = np.sign(np.log(ours[-1]) - np.log(ours[0]))
-    assert trend == np.sign(np.log(published[-1]) - np.log(published[0]))
-    ratio = np.abs(np.log10(np.array(ours) / np.array(published)))
-    assert np.median(ratio) < 1.0  # same order of magnitude, typically
+    b12 = maxima(grid("C10k-B12c", depths, seeds=3, dtype=torch.float32))
+    ours = np.array([b12["C10k-B12c", L] for L in depths])
+    published = np.array([PUBLISHED_C10K["C10k-B12c"][L] for L in depths])
+    assert np.all(np.diff(ours) < 0)
+    assert np.all(np.abs(np.log10(ours / published)) < 1.0)
+    c11 = maxima(grid("C10k-C11c", depths, seeds=3, dtype=torch.float32))
+    growth = c11["C10k-C11c", 4096] / c11["C10k-C11c", 128]
+    assert growth > 1e4  # published: 1.621e-5 -> 1839
