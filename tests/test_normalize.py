@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import InvalidParameterError
@@ -109,3 +111,27 @@ def test_residual_groups_share_one_factor():
 def test_bad_q_is_refused():
     with pytest.raises(InvalidParameterError):
         normalize(nn.Linear(2, 2), (2,), q=0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 100_000), q=st.sampled_from([1.0, 2.0, math.inf]))
+def test_random_networks_of_every_layer(seed, q):
+    """Alg. 3.2.1 on random networks of every supported op: function and path-norms kept,
+    untied hidden neurons normalised (Def. 3.2.1)."""
+    from random_nets import random_network
+
+    model, shape = random_network(seed)
+    model = model.double()
+    out = normalize(model, shape, q)
+    x = torch.randn((3, *shape), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ys, ys2 = model(x), out(x)
+    ys = ys if isinstance(ys, tuple) else (ys,)
+    ys2 = ys2 if isinstance(ys2, tuple) else (ys2,)
+    for y, y2 in zip(ys, ys2, strict=True):
+        assert float((y - y2).abs().max()) <= 1e-9 * max(float(y.abs().max()), 1e-300)
+    a, b = path_norms(model, shape, qs=(1.0, 2.0)), path_norms(out, shape, qs=(1.0, 2.0))
+    for qq in a:
+        assert a[qq].log10 == b[qq].log10 or abs(a[qq].log10 - b[qq].log10) < 1e-9
+    for layer, norms in hidden_norms(out, shape, q).items():
+        assert ((norms == 0) | ((norms - 1).abs() < 1e-9)).all(), layer
