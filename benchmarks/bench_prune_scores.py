@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-from timing import median_seconds
 
 from pathlift.graph import trace
 from pathlift.models import alexnet, resnet18, vgg16
 from pathlift.prune.scores import magnitude_scores_of_graph, path_magnitude_scores_of_graph
+from timing import median_seconds
 
 SHAPE = (3, 224, 224)
 MODELS = {"alexnet": alexnet, "vgg16": vgg16, "resnet18": resnet18}
@@ -36,7 +36,7 @@ def main() -> None:
         model = MODELS[name]().eval()
         x = torch.randn(1, *SHAPE)
         with torch.no_grad():
-            forward = median_seconds(lambda m=model: m(x), args.repeats)
+            forward = median_seconds(lambda m=model, x=x: m(x), args.repeats)
         graph = trace(model, SHAPE)
         f64 = median_seconds(lambda g=graph: path_magnitude_scores_of_graph(g), args.repeats)
         f32 = median_seconds(
