@@ -3,25 +3,42 @@
     .venv/bin/python benchmarks/bench_prune_scores.py [--repeats 3] [--models alexnet ...]
 
 For AlexNet, VGG-16 and ResNet-18 at 3x224x224: one float32 forward pass at batch 1
-(baseline), then the Path-Mag scores of every weight (paper 002 eq. 14: one forward and
-one backward pass of the |theta| network) on an already traced graph with float64 and
-float32 mantissas, the same including the trace, and magnitude scores. Published on an
+(baseline, timed in the same interleaved rounds), then the Path-Mag scores of every
+weight (paper 002 eq. 14: one forward and one backward pass of the |theta| network) on
+an already traced graph with float64 and float32 mantissas, the same including the
+trace, and magnitude scores. Published on an
 A100 (paper 002 Table 3): 8x, 27x, 9x the forward pass. Target here: at most 10x.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from pathlift.graph import trace
 from pathlift.models import alexnet, resnet18, vgg16
 from pathlift.prune.scores import magnitude_scores_of_graph, path_magnitude_scores_of_graph
-from timing import median_seconds
 
 SHAPE = (3, 224, 224)
 MODELS = {"alexnet": alexnet, "vgg16": vgg16, "resnet18": resnet18}
+
+
+def interleaved_min(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Minimum wall time of each function over ``repeats`` rounds that call every function
+    once in turn (after one warm-up round): on a shared, loaded machine the minimum of
+    interleaved calls is far steadier than medians taken one function after another."""
+    best = dict.fromkeys(fns, float("inf"))
+    for round_ in range(repeats + 1):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if round_:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def main() -> None:
@@ -35,18 +52,24 @@ def main() -> None:
     for name in args.models:
         model = MODELS[name]().eval()
         x = torch.randn(1, *SHAPE)
-        with torch.no_grad():
-            forward = median_seconds(lambda m=model, x=x: m(x), args.repeats)
         graph = trace(model, SHAPE)
-        f64 = median_seconds(lambda g=graph: path_magnitude_scores_of_graph(g), args.repeats)
-        f32 = median_seconds(
-            lambda g=graph: path_magnitude_scores_of_graph(g, dtype=torch.float32), args.repeats)
-        traced = median_seconds(lambda m=model: trace(m, SHAPE), args.repeats)
-        mag = median_seconds(lambda g=graph: magnitude_scores_of_graph(g), args.repeats)
-        print(f"{name:<9} {forward * 1e3:>10.1f} {f64 / forward:>11.2f}x {f32 / forward:>6.2f}x "
-              f"{(f32 + traced) / forward:>8.2f}x {mag / forward:>8.2f}x")
-    print("ratios are times / one float32 forward pass at batch 1 in the same run "
-          "(published, A100: alexnet 8x, vgg16 27x, resnet18 9x)")
+
+        def forward(m: nn.Module = model, x: torch.Tensor = x) -> None:
+            with torch.no_grad():
+                m(x)
+
+        t = interleaved_min({
+            "forward": forward,
+            "f64": lambda g=graph: path_magnitude_scores_of_graph(g),
+            "f32": lambda g=graph: path_magnitude_scores_of_graph(g, dtype=torch.float32),
+            "trace": lambda m=model: trace(m, SHAPE),
+            "magnitude": lambda g=graph: magnitude_scores_of_graph(g),
+        }, args.repeats)
+        f = t["forward"]
+        print(f"{name:<9} {f * 1e3:>10.1f} {t['f64'] / f:>11.2f}x {t['f32'] / f:>6.2f}x "
+              f"{(t['f32'] + t['trace']) / f:>8.2f}x {t['magnitude'] / f:>8.2f}x")
+    print("ratios are minimum times over interleaved rounds / one float32 forward pass at "
+          "batch 1 (published, A100: alexnet 8x, vgg16 27x, resnet18 9x)")
 
 
 if __name__ == "__main__":
