@@ -17,11 +17,14 @@ from pathlift.prune.scores import (
     path_magnitude_scores,
     prunable_parameters,
 )
+from pathlift.prune.structured import channel_path_magnitude, channel_scores
 
 __all__ = [
     "PathMagnitudeUnstructured",
     "PruningResult",
     "Scores",
+    "channel_path_magnitude",
+    "channel_scores",
     "global_magnitude",
     "global_path_magnitude",
     "layerwise_magnitude",
