@@ -29,6 +29,7 @@ def cnn():
 def digits_cnn():
     digits = load_digits()
     train, _ = loaders(digits, batch_size=64, seed=0)
+    torch.manual_seed(0)
     model = small_cnn()
     train_classifier(model, train, epochs=15, lr=0.05, progress=False, seed=0)
     return model.eval(), digits.test.tensors
