@@ -37,7 +37,7 @@ def test_shortened_default_report(tmp_path):
 
     model = result.model
     for q, log10 in result.path_norm_log10.items():
-        assert path_norm(model, (1, 8, 8), q=q).log10 == pytest.approx(log10, abs=1e-9)
+        assert path_norm(model, (1, 8, 8), q=q, r=q).log10 == pytest.approx(log10, abs=1e-9)
     train, _ = loaders(load_digits(seed=0), seed=0)
     c = architecture_constants(model, (1, 8, 8))
     assert result.constants == c
@@ -75,7 +75,7 @@ class _Reference:
         self.probe, self.rows = probe, []
 
     def on_epoch_end(self, model, epoch, logs):
-        self.rows.append((path_norm(model, (1, 8, 8), q=2).log10,
+        self.rows.append((path_norm(model, (1, 8, 8), q=2, r=2).log10,
                           average_case_path_norm(model, (1, 8, 8), self.probe).mean))
 
 

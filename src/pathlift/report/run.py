@@ -144,7 +144,7 @@ def _run(out: Path, model: str | None, input_shape: Sequence[int] | None, data: 
     graph = trace(net, shape)
     constants = constants_of_graph(graph)
     console.log("path-norms and architecture constants")
-    norms = {q: path_norm_of_graph(graph, q) for q in QS}
+    norms = {q: path_norm_of_graph(graph, q, r=q) for q in QS}  # ||Phi||_q, Table 7.2
     _constants_section(doc, constants)
     _path_norm_section(doc, norms)
     result: dict[str, Any] = {"test_accuracy": None, "bound_ce_log10": None,

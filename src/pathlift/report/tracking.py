@@ -42,7 +42,7 @@ class PathNormTracker:
         if self.constants is None:
             self.constants = constants_of_graph(graph)
         for q in self.qs:
-            logs[f"path_norm_log10_q{q:g}"] = path_norm_of_graph(graph, q).log10
+            logs[f"path_norm_log10_q{q:g}"] = path_norm_of_graph(graph, q, r=q).log10
         l1 = logs["path_norm_log10_q1"] if 1.0 in self.qs else path_norm_of_graph(graph).log10
         logs["average_case"] = average_case_path_norm(net, self.input_shape, self.probe,
                                                       max_samples=None).mean
