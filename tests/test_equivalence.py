@@ -6,6 +6,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
@@ -143,3 +145,17 @@ def test_cli_symmetry_commands(tmp_path):
     assert result.exit_code == 0 and "interval" in result.output, result.output
     result = runner.invoke(app, ["lipschitz", str(base), "--other", str(normalized)])
     assert result.exit_code == 0 and "Thm 3.3.1" in result.output, result.output
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 100_000))
+def test_random_networks_permuted_and_rescaled_are_equivalent(seed):
+    """Random networks of every supported op: a permuted, rescaled copy is recognised."""
+    from random_nets import random_network
+
+    model, shape = random_network(seed)
+    model = model.double()
+    other = random_rescale(permute(model, random_permutations(model, shape, seed), shape),
+                           factors=(0.37, 3.1, 250.0), seed=seed, input_shape=shape)
+    result = equivalent(model, other, shape)
+    assert result.equivalent, result

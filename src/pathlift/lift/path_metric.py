@@ -239,8 +239,8 @@ def _upper_bound_log(model_a: nn.Module, model_b: nn.Module, graph: LayerGraph,
             return math.inf, problem + "; no certified upper bound"
         traced.append(g)
         sums.append(total)
-    gap = max(float((a.to(torch.float64) - b.to(torch.float64)).abs().max())
-              for _, a, b in paired_parameters(*traced) if a.numel())
+    gap = max((float((a.to(torch.float64) - b.to(torch.float64)).abs().max())
+               for _, a, b in paired_parameters(*traced) if a.numel()), default=0.0)
     fan_in, depth, d_out = width_and_depth(graph)
     if gap == 0.0:
         return -math.inf, "Lemma F.3 of paper 002 (N(theta) = N(theta'))"

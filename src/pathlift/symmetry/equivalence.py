@@ -195,8 +195,10 @@ class Canonical:
     permutations: dict[str, Tensor]
 
 
-def _sort_key(model: nn.Module, unit: Unit) -> np.ndarray:
-    """Rows: per channel, -bias of the layer and of its BatchNorms, then -incoming weights."""
+def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
+    """Rows, one per channel, compared lexicographically: -bias of the layer and of its
+    BatchNorms, -incoming weights, then -outgoing weights (which separate channels with
+    equal incoming weights)."""
     p = unit.producer
     module = model.get_submodule(p.name)
     weight = raw(module, "weight").detach().double()
@@ -205,7 +207,19 @@ def _sort_key(model: nn.Module, unit: Unit) -> np.ndarray:
     biases = [raw(model.get_submodule(q.name), "bias") for q in (p, *unit.carried)
               if q is p or q.neurons is not q.inputs]
     columns = [b.detach().double()[:, None] for b in biases if b is not None]
-    return -torch.cat([*columns, weight.reshape(weight.shape[0], -1)], dim=1).numpy()
+    columns.append(weight.reshape(weight.shape[0], -1))
+    last = unit.carried[-1] if unit.carried and unit.carried[-1].neurons is not \
+        unit.carried[-1].inputs else p
+    for reader in cmap.producers:
+        if reader.kind == BATCHNORM or not torch.isin(reader.inputs, last.neurons).any():
+            continue
+        w = raw(model.get_submodule(reader.name), "weight").detach().double()
+        w = w.transpose(0, 1) if reader.kind != CONV_TRANSPOSE else w
+        rows = [w[reader.inputs == i].reshape(-1) for i in last.neurons.tolist()]
+        columns.append(torch.stack(rows))
+    key = -torch.cat(columns, dim=1).numpy()
+    scale = np.maximum(np.abs(key).max(axis=0, keepdims=True), 1e-300)
+    return np.round(key / scale, 9)  # rounding noise must not decide between equal keys
 
 
 def canonicalize(model: nn.Module, input_shape: Sequence[int] | None = None,
@@ -214,16 +228,16 @@ def canonicalize(model: nn.Module, input_shape: Sequence[int] | None = None,
 
     With ``normalized`` the parameters are first q-normalised (Alg. 3.2.1), which removes
     the rescaling symmetry, so that permuted and rescaled copies share one canonical form.
-    Ties in the bias are broken by the BatchNorm biases, then the incoming weights
-    (lexicographically, descending). Layers are sorted in topological order, each after
-    its inputs were. The model is not modified.
+    Ties in the bias are broken by the BatchNorm biases, then the incoming weights, then
+    the outgoing weights (lexicographically, descending). Layers are sorted in topological
+    order, each after its inputs were. The model is not modified.
     """
     shape = resolve_input_shape(model, input_shape)
     current = normalize(model, shape, q) if normalized else copy.deepcopy(model)
     cmap = analyse(current, shape)
     permutations = {}
     for unit in permutable_units(cmap):
-        key = _sort_key(current, unit)
+        key = _sort_key(current, cmap, unit)
         perm = torch.from_numpy(np.lexsort(key.T[::-1]).copy())
         _apply_permutation(current, cmap, unit, perm)
         permutations[unit.producer.name] = perm
@@ -256,10 +270,12 @@ def equivalent(model_a: nn.Module, model_b: nn.Module, input_shape: Sequence[int
     ca = canonicalize(model_a, shape).model
     cb = canonicalize(model_b, shape).model
     pairs = paired_parameters(trace(ca, shape), trace(cb, shape))
-    scale = max(float(a.double().abs().max()) for _, a, _ in pairs if a.numel())
-    gap = max(float((a.double() - b.double()).abs().max()) for _, a, b in pairs if a.numel())
+    scale = max((float(a.double().abs().max()) for _, a, _ in pairs if a.numel()), default=0.0)
+    gap = max((float((a.double() - b.double()).abs().max()) for _, a, b in pairs if a.numel()),
+              default=0.0)
     relative = gap / scale if scale > 0 else gap
-    dtype = next((p.dtype for p in model_a.parameters()), torch.float32)
+    dtype = next((t.dtype for t in (*model_a.parameters(), *model_a.buffers())
+                  if t.is_floating_point()), torch.float32)
     x = torch.randn((samples, *shape), generator=torch.Generator().manual_seed(seed)).to(dtype)
     with torch.no_grad():
         out_gap = _max_gap(model_a(x), model_b(x))
