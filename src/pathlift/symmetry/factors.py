@@ -20,8 +20,8 @@ from pathlift.graph.channels import BATCHNORM, CONV, CONV_TRANSPOSE, LINEAR, Pro
 
 def raw(module: nn.Module, name: str) -> Tensor | None:
     """The stored tensor behind parameter ``name`` (``name_orig`` under a pruning mask)."""
-    return getattr(module, name + "_orig", None) if hasattr(module, name + "_orig") \
-        else getattr(module, name, None)
+    orig = getattr(module, name + "_orig", None)
+    return orig if orig is not None else getattr(module, name, None)
 
 
 def _scale_(tensor: Tensor, factor: Tensor) -> None:
