@@ -129,9 +129,10 @@ def _log10_difference(a: float, b: float) -> float:
 
 
 def _masks(targets: list[tuple[str, nn.Module, str]]) -> dict[str, Tensor]:
-    """Current 0/1 mask of every target (a copy; ones where it was never pruned)."""
-    return {f"{m}.{p}": getattr(module, p + "_mask").clone() if hasattr(module, p + "_mask")
-            else torch.ones_like(getattr(module, p)) for m, module, p in targets}
+    """Which coordinates of every target are still unpruned (a boolean copy)."""
+    return {f"{m}.{p}": getattr(module, p + "_mask") != 0 if hasattr(module, p + "_mask")
+            else torch.ones_like(getattr(module, p), dtype=torch.bool)
+            for m, module, p in targets}
 
 
 def _split(total: int, steps: int) -> list[int]:
@@ -192,7 +193,7 @@ def prune_model(model: nn.Module, input_shape: Sequence[int], amount: float,
                 method.apply(module, p, per_step[name][step],
                              importance_scores=scores.tensors[name])
         after = _masks(targets)
-        bounds.append(path_mag.log10_sum({n: before[n] - after[n] for n in before}))
+        bounds.append(path_mag.log10_sum({n: before[n] & ~after[n] for n in before}))
     pruned_norm = path_norm_of_graph(graph, 1.0).log10
     total = sum(m.numel() for m in masks.values())
     remaining = sum(int(m.sum()) for m in _masks(targets).values())
