@@ -210,7 +210,7 @@ def plot_speedups(rows: Sequence[Timing], path: str | Path, title: str = "") -> 
     for ax, idx, label in ((axes[0], 0, "bmm"), (axes[1], 1, "min(bmm, einsum, bsr)")):
         ax.boxplot([[v[idx] for v in groups[r]] for r in ratios], whis=(5, 95),
                    showfliers=False)
-        ax.set_xticks(range(1, len(ratios) + 1), [f"{r:.3f}" for r in ratios], rotation=90,
+        ax.set_xticks(range(1, len(ratios) + 1), [f"{r:.4f}" for r in ratios], rotation=90,
                       fontsize=7)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xlabel("(b+c)/(bc)")
