@@ -143,7 +143,7 @@ def prune(
 def depth(
     more_depths: list[int] = typer.Argument(None, hidden=True),
     model: str = typer.Option("C10k-B12c", "--model", help="class of Tables 4.1/4.2 + c|t"),
-    depths: list[int] = typer.Option([128, 256, 512], "--depths", help="depths: --depths 128 256"),
+    depths: list[int] = typer.Option(None, "--depths", help="depths (default 128 256 512)"),
     seeds: int = typer.Option(3, "--seeds", help="seeds per depth; the table reports the max"),
     samples: int = typer.Option(10_000, "--samples", help="C10k size N (the thesis' text: 1e4)"),
     dtype: str = typer.Option("float64", "--dtype", help="float64, or float32 as the thesis' code"),
@@ -164,7 +164,7 @@ def depth(
     )
     from pathlift.depth.published import PUBLISHED_C10K
 
-    all_depths = [*depths, *(more_depths or [])]
+    all_depths = [*(depths or []), *(more_depths or [])] or [128, 256, 512]
     types = {"float64": torch.float64, "float32": torch.float32}
     if dtype not in types:
         raise typer.BadParameter(f"--dtype must be one of {sorted(types)}")
