@@ -288,3 +288,19 @@ def test_certified_error_in_log_space_for_deep_networks():
     ce = certified_error(model, quantize(model, (8,), bits=8), (8,))
     assert ce.path_norm_log10 > 308 and math.isfinite(ce.log10)
     assert 0 < ce.relative < 1
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), bits=st.integers(2, 16), per_channel=st.booleans(),
+       scale=st.sampled_from([1e-3, 1.0, 1e3]))
+def test_cor_3_4_1_property_on_random_mlps(seed, bits, per_channel, scale):
+    """||R_theta(x) - R_Q(theta)(x)||_1 <= max(1, ||x||_inf) d(theta, Q(theta))."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4), nn.ReLU(),
+                          nn.Linear(4, 3)).double()
+    qm = quantize(model, (5,), bits=bits, per_channel=per_channel)
+    ce = certified_error(model, qm, (5,))
+    x = torch.randn(16, 5, dtype=torch.float64) * scale
+    with torch.no_grad():
+        diff = (model(x) - qm.model(x)).abs().sum(1)
+    assert torch.all(diff <= ce.bound(x) * (1 + 1e-12))
