@@ -159,14 +159,24 @@ def cache_dir() -> Path:
     return Path(root) / "kron"
 
 
+def _cpu_features() -> str:
+    """The model name and instruction-set flags -march=native compiles for (Linux), not the
+    lines of /proc/cpuinfo that change at run time (clock speed)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return ""
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in cpuinfo.read_text().splitlines()
+                             if line.startswith(wanted)}))
+
+
 def _compile(ctype: str) -> Path:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC or install gcc)")
     key = hashlib.sha256("\0".join(
         (SOURCE, ctype, compiler, *_FLAGS, platform.machine(), platform.processor(),
-         Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "")
-    ).encode()).hexdigest()[:16]
+         _cpu_features())).encode()).hexdigest()[:16]
     target = cache_dir() / f"ks_fused_{ctype}_{key}.so"
     if target.exists():
         return target
