@@ -65,3 +65,17 @@ def test_cli_runs_a_tiny_grid(tmp_path):
     assert {r.pattern for r in rows} == set(bench.cpu_patterns(every=80))
     assert "vs bmm" in result.output
     assert isinstance(rows[0].pattern, KSPattern)
+
+
+def test_vit_patterns_have_the_thesis_shapes_and_timings_are_ratios():
+    """Sec. 5.5: N x N and 4N x N products of two factors for ViT-S/16 (N = 384)."""
+    n = bench.VIT_S_DIM
+    shapes = {}
+    for name, chain in (("nn", bench.VIT_PATTERNS_NN), ("up", bench.VIT_PATTERNS_UP),
+                        ("down", bench.VIT_PATTERNS_DOWN)):
+        ps = [KSPattern(*p) for p in chain]
+        shapes[name] = (ps[0].out_features, ps[-1].in_features)
+    assert shapes == {"nn": (n, n), "up": (4 * n, n), "down": (n, 4 * n)}
+    ratios = bench.time_vit_mlp(8, ("fused",), repeats=1)
+    assert set(ratios) == {"linear N x N", "feed-forward"}
+    assert all(r["fused"] > 0 for r in ratios.values())
