@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import Kind, batchnorm_affine, param, trace
-from pathlift.quant.uniform import QuantizedTensor, Rounding, quantize_tensor
+from pathlift.quant.uniform import QuantizedTensor, Rounding, as_rounding, quantize_tensor
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def quantize(model: nn.Module, input_shape: Sequence[int], *, bits: int | None =
     The caller's model is not modified. Raises UnsupportedModelError for a model outside
     Def. 2.2.2 and InvalidParameterError for bad arguments.
     """
-    rounding = Rounding(rounding)
+    rounding = as_rounding(rounding)
     if bits is not None and step is not None:
         raise InvalidParameterError("give bits or step, not both")
     if bits is None and step is None:

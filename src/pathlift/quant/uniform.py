@@ -32,6 +32,15 @@ class Rounding(StrEnum):
     DOWN = "down"
 
 
+def as_rounding(value: Rounding | str) -> Rounding:
+    """``value`` as a Rounding; InvalidParameterError naming the choices otherwise."""
+    try:
+        return Rounding(value)
+    except ValueError:
+        raise InvalidParameterError(
+            f"rounding must be one of {[r.value for r in Rounding]}, got {value!r}") from None
+
+
 _ROUND = {Rounding.ZERO: torch.trunc, Rounding.NEAREST: torch.round, Rounding.DOWN: torch.floor}
 
 
@@ -68,7 +77,7 @@ def quantize_tensor(t: Tensor, *, bits: int | None = None, step: float | None = 
     ``step`` (a fixed eta, codes unbounded). With ``rounding="zero"`` the result satisfies
     sign(Q(t)) = sign(t) or 0 and |Q(t)| <= |t| exactly in the dtype of ``t``.
     """
-    rounding = Rounding(rounding)
+    rounding = as_rounding(rounding)
     if (bits is None) == (step is None):
         raise InvalidParameterError("give exactly one of bits and step")
     if not t.is_floating_point():
