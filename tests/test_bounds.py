@@ -119,7 +119,7 @@ def test_batched_path_norm_helper_matches_pathlift():
 
 
 def test_sigma_from_loader_matches_the_definitions():
-    x = torch.randn(37, 2, 3) * 1.7
+    x = torch.randn(37, 2, 3, generator=torch.Generator().manual_seed(0)) * 1.7
     loader = DataLoader(TensorDataset(x, torch.zeros(37)), batch_size=8)
     s = sigma_from_loader(loader)
     flat = x.reshape(37, -1).double()
@@ -127,7 +127,10 @@ def test_sigma_from_loader_matches_the_definitions():
     covering = math.sqrt(sum(max(1.0, float(row.abs().max()) ** 2) for row in flat))
     assert (s.n, s.peeling, s.covering) == (37, pytest.approx(peeling),
                                             pytest.approx(covering))
-    assert s == sigma_of(x)
+    whole = sigma_of(x)  # batched and whole-tensor sums may round differently
+    assert s.n == whole.n
+    assert (s.peeling, s.covering, s.max_abs) == pytest.approx(
+        (whole.peeling, whole.covering, whole.max_abs), rel=1e-12)
     assert s.max_abs == pytest.approx(float(x.abs().max()))
     small = sigma_of(torch.full((9, 4), 0.1))
     assert small.peeling == pytest.approx(3.0) and small.covering == pytest.approx(3.0)

@@ -83,7 +83,7 @@ def constants_of_graph(graph: LayerGraph) -> ArchitectureConstants:
         kernel=max(counts.kernels, default=1),
         pool_types=1 if maxpools else 0,
         d_in=math.prod(graph.input_shape),
-        d_out=counts.d_out,
+        d_out=graph.d_out,
         num_params=sum(counts.shared.values()),
         num_params_unshared=counts.unshared,
         sharpened_applies=bool(maxpools) and all(_cuts(graph, m) for m in maxpools),
@@ -160,18 +160,14 @@ class _Counts:
     kernels: list[int]
     shared: dict[int, int]
     unshared: int
-    d_out: int
 
 
 def _count(graph: LayerGraph) -> _Counts:
     """Per node, on all-ones inputs of the recorded shapes (batch 1): max-pool antecedents
     (window sums of ones), edges of affine layers (|W|^0 applied to ones), neurons."""
-    counts = _Counts([], {}, 0, 0)
-    for n in graph.graph.nodes:
-        if n.op == "output":  # every output tensor, repeated ones included, in order
-            counts.d_out = sum(math.prod(_shape(o)) for o in _leaves(n.args[0]))
-            continue
-        if n.op == "placeholder" or graph.handler(n).kind not in (Kind.MAXPOOL, Kind.AFFINE):
+    counts = _Counts([], {}, 0)
+    for n in graph.nodes():
+        if graph.handler(n).kind not in (Kind.MAXPOOL, Kind.AFFINE):
             continue
         handler, module = graph.handler(n), graph.submodule(n)
         ones = torch.ones((1, *_shape(n.args[0])), dtype=graph.dtype, device=graph.device)
@@ -184,14 +180,6 @@ def _count(graph: LayerGraph) -> _Counts:
         counts.unshared += edges + bias
         counts.shared[id(module)] = sum(p.numel() for p in module.parameters())
     return counts
-
-
-def _leaves(arg: object) -> list[fx.Node]:
-    """The nodes of a (nested tuple/list/dict) output argument, repeats included."""
-    if isinstance(arg, fx.Node):
-        return [arg]
-    values = arg.values() if isinstance(arg, dict) else arg
-    return [leaf for a in values for leaf in _leaves(a)]
 
 
 def _shape(node: fx.Node) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ parameters and never modifies the model: the returned ``LayerGraph`` holds an fx
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -67,6 +68,16 @@ class LayerGraph:
         """(qualified name, module) of every node of the given kind, in topological order."""
         return [(n.target, self.submodule(n)) for n in self.nodes()
                 if self.handler(n).kind is kind and n.op == "call_module"]
+
+    def outputs(self) -> list[fx.Node]:
+        """The nodes of the returned tensors, in order, a tensor returned twice twice."""
+        out = next(n for n in self.graph.nodes if n.op == "output")
+        return [a for a in tree_leaves(out.args[0]) if isinstance(a, fx.Node)]
+
+    @property
+    def d_out(self) -> int:
+        """Number of output neurons (batch 1), across every returned tensor."""
+        return sum(math.prod(self.output_shape(n)) for n in self.outputs())
 
     def output_shape(self, node: fx.Node) -> tuple[int, ...]:
         """Shape of a node's output, without the batch dimension."""

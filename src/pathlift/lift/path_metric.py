@@ -297,7 +297,7 @@ def _output_weight_sum(graph: LayerGraph, node, module: nn.Module, mask: Tensor)
     call = Call(node, module, (ones,), dict(node.kwargs))
     per_neuron = handler.weight_part(ones, 1.0, call)
     dim = per_neuron.dim() - 1 if handler.channel_dim == -1 else 1
-    return float(per_neuron.movedim(dim, 0)[mask].sum())
+    return float(per_neuron.detach().movedim(dim, 0)[mask].sum())
 
 
 def width_and_depth(graph: LayerGraph) -> tuple[int, int, int]:
@@ -315,11 +315,8 @@ def width_and_depth(graph: LayerGraph) -> tuple[int, int, int]:
             d += 1
             width = max(width, _fan_in(graph, node))
         depth[node.name] = d
-    outputs = next(n for n in graph.graph.nodes if n.op == "output")
-    d_out = sum(math.prod(a.meta["tensor_meta"].shape[1:]) for a in outputs.all_input_nodes
-                if "tensor_meta" in a.meta)
-    longest = max((depth.get(a.name, 0) for a in outputs.all_input_nodes), default=0)
-    return width, longest, d_out
+    longest = max((depth.get(a.name, 0) for a in graph.outputs()), default=0)
+    return width, longest, graph.d_out
 
 
 def _fan_in(graph: LayerGraph, node) -> int:
