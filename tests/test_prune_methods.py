@@ -116,13 +116,8 @@ def test_path_magnitude_masks_survive_random_rescaling_and_magnitude_masks_do_no
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
-_ADVERSARIAL_BUG = pytest.mark.xfail(raises=TypeError, strict=False, reason=(
-    "adversarial_rescale reads bias.grad, None for a bias outside the |theta| graph "
-    "(symmetry/adversarial.py:45)"))
-
-
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=[_ADVERSARIAL_BUG] if n == "unet" else []) if n in _FAST
+    pytest.param(n) if n in _FAST
     else pytest.param(n, marks=pytest.mark.slow) for n in REFERENCE_MODELS])
 def test_path_magnitude_masks_survive_adversarial_rescaling(name: str) -> None:
     """adversarial_rescale picks the rescaling that hurts magnitude pruning most."""

@@ -41,9 +41,14 @@ def _path_costs(model: nn.Module, cmap: ChannelMap) -> dict[str, tuple[Tensor, T
     costs = {}
     for name, m in layers.items():
         w, b = raw(m, "weight"), raw(m, "bias")
-        costs[name] = ((w.detach() * w.grad).double(),
-                       None if b is None else (b.detach() * b.grad).double())
+        costs[name] = (_cost(w), None if b is None else _cost(b))
     return costs
+
+
+def _cost(t: Tensor) -> Tensor:
+    """theta_i d||Phi||_1/d theta_i; an all-zero bias takes no part in the pass (no grad)."""
+    return torch.zeros_like(t, dtype=torch.float64) if t.grad is None else (
+        t.detach() * t.grad).double()
 
 
 def _directions(cmap: ChannelMap, costs) -> Tensor:
