@@ -1,6 +1,6 @@
 """Path-norm cost relative to one plain forward pass, measured in the same run.
 
-    .venv/bin/python benchmarks/bench_pathnorm.py [--repeats 5]
+    .venv/bin/python benchmarks/bench_pathnorm.py [--repeats 5] [--threads 1]
 
 For ResNet-18 and ResNet-50 at 3x224x224: one float32 forward pass at batch 1 (baseline),
 the trace + validation, and the |theta|^q pass of Thm 3.1.1 per exponent q in {1, 2, 4}
@@ -25,10 +25,13 @@ SHAPE = (3, 224, 224)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, input {SHAPE}")
     print(f"{'model':<10} {'forward ms':>10} {'trace':>7} {'q':>3} {'float64':>8} "
-          f"{'float32':>8} {'all-in f64':>10}")
+          f"{'float32':>8} {'all-in f64':>10} {'all-in f32':>10}")
     for name, build in (("resnet18", resnet18), ("resnet50", resnet50)):
         model = build().eval()
         x = torch.randn(1, *SHAPE)
@@ -43,9 +46,9 @@ def main() -> None:
                 args.repeats)
             print(f"{name:<10} {forward * 1e3:>10.1f} {traced / forward:>6.2f}x {q:>3g} "
                   f"{f64 / forward:>7.2f}x {f32 / forward:>7.2f}x "
-                  f"{(f64 + traced / 3) / forward:>9.2f}x")
-    print("ratios are times / one float32 forward pass at batch 1; 'all-in f64' adds a third "
-          "of the trace (path_norms traces once for three exponents)")
+                  f"{(f64 + traced / 3) / forward:>9.2f}x {(f32 + traced / 3) / forward:>9.2f}x")
+    print("ratios are times / one float32 forward pass at batch 1; 'all-in' adds a third of "
+          "the trace (path_norms traces once for three exponents)")
 
 
 if __name__ == "__main__":
