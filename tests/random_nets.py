@@ -284,7 +284,7 @@ class _Grower:
         else:
             choices += [nn.Flatten(), lambda net, x: x.flatten(1),
                         lambda net, x: torch.flatten(x, 1),
-                        lambda net, x: x.view(x.size(0), -1),
+                        lambda net, x: x.contiguous().view(x.size(0), -1),
                         lambda net, x: x.reshape(x.shape[0], -1),
                         lambda net, x: x.transpose(1, -1)]
         if dims == 2:
