@@ -18,15 +18,6 @@ from pathlift.symmetry import random_rescale
 from random_nets import random_network
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Single-threaded: much faster than 2 threads on the shared, loaded CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _mlp(seed: int, widths=(3, 4, 3, 2)) -> nn.Sequential:
     torch.manual_seed(seed)
     layers = []

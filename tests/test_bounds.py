@@ -29,15 +29,6 @@ from pathlift.errors import InvalidParameterError
 from pathlift.lift import path_norm
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Single-threaded: much faster than 2 threads on the shared, loaded CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _forward(params, x):
     """Batched MLPs: params = [(W (B, out, in), b (B, out))], x (n, d_in) -> (B, n)."""
     h = x.expand(params[0][0].shape[0], *x.shape)

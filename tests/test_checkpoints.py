@@ -25,15 +25,6 @@ from pathlift.models import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on the shared, loaded test machine two threads spin-wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

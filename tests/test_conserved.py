@@ -9,8 +9,6 @@ from pathlift.symmetry import analyse, rescale
 from pathlift.symmetry.conserved import conserved_quantities
 from test_rescale import Residual, mlp
 
-torch.set_num_threads(1)
-
 
 def cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),

@@ -25,15 +25,6 @@ TABLE_7_1 = {"resnet18": (0.088, 0.060), "resnet34": (0.11, 0.072),
              "resnet152": (0.23, 0.13)}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Single-threaded: much faster than 2 threads on the shared, loaded CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _two_digits(x: float) -> float:
     return float(f"{x:.2g}")
 

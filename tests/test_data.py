@@ -14,15 +14,6 @@ from pathlift.errors import InvalidParameterError
 from pathlift.models import mlp
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on the shared, loaded test machine two threads spin-wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def digits():
     return load_digits()

@@ -21,16 +21,6 @@ from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import Kind, trace
 from pathlift.models import REFERENCE_MODELS, get_model, load_model, mlp, small_cnn, unet
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on the shared, loaded test machine two threads spin-wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 PUBLISHED = {  # torchvision's documented parameter counts ("num_params") at 1000 classes
     "resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
     "resnet101": 44_549_160, "resnet152": 60_192_808, "vgg11": 132_863_336,

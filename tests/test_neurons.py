@@ -23,15 +23,6 @@ from pathlift.lift import path_norm
 from random_nets import networks, random_input, random_network
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is ~10x faster than many on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _torch_output(model: nn.Module, x: torch.Tensor) -> np.ndarray:
     """The model's outputs, flattened and concatenated, computed by torch in float64."""
     with torch.no_grad():

@@ -17,9 +17,6 @@ from pathlift.graph.channels import channel_map
 from pathlift.lift import path_norm, path_norms
 from pathlift.symmetry import random_rescale, rescale
 
-# Intra-op threads on a loaded 2-core machine make a tiny float64 conv 10^4 times slower.
-torch.set_num_threads(1)
-
 
 # --------------------------------------------------------------------------- a small zoo
 class Residual(nn.Module):
