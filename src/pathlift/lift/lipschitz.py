@@ -23,7 +23,7 @@ from pathlift.graph import Call, Kind, LayerGraph, Scaled, trace
 from pathlift.graph.ops import MeanHandler, PoolGeometry, UpsampleHandler
 from pathlift.graph.trace import HANDLER
 from pathlift.lift.path_metric import PathMetric, path_metric
-from pathlift.lift.path_norm import PathNorm, _format_log10, _power10, path_norm_of_graph
+from pathlift.lift.path_norm import PathNorm, _power10, format_log10, path_norm_of_graph
 
 _LN10 = math.log(10.0)
 
@@ -152,7 +152,7 @@ class LayerNormProduct:
         return _power10(self.log10)
 
     def __str__(self) -> str:
-        return f"Pi_(q={self.q:g}, r={self.r:g}) = {_format_log10(self.log10)}"
+        return f"Pi_(q={self.q:g}, r={self.r:g}) = {format_log10(self.log10)}"
 
 
 def layer_norm_product(model: nn.Module, input_shape: Sequence[int], q: float = 1.0,

@@ -22,7 +22,7 @@ from pathlift.graph import (
 )
 from pathlift.graph.channels import channel_map
 from pathlift.graph.ops import MeanHandler, UpsampleHandler
-from pathlift.lift.path_norm import _flatten_outputs, _format_log10, _power10
+from pathlift.lift.path_norm import _flatten_outputs, _power10, format_log10
 
 _LN10 = math.log(10.0)
 _EPS = 1e-15  # relative error of one float64 op chain, used for the accuracy estimate
@@ -71,8 +71,8 @@ class PathMetric:
 
     def __str__(self) -> str:
         if self.exact:
-            return f"d = {_format_log10(self.lower_log10)} (exact, Lemma 3.4.1)"
-        return (f"d in [{_format_log10(self.lower_log10)}, {_format_log10(self.upper_log10)}]"
+            return f"d = {format_log10(self.lower_log10)} (exact, Lemma 3.4.1)"
+        return (f"d in [{format_log10(self.lower_log10)}, {format_log10(self.upper_log10)}]"
                 f" ({self.reason})")
 
 

@@ -40,14 +40,15 @@ class PathNorm:
 
     def __str__(self) -> str:
         r = "inf" if math.isinf(self.r) else f"{self.r:g}"
-        return f"||Phi||_(q={self.q:g}, r={r}) = {_format_log10(self.log10)}"
+        return f"||Phi||_(q={self.q:g}, r={r}) = {format_log10(self.log10)}"
 
 
-def _format_log10(log10: float) -> str:
+def format_log10(log10: float, digits: int = 4) -> str:
+    """A number given by its log10 in scientific notation, even far beyond float64."""
     if math.isinf(log10):
         return "0" if log10 < 0 else "inf"
     exponent = math.floor(log10)
-    return f"{10 ** (log10 - exponent):.4f}e{exponent:+d}"
+    return f"{10 ** (log10 - exponent):.{digits}f}e{exponent:+d}"
 
 
 def _check_exponents(q: float, r: float) -> None:

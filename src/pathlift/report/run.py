@@ -37,6 +37,7 @@ from pathlift.bounds import (
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import trace
 from pathlift.lift import average_case_path_norm, path_norm_of_graph
+from pathlift.lift.path_norm import format_log10
 from pathlift.report import plots
 from pathlift.report.document import Document
 from pathlift.report.tracking import PathNormTracker
@@ -208,10 +209,7 @@ def _train(net: nn.Module, shape: tuple[int, ...], data: _Data, sigma: Sigma, ep
 
 
 def _fmt(log10: float) -> str:
-    if math.isinf(log10):
-        return "0" if log10 < 0 else "inf"
-    e = math.floor(log10)
-    return f"{10 ** (log10 - e):.2f}e{e:+d}"
+    return format_log10(log10, digits=2)
 
 
 def _constants_section(doc: Document, c: ArchitectureConstants) -> None:
