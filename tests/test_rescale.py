@@ -150,6 +150,17 @@ def assert_bit_identical(model: nn.Module, before: dict[str, torch.Tensor]) -> N
         assert torch.equal(after[k], v), k
 
 
+def assert_same_outputs(model: nn.Module, out: nn.Module, shape) -> None:
+    """Every output of ``out`` equals ``model``'s to 1e-9 relative on float64 samples."""
+    x = torch.randn((3, *shape), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ys, ys2 = model(x), out(x)
+    ys = ys if isinstance(ys, tuple) else (ys,)
+    ys2 = ys2 if isinstance(ys2, tuple) else (ys2,)
+    for y, y2 in zip(ys, ys2, strict=True):
+        assert float((y - y2).abs().max()) <= 1e-9 * max(float(y.abs().max()), 1e-300)
+
+
 def random_lambdas(model: nn.Module, shape, seed: int = 0) -> dict[str, torch.Tensor]:
     """Non-power-of-two factors spanning 1e-3..1e3 for every free channel (ties respected)."""
     cmap = channel_map(trace(model, shape))
@@ -376,13 +387,7 @@ def test_random_networks_of_every_layer(seed):
     model = model.double()
     before = snapshot(model)
     out = random_rescale(model, factors=(0.37, 3.1, 250.0), seed=seed, input_shape=shape)
-    x = torch.randn((3, *shape), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ys, ys2 = model(x), out(x)
-    ys = ys if isinstance(ys, tuple) else (ys,)
-    ys2 = ys2 if isinstance(ys2, tuple) else (ys2,)
-    for y, y2 in zip(ys, ys2, strict=True):
-        assert float((y - y2).abs().max()) <= 1e-9 * max(float(y.abs().max()), 1e-300)
+    assert_same_outputs(model, out, shape)
     a, b = path_norm(model, shape).log10, path_norm(out, shape).log10
     assert a == b or abs(a - b) * math.log(10) <= 1e-9
     assert_bit_identical(model, before)

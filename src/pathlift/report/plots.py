@@ -11,6 +11,16 @@ import torch
 from matplotlib.figure import Figure
 
 
+def _style(ax: Any, title: str, xlabel: str, ylabel: str | None = None) -> None:
+    """Title, axis labels, light grid and legend: the look shared by the line plots."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -28,11 +38,7 @@ def training_curves(history: Sequence[Mapping[str, Any]], qs: Sequence[float], p
                 label=f"log10 ||Phi||_{q:g}")
     ax.plot(epochs, [math.log10(h["average_case"]) for h in history], marker="s", ms=3,
             ls="--", label="log10 E_x ||A^T Phi||_1 (average case)")
-    ax.set_xlabel("epoch (0 = initialisation)")
-    ax.set_ylabel("log10")
-    ax.set_title("Path-norms during training")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _style(ax, "Path-norms during training", "epoch (0 = initialisation)", "log10")
     return _save(fig, path)
 
 
@@ -46,12 +52,8 @@ def accuracy_curves(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
                   label=split)
         right.plot(epochs, [h[f"eval_{split}_loss"] for h in history], marker="o", ms=3,
                    label=split)
-    left.set_title("top-1 accuracy")
-    right.set_title("cross-entropy")
-    for ax in (left, right):
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    _style(left, "top-1 accuracy", "epoch")
+    _style(right, "cross-entropy", "epoch")
     return _save(fig, path)
 
 
@@ -121,11 +123,7 @@ def bound_during_training(history: Sequence[Mapping[str, Any]], path: Path) -> P
     gaps = [h["eval_test_loss"] - h["eval_train_loss"] for h in history]
     ax.plot(epochs, [math.log10(g) if g > 0 else float("nan") for g in gaps], marker="s",
             ms=3, label="measured gap (test - train cross-entropy)")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("log10")
-    ax.set_title("Bound vs measured gap during training")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _style(ax, "Bound vs measured gap during training", "epoch", "log10")
     return _save(fig, path)
 
 
@@ -139,10 +137,6 @@ def pruning_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
                   label=criterion)
         right.plot([r["sparsity"] for r in sub], [r["path_norm_log10"] for r in sub],
                    marker="o", label=criterion)
-    left.set_title("test top-1 accuracy after pruning")
-    right.set_title("log10 ||Phi||_1 after pruning")
-    for ax in (left, right):
-        ax.set_xlabel("fraction of weights pruned")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    _style(left, "test top-1 accuracy after pruning", "fraction of weights pruned")
+    _style(right, "log10 ||Phi||_1 after pruning", "fraction of weights pruned")
     return _save(fig, path)
