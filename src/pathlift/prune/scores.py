@@ -15,15 +15,16 @@ experiments (Appendix E.1). Parameters already pruned with torch.nn.utils.prune 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from pathlift.errors import Problem, UnsupportedModelError
-from pathlift.graph import AbsPowInterpreter, Kind, LayerGraph, Scaled, param, trace
+from pathlift.graph import Kind, LayerGraph, param, trace
+from pathlift.lift.path_gradient import path_magnitudes
+from pathlift.symmetry.factors import raw
 
 _LN10 = math.log(10.0)
 _SCORED = (nn.Linear, nn.modules.conv._ConvNd)
@@ -107,33 +108,6 @@ def magnitude_scores(model: nn.Module, input_shape: Sequence[int],
     return magnitude_scores_of_graph(trace(model, input_shape), include_biases)
 
 
-@contextmanager
-def _requiring_grad(tensors: list[Tensor]) -> Iterator[None]:
-    """Let autograd reach frozen parameters; restores their requires_grad flags."""
-    flags = [t.requires_grad for t in tensors]
-    try:
-        for t in tensors:
-            t.requires_grad_(True)
-        yield
-    finally:
-        for t, flag in zip(tensors, flags, strict=True):
-            t.requires_grad_(flag)
-
-
-def _leaf(module: nn.Module, name: str) -> Tensor:
-    """The tensor autograd differentiates: ``name_orig`` for a pruned parameter."""
-    return getattr(module, name + "_orig", None) if hasattr(module, name + "_mask") \
-        else getattr(module, name)
-
-
-def _l1_mantissa(out: Scaled | Sequence[Scaled]) -> tuple[Tensor, float]:
-    """||Phi||_1 = sum of all outputs, as (mantissa, natural-log scale) over one scale."""
-    outs = [out] if isinstance(out, Scaled) else list(out)
-    top = max(o.log_scale for o in outs)
-    total = sum(o.mantissa.sum() * math.exp(o.log_scale - top) for o in outs)
-    return total, top
-
-
 def path_magnitude_scores_of_graph(graph: LayerGraph, include_biases: bool = False,
                                    dtype: torch.dtype = torch.float64) -> Scores:
     """Path-Mag(theta, .) = theta . grad ||Phi(theta)||_1 (paper 002 eq. 14) of a traced graph.
@@ -145,15 +119,10 @@ def path_magnitude_scores_of_graph(graph: LayerGraph, include_biases: bool = Fal
     float64 models give scores exact to ~1e-12, float32 models to ~1e-7 (relative).
     """
     entries = prunable_parameters(graph, include_biases)
-    leaves = [_leaf(module, p) for _, module, p in entries]
-    with torch.enable_grad(), _requiring_grad(leaves):
-        mantissa, log_scale = _l1_mantissa(AbsPowInterpreter(graph, 1.0, dtype).run_all_ones())
-        grads = torch.autograd.grad(mantissa, leaves, allow_unused=True)
-    tensors = {}
-    for (m, _, p), leaf, grad in zip(entries, leaves, grads, strict=True):
-        score = leaf.detach().to(dtype) * grad.to(dtype) if grad is not None \
-            else torch.zeros_like(leaf, dtype=dtype)
-        tensors[f"{m}.{p}"] = score.abs()  # theta_i and its partial derivative share a sign
+    costs, log_scale = path_magnitudes(graph, [raw(module, p) for _, module, p in entries],
+                                       dtype)
+    # theta_i and its partial derivative share a sign: abs only clears -0.0
+    tensors = {f"{m}.{p}": c.abs() for (m, _, p), c in zip(entries, costs, strict=True)}
     return Scores("path-magnitude", tensors, log_scale / _LN10)
 
 

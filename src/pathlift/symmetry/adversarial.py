@@ -19,36 +19,25 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from pathlift.graph import AbsPowInterpreter, trace
+from pathlift.graph import trace
 from pathlift.graph.channels import BATCHNORM, ChannelMap
-from pathlift.lift.path_norm import _flatten_outputs, path_norm_of_graph
+from pathlift.lift.path_gradient import path_magnitudes
+from pathlift.lift.path_norm import path_norm_of_graph
 from pathlift.symmetry.factors import apply_all_, in_channel_index, raw
 from pathlift.symmetry.rescale import analyse, factors_from_groups
 
 
 def _path_costs(model: nn.Module, cmap: ChannelMap) -> dict[str, tuple[Tensor, Tensor | None]]:
     """theta_i d||Phi||_1/d theta_i of every weight and bias of every Linear/Conv layer, up to
-    one common positive factor (one |theta| pass and its backward, Sec. 3.5), computed on a
-    copy so that the caller's parameters and gradients are untouched."""
-    work = copy.deepcopy(model)
-    graph = trace(work, cmap.graph.input_shape)
-    layers = {p.name: work.get_submodule(p.name) for p in cmap.producers if p.kind != BATCHNORM}
-    for t in work.parameters():
-        t.requires_grad_(True)
-        t.grad = None
-    log_o = _flatten_outputs(AbsPowInterpreter(graph, 1.0).run_all_ones())
-    torch.exp(log_o - log_o.detach().max()).sum().backward()
-    costs = {}
-    for name, m in layers.items():
-        w, b = raw(m, "weight"), raw(m, "bias")
-        costs[name] = (_cost(w), None if b is None else _cost(b))
-    return costs
-
-
-def _cost(t: Tensor) -> Tensor:
-    """theta_i d||Phi||_1/d theta_i; an all-zero bias takes no part in the pass (no grad)."""
-    return torch.zeros_like(t, dtype=torch.float64) if t.grad is None else (
-        t.detach() * t.grad).double()
+    one common positive factor (one |theta| pass and its backward, Sec. 3.5); the caller's
+    parameters and gradients are untouched."""
+    layers = [(p.name, model.get_submodule(p.name)) for p in cmap.producers
+              if p.kind != BATCHNORM]
+    leaves = [(raw(m, "weight"), raw(m, "bias")) for _, m in layers]
+    flat = [t for pair in leaves for t in pair if t is not None]
+    costs = iter(path_magnitudes(trace(model, cmap.graph.input_shape), flat)[0])
+    return {name: (next(costs), None if b is None else next(costs))
+            for (name, _), (_, b) in zip(layers, leaves, strict=True)}
 
 
 def _directions(cmap: ChannelMap, costs) -> Tensor:
