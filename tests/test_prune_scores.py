@@ -92,8 +92,29 @@ def _cnn(seed: int = 0) -> _Net:
     return model.eval()
 
 
-def test_scores_equal_two_pass_cost_of_every_coordinate() -> None:
-    model, shape = _cnn(), (2, 4, 4)
+class _RowsNet(nn.Module):
+    """A Linear over the last dim of 3 rows (its weight gradient is not an outer product of
+    two vectors), a transposed convolution, and a Linear on one row (it is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = nn.Linear(5, 4)
+        self.up = nn.ConvTranspose1d(3, 2, 2, stride=2)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.up(torch.relu(self.rows(x))))
+        return self.out(torch.flatten(x, 1))
+
+
+def _rows_net() -> _RowsNet:
+    torch.manual_seed(3)
+    return _RowsNet().double().eval()
+
+
+@pytest.mark.parametrize(("build", "shape"), [(_cnn, (2, 4, 4)), (_rows_net, (3, 5))])
+def test_scores_equal_two_pass_cost_of_every_coordinate(build, shape) -> None:
+    model = build()
     scores = path_magnitude_scores(model, shape, include_biases=True)
     assert "bn1.weight" not in scores.tensors and "conv2.bias" not in scores.tensors
     dense = path_norm(model, shape).value

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx
 
-from pathlift.graph.ops import AffineHandler, Call, Kind, _channel_view
+from pathlift.graph.ops import AffineHandler, Call, Kind, _channel_view, abs_power
 from pathlift.graph.trace import HANDLER, LayerGraph
 
 
@@ -53,9 +53,9 @@ class AbsPowInterpreter(fx.Interpreter):
         self.layer_graph, self.q, self.dtype = graph, q, dtype
 
     def run_all_ones(self) -> Scaled | tuple[Scaled, ...]:
-        """Outputs o_v = ||Phi^{->v}||_q^q. Differentiable in the parameters through the
-        mantissas (log scales are constants): wrap in torch.no_grad() when no gradient is
-        wanted."""
+        """Outputs o_v = ||Phi^{->v}||_q^q. The model's parameters enter detached; a
+        subclass that supplies its own |W|^q (``weight_part``, ``bias_magnitude``) can
+        differentiate the mantissas through them (log scales are constants)."""
         ones = torch.ones((1, *self.layer_graph.input_shape), dtype=self.dtype,
                           device=self.layer_graph.device)
         return self.run(Scaled(ones, 0.0))
@@ -89,11 +89,10 @@ class AbsPowInterpreter(fx.Interpreter):
     def _affine(self, handler: AffineHandler, x: Tensor, log_scale: float, call: Call
                 ) -> Scaled:
         """|W|^q x e^s + |b|^q, computed as e^m (|W|^q x e^{s-m} + |b|^q e^{-m})."""
-        y = handler.weight_part(x, self.q, call)
-        bias = handler.bias(call.module)
-        if bias is None:
+        y = self.weight_part(handler, x, call)
+        b = self.bias_magnitude(handler, call)
+        if b is None:
             return Scaled.normalised(y, log_scale)
-        b = bias.to(self.dtype).abs().pow(self.q)
         peak = float(b.detach().max()) if b.numel() else 0.0
         if peak == 0.0:
             return Scaled.normalised(y, log_scale)
@@ -101,3 +100,12 @@ class AbsPowInterpreter(fx.Interpreter):
         shaped = b if handler.channel_dim == -1 else _channel_view(b, y.dim())
         y = y * math.exp(log_scale - top) + (shaped / peak) * math.exp(math.log(peak) - top)
         return Scaled.normalised(y, top)
+
+    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call) -> Tensor:
+        """|W|^q x of one affine layer (a hook: subclasses substitute or record |W|^q)."""
+        return handler.weight_part(x, self.q, call)
+
+    def bias_magnitude(self, handler: AffineHandler, call: Call) -> Tensor | None:
+        """|b|^q of one affine layer, or None (a hook, like ``weight_part``)."""
+        bias = handler.bias(call.module)
+        return None if bias is None else abs_power(bias, self.q, self.dtype)

@@ -125,9 +125,23 @@ class AffineHandler(Handler):
     kind = Kind.AFFINE
     channel_dim = 1
 
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype) -> Tensor:
+        """|W|^q, a fresh tensor: the layer's weight in the |theta|^q network (Thm 3.1.1)."""
+        return abs_power(param(module, "weight"), q, dtype)
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
+        """The layer's linear map with ``weight`` in place of W, without the bias."""
+        raise NotImplementedError
+
     def weight_part(self, x: Tensor, q: float, call: Call) -> Tensor:
         """|W|^q x, without the bias."""
-        raise NotImplementedError
+        return self.apply(x, self.magnitude(call.module, q, x.dtype), call)
+
+    def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(u, v) with d<grad_y, apply(x, W)>/dW = u v^T when that gradient is an outer
+        product the layer can name without forming it (a Linear layer on one row), else
+        None. Lets a caller scale a huge weight by its gradient in place."""
+        return None
 
     def bias(self, module: nn.Module) -> Tensor | None:
         """The bias vector b (one entry per output channel), or None."""
@@ -141,21 +155,38 @@ def _nonfinite_problem(module: nn.Module | None) -> str | None:
     if module is None:
         return None
     for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        if tensor.is_floating_point() and tensor.numel() and not _all_finite(tensor.detach()):
             return f"parameter '{name}' holds NaN or inf; fix or reload the weights"
     return None
 
 
-def _abs_pow(t: Tensor, q: float, dtype: torch.dtype) -> Tensor:
-    magnitude = t.to(dtype).abs()
-    return magnitude if q == 1 else magnitude.pow(q)
+def _all_finite(t: Tensor) -> bool:
+    """No NaN or inf in ``t``: its min and max propagate both, and need no mask of t's size
+    (allocating one costs more than reading t for large layers)."""
+    low, high = torch.aminmax(t)
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
+def abs_power(t: Tensor, q: float, dtype: torch.dtype) -> Tensor:
+    """|t|^q in ``dtype``, detached, in one fresh tensor (no copy beyond the result: the
+    weights of large layers cost more to allocate than to read)."""
+    source = t.detach()
+    magnitude = source.to(dtype)
+    magnitude = magnitude.abs() if magnitude is source else magnitude.abs_()
+    return magnitude if q == 1 else magnitude.pow_(q)
 
 
 class LinearHandler(AffineHandler):
     channel_dim = -1
 
-    def weight_part(self, x: Tensor, q: float, call: Call) -> Tensor:
-        return F.linear(x, _abs_pow(param(call.module, "weight"), q, x.dtype))
+    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
+        return F.linear(x, weight)
+
+    def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] != 1:
+            return None
+        return grad_y.reshape(-1), rows.reshape(-1)
 
 
 class ConvHandler(AffineHandler):
@@ -167,13 +198,12 @@ class ConvHandler(AffineHandler):
             )
         return super().problem(call)
 
-    def weight_part(self, x: Tensor, q: float, call: Call) -> Tensor:
-        m = call.module
-        return m._conv_forward(x, _abs_pow(param(m, "weight"), q, x.dtype), None)
+    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
+        return call.module._conv_forward(x, weight, None)
 
 
 class ConvTransposeHandler(ConvHandler):
-    def weight_part(self, x: Tensor, q: float, call: Call) -> Tensor:
+    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
         m = call.module
         dims = x.dim() - 2
         output_size = call.arg(1, "output_size")
@@ -181,7 +211,6 @@ class ConvTransposeHandler(ConvHandler):
             x, output_size, m.stride, m.padding, m.kernel_size, dims, m.dilation
         )
         fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[dims - 1]
-        weight = _abs_pow(param(m, "weight"), q, x.dtype)
         return fn(x, weight, None, m.stride, m.padding, output_padding, m.groups, m.dilation)
 
 
@@ -194,9 +223,11 @@ class BatchNormHandler(AffineHandler):
             return "BatchNorm without running statistics (track_running_stats=False) is not affine"
         return super().problem(call)
 
-    def weight_part(self, x: Tensor, q: float, call: Call) -> Tensor:
-        a, _ = batchnorm_affine(call.module, x.dtype)
-        return x * _channel_view(_abs_pow(a, q, x.dtype), x.dim())
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype) -> Tensor:
+        return abs_power(batchnorm_affine(module, dtype)[0], q, dtype)
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
+        return x * _channel_view(weight, x.dim())
 
     def bias(self, module: nn.Module) -> Tensor | None:
         return batchnorm_affine(module, torch.float64)[1]

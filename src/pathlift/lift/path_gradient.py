@@ -1,29 +1,68 @@
-"""theta_i * d||Phi(theta)||_1 / d theta_i for chosen parameters, from one |theta| pass and
-its backward (paper 002 eq. 14, thesis Sec. 3.5.1): the path-magnitude of each coordinate."""
+"""theta_i * d||Phi(theta)||_1 / d theta_i for the weights and biases of chosen layers, from one
+|theta| pass and its backward (paper 002 eq. 14, thesis Sec. 3.5.1): the path-magnitudes.
+
+||Phi||_1 depends on theta through |theta| only, so theta_i d||Phi||_1/d theta_i =
+|theta_i| d||Phi||_1/d|theta_i|. The pass therefore runs on fresh tensors A = |W| that are
+the autograd leaves (the model's parameters are never touched, not even their
+requires_grad flags), and each A is turned into its scores in place, A <- A * dM/dA: one
+fresh tensor per weight, the least there can be. For a Linear layer on the single row of
+the all-ones pass, dM/dA = g x^T is applied as two broadcast products without forming it;
+other layers get their weight gradient from autograd, layer by layer, from the gradient at
+their output (so the backward through the network computes input gradients only).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
+from pathlift.graph.ops import AffineHandler, Call, abs_power
 
 
-@contextmanager
-def _requiring_grad(tensors: Sequence[Tensor]) -> Iterator[None]:
-    """Let autograd reach frozen parameters; restores their requires_grad flags."""
-    flags = [t.requires_grad for t in tensors]
-    try:
-        for t in tensors:
-            t.requires_grad_(True)
-        yield
-    finally:
-        for t, flag in zip(tensors, flags, strict=True):
-            t.requires_grad_(flag)
+@dataclass(frozen=True)
+class PathMagnitudes:
+    """Path-magnitudes of the chosen weights and biases, all ``tensor * e^log_scale``.
+
+    ``weights`` / ``biases`` map a module name to a non-negative tensor of its parameter's
+    shape; ``log_scale`` (natural log) is common to all, so nothing overflows.
+    """
+
+    weights: dict[str, Tensor]
+    biases: dict[str, Tensor]
+    log_scale: float
+
+
+class _Tape(AbsPowInterpreter):
+    """The q = 1 pass with A = |W| (and B = |b|) of the chosen layers as autograd leaves,
+    recording each chosen layer's handler, input and output."""
+
+    def __init__(self, graph: LayerGraph, layers: Sequence[str], biases: Sequence[str],
+                 dtype: torch.dtype):
+        super().__init__(graph, 1.0, dtype)
+        handlers = {n.target: graph.handler(n) for n in graph.nodes() if n.op == "call_module"}
+        module = graph.module.get_submodule
+        self.weights = {name: handlers[name].magnitude(module(name), 1.0, dtype).requires_grad_()
+                        for name in layers}
+        self.biases = {name: abs_power(handlers[name].bias(module(name)), 1.0, dtype)
+                       .requires_grad_() for name in biases}
+        self.records: dict[str, tuple[AffineHandler, Tensor, Tensor]] = {}
+
+    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call) -> Tensor:
+        if call.node.target not in self.weights:
+            return super().weight_part(handler, x, call)
+        y = handler.apply(x, self.weights[call.node.target], call)
+        self.records[call.node.target] = (handler, x, y)
+        return y
+
+    def bias_magnitude(self, handler: AffineHandler, call: Call) -> Tensor | None:
+        if call.node.target in self.biases:
+            return self.biases[call.node.target]
+        return super().bias_magnitude(handler, call)
 
 
 def _l1_mantissa(out: Scaled | Sequence[Scaled]) -> tuple[Tensor, float]:
@@ -34,17 +73,39 @@ def _l1_mantissa(out: Scaled | Sequence[Scaled]) -> tuple[Tensor, float]:
     return total, top
 
 
-def path_magnitudes(graph: LayerGraph, leaves: Sequence[Tensor],
-                    dtype: torch.dtype = torch.float64) -> tuple[list[Tensor], float]:
-    """(theta * grad ||Phi||_1 / e^s for each tensor of ``leaves``, s) with s the natural-log
-    scale of the pass, so that nothing overflows. ``leaves`` are the tensors autograd
-    differentiates (``weight_orig`` of a pruned parameter); a tensor outside the pass (an
-    all-zero bias) gets zeros. ``.grad`` and requires_grad flags are left as they were.
+def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[str] = (),
+                    dtype: torch.dtype = torch.float64) -> PathMagnitudes:
+    """|theta_i| d||Phi||_1/d|theta_i| / e^s for the weights of ``layers`` and the biases of
+    ``biases`` (module names of Linear/Conv layers called once; ``biases`` only layers that
+    have one), s the natural-log scale of the pass. An all-zero bias gets zeros.
+
+    Costs one |theta| pass, one backward pass through the network (input gradients only)
+    and one weight gradient per layer, scaled into A = |W| in place.
     """
-    with torch.enable_grad(), _requiring_grad(leaves):
-        mantissa, log_scale = _l1_mantissa(AbsPowInterpreter(graph, 1.0, dtype).run_all_ones())
-        grads = torch.autograd.grad(mantissa, list(leaves), allow_unused=True)
-    costs = [leaf.detach().to(dtype) * grad.to(dtype) if grad is not None
-             else torch.zeros_like(leaf, dtype=dtype) for leaf, grad in zip(leaves, grads,
-                                                                            strict=True)]
-    return costs, log_scale
+    tape = _Tape(graph, layers, biases, dtype)
+    with torch.enable_grad():
+        mantissa, log_scale = _l1_mantissa(tape.run_all_ones())
+        outputs = [y for _, _, y in tape.records.values()]
+        leaves = list(tape.biases.values())
+        grads = torch.autograd.grad(mantissa, outputs + leaves, retain_graph=True,
+                                    allow_unused=True)
+        factors = {}  # every gradient before any A is scaled in place (A is saved for them)
+        for (name, (handler, x, y)), g in zip(tape.records.items(), grads[:len(outputs)],
+                                              strict=True):
+            g = torch.zeros_like(y) if g is None else g
+            factors[name] = handler.rank_one_grad(x, g)
+            if factors[name] is None:
+                factors[name] = torch.autograd.grad(y, tape.weights[name], g,
+                                                    retain_graph=True)[0]
+    weights = {}
+    with torch.no_grad():
+        for name, factor in factors.items():
+            a = tape.weights[name].detach()
+            if isinstance(factor, tuple):  # u v^T, applied without forming it
+                weights[name] = a.mul_(factor[0].reshape(-1, 1)).mul_(factor[1])
+            else:
+                weights[name] = a.mul_(factor)
+        bias_scores = {name: b.detach() * g if g is not None else torch.zeros_like(b.detach())
+                       for (name, b), g in zip(tape.biases.items(), grads[len(outputs):],
+                                               strict=True)}
+    return PathMagnitudes(weights, bias_scores, log_scale)

@@ -24,7 +24,6 @@ from torch import Tensor, nn
 from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph import Kind, LayerGraph, param, trace
 from pathlift.lift.path_gradient import path_magnitudes
-from pathlift.symmetry.factors import raw
 
 _LN10 = math.log(10.0)
 _SCORED = (nn.Linear, nn.modules.conv._ConvNd)
@@ -59,8 +58,8 @@ class Scores:
         return sum(t.numel() for t in self.tensors.values())
 
     def flat(self) -> Tensor:
-        """Every mantissa in one float64 vector, parameters in the order of ``tensors``."""
-        return torch.cat([t.reshape(-1).double() for t in self.tensors.values()])
+        """Every mantissa in one vector (their common dtype), in the order of ``tensors``."""
+        return torch.cat([t.reshape(-1) for t in self.tensors.values()])
 
 
 def _exp10(log10: float) -> float:
@@ -97,7 +96,7 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
 
 def magnitude_scores_of_graph(graph: LayerGraph, include_biases: bool = False) -> Scores:
     """|theta_i| for every prunable coordinate of a traced graph (magnitude pruning)."""
-    tensors = {f"{m}.{p}": param(module, p).detach().abs().double()
+    tensors = {f"{m}.{p}": param(module, p).detach().abs()
                for m, module, p in prunable_parameters(graph, include_biases)}
     return Scores("magnitude", tensors)
 
@@ -113,17 +112,17 @@ def path_magnitude_scores_of_graph(graph: LayerGraph, include_biases: bool = Fal
     """Path-Mag(theta, .) = theta . grad ||Phi(theta)||_1 (paper 002 eq. 14) of a traced graph.
 
     One forward and one backward pass of the |theta| network of Thm 3.1.1 (thesis Sec.
-    3.5.1). The pass carries ||Phi||_1 as mantissa * e^s with s a constant, so the gradient
-    of the mantissa times theta gives the scores up to the common factor e^s, kept apart as
-    ``log10_scale``. The parameters' gradients are rounded to their own dtype by autograd:
-    float64 models give scores exact to ~1e-12, float32 models to ~1e-7 (relative).
+    3.5.1, ``pathlift.lift.path_gradient``). The pass carries ||Phi||_1 as mantissa * e^s
+    with s a constant, so the gradient of the mantissa times |theta| gives the scores up to
+    the common factor e^s, kept apart as ``log10_scale``. Everything runs in ``dtype``,
+    whatever the model's: float64 scores are exact to ~1e-12 (relative), float32 ~1e-6.
     """
     entries = prunable_parameters(graph, include_biases)
-    costs, log_scale = path_magnitudes(graph, [raw(module, p) for _, module, p in entries],
-                                       dtype)
-    # theta_i and its partial derivative share a sign: abs only clears -0.0
-    tensors = {f"{m}.{p}": c.abs() for (m, _, p), c in zip(entries, costs, strict=True)}
-    return Scores("path-magnitude", tensors, log_scale / _LN10)
+    found = path_magnitudes(graph, [m for m, _, p in entries if p == "weight"],
+                            [m for m, _, p in entries if p == "bias"], dtype)
+    tensors = {f"{m}.{p}": (found.weights if p == "weight" else found.biases)[m]
+               for m, _, p in entries}
+    return Scores("path-magnitude", tensors, found.log_scale / _LN10)
 
 
 def path_magnitude_scores(model: nn.Module, input_shape: Sequence[int],

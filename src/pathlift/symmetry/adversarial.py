@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from pathlift.graph import trace
+from pathlift.graph import param, trace
 from pathlift.graph.channels import BATCHNORM, ChannelMap
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.lift.path_norm import path_norm_of_graph
-from pathlift.symmetry.factors import apply_all_, in_channel_index, raw
+from pathlift.symmetry.factors import apply_all_, in_channel_index
 from pathlift.symmetry.rescale import analyse, factors_from_groups
 
 
@@ -31,13 +31,10 @@ def _path_costs(model: nn.Module, cmap: ChannelMap) -> dict[str, tuple[Tensor, T
     """theta_i d||Phi||_1/d theta_i of every weight and bias of every Linear/Conv layer, up to
     one common positive factor (one |theta| pass and its backward, Sec. 3.5); the caller's
     parameters and gradients are untouched."""
-    layers = [(p.name, model.get_submodule(p.name)) for p in cmap.producers
-              if p.kind != BATCHNORM]
-    leaves = [(raw(m, "weight"), raw(m, "bias")) for _, m in layers]
-    flat = [t for pair in leaves for t in pair if t is not None]
-    costs = iter(path_magnitudes(trace(model, cmap.graph.input_shape), flat)[0])
-    return {name: (next(costs), None if b is None else next(costs))
-            for (name, _), (_, b) in zip(layers, leaves, strict=True)}
+    layers = [p.name for p in cmap.producers if p.kind != BATCHNORM]
+    with_bias = [name for name in layers if param(model.get_submodule(name), "bias") is not None]
+    found = path_magnitudes(trace(model, cmap.graph.input_shape), layers, with_bias)
+    return {name: (found.weights[name], found.biases.get(name)) for name in layers}
 
 
 def _directions(cmap: ChannelMap, costs) -> Tensor:
