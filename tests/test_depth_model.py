@@ -1,4 +1,4 @@
-"""Depth-scaled ResNet of eq. (4.1): hand-written checkpointed backward, inits, GD training."""
+"""Depth-scaled ResNet of eq. (4.1): hand-written backward (d = 1 and d > 1), inits, GD training."""
 
 from __future__ import annotations
 
@@ -25,13 +25,18 @@ def plain_stack(h0: torch.Tensor, weight: torch.Tensor, delta: float, act: str) 
 
 @pytest.mark.parametrize("budget", [0, MEMORY_BUDGET])  # 0: checkpointed recomputation
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("depth", [1, 5, 37])  # 37: last checkpoint segment is partial
-def test_forward_and_gradients_match_plain_autograd(activation: str, depth: int,
+@pytest.mark.parametrize("d", [1, 3])  # 1: the vectorised scalar adjoint; 3: matrix loop
+# 37: partial last checkpoint segment (d = 1: two blocks of layers, the last partial);
+# 1100 (d = 1): segments of isqrt(1100) = 33 layers, each a full block and a partial one
+@pytest.mark.parametrize("depth", [1, 5, 37, 1100])
+def test_forward_and_gradients_match_plain_autograd(activation: str, d: int, depth: int,
                                                     budget: int) -> None:
+    if depth == 1100 and d > 1:
+        pytest.skip("the matrix loop has no blocks; 37 covers its segments")
     gen = torch.Generator().manual_seed(depth)
-    weight = torch.randn(depth, 3, 3, generator=gen, dtype=DT).requires_grad_()
-    h0 = torch.randn(6, 3, generator=gen, dtype=DT).requires_grad_()
-    probe = torch.randn(6, 3, generator=gen, dtype=DT)
+    weight = torch.randn(depth, d, d, generator=gen, dtype=DT).requires_grad_()
+    h0 = torch.randn(6, d, generator=gen, dtype=DT).requires_grad_()
+    probe = torch.randn(6, d, generator=gen, dtype=DT)
     delta = depth**-0.5
     ours = residual_stack(h0, weight, delta, activation, budget)
     ref = plain_stack(h0, weight, delta, activation)
@@ -42,13 +47,36 @@ def test_forward_and_gradients_match_plain_autograd(activation: str, depth: int,
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_gradcheck_against_finite_differences() -> None:
+@pytest.mark.parametrize("d", [1, 2])
+def test_gradcheck_against_finite_differences(d: int) -> None:
     gen = torch.Generator().manual_seed(0)
-    weight = (0.5 * torch.randn(10, 2, 2, generator=gen, dtype=DT)).requires_grad_()
-    h0 = torch.randn(4, 2, generator=gen, dtype=DT).requires_grad_()
+    weight = (0.5 * torch.randn(40, d, d, generator=gen, dtype=DT)).requires_grad_()
+    h0 = torch.randn(4, d, generator=gen, dtype=DT).requires_grad_()
     for budget in (0, MEMORY_BUDGET):
         assert torch.autograd.gradcheck(lambda h, w, b=budget: residual_stack(h, w, 0.3, "tanh", b),
                                         (h0, weight))
+
+
+def test_workspace_is_reused_and_a_stale_backward_raises() -> None:
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(50, 1, 1, generator=gen, dtype=DT).requires_grad_()
+    h0 = torch.randn(7, 1, generator=gen, dtype=DT)
+    workspace = torch.empty(0, dtype=DT)
+    first = residual_stack(h0, weight, 0.2, workspace=workspace)
+    (grad,) = torch.autograd.grad(first.sum(), [weight])
+    storage = workspace.data_ptr()
+    assert workspace.numel() >= 50 * 7
+    again = residual_stack(h0, weight, 0.2, workspace=workspace)
+    assert workspace.data_ptr() == storage  # no new buffer
+    (grad_again,) = torch.autograd.grad(again.sum(), [weight])
+    (fresh,) = torch.autograd.grad(residual_stack(h0, weight, 0.2).sum(), [weight])
+    assert torch.equal(grad, grad_again) and torch.equal(grad, fresh)
+    stale = residual_stack(h0, weight, 0.2, workspace=workspace)
+    residual_stack(2 * h0, weight, 0.2, workspace=workspace)  # overwrites the kept a_k
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(stale.sum(), [weight])
+    with pytest.raises(InvalidParameterError, match="workspace"):
+        residual_stack(h0, weight, 0.2, workspace=torch.empty(0, dtype=torch.float32))
 
 
 def test_constant_init_is_eq_4_2_and_embeddings_depend_on_the_seed_only() -> None:
@@ -81,8 +109,9 @@ def test_forward_is_eq_4_1() -> None:
     torch.testing.assert_close(net(x), h @ net.u_out.T, rtol=1e-13, atol=1e-13)
 
 
-def test_training_is_plain_gradient_descent_and_leaves_the_model_alone() -> None:
-    net = DepthResNet(1, 1, depth=20, d=2, alpha=0.5, gamma=1.0, init="truncated", seed=2)
+@pytest.mark.parametrize("d", [1, 2])
+def test_training_is_plain_gradient_descent_and_leaves_the_model_alone(d: int) -> None:
+    net = DepthResNet(1, 1, depth=40, d=d, alpha=0.5, gamma=1.0, init="truncated", seed=2)
     before = {k: v.clone() for k, v in net.state_dict().items()}
     x = torch.rand(50, 1, dtype=DT) * 2 - 1
     y = torch.full_like(x, 0.01)

@@ -54,8 +54,9 @@ def train(model: DepthResNet, x: torch.Tensor, y: torch.Tensor, steps: int,
     trained = copy.deepcopy(model)
     objective = LOSSES[loss]
     losses, omegas = [], []
+    workspace = trained.weight.new_empty(0)  # one activation buffer for every step
     for t in range(steps):
-        yhat = trained(x)
+        yhat = trained(x, workspace)
         total = objective(yhat, y).mean()
         grad_w, grad_yhat = torch.autograd.grad(total, [trained.weight, yhat])
         n = x.shape[0]  # grad_yhat row i is grad l_i / N
