@@ -8,8 +8,10 @@
 
 A run trains one model class at one depth and one seed (the seed fixes data and embeddings,
 so one seed is the same network family across depths) and measures the 1-variation of the
-rescaled weight path L^beta W^{(L)}: of the norm path k -> ||L^beta W_k|| (the tables'
-quantity, see ../shared/REFERENCE.md) and of the matrix path itself.
+rescaled weight path L^beta W^{(L)}: of the norm path k -> ||L^beta W_k|| (see
+../shared/REFERENCE.md) and of the matrix path itself (what the thesis' table printer,
+``path_norm.py --pvar_only`` in its code, measures; the two agree on every constant-init
+C10k run here, whose weights keep their sign).
 """
 
 from __future__ import annotations
