@@ -9,10 +9,11 @@ W_k in R^{d x d} the only parameters, stored as one (L, d, d) tensor.
 The depth loop runs in one custom autograd function (`residual_stack`), batched over samples,
 with the backward pass written by hand (no autograd graph of 4 L nodes):
 
-* d = 1 (`_ScalarStack`): the forward writes h_0..h_L into one (L + 1, N) buffer, three
-  elementwise kernels per layer; the backward has no loop over layers: the adjoint of a
-  scalar layer is a product, g_k = g_{k+1} (1 + delta w_k sigma'(w_k h_k)), so blocks of
-  layers are one cumulative product and dJ/dw_k one reduction over samples.
+* d = 1 (`_ScalarStack`): the forward records a_k = sigma(w_k h_k) in one (L, N) buffer
+  (and h_k every _BLOCK layers), three elementwise kernels per layer; the backward has no
+  loop over layers: the adjoint of a scalar layer is a product,
+  g_k = g_{k+1} (1 + delta w_k sigma'(w_k h_k)), so a block of layers is one cumulative
+  product (its h_k one cumulative sum of the a_k) and dJ/dw_k one reduction over samples.
 * d > 1 (`_MatrixStack`): a loop over k of matrix products, keeping the activations.
 
 Activations are kept while they fit in MEMORY_BUDGET; beyond, h_k is kept every isqrt(L)
