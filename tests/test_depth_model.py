@@ -23,16 +23,17 @@ def plain_stack(h0: torch.Tensor, weight: torch.Tensor, delta: float, act: str) 
     return h
 
 
+# d = 1: the vectorised scalar adjoint; d = 3: the matrix loop. Depth 37: a partial last
+# checkpoint segment (d = 1: two blocks of layers, the last partial); 1100 (d = 1 only, the
+# matrix loop has no blocks): segments of isqrt(1100) = 33 layers, a full block and a partial.
+_SHAPES = [(1, 1), (1, 5), (1, 37), (1, 1100), (3, 1), (3, 5), (3, 37)]
+
+
 @pytest.mark.parametrize("budget", [0, MEMORY_BUDGET])  # 0: checkpointed recomputation
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("d", [1, 3])  # 1: the vectorised scalar adjoint; 3: matrix loop
-# 37: partial last checkpoint segment (d = 1: two blocks of layers, the last partial);
-# 1100 (d = 1): segments of isqrt(1100) = 33 layers, each a full block and a partial one
-@pytest.mark.parametrize("depth", [1, 5, 37, 1100])
+@pytest.mark.parametrize(("d", "depth"), _SHAPES)
 def test_forward_and_gradients_match_plain_autograd(activation: str, d: int, depth: int,
                                                     budget: int) -> None:
-    if depth == 1100 and d > 1:
-        pytest.skip("the matrix loop has no blocks; 37 covers its segments")
     gen = torch.Generator().manual_seed(depth)
     weight = torch.randn(depth, d, d, generator=gen, dtype=DT).requires_grad_()
     h0 = torch.randn(6, d, generator=gen, dtype=DT).requires_grad_()
