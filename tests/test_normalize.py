@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import InvalidParameterError
+from pathlift.graph.factors import incoming_norms
 from pathlift.lift import path_norms
 from pathlift.symmetry import analyse, normalize, normalize_report
-from pathlift.symmetry.factors import incoming_norms
 from test_rescale import (
     ZOO,
     assert_bit_identical,

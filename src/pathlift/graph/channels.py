@@ -17,13 +17,15 @@ One analysis serves rescaling, normalisation, canonicalisation and conserved qua
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, fx, nn
 
+from pathlift.errors import ShapeError, UnsupportedModelError
 from pathlift.graph.ops import Kind
-from pathlift.graph.trace import HANDLER, LayerGraph
+from pathlift.graph.trace import HANDLER, LayerGraph, trace
 
 LINEAR, CONV, CONV_TRANSPOSE, BATCHNORM = "linear", "conv", "conv_transpose", "batchnorm"
 
@@ -213,3 +215,36 @@ def channel_map(graph: LayerGraph) -> ChannelMap:
     outputs = torch.unique(torch.cat(labeller.outputs)) if labeller.outputs else \
         torch.zeros(0, dtype=torch.long)
     return ChannelMap(graph, tuple(labeller.producers), group, int(unique.numel()), outputs)
+
+
+_SPATIAL_GUESSES = (32, 224, 64, 8, 28, 16, 96, 128, 256)
+
+
+def resolve_input_shape(model: nn.Module, input_shape: Sequence[int] | None) -> tuple[int, ...]:
+    """``input_shape`` itself, or one inferred from the first layer when it is None.
+
+    A first Linear gives (in_features,); a first ConvNd gives (in_channels, s, ..., s) for
+    the first spatial size s among common ones for which the model traces.
+    """
+    if input_shape is not None:
+        return tuple(int(s) for s in input_shape)
+    first = next((m for m in model.modules()
+                  if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))), None)
+    if isinstance(first, nn.Linear):
+        return (first.in_features,)
+    if first is not None:
+        dims = len(first.kernel_size)
+        for size in _SPATIAL_GUESSES:
+            shape = (first.in_channels, *(size,) * dims)
+            try:
+                trace(model, shape)
+            except (ShapeError, UnsupportedModelError):
+                continue
+            return shape
+    raise ShapeError("cannot infer the input shape of this model; pass input_shape "
+                     "(without the batch dimension), e.g. input_shape=(3, 32, 32)")
+
+
+def analyse(model: nn.Module, input_shape: Sequence[int] | None = None) -> ChannelMap:
+    """The hidden neurons of ``model``, their tie groups and how they flow (see channels)."""
+    return channel_map(trace(model, resolve_input_shape(model, input_shape)))

@@ -21,6 +21,8 @@ from pathlift.graph import (
     trace,
 )
 from pathlift.graph.channels import channel_map
+from pathlift.graph.factors import incoming_norms
+from pathlift.graph.normalize import normalize
 from pathlift.graph.ops import MeanHandler, UpsampleHandler
 from pathlift.lift.path_norm import _flatten_outputs, _power10, format_log10
 
@@ -228,9 +230,6 @@ def _upper_bound_log(model_a: nn.Module, model_b: nn.Module, graph: LayerGraph,
     if not _outputs_are_affine(graph):
         return math.inf, ("the output neurons are not those of an affine layer (pooling "
                           "after the last layer has fixed weights); no certified upper bound")
-    # Lazy import: normalisation is a symmetry (one layer up) that this bound needs.
-    from pathlift.symmetry.normalize import normalize
-
     traced, sums = [], []
     for model in (model_a, model_b):
         g = trace(normalize(model, input_shape, 1.0), input_shape)
@@ -269,8 +268,6 @@ def _outputs_are_affine(graph: LayerGraph) -> bool:
 def _premise(graph: LayerGraph) -> tuple[str | None, float]:
     """(reason the normalised parameters violate ||(theta^{->v}, b_v)||_1 <= 1 at a hidden
     neuron, or None; S = sum over output neurons of ||theta^{->v}||_1)."""
-    from pathlift.symmetry.factors import incoming_norms  # lazy: one layer up
-
     cmap = channel_map(graph)
     total = 0.0
     nodes = {n.target: n for n in graph.nodes() if n.op == "call_module"}

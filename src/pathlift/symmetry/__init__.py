@@ -1,5 +1,12 @@
-"""Symmetries of ReLU networks: rescaling, normalisation, permutations, conserved quantities."""
+"""Symmetries of ReLU networks: rescaling, normalisation, permutations, conserved quantities.
 
+The transformation engine itself (channel analysis, per-neuron factors, Alg. 3.2.1
+normalisation) lives in ``pathlift.graph``, which ``pathlift.lift`` may use as well (the
+Lemma F.3 path-metric bound needs normalised parameters); it is re-exported here.
+"""
+
+from pathlift.graph.channels import analyse
+from pathlift.graph.normalize import Normalized, normalize, normalize_report
 from pathlift.symmetry.adversarial import adversarial_rescale, magnitude_prune
 from pathlift.symmetry.conserved import ConservedQuantities, conserved_quantities
 from pathlift.symmetry.equivalence import (
@@ -12,8 +19,7 @@ from pathlift.symmetry.equivalence import (
     permute,
     symmetries,
 )
-from pathlift.symmetry.normalize import Normalized, normalize, normalize_report
-from pathlift.symmetry.rescale import analyse, random_rescale, rescale
+from pathlift.symmetry.rescale import random_rescale, rescale
 
 __all__ = [
     "Canonical", "ConservedQuantities", "Equivalence", "Normalized", "Symmetries",

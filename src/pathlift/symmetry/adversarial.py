@@ -20,11 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.graph import param, trace
-from pathlift.graph.channels import BATCHNORM, ChannelMap
+from pathlift.graph.channels import BATCHNORM, ChannelMap, analyse
+from pathlift.graph.factors import apply_all_, in_channel_index
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.lift.path_norm import path_norm_of_graph
-from pathlift.symmetry.factors import apply_all_, in_channel_index
-from pathlift.symmetry.rescale import analyse, factors_from_groups
+from pathlift.symmetry.rescale import factors_from_groups
 
 
 def _path_costs(model: nn.Module, cmap: ChannelMap) -> dict[str, tuple[Tensor, Tensor | None]]:

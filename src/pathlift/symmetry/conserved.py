@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.graph.channels import BATCHNORM, ChannelMap
-from pathlift.symmetry.factors import in_channel_index, raw
-from pathlift.symmetry.rescale import analyse
+from pathlift.graph.channels import BATCHNORM, ChannelMap, analyse
+from pathlift.graph.factors import in_channel_index, raw
 
 
 @dataclass(frozen=True)

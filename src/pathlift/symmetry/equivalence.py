@@ -21,11 +21,17 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import trace
-from pathlift.graph.channels import BATCHNORM, CONV_TRANSPOSE, ChannelMap, Producer
+from pathlift.graph.channels import (
+    BATCHNORM,
+    CONV_TRANSPOSE,
+    ChannelMap,
+    Producer,
+    analyse,
+    resolve_input_shape,
+)
+from pathlift.graph.factors import raw
+from pathlift.graph.normalize import normalize
 from pathlift.lift.path_metric import paired_parameters
-from pathlift.symmetry.factors import raw
-from pathlift.symmetry.normalize import normalize
-from pathlift.symmetry.rescale import analyse, resolve_input_shape
 
 
 # --------------------------------------------------------------------------- the slides' table

@@ -8,42 +8,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
-from pathlift.graph import trace
-from pathlift.graph.channels import BATCHNORM, ChannelMap, channel_map
-from pathlift.symmetry.factors import apply_all_, as_factors
-
-_SPATIAL_GUESSES = (32, 224, 64, 8, 28, 16, 96, 128, 256)
-
-
-def resolve_input_shape(model: nn.Module, input_shape: Sequence[int] | None) -> tuple[int, ...]:
-    """``input_shape`` itself, or one inferred from the first layer when it is None.
-
-    A first Linear gives (in_features,); a first ConvNd gives (in_channels, s, ..., s) for
-    the first spatial size s among common ones for which the model traces.
-    """
-    if input_shape is not None:
-        return tuple(int(s) for s in input_shape)
-    first = next((m for m in model.modules()
-                  if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))), None)
-    if isinstance(first, nn.Linear):
-        return (first.in_features,)
-    if first is not None:
-        dims = len(first.kernel_size)
-        for size in _SPATIAL_GUESSES:
-            shape = (first.in_channels, *(size,) * dims)
-            try:
-                trace(model, shape)
-            except (ShapeError, UnsupportedModelError):
-                continue
-            return shape
-    raise ShapeError("cannot infer the input shape of this model; pass input_shape "
-                     "(without the batch dimension), e.g. input_shape=(3, 32, 32)")
-
-
-def analyse(model: nn.Module, input_shape: Sequence[int] | None = None) -> ChannelMap:
-    """The hidden neurons of ``model``, their tie groups and how they flow (see channels)."""
-    return channel_map(trace(model, resolve_input_shape(model, input_shape)))
+from pathlift.errors import InvalidParameterError
+from pathlift.graph.channels import BATCHNORM, ChannelMap, analyse
+from pathlift.graph.factors import apply_all_, as_factors
 
 
 def _batchnorm_only(cmap: ChannelMap) -> set[int]:

@@ -10,9 +10,8 @@ import torch
 from torch import nn
 
 from pathlift.errors import InvalidParameterError
-from pathlift.graph.channels import ChannelMap, Producer
-from pathlift.symmetry.factors import apply_, incoming_norms
-from pathlift.symmetry.rescale import analyse
+from pathlift.graph.channels import ChannelMap, Producer, analyse
+from pathlift.graph.factors import apply_, incoming_norms
 
 
 @dataclass(frozen=True)
