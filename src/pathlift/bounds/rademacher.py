@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from pathlift.bounds.constants import ArchitectureConstants
 from pathlift.errors import InvalidParameterError
+from pathlift.logspace import power10
 
 _LN10 = math.log(10.0)
 
@@ -116,7 +117,7 @@ class RademacherBound:
 
     @property
     def value(self) -> float:
-        return math.inf if self.log10 > 308.25 else 10.0**self.log10
+        return power10(self.log10)
 
 
 def rademacher_peeling(c: ArchitectureConstants, sigma: float, path_norm_log10: float,

@@ -61,6 +61,7 @@ from torch import Tensor, fx, nn
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
 from pathlift.graph.ops import Call, Kind
 from pathlift.graph.trace import LayerGraph, trace
+from pathlift.logspace import power10
 
 MAX_PATHS = 10**6
 _FAR_BELOW = -1e9  # max-pool probes: every position but one is far below the probed one
@@ -300,7 +301,7 @@ class NeuronDAG:
     def path_norm(self, q: float = 1.0, r: float = 1.0) -> float:
         """The mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1 (inf beyond float64)."""
         log10 = self.path_norm_log10(q, r)
-        return math.inf if log10 > 308.25 else 10.0**log10
+        return power10(log10)
 
     def _flat_input(self, x: Tensor) -> np.ndarray:
         x = torch.as_tensor(x)

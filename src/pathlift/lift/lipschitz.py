@@ -23,7 +23,8 @@ from pathlift.graph import Call, Kind, LayerGraph, Scaled, trace
 from pathlift.graph.ops import MeanHandler, PoolGeometry, UpsampleHandler
 from pathlift.graph.trace import HANDLER
 from pathlift.lift.path_metric import PathMetric, path_metric
-from pathlift.lift.path_norm import PathNorm, _power10, format_log10, path_norm_of_graph
+from pathlift.lift.path_norm import PathNorm, path_norm_of_graph
+from pathlift.logspace import format_log10, power10
 
 _LN10 = math.log(10.0)
 
@@ -149,7 +150,7 @@ class LayerNormProduct:
 
     @property
     def value(self) -> float:
-        return _power10(self.log10)
+        return power10(self.log10)
 
     def __str__(self) -> str:
         return f"Pi_(q={self.q:g}, r={self.r:g}) = {format_log10(self.log10)}"
@@ -218,7 +219,7 @@ class ParameterLipschitz:
 
     @property
     def value(self) -> float:
-        return _power10(self.log10) if self.applies else math.nan
+        return power10(self.log10) if self.applies else math.nan
 
 
 def lipschitz_params(model_a: nn.Module, model_b: nn.Module, input_shape: Sequence[int],

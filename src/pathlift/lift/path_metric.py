@@ -24,7 +24,8 @@ from pathlift.graph.channels import channel_map
 from pathlift.graph.factors import incoming_norms
 from pathlift.graph.normalize import normalize
 from pathlift.graph.ops import MeanHandler, UpsampleHandler
-from pathlift.lift.path_norm import _flatten_outputs, _power10, format_log10
+from pathlift.lift.path_norm import _flatten_outputs
+from pathlift.logspace import format_log10, power10
 
 _LN10 = math.log(10.0)
 _EPS = 1e-15  # relative error of one float64 op chain, used for the accuracy estimate
@@ -61,15 +62,15 @@ class PathMetric:
     @property
     def value(self) -> float:
         """d(theta, theta') when exact, else the upper end of the interval."""
-        return _power10(self.upper_log10)
+        return power10(self.upper_log10)
 
     @property
     def lower(self) -> float:
-        return _power10(self.lower_log10)
+        return power10(self.lower_log10)
 
     @property
     def upper(self) -> float:
-        return _power10(self.upper_log10)
+        return power10(self.upper_log10)
 
     def __str__(self) -> str:
         if self.exact:

@@ -11,14 +11,9 @@ from torch import nn
 
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, trace
+from pathlift.logspace import format_log10, power10
 
 _LN10 = math.log(10.0)
-
-
-def _power10(log10: float) -> float:
-    if log10 > 308.2547:
-        return math.inf
-    return 10.0**log10
 
 
 @dataclass(frozen=True)
@@ -36,19 +31,11 @@ class PathNorm:
 
     @property
     def value(self) -> float:
-        return _power10(self.log10)
+        return power10(self.log10)
 
     def __str__(self) -> str:
         r = "inf" if math.isinf(self.r) else f"{self.r:g}"
         return f"||Phi||_(q={self.q:g}, r={r}) = {format_log10(self.log10)}"
-
-
-def format_log10(log10: float, digits: int = 4) -> str:
-    """A number given by its log10 in scientific notation, even far beyond float64."""
-    if math.isinf(log10):
-        return "0" if log10 < 0 else "inf"
-    exponent = math.floor(log10)
-    return f"{10 ** (log10 - exponent):.{digits}f}e{exponent:+d}"
 
 
 def _check_exponents(q: float, r: float) -> None:

@@ -23,6 +23,7 @@ from torch.nn.utils import prune
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import trace
 from pathlift.lift import path_norm_of_graph
+from pathlift.logspace import power10
 from pathlift.prune.scores import (
     Scores,
     magnitude_scores_of_graph,
@@ -102,15 +103,11 @@ class PruningResult:
 
     @property
     def path_metric(self) -> float:
-        return _exp10(self.log10_path_metric)
+        return power10(self.log10_path_metric)
 
     @property
     def bound(self) -> float:
-        return _exp10(self.log10_bound)
-
-
-def _exp10(log10: float) -> float:
-    return math.inf if log10 > 308.2547 else 10.0**log10
+        return power10(self.log10_bound)
 
 
 def _log10_sum(logs: Sequence[float]) -> float:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph import Kind, LayerGraph, param, trace
 from pathlift.lift.path_gradient import path_magnitudes
+from pathlift.logspace import power10
 
 _LN10 = math.log(10.0)
 _SCORED = (nn.Linear, nn.modules.conv._ConvNd)
@@ -46,7 +47,7 @@ class Scores:
 
     def value(self, name: str) -> Tensor:
         """The actual scores of one parameter (inf where they exceed float64)."""
-        return self.tensors[name].double() * _exp10(self.log10_scale)
+        return self.tensors[name].double() * power10(self.log10_scale)
 
     def log10_sum(self, masks: Mapping[str, Tensor] | None = None) -> float:
         """log10 of the sum of the scores, restricted to entries where ``masks`` is 1."""
@@ -60,10 +61,6 @@ class Scores:
     def flat(self) -> Tensor:
         """Every mantissa in one vector (their common dtype), in the order of ``tensors``."""
         return torch.cat([t.reshape(-1) for t in self.tensors.values()])
-
-
-def _exp10(log10: float) -> float:
-    return math.inf if log10 > 308.2547 else 10.0**log10
 
 
 def prunable_parameters(graph: LayerGraph, include_biases: bool = False

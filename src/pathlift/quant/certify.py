@@ -12,7 +12,6 @@ upper end (paper 002 Lemma F.3, infinite where its premise fails).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
 from pathlift.lift import PathMetric, path_metric
+from pathlift.logspace import power10
 from pathlift.quant.model import QuantizedModel
 
 
@@ -50,8 +50,7 @@ class CertifiedError:
 
     @property
     def relative(self) -> float:
-        gap = self.log10 - self.path_norm_log10
-        return math.inf if gap > 308 else 10.0**gap
+        return power10(self.log10 - self.path_norm_log10)
 
     def bound(self, x: Tensor) -> Tensor:
         """max(1, ||x||_inf) * d for each sample of the batch ``x`` (Cor. 3.4.1): a bound on

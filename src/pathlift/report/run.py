@@ -37,7 +37,7 @@ from pathlift.bounds import (
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import trace
 from pathlift.lift import average_case_path_norm, path_norm_of_graph
-from pathlift.lift.path_norm import format_log10
+from pathlift.logspace import format_log10
 from pathlift.report import plots
 from pathlift.report.document import Document
 from pathlift.report.tracking import PathNormTracker
