@@ -33,7 +33,7 @@ def _path_costs(model: nn.Module, cmap: ChannelMap) -> dict[str, tuple[Tensor, T
     parameters and gradients are untouched."""
     layers = [p.name for p in cmap.producers if p.kind != BATCHNORM]
     with_bias = [name for name in layers if param(model.get_submodule(name), "bias") is not None]
-    found = path_magnitudes(trace(model, cmap.graph.input_shape), layers, with_bias)
+    found = path_magnitudes(cmap.graph, layers, with_bias)  # cmap.graph traces ``model``
     return {name: (found.weights[name], found.biases.get(name)) for name in layers}
 
 
@@ -85,7 +85,7 @@ def adversarial_rescale(model: nn.Module, amount: float = 0.5,
             given[g] = False
     candidates = [(t, d) for t in scales
                   for d in (direction, torch.ones_like(direction), -torch.ones_like(direction))]
-    best, best_damage = copy.deepcopy(model), -float("inf")
+    best, best_damage = None, -float("inf")
     for t, d in candidates:
         grow = factors_from_groups(cmap, torch.pow(float(t), d), given)
         candidate = copy.deepcopy(model)
@@ -94,4 +94,4 @@ def adversarial_rescale(model: nn.Module, amount: float = 0.5,
         damage = -pruned  # ||Phi(theta)||_1 is fixed: the smaller the pruned norm, the worse
         if damage > best_damage:
             best, best_damage = candidate, damage
-    return best
+    return best if best is not None else copy.deepcopy(model)  # no scales: identity
