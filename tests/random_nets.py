@@ -329,3 +329,17 @@ def random_input(shape: tuple[int, ...], seed: int, batch: int = 1,
 def networks(max_paths: int = MAX_PATHS) -> st.SearchStrategy[tuple[nn.Module, tuple[int, ...]]]:
     """Hypothesis strategy of ``random_network(seed)`` for random seeds."""
     return st.integers(0, 2**31 - 1).map(lambda seed: random_network(seed, max_paths))
+
+
+def randomise_batchnorm_(model: nn.Module) -> nn.Module:
+    """Give every BatchNorm of ``model`` non-trivial statistics and affine parameters, in place
+    (fresh BatchNorms are the identity map); returns the model in eval mode."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                if m.affine:
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+    return model.eval()

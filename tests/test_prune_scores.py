@@ -15,6 +15,7 @@ from torch import nn
 from pathlift.errors import UnsupportedModelError
 from pathlift.lift import path_norm
 from pathlift.prune import magnitude_scores, path_magnitude_scores
+from random_nets import randomise_batchnorm_
 
 
 def _mlp(widths: list[int], seed: int) -> nn.Sequential:
@@ -83,18 +84,13 @@ class _Net(nn.Module):
 
 def _cnn(seed: int = 0) -> _Net:
     torch.manual_seed(seed)
-    model = _Net().double()
-    with torch.no_grad():
-        model.bn1.running_mean.uniform_(-1, 1)
-        model.bn1.running_var.uniform_(0.5, 2)
-        model.bn1.weight.uniform_(0.5, 2)
-        model.bn1.bias.uniform_(-1, 1)
-    return model.eval()
+    return randomise_batchnorm_(_Net().double())
 
 
 class _RowsNet(nn.Module):
     """A Linear over the last dim of 3 rows (its weight gradient is not an outer product of
-    two vectors), a transposed convolution, and a Linear on one row (it is)."""
+    two vectors), a transposed convolution, and a Linear on one row (it is); the output is
+    a dict holding a tuple."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,7 +100,7 @@ class _RowsNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.up(torch.relu(self.rows(x))))
-        return self.out(torch.flatten(x, 1))
+        return {"logits": (self.out(torch.flatten(x, 1)),)}
 
 
 def _rows_net() -> _RowsNet:

@@ -17,6 +17,7 @@ from torch.nn.utils import prune
 
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.quant import Rounding, certified_error, max_code, quantize, quantize_tensor
+from random_nets import randomise_batchnorm_
 
 ROUNDINGS = [Rounding.ZERO, Rounding.NEAREST, Rounding.DOWN]
 REFERENCE_ROUND = {Rounding.ZERO: np.trunc, Rounding.NEAREST: np.rint, Rounding.DOWN: np.floor}
@@ -114,13 +115,7 @@ class _Net(nn.Module):
 
 def _net(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    net = _Net()
-    with torch.no_grad():
-        net.bn.running_mean.uniform_(-0.5, 0.5)
-        net.bn.running_var.uniform_(0.5, 2.0)
-        net.bn.weight.uniform_(0.5, 1.5)
-        net.bn.bias.uniform_(-0.2, 0.2)
-    return net.eval()
+    return randomise_batchnorm_(_Net())
 
 
 SHAPE = (2, 4, 4)

@@ -16,6 +16,7 @@ from pathlift.graph import trace
 from pathlift.graph.channels import channel_map
 from pathlift.lift import path_norm, path_norms
 from pathlift.symmetry import random_rescale, rescale
+from random_nets import randomise_batchnorm_
 
 
 # --------------------------------------------------------------------------- a small zoo
@@ -120,15 +121,7 @@ ZOO = {
 def build(name: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> nn.Module:
     """A zoo network in eval mode with non-trivial BatchNorm statistics."""
     torch.manual_seed(seed)
-    model = ZOO[name][0]().to(dtype).eval()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-    return model
+    return randomise_batchnorm_(ZOO[name][0]().to(dtype))
 
 
 def inputs(name: str, dtype: torch.dtype = torch.float64, n: int = 5) -> torch.Tensor:
@@ -322,14 +315,7 @@ def test_reference_architectures(name, shape):
     # float64: a float32 copy cannot hold lambda <> theta exactly, and the rounding of its
     # parameters alone moves the path-norms by ~1e-8 (the float32 case is tested on the zoo)
     dtype, tol = torch.float64, 1e-10
-    model = get_model(name, num_classes=10).eval().to(dtype)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
+    model = randomise_batchnorm_(get_model(name, num_classes=10).to(dtype))
     before = snapshot(model)
     x = torch.rand((2, *shape), dtype=dtype, generator=torch.Generator().manual_seed(1))
     norms = path_norms(model, shape, qs=(1.0, 2.0))

@@ -13,15 +13,16 @@ their output (so the backward through the network computes input gradients only)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
+from pathlift.graph import AbsPowInterpreter, LayerGraph
+from pathlift.graph.abs_pow import _align
 from pathlift.graph.ops import AffineHandler, Call, abs_power
+from pathlift.lift.path_norm import _output_leaves
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,11 @@ class _Tape(AbsPowInterpreter):
         return super().bias_magnitude(handler, call)
 
 
-def _l1_mantissa(out: Scaled | Sequence[Scaled]) -> tuple[Tensor, float]:
-    """||Phi||_1 = sum of all outputs, as (mantissa, natural-log scale) over one scale."""
-    outs = [out] if isinstance(out, Scaled) else list(out)
-    top = max(o.log_scale for o in outs)
-    total = sum(o.mantissa.sum() * math.exp(o.log_scale - top) for o in outs)
-    return total, top
+def _l1_mantissa(out: object) -> tuple[Tensor, float]:
+    """||Phi||_1 = sum of all outputs (nested tuples, lists, dicts), as (mantissa,
+    natural-log scale) over one scale."""
+    mantissas, top = _align(_output_leaves(out))
+    return sum(m.sum() for m in mantissas), top
 
 
 def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[str] = (),
