@@ -58,17 +58,22 @@ def magnitude_prune(model: nn.Module, amount: float) -> nn.Module:
     """A copy with the fraction ``amount`` of smallest |weights| of Linear/Conv layers zeroed
     (global unstructured magnitude pruning, biases kept)."""
     out = copy.deepcopy(model)
-    weights = [m.weight for m in out.modules()
+    _magnitude_prune_(out, amount)
+    return out
+
+
+def _magnitude_prune_(model: nn.Module, amount: float) -> None:
+    """``magnitude_prune`` in place."""
+    weights = [m.weight for m in model.modules()
                if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
     flat = torch.cat([w.detach().abs().flatten().double() for w in weights])
     k = int(amount * flat.numel())
     if k == 0:
-        return out
+        return
     threshold = torch.kthvalue(flat, k).values
     with torch.no_grad():
         for w in weights:
             w.mul_((w.abs().double() > threshold).to(w.dtype))
-    return out
 
 
 def adversarial_rescale(model: nn.Module, amount: float = 0.5,
@@ -85,13 +90,15 @@ def adversarial_rescale(model: nn.Module, amount: float = 0.5,
             given[g] = False
     candidates = [(t, d) for t in scales
                   for d in (direction, torch.ones_like(direction), -torch.ones_like(direction))]
-    best, best_damage = None, -float("inf")
-    for t, d in candidates:
+    best, best_damage = torch.ones(cmap.group.shape, dtype=torch.float64), -float("inf")
+    for t, d in candidates:  # one scratch copy each, rescaled then pruned in place
         grow = factors_from_groups(cmap, torch.pow(float(t), d), given)
-        candidate = copy.deepcopy(model)
-        apply_all_(candidate, cmap.producers, grow, 1.0 / grow)
-        pruned = path_norm_of_graph(trace(magnitude_prune(candidate, amount), shape)).log10
-        damage = -pruned  # ||Phi(theta)||_1 is fixed: the smaller the pruned norm, the worse
+        scratch = copy.deepcopy(model)
+        apply_all_(scratch, cmap.producers, grow, 1.0 / grow)
+        _magnitude_prune_(scratch, amount)
+        damage = -path_norm_of_graph(trace(scratch, shape)).log10  # ||Phi(theta)||_1 is fixed
         if damage > best_damage:
-            best, best_damage = candidate, damage
-    return best if best is not None else copy.deepcopy(model)  # no scales: identity
+            best, best_damage = grow, damage
+    out = copy.deepcopy(model)
+    apply_all_(out, cmap.producers, best, 1.0 / best)
+    return out
