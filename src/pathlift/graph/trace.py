@@ -7,6 +7,7 @@ parameters and never modifies the model: the returned ``LayerGraph`` holds an fx
 
 from __future__ import annotations
 
+import copy
 import math
 import operator
 from collections.abc import Iterator, Sequence
@@ -19,7 +20,14 @@ from torch.fx.passes.shape_prop import ShapeProp
 from torch.utils._pytree import tree_leaves
 
 from pathlift.errors import Problem, ShapeError, UnsupportedModelError
-from pathlift.graph.ops import Call, Handler, Kind, ReshapeHandler, handler_for
+from pathlift.graph.ops import (
+    BatchNormHandler,
+    Call,
+    Handler,
+    Kind,
+    ReshapeHandler,
+    handler_for,
+)
 
 HANDLER = "pathlift_handler"
 _SLICE = ReshapeHandler("getitem")  # x[:, :k] on a tensor keeps some neurons: a relabelling
@@ -86,6 +94,20 @@ class LayerGraph:
     def example_input(self, batch: int = 1, dtype: torch.dtype | None = None) -> Tensor:
         return torch.zeros((batch, *self.input_shape), dtype=dtype or self.dtype,
                            device=self.device)
+
+    def differentiable_module(self) -> fx.GraphModule:
+        """A copy of the traced module (same submodules) to run autograd through: every
+        BatchNorm input is made contiguous first. torch 2.13's CPU eval BatchNorm backward
+        returns a wrong input gradient for a channels-last input with a size-1 spatial dim,
+        such as x.transpose(1, -1) of shape (1, 2, 3, 3, 1) (its forward is right)."""
+        module = fx.GraphModule(self.module, copy.deepcopy(self.graph))
+        for node in list(module.graph.nodes):
+            if isinstance(node.meta.get(HANDLER), BatchNormHandler):
+                with module.graph.inserting_before(node):
+                    contiguous = module.graph.call_method("contiguous", (node.args[0],))
+                node.replace_input_with(node.args[0], contiguous)
+        module.recompile()
+        return module
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import LayerGraph, trace
@@ -81,29 +81,13 @@ def local_affine(model: nn.Module, input_shape: Sequence[int], x: Tensor,
     return _local_affine(trace(net, input_shape), x, dtype, chunk)
 
 
-def _contiguous_batchnorm_inputs(graph: LayerGraph) -> fx.GraphModule:
-    """The traced module (equal to the model, trace() checked it) with every BatchNorm input
-    made contiguous first. torch 2.13's CPU eval BatchNorm backward returns a wrong input
-    gradient for a channels-last input with a size-1 spatial dim, such as x.transpose(1, -1)
-    of shape (1, 2, 3, 3, 1) (its forward is right); a contiguous input avoids it."""
-    module = fx.GraphModule(graph.module, copy.deepcopy(graph.module.graph))
-    for node in list(module.graph.nodes):
-        if node.op == "call_module" and isinstance(
-                module.get_submodule(node.target), nn.modules.batchnorm._BatchNorm):
-            with module.graph.inserting_before(node):
-                contiguous = module.graph.call_method("contiguous", (node.args[0],))
-            node.replace_input_with(node.args[0], contiguous)
-    module.recompile()
-    return module
-
-
 def _local_affine(graph: LayerGraph, x: Tensor, dtype: torch.dtype, chunk: int) -> LocalAffine:
     input_shape = graph.input_shape
     if tuple(x.shape[1:]) != tuple(input_shape):
         raise ShapeError(f"inputs have shape {tuple(x.shape)}; expected (n, *{tuple(input_shape)})")
     device = graph.device
     # functionalize: in-place ops (ReLU(inplace=True), +=) would break the backward passes
-    forward = torch.func.functionalize(_contiguous_batchnorm_inputs(graph))
+    forward = torch.func.functionalize(graph.differentiable_module())
     slopes, offsets = [], []
     for xb in x.to(device=device, dtype=dtype).split(chunk):
         leaf = xb.detach().requires_grad_()
