@@ -34,7 +34,7 @@ def main() -> None:
 
     shape = (3, 224, 224)
     model = resnet18().eval()
-    pruned = magnitude_prune(model, 0.5)
+    pruned = magnitude_prune(model, 0.5, shape)
     x = torch.randn(1, *shape)
     with torch.no_grad():
         forward = median_seconds(lambda: model(x), args.repeats)
@@ -49,7 +49,7 @@ def main() -> None:
                           nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
     small = small.double().eval()
     small_shape = (1, 8, 8)
-    small_pruned = magnitude_prune(small, 0.5)
+    small_pruned = magnitude_prune(small, 0.5, small_shape)
     result = path_metric(small, small_pruned, small_shape)
     reference = enumerated_path_metric(small, small_pruned, small_shape)
     fast = median_seconds(lambda: path_metric(small, small_pruned, small_shape), args.repeats)

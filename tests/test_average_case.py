@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
+from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import average_case_path_norm, local_affine, path_norm
-from pathlift.lift.average_case import _flat_outputs
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
 from random_nets import random_network
@@ -91,7 +91,7 @@ def test_local_affine_on_a_transposed_batchnorm_input() -> None:
     net, h = net.double(), 1e-6
     steps = h * torch.eye(x.numel(), dtype=torch.float64).reshape(-1, *shape)
     with torch.no_grad():
-        differences = (_flat_outputs(net(x + steps), len(steps)) - _flat_outputs(net(x), 1)) / h
+        differences = (flat_outputs(net(x + steps), len(steps)) - flat_outputs(net(x), 1)) / h
     torch.testing.assert_close(got[:, :-1], differences.T, rtol=0, atol=1e-6)
 
 

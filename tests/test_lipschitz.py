@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from pathlift.graph.boundary import flat_outputs
 from pathlift.lift import path_norm
-from pathlift.lift.average_case import _flat_outputs
 from pathlift.lift.lipschitz import layer_norm_product, lipschitz_input, lipschitz_params
 from pathlift.symmetry import normalize
 from test_path_metric import masked, rounded_towards_zero
@@ -179,7 +179,7 @@ def test_bounds_hold_on_random_networks(seed):
     x = 2 * torch.rand((16, *shape), dtype=torch.float64, generator=g) - 1
     x2 = x + 0.1 * torch.randn(x.shape, dtype=torch.float64, generator=g)
     with torch.no_grad():
-        y, y2, yp = (_flat_outputs(out, len(x)) for out in (model(x), model(x2), pruned(x)))
+        y, y2, yp = (flat_outputs(out, len(x)) for out in (model(x), model(x2), pruned(x)))
     bound = lipschitz_input(model, shape, 1.0).path_norm.value
     dx = (x - x2).flatten(1).abs().amax(1)
     assert ((y - y2).abs().sum(1) <= bound * dx * (1 + 1e-9) + 1e-12).all()

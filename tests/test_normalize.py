@@ -33,7 +33,7 @@ def hidden_norms(model: nn.Module, shape, q: float) -> dict[str, torch.Tensor]:
     for p in cmap.producers:
         groups = cmap.group[p.neurons]
         keep = (groups != 0) & ~torch.isin(groups, torch.tensor(sorted(tied) or [-1]))
-        if keep.any() and not (p.kind == "batchnorm" and p.neurons is p.inputs):
+        if keep.any() and not p.passthrough:
             out[p.name] = incoming_norms(model.get_submodule(p.name), p, q)[keep]
     return out
 

@@ -16,7 +16,7 @@ from torch.nn.utils import prune
 
 from pathlift.graph import trace
 from pathlift.graph.neurons import NeuronDAG
-from pathlift.lift import path_norm, path_norm_of_graph, path_norms
+from pathlift.lift import path_norm, path_norms
 from random_nets import networks, random_network
 
 QS = (0.5, 1.0, 2.0, 4.0)
@@ -43,7 +43,7 @@ def test_one_pass_equals_enumeration(seed):
     for q in QS:
         per_output = 10.0 ** (dag.output_path_norms_log(q) / math.log(10.0))
         for r in RS:
-            one_pass = path_norm_of_graph(graph, q, r)
+            one_pass = path_norm(graph, None, q, r)
             assert one_pass.value == pytest.approx(dag.path_norm(q, r), rel=REL), (q, r)
         np.testing.assert_allclose(10.0 ** np.array(one_pass.per_output_log10), per_output,
                                    rtol=REL)

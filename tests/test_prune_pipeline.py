@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders
+from pathlift.graph.boundary import prune_masks
 from pathlift.models import mlp
-from pathlift.prune.pipeline import PruneConfig, _masked, _masks, run_experiment
+from pathlift.prune.pipeline import PruneConfig, _masked, run_experiment
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -51,7 +52,7 @@ def test_rewound_model_keeps_early_weights_under_the_mask_while_retraining() -> 
     trained = mlp(64, (16,), 10)
     mask = (torch.rand(16, 64) > 0.5).float()
     nn.utils.prune.custom_from_mask(trained[1], "weight", mask)
-    rewound = _masked(lambda: mlp(64, (16,), 10), early, _masks(trained))
+    rewound = _masked(lambda: mlp(64, (16,), 10), early, prune_masks(trained))
     torch.testing.assert_close(rewound[1].weight, early["1.weight"] * mask)
     digits = load_digits()
     train, _ = loaders(digits, 64, 0)

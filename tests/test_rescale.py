@@ -162,7 +162,7 @@ def random_lambdas(model: nn.Module, shape, seed: int = 0) -> dict[str, torch.Te
         -7.0, 7.0, generator=g))
     per_group[0] = 1.0
     return {p.name: per_group[cmap.group[p.neurons]] for p in cmap.producers
-            if not (p.kind == "batchnorm" and p.neurons is p.inputs)}
+            if not p.passthrough}
 
 
 # --------------------------------------------------------------------------- tests

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 
 _LOG10_MAX = math.log10(sys.float_info.max)  # ~308.2547
 
@@ -19,3 +20,22 @@ def format_log10(log10: float, digits: int = 4) -> str:
         return "0" if log10 < 0 else "inf"
     exponent = math.floor(log10)
     return f"{10 ** (log10 - exponent):.{digits}f}e{exponent:+d}"
+
+
+LN10 = math.log(10.0)
+
+
+def log10_sum(logs: Sequence[float]) -> float:
+    """log10 of sum 10**v over ``logs``, exact far beyond float64 (-inf for no terms)."""
+    top = max(logs, default=-math.inf)
+    if math.isinf(top):
+        return top
+    return top + math.log10(math.fsum(10.0 ** (v - top) for v in logs))
+
+
+def log10_difference(a: float, b: float) -> float:
+    """log10(10**a - 10**b) for a >= b, -inf when they are equal."""
+    if b == -math.inf:
+        return a
+    gap = -math.expm1((b - a) * LN10)
+    return a + math.log10(gap) if gap > 0 else -math.inf

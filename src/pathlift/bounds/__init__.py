@@ -3,7 +3,6 @@
 from pathlift.bounds.constants import (
     ArchitectureConstants,
     architecture_constants,
-    constants_of_graph,
 )
 from pathlift.bounds.covering import CoveringNumber, covering_deep, covering_shallow
 from pathlift.bounds.rademacher import (
@@ -35,7 +34,6 @@ __all__ = [
     "RademacherBound",
     "Sigma",
     "architecture_constants",
-    "constants_of_graph",
     "covering_deep",
     "covering_shallow",
     "cross_entropy_gap_log10",

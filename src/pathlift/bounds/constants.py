@@ -12,14 +12,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-from torch import fx, nn
+from torch import nn
 
-from pathlift.graph import Call, Kind, LayerGraph, trace
-
-_CLOSES = (Kind.RELU, Kind.MAXPOOL)  # activations that end a neuron layer
-_OPENS = (Kind.AFFINE, Kind.POOL, Kind.ADD)  # ops that create (or feed) identity neurons
-_RELABEL = (Kind.RESHAPE, Kind.CAT, Kind.IDENTITY, Kind.SHAPE)  # ops creating no neuron
+from pathlift.graph import Kind, LayerGraph, graph_of
+from pathlift.graph.structure import counts, cuts, longest_path, neuron_layers
 
 
 @dataclass(frozen=True)
@@ -61,126 +57,24 @@ class ArchitectureConstants:
     sharpened_applies: bool
 
 
-def architecture_constants(model: nn.Module, input_shape: Sequence[int]
-                           ) -> ArchitectureConstants:
-    """D, K, P, d_in, d_out, #params of ``model`` (thesis Thm 4.4.1, Thm 4.3.1).
-
-    The model is not modified. Raises UnsupportedModelError like ``pathlift.graph.trace``.
-    """
-    return constants_of_graph(trace(model, input_shape))
-
-
-def constants_of_graph(graph: LayerGraph) -> ArchitectureConstants:
-    """Architecture constants of an already traced graph (thesis Thm 4.4.1, Thm 4.3.1)."""
-    with torch.no_grad():
-        counts = _count(graph)
+def architecture_constants(model: nn.Module | LayerGraph,
+                           input_shape: Sequence[int] | None = None) -> ArchitectureConstants:
+    """D, K, P, d_in, d_out, #params of ``model`` (thesis Thm 4.4.1, Thm 4.3.1), read from
+    its traced graph (``pathlift.graph.structure``). The model is not modified. Raises
+    UnsupportedModelError like ``pathlift.graph.trace``."""
+    graph = graph_of(model, input_shape)
     maxpools = [n for n in graph.nodes() if graph.handler(n).kind is Kind.MAXPOOL]
+    found = counts(graph)
     return ArchitectureConstants(
-        depth=_longest(graph, refined=True, count_maxpool=True),
-        depth_unrefined=_longest(graph, refined=False, count_maxpool=True),
-        depth_without_maxpool=_longest(graph, refined=True, count_maxpool=False),
-        maxpool_layers=_max_on_path(graph, Kind.MAXPOOL),
-        kernel=max(counts.kernels, default=1),
+        depth=neuron_layers(graph, refined=True, count_maxpool=True),
+        depth_unrefined=neuron_layers(graph, refined=False, count_maxpool=True),
+        depth_without_maxpool=neuron_layers(graph, refined=True, count_maxpool=False),
+        maxpool_layers=longest_path(graph, Kind.MAXPOOL),
+        kernel=found.kernel,
         pool_types=1 if maxpools else 0,
         d_in=math.prod(graph.input_shape),
         d_out=graph.d_out,
-        num_params=sum(counts.shared.values()),
-        num_params_unshared=counts.unshared,
-        sharpened_applies=bool(maxpools) and all(_cuts(graph, m) for m in maxpools),
+        num_params=found.shared,
+        num_params_unshared=found.unshared,
+        sharpened_applies=bool(maxpools) and all(cuts(graph, m) for m in maxpools),
     )
-
-
-def _longest(graph: LayerGraph, refined: bool, count_maxpool: bool) -> int:
-    """Longest input->output path in neuron layers, by dynamic programming in topological
-    order. Per node: ``done`` = layers completed, ``open`` = done + 1 if identity neurons
-    are still waiting for the activation that ends their layer."""
-    done: dict[fx.Node, int] = {}
-    open_: dict[fx.Node, int] = {}
-    relu_out: dict[fx.Node, bool] = {}  # holds ReLU neurons only (relu of them is themselves)
-    out = 0
-    for n in graph.graph.nodes:
-        preds = n.all_input_nodes
-        d = max((done[p] for p in preds), default=0)
-        o = max((open_[p] for p in preds), default=0)
-        if n.op == "output":
-            out = o
-            continue
-        kind = graph.handler(n).kind if n.op != "placeholder" else Kind.IDENTITY
-        step = int(count_maxpool or kind is not Kind.MAXPOOL)
-        idempotent = refined and bool(preds) and all(relu_out[p] for p in preds)
-        relu_out[n] = kind is Kind.RELU or (kind in _RELABEL and idempotent)
-        if kind is Kind.RELU:
-            d = o = d + (0 if idempotent else 1)  # relu(relu(z)) = relu(z)
-        elif kind is Kind.MAXPOOL:  # identity neurons before a max cannot be merged into it
-            d = o = o + step
-        elif kind in _OPENS:
-            if refined:
-                o = d + 1
-            elif not (kind is Kind.ADD or _folds(graph, n)):
-                d, o = o, o + 1
-        done[n], open_[n] = d, o
-    return out
-
-
-def _folds(graph: LayerGraph, node: fx.Node) -> bool:
-    """An eval BatchNorm right after an affine layer is folded into it."""
-    module = graph.submodule(node)
-    pred = node.all_input_nodes[0]
-    return (isinstance(module, nn.modules.batchnorm._BatchNorm) and pred.op != "placeholder"
-            and graph.handler(pred).kind is Kind.AFFINE)
-
-
-def _max_on_path(graph: LayerGraph, kind: Kind) -> int:
-    best: dict[fx.Node, int] = {}
-    for n in graph.graph.nodes:
-        here = max((best[p] for p in n.all_input_nodes), default=0)
-        if n.op not in ("placeholder", "output") and graph.handler(n).kind is kind:
-            here += 1
-        best[n] = here
-        if n.op == "output":
-            return here
-    return 0
-
-
-def _cuts(graph: LayerGraph, removed: fx.Node) -> bool:
-    """True when every input->output path goes through ``removed`` (no skip jumps it)."""
-    reached: set[fx.Node] = set()
-    for n in graph.graph.nodes:
-        if n is removed:
-            continue
-        if n.op == "placeholder" or any(p in reached for p in n.all_input_nodes):
-            reached.add(n)
-        if n.op == "output":
-            return n not in reached
-    return True
-
-
-@dataclass
-class _Counts:
-    kernels: list[int]
-    shared: dict[int, int]
-    unshared: int
-
-
-def _count(graph: LayerGraph) -> _Counts:
-    """Per node, on all-ones inputs of the recorded shapes (batch 1): max-pool antecedents
-    (window sums of ones), edges of affine layers (|W|^0 applied to ones), neurons."""
-    counts = _Counts([], {}, 0)
-    for n in graph.nodes():
-        if graph.handler(n).kind not in (Kind.MAXPOOL, Kind.AFFINE):
-            continue
-        handler, module = graph.handler(n), graph.submodule(n)
-        ones = torch.ones((1, *_shape(n.args[0])), dtype=graph.dtype, device=graph.device)
-        call = Call(n, module, (ones, *n.args[1:]), dict(n.kwargs))
-        if handler.kind is Kind.MAXPOOL:
-            counts.kernels.append(int(handler.abs_pow(ones, 1.0, call).max()))
-            continue
-        edges = int(handler.weight_part(ones, 0.0, call).double().sum())
-        bias = math.prod(_shape(n)) if handler.bias(module) is not None else 0
-        counts.unshared += edges + bias
-        counts.shared[id(module)] = sum(p.numel() for p in module.parameters())
-    return counts
-
-
-def _shape(node: fx.Node) -> tuple[int, ...]:
-    return tuple(node.meta["tensor_meta"].shape[1:])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 
@@ -12,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from pathlift.bounds.rademacher import RademacherBound
 from pathlift.errors import InvalidParameterError
+from pathlift.graph import eval_mode, unwrap
 
 CROSS_ENTROPY_LIPSCHITZ = math.sqrt(2.0)  # thesis Example 4.1.1, Appendix C.6
 
@@ -34,11 +34,11 @@ def cross_entropy_gap_log10(rademacher: RademacherBound, n: int) -> float:
 def margins(model: nn.Module, loader: DataLoader) -> torch.Tensor:
     """Margins R(x)_y - max_{c != y} R(x)_c over a loader (thesis Sec. 4.1, Appendix E.1).
 
-    Runs a deep copy in eval mode: the caller's model and its training flag are untouched.
+    Runs in eval mode; the caller's training flags are restored afterwards.
     """
-    net = copy.deepcopy(model).eval()
+    net = unwrap(model)
     out = []
-    with torch.no_grad():
+    with torch.no_grad(), eval_mode(net):
         for x, y in loader:
             logits = net(x).reshape(len(x), -1).to(torch.float64)
             true = logits.gather(1, y.reshape(-1, 1)).squeeze(1)

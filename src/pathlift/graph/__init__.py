@@ -1,8 +1,10 @@
-"""The one place that understands torch: tracing, validation, and graph passes."""
+"""The one place that understands torch: tracing, validation, the model boundary, and the
+graph passes (the registry of supported operations is ``pathlift.graph.ops``)."""
 
 from pathlift.graph.abs_pow import AbsPowInterpreter, Scaled
-from pathlift.graph.ops import Call, Handler, Kind, batchnorm_affine, handler_for, param
-from pathlift.graph.trace import CheckReport, LayerGraph, check, trace
+from pathlift.graph.boundary import copy_model, eval_mode, param, unwrap
+from pathlift.graph.ops import Call, Handler, Kind, batchnorm_affine, handler_for
+from pathlift.graph.trace import CheckReport, LayerGraph, check, graph_of, trace
 
 __all__ = [
     "AbsPowInterpreter",
@@ -14,7 +16,11 @@ __all__ = [
     "Scaled",
     "batchnorm_affine",
     "check",
+    "copy_model",
+    "eval_mode",
+    "graph_of",
     "handler_for",
     "param",
     "trace",
+    "unwrap",
 ]

@@ -45,6 +45,19 @@ def _align(values: list[Scaled]) -> tuple[list[Tensor], float]:
     return [v.mantissa * math.exp(v.log_scale - top) for v in values], top
 
 
+def scaled_affine(y: Tensor, log_scale: float, bias: Tensor | None, channel_dim: int
+                  ) -> Scaled:
+    """y e^s + b (b >= 0, one entry per channel along ``channel_dim``) as a normalised
+    ``Scaled``: e^m (y e^{s-m} + b e^{-m}) with m the larger of s and ln max b."""
+    peak = float(bias.detach().max()) if bias is not None and bias.numel() else 0.0
+    if peak == 0.0:
+        return Scaled.normalised(y, log_scale)
+    top = max(log_scale, math.log(peak))
+    shaped = bias if channel_dim == -1 else _channel_view(bias, y.dim())
+    y = y * math.exp(log_scale - top) + (shaped / peak) * math.exp(math.log(peak) - top)
+    return Scaled.normalised(y, top)
+
+
 class AbsPowInterpreter(fx.Interpreter):
     """Forward pass of the |theta|^q network (Thm 3.1.1) over a traced ``LayerGraph``."""
 
@@ -88,18 +101,9 @@ class AbsPowInterpreter(fx.Interpreter):
 
     def _affine(self, handler: AffineHandler, x: Tensor, log_scale: float, call: Call
                 ) -> Scaled:
-        """|W|^q x e^s + |b|^q, computed as e^m (|W|^q x e^{s-m} + |b|^q e^{-m})."""
-        y = self.weight_part(handler, x, call)
-        b = self.bias_magnitude(handler, call)
-        if b is None:
-            return Scaled.normalised(y, log_scale)
-        peak = float(b.detach().max()) if b.numel() else 0.0
-        if peak == 0.0:
-            return Scaled.normalised(y, log_scale)
-        top = max(log_scale, math.log(peak))
-        shaped = b if handler.channel_dim == -1 else _channel_view(b, y.dim())
-        y = y * math.exp(log_scale - top) + (shaped / peak) * math.exp(math.log(peak) - top)
-        return Scaled.normalised(y, top)
+        """|W|^q x e^s + |b|^q (see ``scaled_affine``)."""
+        return scaled_affine(self.weight_part(handler, x, call), log_scale,
+                             self.bias_magnitude(handler, call), handler.channel_dim)
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call) -> Tensor:
         """|W|^q x of one affine layer (a hook: subclasses substitute or record |W|^q)."""

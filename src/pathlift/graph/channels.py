@@ -12,6 +12,10 @@ rescaled consistently); ids that reach a model output or meet the raw input are 
 (output neurons are not rescaled). Anything else that mixes channels (pooling across
 channels, ...) ties all the ids it mixes, which is always a valid, if coarser, symmetry.
 
+A layer called several times (tied weights) keeps one set of neuron ids for all its calls,
+and the inputs it reads at each call are tied channel by channel: one factor must then
+serve every call, which is the only rescaling that keeps such a network's function.
+
 One analysis serves rescaling, normalisation, canonicalisation and conserved quantities.
 """
 
@@ -23,11 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
-from pathlift.errors import ShapeError, UnsupportedModelError
-from pathlift.graph.ops import Kind
-from pathlift.graph.trace import HANDLER, LayerGraph, trace
-
-LINEAR, CONV, CONV_TRANSPOSE, BATCHNORM = "linear", "conv", "conv_transpose", "batchnorm"
+from pathlift.graph.boundary import output_leaves
+from pathlift.graph.ops import AffineHandler, Kind
+from pathlift.graph.trace import HANDLER, LayerGraph, graph_of
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,25 @@ class Producer:
     """A layer whose output channels are neurons.
 
     ``neurons[c]`` is the id of output channel c and ``inputs[i]`` the id feeding input
-    channel (or Linear feature) i; id 0 is the network input. A BatchNorm without affine
-    parameters cannot rescale on its own: its ``neurons`` are its ``inputs``.
+    channel (or Linear feature) i at its first call; id 0 is the network input. A layer
+    without neurons of its own (BatchNorm without affine parameters) has ``neurons`` is
+    ``inputs``. ``handler`` knows its weight layout (``pathlift.graph.ops``).
     """
 
     name: str
-    kind: str
+    handler: AffineHandler
     neurons: Tensor
     inputs: Tensor
     groups: int = 1
+
+    @property
+    def passthrough(self) -> bool:
+        return self.neurons is self.inputs
+
+    @property
+    def diagonal(self) -> bool:
+        """Each neuron reads only its own input channel (eval BatchNorm)."""
+        return self.handler.diagonal
 
 
 @dataclass(frozen=True)
@@ -75,21 +87,13 @@ class ChannelMap:
         """For each free group: the producers holding it and their channel indices."""
         out: dict[int, list[tuple[Producer, Tensor]]] = {}
         for p in self.producers:
-            if p.kind == BATCHNORM and p.neurons is p.inputs:
+            if p.passthrough:
                 continue
             groups = self.group[p.neurons]
             for g in torch.unique(groups).tolist():
                 if g:
                     out.setdefault(g, []).append((p, torch.nonzero(groups == g).flatten()))
         return out
-
-
-def producer_kind(module: nn.Module) -> str:
-    if isinstance(module, nn.Linear):
-        return LINEAR
-    if isinstance(module, nn.modules.conv._ConvNd):
-        return CONV_TRANSPOSE if module.transposed else CONV
-    return BATCHNORM
 
 
 class _UnionFind:
@@ -138,14 +142,14 @@ class _Labeller(fx.Interpreter):
         super().__init__(graph.module)
         self.layer_graph = graph
         self.uf = _UnionFind()
-        self.producers: list[Producer] = []
+        self.producers: dict[str, Producer] = {}
         self.outputs: list[Tensor] = []
 
     def run_node(self, n: fx.Node):
         if n.op == "placeholder":
             return torch.zeros((1, *self.layer_graph.input_shape), dtype=torch.float64)
         if n.op == "output":
-            for t in _tensors(self.fetch_args_kwargs_from_env(n)[0]):
+            for t in output_leaves(self.fetch_args_kwargs_from_env(n)[0]):
                 self.uf.union(0, self.uf.union_all(t.long()))
                 self.outputs.append(torch.unique(t.long()))
             return super().run_node(n)
@@ -168,16 +172,21 @@ class _Labeller(fx.Interpreter):
 
     def _producer(self, n: fx.Node, ids: Tensor) -> Tensor:
         module = self.layer_graph.submodule(n)
-        kind = producer_kind(module)
-        dim = ids.dim() - 1 if kind == LINEAR else 1
+        handler = n.meta[HANDLER]
+        dim = ids.dim() - 1 if handler.channel_dim == -1 else 1
         inputs = _per_channel(ids.long(), dim, self.uf)
-        if kind == BATCHNORM and not module.affine:
+        first = self.producers.get(n.target)
+        if first is not None:  # a layer called again: same neurons, inputs tied per channel
+            for a, b in zip(first.inputs.tolist(), inputs.tolist(), strict=True):
+                self.uf.union(a, b)
+            neurons = first.neurons
+        elif not handler.own_neurons(module):
             neurons = inputs
         else:
-            channels = self._out_shape(n)[dim]
-            neurons = self.uf.new(channels)
-        self.producers.append(Producer(n.target, kind, neurons, inputs,
-                                       getattr(module, "groups", 1)))
+            neurons = self.uf.new(self._out_shape(n)[dim])
+        if first is None:
+            self.producers[n.target] = Producer(n.target, handler, neurons, inputs,
+                                                handler.groups(module))
         shape = self._out_shape(n)
         view = [1] * len(shape)
         view[dim] = -1
@@ -194,18 +203,15 @@ class _Labeller(fx.Interpreter):
         return torch.full(shape, float(self.uf.union_all(long)), dtype=torch.float64)
 
 
-def _tensors(value) -> list[Tensor]:
-    if isinstance(value, Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def channel_map(graph: LayerGraph) -> ChannelMap:
-    """Hidden neurons of every producer, their tie groups and where they flow (Def. 2.4.1)."""
+    """Hidden neurons of every producer, their tie groups and where they flow (Def. 2.4.1).
+    Computed once per graph (it depends on the structure only)."""
+    if "channels" not in graph.derived:
+        graph.derived["channels"] = _channel_map(graph)
+    return graph.derived["channels"]
+
+
+def _channel_map(graph: LayerGraph) -> ChannelMap:
     labeller = _Labeller(graph)
     with torch.no_grad():
         labeller.run()
@@ -214,37 +220,14 @@ def channel_map(graph: LayerGraph) -> ChannelMap:
     unique, group = torch.unique(roots, return_inverse=True)  # root 0 -> group 0
     outputs = torch.unique(torch.cat(labeller.outputs)) if labeller.outputs else \
         torch.zeros(0, dtype=torch.long)
-    return ChannelMap(graph, tuple(labeller.producers), group, int(unique.numel()), outputs)
+    return ChannelMap(graph, tuple(labeller.producers.values()), group, int(unique.numel()),
+                      outputs)
 
 
-_SPATIAL_GUESSES = (32, 224, 64, 8, 28, 16, 96, 128, 256)
-
-
-def resolve_input_shape(model: nn.Module, input_shape: Sequence[int] | None) -> tuple[int, ...]:
-    """``input_shape`` itself, or one inferred from the first layer when it is None.
-
-    A first Linear gives (in_features,); a first ConvNd gives (in_channels, s, ..., s) for
-    the first spatial size s among common ones for which the model traces.
-    """
-    if input_shape is not None:
-        return tuple(int(s) for s in input_shape)
-    first = next((m for m in model.modules()
-                  if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))), None)
-    if isinstance(first, nn.Linear):
-        return (first.in_features,)
-    if first is not None:
-        dims = len(first.kernel_size)
-        for size in _SPATIAL_GUESSES:
-            shape = (first.in_channels, *(size,) * dims)
-            try:
-                trace(model, shape)
-            except (ShapeError, UnsupportedModelError):
-                continue
-            return shape
-    raise ShapeError("cannot infer the input shape of this model; pass input_shape "
-                     "(without the batch dimension), e.g. input_shape=(3, 32, 32)")
-
-
-def analyse(model: nn.Module, input_shape: Sequence[int] | None = None) -> ChannelMap:
-    """The hidden neurons of ``model``, their tie groups and how they flow (see channels)."""
-    return channel_map(trace(model, resolve_input_shape(model, input_shape)))
+def analyse(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
+            ) -> ChannelMap:
+    """The hidden neurons of ``model``, their tie groups and how they flow (see channels).
+    Parameter values are checked (NaN, inf) since every user transforms them."""
+    graph = graph_of(model, input_shape)
+    graph.check_values()
+    return channel_map(graph)

@@ -45,7 +45,6 @@ than ``max_paths`` (default 1e6) paths is refused.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
+from pathlift.graph.boundary import copy_model, output_leaves
 from pathlift.graph.ops import Call, Kind
 from pathlift.graph.trace import LayerGraph, trace
 from pathlift.logspace import power10
@@ -157,11 +157,11 @@ class NeuronDAG:
         UnsupportedModelError for ops outside Def. 2.2.2 and when the network has more than
         ``max_paths`` paths (enumeration is for small networks; use ``pathlift.path_norm``).
         """
-        graph = trace(_float64_copy(model), input_shape)
+        graph = trace(copy_model(model).to("cpu", torch.float64), input_shape)
         builder = _Builder(graph)
         with torch.no_grad():
             out = builder.run(builder.input_ids())
-        leaves = _tensor_leaves(out)
+        leaves = output_leaves(out)
         dag = builder.finish(leaves)
         count = dag.num_paths
         if count > max_paths:
@@ -311,18 +311,6 @@ class NeuronDAG:
         return x.detach().to(torch.float64).reshape(-1).cpu().numpy()
 
 
-def _float64_copy(model: nn.Module) -> nn.Module:
-    """A float64 CPU deep copy. Tensors computed from parameters and cached on a module (the
-    ``weight`` that torch.nn.utils.prune recomputes before each forward) are not graph
-    leaves and cannot be deep-copied: they are copied detached."""
-    memo: dict[int, Any] = {}
-    for m in model.modules():
-        for value in vars(m).values():
-            if isinstance(value, Tensor) and not value.is_leaf:
-                memo[id(value)] = value.detach().clone()
-    return copy.deepcopy(model, memo).to("cpu", torch.float64)
-
-
 def _sign(w: float) -> float:
     return float(np.sign(w))
 
@@ -339,17 +327,6 @@ def _log_sum_exp(a: np.ndarray) -> float:
     if top == -math.inf:
         return top
     return top + math.log(math.fsum(np.exp(a - top)))
-
-
-def _tensor_leaves(out: Any) -> list[Tensor]:
-    if isinstance(out, Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensor_leaves(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensor_leaves(o)]
-    raise UnsupportedModelError(f"the model returns a {type(out).__name__}; NeuronDAG needs "
-                                "tensors, or tuples, lists or dicts of tensors")
 
 
 class _Builder(fx.Interpreter):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,8 +9,10 @@ import torch
 from torch import nn
 
 from pathlift.errors import InvalidParameterError
+from pathlift.graph.boundary import copy_model
 from pathlift.graph.channels import ChannelMap, Producer, analyse
-from pathlift.graph.factors import apply_, incoming_norms
+from pathlift.graph.factors import apply_, incoming_norms, refuse_shared_parameters
+from pathlift.graph.trace import LayerGraph
 
 
 @dataclass(frozen=True)
@@ -26,14 +27,14 @@ class Normalized:
     tied_groups: int
 
 
-def normalize(model: nn.Module, input_shape: Sequence[int] | None = None,
+def normalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
               q: float = 1.0) -> nn.Module:
     """A functionally equivalent copy whose hidden neurons have ||(theta^{->v}, b_v)||_q in
     {0, 1} (thesis Alg. 3.2.1, Lemma 3.2.1). See ``normalize_report`` for the details."""
     return normalize_report(model, input_shape, q).model
 
 
-def normalize_report(model: nn.Module, input_shape: Sequence[int] | None = None,
+def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
                      q: float = 1.0) -> Normalized:
     """Alg. 3.2.1 on every hidden neuron group, in topological order; the model is not modified.
 
@@ -50,12 +51,17 @@ def normalize_report(model: nn.Module, input_shape: Sequence[int] | None = None,
     Def. 3.2.1 then holds exactly for every untied neuron, not in general for the later
     members of a tied group: their norms depend on the group's own factor through the
     residual block, so no single factor normalises them all.
-    Pooling neurons have fixed weights and are not rescaled.
+    Pooling neurons have fixed weights and are not rescaled. A layer called several times
+    keeps one factor per neuron for all its calls (see ``pathlift.graph.channels``).
+    ``model`` may be a traced ``LayerGraph``; the copy is of the plain module (wrappers
+    such as DDP or torch.compile are looked through) and shares that graph.
     """
-    if not (q > 0):
-        raise InvalidParameterError(f"q must be in (0, inf], got {q}")
+    if not (isinstance(q, (int, float)) and q > 0):
+        raise InvalidParameterError(f"q must be a number in (0, inf], got {q!r}")
     cmap = analyse(model, input_shape)
-    out = copy.deepcopy(model)
+    source = cmap.graph.model
+    refuse_shared_parameters(source, cmap.producers)
+    out = copy_model(source)
     members = cmap.members()
     readers = _readers(cmap)
     dead = 0
@@ -73,6 +79,7 @@ def normalize_report(model: nn.Module, input_shape: Sequence[int] | None = None,
             if p.name in touched:
                 apply_(out.get_submodule(p.name), p, grow, shrink)
     tied = sum(sum(idx.numel() for _, idx in m) > 1 for m in members.values())
+    cmap.graph.bind(out)
     return Normalized(out, q, dead, tied)
 
 

@@ -20,6 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from pathlift.errors import UnsupportedModelError
+from pathlift.graph.boundary import assign_, mask, param, stored
+
 
 class Kind(Enum):
     """How an op maps to the neurons of Def. 2.2.2."""
@@ -60,39 +63,6 @@ class Call:
         return self.kwargs.get(name, default)
 
 
-def param(module: nn.Module, name: str) -> Tensor | None:
-    """The effective parameter ``name``, honouring torch.nn.utils.prune masks.
-
-    A pruned module stores ``name_orig`` and ``name_mask``; its plain ``name`` attribute is
-    only refreshed by a forward pre-hook and may be stale, so the product is recomputed.
-    """
-    orig = getattr(module, name + "_orig", None)
-    mask = getattr(module, name + "_mask", None)
-    if orig is not None and mask is not None:
-        return orig * mask
-    return getattr(module, name, None)
-
-
-def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | None = None
-                     ) -> tuple[Tensor, Tensor]:
-    """Eval-mode BatchNorm as the affine identity neuron x*a + c (thesis, below Def 2.2.2).
-
-    ``dtype`` (default: the buffers' dtype) is the precision of the fold: folding float32
-    statistics in float32 loses ~1e-7 relative, more than a float64 path-norm tolerates.
-    """
-    var, mean = bn.running_var.to(dtype), bn.running_mean.to(dtype)
-    a = torch.rsqrt(var + bn.eps)
-    weight, bias = param(bn, "weight"), param(bn, "bias")
-    weight = None if weight is None else weight.to(dtype)
-    bias = None if bias is None else bias.to(dtype)
-    if weight is not None:
-        a = a * weight
-    c = -mean * a
-    if bias is not None:
-        c = c + bias
-    return a, c
-
-
 class Handler:
     """Base handler: the op runs unchanged in every pass (structure only)."""
 
@@ -105,11 +75,17 @@ class Handler:
             self.kind = kind
 
     def problem(self, call: Call) -> str | None:
-        """Why this particular call is outside the supported model, or None."""
+        """Why this call is outside the supported model, or None. Decided from shapes,
+        module settings and non-tensor arguments only: ``call`` may hold meta tensors."""
         return None
 
     def abs_pow(self, x: Tensor, q: float, call: Call) -> Tensor:
         """The op with every weight w replaced by |w|^q, applied to a non-negative input."""
+        return call.run(x)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        """For each neuron the op creates, the largest value of ``x`` over its antecedents
+        (the max-product pass of Def. 3.3.1); ops creating no neuron just move ``x``."""
         return call.run(x)
 
     def __repr__(self) -> str:
@@ -117,54 +93,6 @@ class Handler:
 
 
 # --------------------------------------------------------------------------- affine layers
-
-
-class AffineHandler(Handler):
-    """Layers with parameters: y = W x + b, bias broadcast along ``channel_dim``."""
-
-    kind = Kind.AFFINE
-    channel_dim = 1
-
-    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype) -> Tensor:
-        """|W|^q, a fresh tensor: the layer's weight in the |theta|^q network (Thm 3.1.1)."""
-        return abs_power(param(module, "weight"), q, dtype)
-
-    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
-        """The layer's linear map with ``weight`` in place of W, without the bias."""
-        raise NotImplementedError
-
-    def weight_part(self, x: Tensor, q: float, call: Call) -> Tensor:
-        """|W|^q x, without the bias."""
-        return self.apply(x, self.magnitude(call.module, q, x.dtype), call)
-
-    def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
-        """(u, v) with d<grad_y, apply(x, W)>/dW = u v^T when that gradient is an outer
-        product the layer can name without forming it (a Linear layer on one row), else
-        None. Lets a caller scale a huge weight by its gradient in place."""
-        return None
-
-    def bias(self, module: nn.Module) -> Tensor | None:
-        """The bias vector b (one entry per output channel), or None."""
-        return param(module, "bias")
-
-    def problem(self, call: Call) -> str | None:
-        return _nonfinite_problem(call.module)
-
-
-def _nonfinite_problem(module: nn.Module | None) -> str | None:
-    if module is None:
-        return None
-    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-        if tensor.is_floating_point() and tensor.numel() and not _all_finite(tensor.detach()):
-            return f"parameter '{name}' holds NaN or inf; fix or reload the weights"
-    return None
-
-
-def _all_finite(t: Tensor) -> bool:
-    """No NaN or inf in ``t``: its min and max propagate both, and need no mask of t's size
-    (allocating one costs more than reading t for large layers)."""
-    low, high = torch.aminmax(t)
-    return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
 def abs_power(t: Tensor, q: float, dtype: torch.dtype) -> Tensor:
@@ -176,17 +104,189 @@ def abs_power(t: Tensor, q: float, dtype: torch.dtype) -> Tensor:
     return magnitude if q == 1 else magnitude.pow_(q)
 
 
+def _all_finite(t: Tensor) -> bool:
+    """No NaN or inf in ``t``: its min and max propagate both, and need no mask of t's size
+    (allocating one costs more than reading t for large layers)."""
+    if not t.numel():
+        return True
+    low, high = torch.aminmax(t.detach())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
+def _channel_view(v: Tensor, ndim: int) -> Tensor:
+    return v.reshape((1, -1) + (1,) * (ndim - 2)) if ndim > 1 else v
+
+
+class AffineHandler(Handler):
+    """Layers with parameters: y = W x + b, one output channel per neuron group.
+
+    ``channel_dim`` is the activation dim holding channels (-1 for Linear), ``out_dim``
+    the weight dim holding output channels (the other of dims 0, 1 holds the input
+    channels of a group). ``scored``: its weights and bias are coordinates of theta that
+    pruning may zero. Everything pathlift does to a layer's parameters (the |theta|^q
+    pass, rescaling, normalisation, permutation, quantisation) asks these methods.
+    """
+
+    kind = Kind.AFFINE
+    channel_dim = 1
+    out_dim = 0
+    diagonal = False
+    scored = True
+
+    # ---- the |theta|^q network (Thm 3.1.1)
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype) -> Tensor:
+        """|W|^q, a fresh tensor: the layer's weight in the |theta|^q network (Thm 3.1.1)."""
+        return abs_power(param(module, "weight"), q, dtype)
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        """The layer's linear map with ``weight`` in place of W, plus ``bias`` if given."""
+        raise NotImplementedError
+
+    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None
+                    ) -> Tensor:
+        """|W|^q x (+ ``bias``), never holding more of |W|^q than the arithmetic needs."""
+        return self.apply(x, self.magnitude(call.module, q, x.dtype), call, bias)
+
+    def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(u, v) with d<grad_y, apply(x, W)>/dW = u v^T when that gradient is an outer
+        product the layer can name without forming it (a Linear layer on one row), else
+        None. Lets a caller scale a huge weight by its gradient in place."""
+        return None
+
+    def bias(self, module: nn.Module) -> Tensor | None:
+        """The bias vector b (one entry per output channel), or None."""
+        return param(module, "bias")
+
+    # ---- the layer as DAG parameters (Def. 2.2.2)
+    def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
+        """(weights, bias) of the layer's neurons in the DAG of Def. 2.2.2."""
+        return param(module, "weight"), self.bias(module)
+
+    def groups(self, module: nn.Module) -> int:
+        return getattr(module, "groups", 1)
+
+    def own_neurons(self, module: nn.Module) -> bool:
+        """Whether its output channels are neurons of their own (rescalable)."""
+        return True
+
+    def entry_channels(self, module: nn.Module) -> tuple[Tensor, Tensor]:
+        """For weight entry [i, j, ...]: its (output-channel, input-channel) indices, as two
+        grids that broadcast to weight.shape[:2] (groups of a convolution included)."""
+        weight = param(module, "weight")
+        a, b = weight.shape[0], weight.shape[1]
+        major = torch.arange(a)[:, None]
+        g = self.groups(module)
+        minor = torch.arange(b)[None, :] if g == 1 else (major // (a // g)) * b + torch.arange(b)
+        return (major, minor) if self.out_dim == 0 else (minor, major)
+
+    def in_channels(self, module: nn.Module) -> int:
+        """Number of input channels (features of a Linear layer) the layer reads."""
+        shape = param(module, "weight").shape
+        return shape[1] * self.groups(module) if self.out_dim == 0 else shape[0]
+
+    def incoming_rows(self, module: nn.Module) -> Tensor:
+        """One float64 row per output channel: its incoming weights (every kernel entry),
+        then its bias: the vector (theta^{->v}, b_v) of Alg. 3.2.1."""
+        weight = param(module, "weight").to(torch.float64)
+        if self.out_dim == 1:  # (in, out/groups, k...) -> (out, in/groups * k)
+            g = self.groups(module)
+            weight = weight.reshape(g, weight.shape[0] // g, weight.shape[1], -1)
+            weight = weight.permute(0, 2, 1, 3).reshape(g * weight.shape[2], -1)
+        else:
+            weight = weight.reshape(weight.shape[0], -1)
+        bias = self.bias(module)
+        if bias is None:
+            return weight
+        return torch.cat([weight, bias.to(torch.float64)[:, None]], dim=1)
+
+    # ---- transformations of the parameters, in place on a copy
+    def rescale_(self, module: nn.Module, grow: Tensor, shrink: Tensor) -> None:
+        """Incoming weights and bias of output channel c times grow[c]; weights reading
+        input channel i times shrink[i] (Def. 2.4.1 with shrink = 1/grow; Alg. 3.2.1 also
+        uses shrink = 0 for an input-dead neuron). Float64 arithmetic."""
+        rows, cols = self.entry_channels(module)
+        factor = grow[rows] * shrink[cols]
+        weight = stored(module, "weight")
+        _scale_(weight, factor.reshape(factor.shape + (1,) * (weight.dim() - 2)))
+        bias = stored(module, "bias")
+        if bias is not None:
+            _scale_(bias, grow)
+
+    def permute_(self, module: nn.Module, outputs: Tensor | None = None,
+                 inputs: Tensor | None = None) -> None:
+        """New output channel c = old ``outputs[c]``; new input column i reads old column
+        ``inputs[i]`` (layers without groups). Pruning masks move along."""
+        for name, dim, index in (("weight", self.out_dim, outputs),
+                                 ("weight", 1 - self.out_dim, inputs), ("bias", 0, outputs)):
+            if index is None:
+                continue
+            for t in (stored(module, name), mask(module, name)):
+                if t is not None:
+                    with torch.no_grad():
+                        t.copy_(t.index_select(dim, index))
+
+    def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
+        """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
+        out = [("weight", param(module, "weight"), self.out_dim)]
+        bias = param(module, "bias")
+        return out + ([("bias", bias, None)] if bias is not None else [])
+
+    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None:
+        """Make the layer compute with the rounded ``values`` of ``quantizable``."""
+        for name, value in values.items():
+            assign_(module, name, value)
+
+    def value_problem(self, module: nn.Module) -> str | None:
+        """Why the layer's values make it unusable (NaN or inf), or None."""
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if tensor.is_floating_point() and not _all_finite(tensor):
+                return f"parameter '{name}' holds NaN or inf; fix or reload the weights"
+        return None
+
+
+def _scale_(tensor: Tensor, factor: Tensor) -> None:
+    with torch.no_grad():
+        tensor.copy_((tensor.to(torch.float64) * factor).to(tensor.dtype))
+
+
 class LinearHandler(AffineHandler):
     channel_dim = -1
 
-    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
-        return F.linear(x, weight)
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        return F.linear(x, weight, bias)
+
+    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None
+                    ) -> Tensor:
+        """|W|^q x by blocks of rows of W, each made non-negative in a cache-sized buffer:
+        a large classifier is read once, never copied whole."""
+        weight = param(call.module, "weight")
+        rows = max(1, _BLOCK_BYTES // (weight.shape[1] * x.element_size()))
+        if rows >= weight.shape[0]:
+            return super().weight_part(x, q, call, bias)
+        out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+        buffer = x.new_empty((rows, weight.shape[1]))
+        for start in range(0, weight.shape[0], rows):
+            block = weight[start:start + rows]
+            part = buffer[:len(block)]
+            part.copy_(block).abs_()
+            if q != 1:
+                part.pow_(q)
+            torch.matmul(x, part.t(), out=out[..., start:start + len(block)])
+        return out if bias is None else out.add_(bias)
 
     def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] != 1:
             return None
         return grad_y.reshape(-1), rows.reshape(-1)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x.amax(dim=-1, keepdim=True)  # every output reads every input feature
+
+
+_BLOCK_BYTES = 1 << 20  # a block of |W| that stays in the L2 cache
 
 
 class ConvHandler(AffineHandler):
@@ -196,14 +296,32 @@ class ConvHandler(AffineHandler):
                 f"padding_mode='{call.module.padding_mode}' ties several kernel entries to one "
                 "edge of the DAG; only zero padding is supported"
             )
-        return super().problem(call)
+        return None
 
-    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
-        return call.module._conv_forward(x, weight, None)
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        return call.module._conv_forward(x, weight, bias)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        conv = call.module
+        if isinstance(conv.padding, str):
+            raise UnsupportedModelError(
+                f"string padding '{conv.padding}' of a convolution is not supported here; "
+                "give explicit padding")
+        dims = x.dim() - 2
+        out_spatial = call.run(x).shape[2:]
+        pooled = window_max(x, conv.kernel_size, conv.stride, conv.padding[:dims],
+                            conv.dilation, out_spatial)
+        groups = conv.groups
+        pooled = pooled.reshape(1, groups, -1, *out_spatial).amax(dim=2)
+        return pooled.repeat_interleave(conv.out_channels // groups, dim=1)
 
 
 class ConvTransposeHandler(ConvHandler):
-    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
+    out_dim = 1
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
         m = call.module
         dims = x.dim() - 2
         output_size = call.arg(1, "output_size")
@@ -211,30 +329,133 @@ class ConvTransposeHandler(ConvHandler):
             x, output_size, m.stride, m.padding, m.kernel_size, dims, m.dilation
         )
         fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[dims - 1]
-        return fn(x, weight, None, m.stride, m.padding, output_padding, m.groups, m.dilation)
+        return fn(x, weight, bias, m.stride, m.padding, output_padding, m.groups, m.dilation)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        raise UnsupportedModelError(
+            f"'{call.node.target}' (ConvTranspose): the max over antecedents of a transposed "
+            "convolution is not implemented")
+
+
+def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | None = None
+                     ) -> tuple[Tensor, Tensor]:
+    """Eval-mode BatchNorm as the affine identity neuron x*a + c (thesis, below Def 2.2.2):
+    a = weight / sqrt(running_var + eps), c = bias - running_mean * a.
+
+    ``dtype`` (default: the buffers' dtype) is the precision of the fold: folding float32
+    statistics in float32 loses ~1e-7 relative, more than a float64 path-norm tolerates.
+    """
+    var, mean = bn.running_var.detach().to(dtype), bn.running_mean.detach().to(dtype)
+    a = torch.rsqrt(var + bn.eps)
+    weight, bias = param(bn, "weight"), param(bn, "bias")
+    if weight is not None:
+        a = a * weight.to(dtype)
+    c = -mean * a
+    if bias is not None:
+        c = c + bias.to(dtype)
+    return a, c
 
 
 class BatchNormHandler(AffineHandler):
+    """Eval BatchNorm: the affine identity neuron x*a + c, one antecedent per neuron (its
+    input channel). Its parameters are statistics and an affine pair, so it is never
+    pruned (``scored`` False); without affine parameters it has no neurons of its own."""
+
+    diagonal = True
+    scored = False
+
     def problem(self, call: Call) -> str | None:
         bn = call.module
         if bn.training:
-            return "BatchNorm in training mode normalises by batch statistics; call model.eval()"
+            return ("BatchNorm in training mode normalises by batch statistics; call "
+                    "model.eval(), or measure inside `with pathlift.graph.eval_mode(model):`")
         if bn.running_mean is None:
             return "BatchNorm without running statistics (track_running_stats=False) is not affine"
-        return super().problem(call)
+        return None
+
+    def value_problem(self, module: nn.Module) -> str | None:
+        found = super().value_problem(module)
+        if found is None and not bool((module.running_var.detach() + module.eps > 0).all()):
+            return ("running_var + eps is not positive for some channel, so x*a + c is "
+                    "undefined; fix the statistics (running_var >= 0, eps > 0)")
+        return found
 
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype) -> Tensor:
         return abs_power(batchnorm_affine(module, dtype)[0], q, dtype)
 
-    def apply(self, x: Tensor, weight: Tensor, call: Call) -> Tensor:
-        return x * _channel_view(weight, x.dim())
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        a = _channel_view(weight, x.dim())
+        return x * a if bias is None else torch.addcmul(_channel_view(bias, x.dim()), x, a)
 
     def bias(self, module: nn.Module) -> Tensor | None:
         return batchnorm_affine(module, torch.float64)[1]
 
+    def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
+        return batchnorm_affine(module)
 
-def _channel_view(v: Tensor, ndim: int) -> Tensor:
-    return v.reshape((1, -1) + (1,) * (ndim - 2)) if ndim > 1 else v
+    def own_neurons(self, module: nn.Module) -> bool:
+        return module.affine
+
+    def entry_channels(self, module: nn.Module) -> tuple[Tensor, Tensor]:
+        channels = torch.arange(module.num_features)
+        return channels, channels
+
+    def in_channels(self, module: nn.Module) -> int:
+        return module.num_features
+
+    def incoming_rows(self, module: nn.Module) -> Tensor:
+        return torch.stack(batchnorm_affine(module, torch.float64), dim=1)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x
+
+    def rescale_(self, module: nn.Module, grow: Tensor, shrink: Tensor) -> None:
+        """Input times s = 1/shrink, output times mu = grow: mean -> s mean, weight ->
+        weight mu / s, bias -> mu bias; for mu = s this is the thesis' Appendix E.1.2 rule
+        (running mean and bias times lambda). A dead input (shrink = 0) makes a = 0 and
+        keeps the constant c in the bias. Without affine parameters, grow = 1/shrink."""
+        mean = module.running_mean
+        if not module.affine:
+            _scale_(mean, torch.where(shrink > 0, 1 / shrink.clamp_min(1e-300),
+                                      torch.ones_like(shrink)))
+            return
+        dead = shrink == 0
+        c = batchnorm_affine(module, torch.float64)[1]
+        bias = param(module, "bias").to(torch.float64)
+        assign_(module, "bias", torch.where(dead, grow * c, grow * bias))
+        with torch.no_grad():
+            mean.copy_(torch.where(dead, mean.to(torch.float64),
+                                   mean.to(torch.float64) / shrink.clamp_min(1e-300)))
+        _scale_(stored(module, "weight"), grow * shrink)
+
+    def permute_(self, module: nn.Module, outputs: Tensor | None = None,
+                 inputs: Tensor | None = None) -> None:
+        """Its affine pair follows ``outputs``, its statistics (which read the input
+        channels) follow ``inputs``."""
+        if outputs is not None and module.affine:
+            super().permute_(module, outputs)
+        if inputs is not None:
+            with torch.no_grad():
+                for buf in (module.running_mean, module.running_var):
+                    buf.copy_(buf.index_select(0, inputs))
+
+    def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
+        a, c = batchnorm_affine(module)
+        return [("weight", a, None), ("bias", c, None)]
+
+    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None:
+        """The module becomes x * Q(a) + Q(c) exactly: running mean 0, variance 1, eps 0."""
+        with torch.no_grad():
+            module.running_mean.zero_()
+            module.running_var.fill_(1.0)
+        module.eps = 0.0
+        for name, value in values.items():
+            if param(module, name) is None:
+                setattr(module, name, nn.Parameter(value.clone()))
+            else:
+                assign_(module, name, value)
+        module.affine = True
 
 
 # --------------------------------------------------------------------------- activations
@@ -260,25 +481,30 @@ class TrainingModeHandler(Handler):
     def abs_pow(self, x: Tensor, q: float, call: Call) -> Tensor:
         return x
 
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x
+
 
 # --------------------------------------------------------------------------- pooling
+
+
+def _pads(kernel, stride, padding, dilation, spatial, out_spatial) -> list[int]:
+    """F.pad amounts (last dim first): ``padding`` on the left and on the right as much as
+    a plain strided window needs to produce ``out_spatial`` (which encodes ceil_mode)."""
+    pad: list[int] = []
+    for k, s, p, d, n, o in zip(kernel, stride, padding, dilation, spatial, out_spatial,
+                                strict=True):
+        pad = [p, max((o - 1) * s + d * (k - 1) + 1 - (n + p), p), *pad]
+    return pad
 
 
 def window_sum(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
                padding: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int]
                ) -> Tensor:
-    """Sum of each pooling window of x (zero padding, so padding is excluded from the sum).
-
-    ``out_spatial`` is the spatial size the pooling produces (it encodes ceil_mode); the
-    input is zero-padded, on the right as much as needed for a plain strided sum to yield
-    that size.
-    """
+    """Sum of each pooling window of x (zero padding, so padding is excluded from the sum),
+    cropped to the ``out_spatial`` size the pooling produces."""
     dims = len(kernel)
-    pad: list[int] = []
-    for k, s, p, d, n, o in reversed(list(zip(kernel, stride, padding, dilation, x.shape[2:],
-                                              out_spatial, strict=True))):
-        pad += [p, max((o - 1) * s + d * (k - 1) + 1 - (n + p), p)]
-    x = F.pad(x, pad)
+    x = F.pad(x, _pads(kernel, stride, padding, dilation, x.shape[2:], out_spatial))
     if all(d == 1 for d in dilation):  # a sum pool (several times faster than the conv)
         if dims == 1:
             out = F.avg_pool2d(x.unsqueeze(2), (1, kernel[0]), (1, stride[0]),
@@ -293,10 +519,18 @@ def window_sum(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
     return out[(slice(None), slice(None), *(slice(0, o) for o in out_spatial))]
 
 
-def _tuple(v: int | Sequence[int] | None, dims: int, default: int | None = None
-           ) -> tuple[int, ...]:
-    if v is None:
-        v = default
+def window_max(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int]
+               ) -> Tensor:
+    """Max over each window, padding excluded (padded with -inf), cropped to out_spatial."""
+    x = F.pad(x, _pads(kernel, stride, padding, dilation, x.shape[2:], out_spatial),
+              value=-math.inf)
+    fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[len(kernel) - 1]
+    out = fn(x, list(kernel), list(stride), 0, list(dilation))
+    return out[(slice(None), slice(None), *(slice(0, o) for o in out_spatial))]
+
+
+def _tuple(v: int | Sequence[int] | None, dims: int) -> tuple[int, ...]:
     if isinstance(v, int):
         return (v,) * dims
     return tuple(int(e) for e in v)
@@ -323,6 +557,9 @@ class PoolGeometry:
     def sum(self, x: Tensor, out_spatial: Sequence[int]) -> Tensor:
         return window_sum(x, self.kernel, self.stride, self.padding, self.dilation, out_spatial)
 
+    def max(self, x: Tensor, out_spatial: Sequence[int]) -> Tensor:
+        return window_max(x, self.kernel, self.stride, self.padding, self.dilation, out_spatial)
+
 
 def adaptive_counts(in_spatial: Sequence[int], out_spatial: Sequence[int],
                     like: Tensor) -> Tensor:
@@ -337,45 +574,49 @@ def adaptive_counts(in_spatial: Sequence[int], out_spatial: Sequence[int],
     return counts
 
 
-class MaxPoolHandler(Handler):
-    """k-max-pool neurons with k = 1 (Def. 2.2.2); Thm 3.1.1 replaces them by window sums."""
+def _adaptive(fn: str, x: Tensor, out_spatial: Sequence[int]) -> Tensor:
+    return getattr(F, f"adaptive_{fn}_pool{len(out_spatial)}d")(x, tuple(out_spatial))
 
-    kind = Kind.MAXPOOL
 
+class _Pooling(Handler):
     def __init__(self, name: str, dims: int, adaptive: bool):
         super().__init__(name)
         self.dims, self.adaptive = dims, adaptive
+
+    def geometry(self, call: Call) -> PoolGeometry:
+        return PoolGeometry(call, self.dims, self.kind is Kind.MAXPOOL)
+
+
+class MaxPoolHandler(_Pooling):
+    """k-max-pool neurons with k = 1 (Def. 2.2.2); Thm 3.1.1 replaces them by window sums."""
+
+    kind = Kind.MAXPOOL
 
     def problem(self, call: Call) -> str | None:
         indices = (call.module.return_indices if call.module is not None
                    else call.arg(6 if not self.adaptive else 2, "return_indices", False))
         if indices:
             return "max-pooling with return_indices=True (unpooling) is not a DAG neuron op"
-        if torch.isinf(call.run(torch.zeros_like(call.args[0]))).any():
-            return ("a pooling window lies entirely in the padding (its output is -inf); "
-                    "reduce the padding or the dilation")
+        x = call.args[0]
+        if not self.adaptive:  # probe one channel of real zeros: only the geometry matters
+            probe = call.run(torch.zeros((1, 1, *x.shape[2:]), dtype=torch.float32))
+            if torch.isinf(probe).any():
+                return ("a pooling window lies entirely in the padding (its output is -inf); "
+                        "reduce the padding or the dilation")
         return None
 
     def abs_pow(self, x: Tensor, q: float, call: Call) -> Tensor:
-        out_spatial = call.run(x).shape[2:]
+        out_spatial = call.node.meta["tensor_meta"].shape[2:]
         if self.adaptive:
-            return _adaptive_avg(x, out_spatial) * adaptive_counts(x.shape[2:], out_spatial, x)
-        return PoolGeometry(call, self.dims, True).sum(x, out_spatial)
+            return _adaptive("avg", x, out_spatial) * adaptive_counts(x.shape[2:],
+                                                                       out_spatial, x)
+        return self.geometry(call).sum(x, out_spatial)
 
 
-def _adaptive_avg(x: Tensor, out_spatial: Sequence[int]) -> Tensor:
-    fn = (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d)[len(out_spatial) - 1]
-    return fn(x, tuple(out_spatial))
-
-
-class AvgPoolHandler(Handler):
+class AvgPoolHandler(_Pooling):
     """Average-pool neurons: identity activation, incoming weights 1/|window| (Def. 2.2.2)."""
 
     kind = Kind.POOL
-
-    def __init__(self, name: str, dims: int, adaptive: bool):
-        super().__init__(name)
-        self.dims, self.adaptive = dims, adaptive
 
     def abs_pow(self, x: Tensor, q: float, call: Call) -> Tensor:
         y = call.run(x)
@@ -384,10 +625,16 @@ class AvgPoolHandler(Handler):
             counts = adaptive_counts(x.shape[2:], out_spatial, x)
             return y * counts.pow(1 - q)
         # weight of window o is w_o = avg(1)_o / sum(1)_o; |avg|^q x = sum(x) * w^q
-        geometry = PoolGeometry(call, self.dims, False)
+        geometry = self.geometry(call)
         ones = torch.ones_like(x[:1, :1])
         weight = call.run(ones) / geometry.sum(ones, out_spatial)
         return geometry.sum(x, out_spatial) * weight.pow(q)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        out_spatial = call.node.meta["tensor_meta"].shape[2:]
+        if self.adaptive:
+            return _adaptive("max", x, out_spatial)
+        return self.geometry(call).max(x, out_spatial)
 
 
 class MeanHandler(Handler):
@@ -413,6 +660,9 @@ class MeanHandler(Handler):
         count = math.prod(x.shape[d] for d in self._dims(call, x.dim()))
         return call.run(x) * float(count) ** (1 - q)
 
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x.amax(dim=self._dims(call, x.dim()), keepdim=bool(call.arg(2, "keepdim")))
+
 
 class UpsampleHandler(Handler):
     """Nearest-neighbour upsampling: each output neuron copies one input (weight 1)."""
@@ -424,9 +674,6 @@ class UpsampleHandler(Handler):
         if mode not in ("nearest", "nearest-exact"):
             return f"upsampling mode '{mode}' is not supported; use mode='nearest'"
         return None
-
-    def abs_pow(self, x: Tensor, q: float, call: Call) -> Tensor:
-        return call.run(x)
 
 
 # --------------------------------------------------------------------------- structure

@@ -1,26 +1,42 @@
-"""Trace an ``nn.Module`` with torch.fx into a validated graph of supported operations.
+"""Trace an ``nn.Module`` with torch.fx into a validated graph of supported operations,
+once per model object: the graph is cached and reused while the model's structure is
+unchanged (weights may change freely, the graph shares the model's submodules).
 
-``trace`` is the one entry point of pathlift into a user's model. It never copies
-parameters and never modifies the model: the returned ``LayerGraph`` holds an fx
-``GraphModule`` that shares the model's submodules by reference.
+Validation runs on shape-only tensors (the meta device, on a meta copy of the model), so
+it costs a fraction of one forward pass and never touches the caller's tensors:
+
+1. every node gets the handler of its op (``ops.py``) or a problem naming it;
+2. in-place ops whose overwritten tensor is read again are refused (the graph passes
+   treat every op as pure);
+3. the graph runs at batch 2 on meta tensors: each handler judges its concrete call, every
+   node keeps dim 0 as the batch, and the output shape of every node is recorded;
+4. the model's own ``forward`` runs on the same meta tensors, and the aten operations of
+   both runs, with the operation that last wrote each tensor they read, must agree.
+   This catches what torch.fx cannot see: ``h += y`` recorded out of place while an alias
+   of ``h`` is read later, hooks on the root module or on a layer that change the result.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import operator
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
-from torch.fx.passes.shape_prop import ShapeProp
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.nn.utils import prune
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from pathlift.errors import Problem, ShapeError, UnsupportedModelError
+from pathlift.graph.boundary import dtype_device, meta_clone, structure_key, unwrap
 from pathlift.graph.ops import (
+    AffineHandler,
     BatchNormHandler,
     Call,
     Handler,
@@ -31,32 +47,32 @@ from pathlift.graph.ops import (
 
 HANDLER = "pathlift_handler"
 _SLICE = ReshapeHandler("getitem")  # x[:, :k] on a tensor keeps some neurons: a relabelling
+_BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
 
 
-class _Tracer(fx.Tracer):
-    """torch.fx's default tracer (torch.nn modules are leaves), remembering where it failed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failed_in: str | None = None
-
-    def call_module(self, m, forward, args, kwargs):
-        try:
-            return super().call_module(m, forward, args, kwargs)
-        except Exception:
-            if self.failed_in is None:
-                self.failed_in = self.path_of_module(m)
-            raise
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayerGraph:
-    """A traced model whose every node has a registered handler and a known output shape."""
+    """A traced model whose every node has a registered handler and a known output shape.
+
+    ``module`` is an fx ``GraphModule`` sharing the model's submodules (and so its current
+    weights). ``model`` is the traced model itself while it exists. ``derived`` keeps what
+    passes compute from the structure alone (the channel map, ...) with the graph.
+    """
 
     module: fx.GraphModule
     input_shape: tuple[int, ...]
     dtype: torch.dtype = field(default=torch.float32)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    source: weakref.ref | None = field(default=None, repr=False)
+    key: tuple = field(default=(), repr=False)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def model(self) -> nn.Module:
+        model = self.source() if self.source is not None else None
+        if model is None:
+            raise ValueError("the model this graph was traced from no longer exists")
+        return model
 
     @property
     def graph(self) -> fx.Graph:
@@ -73,9 +89,20 @@ class LayerGraph:
         return self.module.get_submodule(node.target) if node.op == "call_module" else None
 
     def layers(self, kind: Kind = Kind.AFFINE) -> list[tuple[str, nn.Module]]:
-        """(qualified name, module) of every node of the given kind, in topological order."""
+        """(qualified name, module) of every module node of the given kind, in order."""
         return [(n.target, self.submodule(n)) for n in self.nodes()
                 if self.handler(n).kind is kind and n.op == "call_module"]
+
+    def affine_nodes(self) -> list[fx.Node]:
+        """The nodes of layers with parameters, in topological order."""
+        return [n for n in self.nodes() if isinstance(self.handler(n), AffineHandler)]
+
+    def calls(self) -> dict[str, int]:
+        """How many times each layer with parameters is called."""
+        counts: dict[str, int] = {}
+        for n in self.affine_nodes():
+            counts[n.target] = counts.get(n.target, 0) + 1
+        return counts
 
     def outputs(self) -> list[fx.Node]:
         """The nodes of the returned tensors, in order, a tensor returned twice twice."""
@@ -95,12 +122,41 @@ class LayerGraph:
         return torch.zeros((batch, *self.input_shape), dtype=dtype or self.dtype,
                            device=self.device)
 
+    def bind(self, model: nn.Module) -> LayerGraph:
+        """The same graph over ``model``, a copy of the traced one (same structure): no
+        tracing and no validation. The node handlers and shapes are shared."""
+        model = unwrap(model)
+        bound = LayerGraph(fx.GraphModule(model, _copy_graph(self.graph)), self.input_shape,
+                           *dtype_device(model), weakref.ref(model), structure_key(model))
+        _remember(model, bound)
+        return bound
+
+    def value_problems(self) -> list[Problem]:
+        """Every layer whose values make it unusable: NaN or inf parameters, a BatchNorm
+        whose running_var + eps is not positive. Reads every parameter once."""
+        problems, seen = [], set()
+        for node in self.affine_nodes():
+            module = self.submodule(node)
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            reason = self.handler(node).value_problem(module)
+            if reason is not None:
+                problems.append(Problem(node.target, type(module).__name__, reason))
+        return problems
+
+    def check_values(self) -> None:
+        """Raise UnsupportedModelError naming every layer listed by ``value_problems``."""
+        problems = self.value_problems()
+        if problems:
+            raise UnsupportedModelError(problems)
+
     def differentiable_module(self) -> fx.GraphModule:
         """A copy of the traced module (same submodules) to run autograd through: every
         BatchNorm input is made contiguous first. torch 2.13's CPU eval BatchNorm backward
         returns a wrong input gradient for a channels-last input with a size-1 spatial dim,
         such as x.transpose(1, -1) of shape (1, 2, 3, 3, 1) (its forward is right)."""
-        module = fx.GraphModule(self.module, copy.deepcopy(self.graph))
+        module = fx.GraphModule(self.module, _copy_graph(self.graph))
         for node in list(module.graph.nodes):
             if isinstance(node.meta.get(HANDLER), BatchNormHandler):
                 with module.graph.inserting_before(node):
@@ -108,6 +164,13 @@ class LayerGraph:
                 node.replace_input_with(node.args[0], contiguous)
         module.recompile()
         return module
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy of an fx graph whose nodes share their meta (handlers, shapes) with it."""
+    copied = fx.Graph()
+    copied.output(copied.graph_copy(graph, {}))
+    return copied
 
 
 @dataclass(frozen=True)
@@ -124,6 +187,144 @@ class CheckReport:
         if self.ok:
             return "model is supported"
         return "\n".join(str(p) for p in self.problems)
+
+
+# --------------------------------------------------------------------------- the cache
+
+_CACHE: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], LayerGraph]] = \
+    weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _remember(model: nn.Module, graph: LayerGraph) -> None:
+    with _LOCK:
+        graphs = _CACHE.setdefault(model, {})
+        graphs.pop(graph.input_shape, None)  # the latest graph of a model comes last
+        graphs[graph.input_shape] = graph
+
+
+def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
+             ) -> LayerGraph:
+    """The validated graph of ``model`` for ``input_shape`` (no batch dimension), traced
+    once per model object and shape and reused while ``structure_key(model)`` is
+    unchanged; a ``LayerGraph`` is returned as is while its model's structure is unchanged
+    (else traced anew). Parameter values are not checked (see ``LayerGraph.check_values``).
+
+    ``input_shape`` None takes the graph's own, else that of the model's latest graph, else
+    one inferred from the model's first layer.
+    Wrappers (DDP, DataParallel, FSDP, torch.compile) are looked through.
+    """
+    if isinstance(model, LayerGraph):
+        if input_shape is not None and as_input_shape(input_shape) != model.input_shape:
+            raise ShapeError(f"the graph was traced for input shape {model.input_shape}, "
+                             f"not {tuple(input_shape)}")
+        source = model.source() if model.source is not None else None
+        if source is None or structure_key(source) == model.key:
+            return model
+        return graph_of(source, model.input_shape)
+    model = unwrap(model)
+    if input_shape is None:
+        with _LOCK:
+            known = list(_CACHE.get(model, {}))
+        input_shape = known[-1] if known else None
+    shape = resolve_input_shape(model, input_shape)
+    key = structure_key(model)
+    with _LOCK:
+        cached = _CACHE.get(model, {}).get(shape)
+    if cached is not None and cached.key == key:
+        return cached
+    graph = _trace(model, shape, key)
+    _remember(model, graph)
+    return graph
+
+
+def trace(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
+          ) -> LayerGraph:
+    """Trace and validate ``model`` (thesis Def. 2.2.2), parameters included. The model is
+    not modified; the graph is cached (see ``graph_of``).
+
+    Raises UnsupportedModelError listing every unsupported node (name, op, reason) or
+    layer holding NaN/inf, and ShapeError when an input of ``input_shape`` (no batch
+    dimension) does not fit the model.
+    """
+    graph = graph_of(model, input_shape)
+    graph.check_values()
+    return graph
+
+
+def check(model: nn.Module, input_shape: Sequence[int] | None = None) -> CheckReport:
+    """Every reason why ``model`` is outside the supported ReLU DAG model, all at once."""
+    try:
+        return CheckReport(tuple(graph_of(model, input_shape).value_problems()))
+    except UnsupportedModelError as err:
+        return CheckReport(tuple(err.problems))
+
+
+# --------------------------------------------------------------------------- input shapes
+
+
+def as_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of positive ints; ShapeError for anything else."""
+    hint = "give the input shape without the batch dimension, e.g. (3, 224, 224)"
+    if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, Sequence):
+        raise ShapeError(f"input_shape must be a sequence of sizes, got {input_shape!r}; {hint}")
+    sizes = []
+    for s in input_shape:
+        if isinstance(s, bool) or not (isinstance(s, int) or (
+                isinstance(s, (float, Tensor)) and float(s).is_integer())):
+            raise ShapeError(f"input_shape {tuple(input_shape)} must hold whole sizes; {hint}")
+        sizes.append(int(s))
+    if not sizes or any(s <= 0 for s in sizes):
+        raise ShapeError(f"input_shape {tuple(input_shape)} must be positive sizes; {hint}")
+    return tuple(sizes)
+
+
+_SPATIAL_GUESSES = (32, 224, 64, 8, 28, 16, 96, 128, 256)
+
+
+def resolve_input_shape(model: nn.Module, input_shape: Sequence[int] | None
+                        ) -> tuple[int, ...]:
+    """``input_shape`` itself, or one inferred from the first layer when it is None.
+
+    A first Linear gives (in_features,); a first ConvNd gives (in_channels, s, ..., s) for
+    the first spatial size s among common ones for which the model traces.
+    """
+    if input_shape is not None:
+        return as_input_shape(input_shape)
+    first = next((m for m in model.modules()
+                  if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))), None)
+    if isinstance(first, nn.Linear):
+        return (first.in_features,)
+    if first is not None:
+        dims = len(first.kernel_size)
+        for size in _SPATIAL_GUESSES:
+            shape = (first.in_channels, *(size,) * dims)
+            try:
+                graph_of(model, shape)
+            except (ShapeError, UnsupportedModelError):
+                continue
+            return shape
+    raise ShapeError("cannot infer the input shape of this model; pass input_shape "
+                     "(without the batch dimension), e.g. input_shape=(3, 32, 32)")
+
+
+# --------------------------------------------------------------------------- tracing
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's default tracer (torch.nn modules are leaves), remembering where it failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed_in: str | None = None
+
+    def call_module(self, m, forward, args, kwargs):
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_in is None:
+                self.failed_in = self.path_of_module(m)
+            raise
 
 
 def _node_label(node: fx.Node) -> str:
@@ -148,36 +349,8 @@ def _symbolic_trace(model: nn.Module) -> fx.GraphModule:
         raise UnsupportedModelError([Problem(
             where or "<root>", "data-dependent control flow",
             f"torch.fx cannot trace it ({reason}); make the forward free of Python "
-            "control flow on tensor values")]) from err
+            "control flow on tensor values")]) from None
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
-
-
-def _input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
-    shape = tuple(int(s) for s in input_shape)
-    if not shape or any(s <= 0 for s in shape):
-        raise ShapeError(
-            f"input_shape {tuple(input_shape)} must be positive sizes without the batch "
-            "dimension, e.g. (3, 224, 224)")
-    return shape
-
-
-def _model_dtype(model: nn.Module) -> tuple[torch.dtype, torch.device]:
-    for p in (*model.parameters(), *model.buffers()):  # BatchNorm(affine=False): buffers only
-        if p.is_floating_point():
-            return p.dtype, p.device
-    return torch.float32, torch.device("cpu")
-
-
-@contextmanager
-def _buffers_preserved(model: nn.Module) -> Iterator[None]:
-    """Restore every buffer afterwards: a training-mode BatchNorm must not be updated."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, value in saved:
-                b.copy_(value)
 
 
 def _classify(gm: fx.GraphModule) -> list[Problem]:
@@ -209,7 +382,7 @@ _ALIASING = (Kind.RESHAPE, Kind.IDENTITY, Kind.SHAPE)  # may return a view of th
 
 def _mutates_input(node: fx.Node, gm: fx.GraphModule) -> bool:
     """An in-place ReLU (relu_, inplace=True) or residual sum (add_). torch.fx records
-    ``a += b`` as an out-of-place add: that mutation is invisible here."""
+    ``a += b`` as an out-of-place add: that mutation is caught by the dataflow check."""
     kind = node.meta[HANDLER].kind
     if kind not in (Kind.RELU, Kind.ADD):
         return False
@@ -257,31 +430,103 @@ def _in_place_problems(gm: fx.GraphModule) -> list[Problem]:
     return problems
 
 
-class _Validate(ShapeProp):
-    """ShapeProp that also asks each node's handler about the concrete call."""
+# --------------------------------------------------------------------------- validation
 
-    def __init__(self, gm: fx.GraphModule):
+
+def _meta_batch_norm(func):
+    """Eval BatchNorm on meta tensors without torch's slow Python meta kernel: the output
+    has the input's shape (statistics outputs are empty)."""
+    def run(x, *args, **kwargs):
+        if x.device.type != "meta":
+            return func(x, *args, **kwargs)
+        return torch.empty_like(x), x.new_empty((0,)), x.new_empty((0,))
+    return run
+
+
+_FAST = {op: _meta_batch_norm(op) for op in (
+    torch.ops.aten.native_batch_norm.default,
+    torch.ops.aten._native_batch_norm_legit_no_training.default)}
+
+
+def _storage(t: Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _Dataflow(TorchDispatchMode):
+    """Records the aten operations of a run: each one's name (in-place and out-of-place
+    variants alike) and, for each tensor it reads, which earlier operation last wrote that
+    tensor's storage and where the tensor sits in it. Two runs with equal records compute
+    the same function of their common leaves (input, parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.writer: dict[int, int] = {}
+        self.paused = False
+
+    def describe(self, value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return value if isinstance(value, (int, float, bool, str, type(None))) \
+                else type(value).__name__
+        source = self.writer.get(_storage(value), ("leaf", _storage(value)))
+        return (source, value.storage_offset(), tuple(value.shape), value.stride(),
+                value.dtype)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = _FAST.get(func, func)(*args, **kwargs)
+        if not self.paused:
+            reads = tuple(self.describe(a) for a in tree_leaves((args, kwargs)))
+            self.ops.append((func.overloadpacket.__name__.rstrip("_"), reads))
+            for t in tree_leaves(out):
+                if isinstance(t, Tensor):
+                    self.writer[_storage(t)] = len(self.ops) - 1
+        return out
+
+
+def _without_hooks(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """A module call as the graph passes see it: its forward, after torch.nn.utils.prune's
+    pre-hooks (the masks are part of the layer), without any other hook."""
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, prune.BasePruningMethod):
+            hook(module, args)
+    return module.forward(*args, **kwargs)
+
+
+class _Validate(fx.Interpreter):
+    """Runs the graph over a meta copy of the model, as torch.fx's ShapeProp does, recording
+    each node's output ``tensor_meta``; asks each node's handler about its concrete call
+    and calls layers without their hooks, under a dataflow recorder."""
+
+    def __init__(self, gm: fx.GraphModule, clone: nn.Module, recorder: _Dataflow):
         super().__init__(gm)
+        self.clone, self.recorder = clone, recorder
+        self.extra_traceback = False
         self.problems: list[Problem] = []
 
+    def call_module(self, target, args, kwargs):
+        return _without_hooks(self.clone.get_submodule(target), args, kwargs)
+
     def run_node(self, n: fx.Node):
-        reason = None
+        module, reason = None, None
         if n.op in ("call_module", "call_function", "call_method"):
-            module = self.module.get_submodule(n.target) if n.op == "call_module" else None
+            module = self.clone.get_submodule(n.target) if n.op == "call_module" else None
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             if n.target is operator.getitem and isinstance(args[0], Tensor):
                 n.meta[HANDLER] = _SLICE  # not shape arithmetic: every pass must see it
-            reason = n.meta[HANDLER].problem(Call(n, module, tuple(args), dict(kwargs)))
+            self.recorder.paused = True  # handlers may probe with small real tensors
+            try:
+                reason = n.meta[HANDLER].problem(Call(n, module, tuple(args), dict(kwargs)))
+            finally:
+                self.recorder.paused = False
             if reason is not None:
                 self.problems.append(Problem(_node_label(n), _op_label(n, module), reason))
         try:
             result = super().run_node(n)
-        except UnsupportedModelError:
-            raise
         except Exception as err:
-            module = self.module.get_submodule(n.target) if n.op == "call_module" else None
-            raise ShapeError(f"node '{_node_label(n)}' ({_op_label(n, module)}) fails on the "
-                             f"example input: {err}") from err
+            raise _shape_error(n, module, self.fetch_args_kwargs_from_env(n)[0], err) from None
+        if isinstance(result, Tensor):
+            n.meta["tensor_meta"] = _extract_tensor_metadata(result)
         handler = n.meta.get(HANDLER)
         if reason is None and handler is not None and handler.kind is not Kind.SHAPE:
             if not isinstance(result, Tensor):
@@ -294,29 +539,57 @@ class _Validate(ShapeProp):
         return result
 
 
-_BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
+def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exception
+                 ) -> ShapeError:
+    """One or two lines: the layer, the shape it got, and the size it expects where the
+    layer says (in_features, in_channels, num_features), else torch's own reason."""
+    got = next((tuple(a.shape[1:]) for a in args if isinstance(a, Tensor)), None)
+    reason = f" ({str(err).splitlines()[0][:200]})" if str(err) else ""
+    for attr, dim, where in (("in_features", -1, "in its last dim"),
+                             ("in_channels", 0, "channels (dim 0)"),
+                             ("num_features", 0, "channels (dim 0)")):
+        expected = getattr(module, attr, None)
+        if got and expected is not None and got[dim] != expected:
+            reason = f": it expects {expected} {where}"
+            break
+    return ShapeError(f"layer '{_node_label(node)}' ({_op_label(node, module)}) cannot take "
+                      f"an input of shape {got}{reason}.\ninput_shape excludes the batch "
+                      "dimension.")
 
 
-def check(model: nn.Module, input_shape: Sequence[int]) -> CheckReport:
-    """Every reason why ``model`` is outside the supported ReLU DAG model, all at once."""
-    try:
-        _trace(model, input_shape)
-    except UnsupportedModelError as err:
-        return CheckReport(tuple(err.problems))
-    return CheckReport(())
+def _validate(gm: fx.GraphModule, model: nn.Module, shape: tuple[int, ...],
+              dtype: torch.dtype) -> None:
+    """Steps 3 and 4 of the module docstring, on a meta copy of ``model``."""
+    clone = meta_clone(model)
+    example = torch.empty((_BATCH, *shape), dtype=dtype, device="meta")
+    with torch.no_grad():
+        traced_flow = _Dataflow()
+        validator = _Validate(gm, clone, traced_flow)
+        with traced_flow:
+            traced = validator.run(example)
+            traced_out = [traced_flow.describe(t) for t in tree_leaves(traced)]
+        if validator.problems:
+            raise UnsupportedModelError(validator.problems)
+        try:
+            with _Dataflow() as eager_flow:
+                eager = clone(example)
+                eager_out = [eager_flow.describe(t) for t in tree_leaves(eager)]
+        except Exception as err:
+            raise UnsupportedModelError([Problem(
+                "<forward>", type(model).__name__,
+                f"model.forward fails on shape-only (meta) tensors ({str(err)[:160]}); a "
+                "forward hook that reads values? remove it while measuring")]) from None
+    if traced_flow.ops != eager_flow.ops or traced_out != eager_out:
+        raise UnsupportedModelError([Problem(
+            "<forward>", "torch.fx trace",
+            "the traced graph computes another function than model.forward (an in-place "
+            "update of a tensor that is read elsewhere, such as `h += y` with an alias of h, "
+            "or a forward hook that changes a result?); write the update out of place and "
+            "remove such hooks while measuring")])
 
 
-def trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
-    """Trace and validate ``model`` (thesis Def. 2.2.2). The model is not modified.
-
-    Raises UnsupportedModelError listing every unsupported node (name, op, reason) and
-    ShapeError when the example input of ``input_shape`` (no batch dim) does not fit.
-    """
-    return _trace(model, input_shape)
-
-
-def _trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
-    shape = _input_shape(input_shape)
+def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
+    dtype, device = dtype_device(model)
     gm = _symbolic_trace(model)
     problems = _classify(gm)
     problems += [] if problems else _in_place_problems(gm)
@@ -327,29 +600,5 @@ def _trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
         raise UnsupportedModelError([Problem(
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
-    dtype, device = _model_dtype(model)
-    generator = torch.Generator().manual_seed(0)  # the caller's RNG state is left alone
-    example = torch.randn((_BATCH, *shape), generator=generator, dtype=dtype).to(device)
-    validator = _Validate(gm)
-    with torch.no_grad(), _buffers_preserved(model):
-        traced = validator.propagate(example.clone())
-        if validator.problems:
-            raise UnsupportedModelError(validator.problems)
-        eager = model(example.clone())
-    if not _same_outputs(traced, eager):
-        raise UnsupportedModelError([Problem(
-            "<forward>", "torch.fx trace",
-            "the traced graph computes another function than model.forward (an in-place "
-            "update of a tensor that is read elsewhere, such as `h += y` with an alias of h?); "
-            "write the update out of place")])
-    return LayerGraph(gm, shape, dtype, device)
-
-
-def _same_outputs(traced: object, eager: object) -> bool:
-    """Whether the traced graph reproduced the eager forward on the example input."""
-    a, b = tree_leaves(traced), tree_leaves(eager)
-    return len(a) == len(b) and all(
-        isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape == y.shape
-        and torch.allclose(x, y, rtol=1e-5, equal_nan=True,
-                           atol=1e-6 * float(y.nan_to_num(0, 0, 0).abs().max().clamp(min=1)))
-        for x, y in zip(a, b, strict=True))
+    _validate(gm, model, shape, dtype)
+    return LayerGraph(gm, shape, dtype, device, weakref.ref(model), key)

@@ -1,4 +1,9 @@
-"""Quantities of the path-lifting Phi(theta): path-norms, path-metrics, Lipschitz bounds."""
+"""Quantities of the path-lifting Phi(theta): path-norms, path-metrics, Lipschitz bounds.
+
+Every function takes an ``nn.Module`` (plain, pruned, DDP-wrapped or compiled) and an input
+shape, or the ``LayerGraph`` of a model traced before: the graph is traced once per model
+object and reused while the model's structure is unchanged.
+"""
 
 from pathlift.lift.average_case import (
     AverageCasePathNorm,
@@ -15,9 +20,9 @@ from pathlift.lift.lipschitz import (
     lipschitz_params,
 )
 from pathlift.lift.path_metric import PathMetric, path_metric
-from pathlift.lift.path_norm import PathNorm, path_norm, path_norm_of_graph, path_norms
+from pathlift.lift.path_norm import PathNorm, path_norm, path_norms
 
 __all__ = ["AverageCasePathNorm", "InputLipschitz", "LayerNormProduct", "LocalAffine",
            "ParameterLipschitz", "PathMetric", "PathNorm", "average_case_path_norm",
            "layer_norm_product", "lipschitz_input", "lipschitz_params", "local_affine",
-           "path_metric", "path_norm", "path_norm_of_graph", "path_norms"]
+           "path_metric", "path_norm", "path_norms"]

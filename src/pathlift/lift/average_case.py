@@ -12,18 +12,17 @@ benchmarks/bench_average_case.py. Since every a_p(theta, x) is 0 or
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph import LayerGraph, trace
-from pathlift.lift.path_norm import path_norm_of_graph
+from pathlift.graph import LayerGraph, copy_model, graph_of
+from pathlift.graph.boundary import flat_outputs
+from pathlift.lift.path_norm import path_norm
 
 
 @dataclass(frozen=True)
@@ -69,16 +68,24 @@ class AverageCasePathNorm:
         return self.worst_case_log10 - self.log10
 
 
-def local_affine(model: nn.Module, input_shape: Sequence[int], x: Tensor,
+def local_affine(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, x: Tensor,
                  dtype: torch.dtype = torch.float64, chunk: int = 256) -> LocalAffine:
     """Slopes and offsets of the network's local affine map at each row of x (Thm 2.4.2).
 
-    Works on an eval-mode copy in ``dtype``; the model is not modified. Raises
-    UnsupportedModelError outside the ReLU DAG model of Def. 2.2.2, ShapeError when x does
-    not have shape (n, *input_shape).
+    Differentiates the traced graph with respect to x only (a copy in ``dtype`` when the
+    model has another); the model, its ``.grad`` and its autograd state are untouched.
+    Raises UnsupportedModelError outside the ReLU DAG model of Def. 2.2.2, ShapeError when
+    x does not have shape (n, *input_shape).
     """
-    net = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
-    return _local_affine(trace(net, input_shape), x, dtype, chunk)
+    return _local_affine(_in_dtype(graph_of(model, input_shape), dtype), x, dtype, chunk)
+
+
+def _in_dtype(graph: LayerGraph, dtype: torch.dtype) -> LayerGraph:
+    """``graph`` itself, or the same graph over a copy of its model cast to ``dtype``."""
+    graph.check_values()
+    if graph.dtype == dtype:
+        return graph
+    return graph.bind(copy_model(graph.model).to(dtype))
 
 
 def _local_affine(graph: LayerGraph, x: Tensor, dtype: torch.dtype, chunk: int) -> LocalAffine:
@@ -91,7 +98,7 @@ def _local_affine(graph: LayerGraph, x: Tensor, dtype: torch.dtype, chunk: int) 
     slopes, offsets = [], []
     for xb in x.to(device=device, dtype=dtype).split(chunk):
         leaf = xb.detach().requires_grad_()
-        out = _flat_outputs(forward(leaf), len(xb))
+        out = flat_outputs(forward(leaf), len(xb))
         d_out = out.shape[1]
         s = torch.stack([torch.autograd.grad(out[:, v].sum(), leaf, retain_graph=v < d_out - 1)[0]
                          for v in range(d_out)], dim=1)
@@ -101,16 +108,7 @@ def _local_affine(graph: LayerGraph, x: Tensor, dtype: torch.dtype, chunk: int) 
     return LocalAffine(torch.cat(slopes), torch.cat(offsets))
 
 
-def _flat_outputs(out: Any, n: int) -> Tensor:
-    """Every output neuron of a tensor, or of nested tuples/lists/dicts of tensors, in order:
-    shape (n, d_out)."""
-    if isinstance(out, Tensor):
-        return out.reshape(n, -1)
-    values = out.values() if isinstance(out, dict) else out
-    return torch.cat([_flat_outputs(o, n) for o in values], dim=1)
-
-
-def average_case_path_norm(model: nn.Module, input_shape: Sequence[int],
+def average_case_path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None,
                            inputs: Tensor | Iterable, q: float = 1.0,
                            max_samples: int | None = 512,
                            dtype: torch.dtype = torch.float64) -> AverageCasePathNorm:
@@ -124,14 +122,13 @@ def average_case_path_norm(model: nn.Module, input_shape: Sequence[int],
     if not (q >= 1 and math.isfinite(q)):
         raise InvalidParameterError(f"q must be in [1, inf), got {q}")
     x = _collect(inputs, max_samples)
-    net = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
-    graph = trace(net, input_shape)
+    graph = _in_dtype(graph_of(model, input_shape), dtype)
     coeffs = _local_affine(graph, x, dtype, 256).coefficients()
     per_sample_output = coeffs.abs().pow(q).sum(-1).pow(1 / q)  # (n, d_out)
     per_sample = per_sample_output.sum(-1)
     n = len(per_sample)
     std_error = float(per_sample.std() / math.sqrt(n)) if n > 1 else math.nan
-    worst = path_norm_of_graph(graph, q=q, r=1.0, dtype=dtype)
+    worst = path_norm(graph, q=q, r=1.0, dtype=dtype)
     return AverageCasePathNorm(q=q, mean=float(per_sample.mean()), std_error=std_error,
                                per_output_mean=tuple(per_sample_output.mean(0).tolist()),
                                n_samples=n, worst_case_log10=worst.log10)

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pathlift.graph import AbsPowInterpreter, LayerGraph
+from pathlift.errors import Problem, UnsupportedModelError
+from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
 from pathlift.graph.abs_pow import _align
+from pathlift.graph.boundary import output_leaves
 from pathlift.graph.ops import AffineHandler, Call, abs_power
-from pathlift.lift.path_norm import _output_leaves
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class _Tape(AbsPowInterpreter):
 def _l1_mantissa(out: object) -> tuple[Tensor, float]:
     """||Phi||_1 = sum of all outputs (nested tuples, lists, dicts), as (mantissa,
     natural-log scale) over one scale."""
-    mantissas, top = _align(_output_leaves(out))
+    mantissas, top = _align(output_leaves(out, Scaled))
     return sum(m.sum() for m in mantissas), top
 
 
@@ -80,8 +81,18 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
     have one), s the natural-log scale of the pass. An all-zero bias gets zeros.
 
     Costs one |theta| pass, one backward pass through the network (input gradients only)
-    and one weight gradient per layer, scaled into A = |W| in place.
+    and one weight gradient per layer, scaled into A = |W| in place. Raises
+    UnsupportedModelError for a chosen layer called several times: a path may then cross
+    its weights twice, ||Phi||_1 is not affine in them and theta_i d/d theta_i is not the
+    cost of pruning theta_i.
     """
+    calls = graph.calls()
+    shared = [name for name in {*layers, *biases} if calls.get(name, 0) > 1]
+    if shared:
+        raise UnsupportedModelError([Problem(
+            name, type(graph.module.get_submodule(name)).__name__,
+            "this layer is called several times; path-magnitudes need each weight on one "
+            "layer of the DAG") for name in sorted(shared)])
     tape = _Tape(graph, layers, biases, dtype)
     with torch.enable_grad():
         mantissa, log_scale = _l1_mantissa(tape.run_all_ones())

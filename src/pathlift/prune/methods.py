@@ -11,7 +11,6 @@ that are still unpruned, so repeated calls compound as in lottery-ticket rounds.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -21,13 +20,14 @@ from torch import Tensor, nn
 from torch.nn.utils import prune
 
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import trace
-from pathlift.lift import path_norm_of_graph
-from pathlift.logspace import power10
+from pathlift.graph import LayerGraph, graph_of, unwrap
+from pathlift.graph.boundary import mask
+from pathlift.lift import path_norm
+from pathlift.logspace import log10_difference, log10_sum, power10
 from pathlift.prune.scores import (
     Scores,
-    magnitude_scores_of_graph,
-    path_magnitude_scores_of_graph,
+    magnitude_scores,
+    path_magnitude_scores,
     prunable_parameters,
 )
 
@@ -54,7 +54,7 @@ class PathMagnitudeUnstructured(prune.L1Unstructured):
                     raise InvalidParameterError(
                         "PathMagnitudeUnstructured needs the whole network: pass model and "
                         "input_shape, or precomputed scores")
-                scores = path_magnitude_scores_of_graph(trace(model, input_shape))
+                scores = path_magnitude_scores(model, input_shape)
             importance_scores = scores.tensors[_qualified_name(model, module, name, scores)]
         return super().apply(module, name, amount, importance_scores=importance_scores)
 
@@ -62,7 +62,7 @@ class PathMagnitudeUnstructured(prune.L1Unstructured):
 def _qualified_name(model: nn.Module | None, module: nn.Module, name: str, scores: Scores
                     ) -> str:
     if model is not None:
-        for prefix, m in model.named_modules():
+        for prefix, m in unwrap(model).named_modules():
             if m is module and f"{prefix}.{name}" in scores.tensors:
                 return f"{prefix}.{name}"
     raise InvalidParameterError(
@@ -110,24 +110,9 @@ class PruningResult:
         return power10(self.log10_bound)
 
 
-def _log10_sum(logs: Sequence[float]) -> float:
-    top = max(logs)
-    if math.isinf(top):
-        return top
-    return top + math.log10(sum(10.0 ** (v - top) for v in logs))
-
-
-def _log10_difference(a: float, b: float) -> float:
-    """log10(10^a - 10^b) for a >= b (the exact pruning path-metric, Lemma 3.4.1)."""
-    if b == -math.inf:
-        return a
-    gap = 1.0 - 10.0 ** (b - a)
-    return a + math.log10(gap) if gap > 0 else -math.inf
-
-
 def _masks(targets: list[tuple[str, nn.Module, str]]) -> dict[str, Tensor]:
     """Which coordinates of every target are still unpruned (a boolean copy)."""
-    return {f"{m}.{p}": getattr(module, p + "_mask") != 0 if hasattr(module, p + "_mask")
+    return {f"{m}.{p}": mask(module, p) != 0 if mask(module, p) is not None
             else torch.ones_like(getattr(module, p), dtype=torch.bool)
             for m, module, p in targets}
 
@@ -137,7 +122,7 @@ def _split(total: int, steps: int) -> list[int]:
     return [total * (j + 1) // steps - total * j // steps for j in range(steps)]
 
 
-def prune_model(model: nn.Module, input_shape: Sequence[int], amount: float,
+def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, amount: float,
                 criterion: Criterion = "path-magnitude", scope: Scope = "global",
                 steps: int = 1, last_layer_factor: float = 1.0,
                 include_biases: bool = False) -> PruningResult:
@@ -162,22 +147,24 @@ def prune_model(model: nn.Module, input_shape: Sequence[int], amount: float,
         raise InvalidParameterError(
             f"criterion must be 'path-magnitude' or 'magnitude' and scope 'global' or "
             f"'layerwise', got {criterion!r}, {scope!r}")
-    graph = trace(model, input_shape)
+    graph = graph_of(model, input_shape)
+    graph.check_values()
     targets = prunable_parameters(graph, include_biases)
     last = targets[-1][0]
     masks = _masks(targets)
     fractions = {n: amount * (last_layer_factor if n.rsplit(".", 1)[0] == last else 1.0)
                  for n in masks}
-    wanted = {n: fractions[n] * int(mask.sum()) for n, mask in masks.items()}
+    wanted = {n: fractions[n] * int(m.sum()) for n, m in masks.items()}
     per_step = {n: _split(round(c), steps) for n, c in wanted.items()}
     global_steps = _split(round(sum(wanted.values())), steps)
-    dense_norm = path_norm_of_graph(graph, 1.0).log10
+    dense_norm = path_norm(graph).log10
     method = PathMagnitudeUnstructured if criterion == "path-magnitude" else prune.L1Unstructured
     bounds = []
     for step in range(steps):
-        path_mag = path_magnitude_scores_of_graph(graph, include_biases)
+        graph = graph_of(graph)  # a new reparametrisation re-traces, once
+        path_mag = path_magnitude_scores(graph, None, include_biases)
         scores = path_mag if criterion == "path-magnitude" else \
-            magnitude_scores_of_graph(graph, include_biases)
+            magnitude_scores(graph, None, include_biases)
         before = _masks(targets)
         if scope == "global":
             importance = {(module, p): scores.tensors[f"{m}.{p}"] for m, module, p in targets}
@@ -191,11 +178,11 @@ def prune_model(model: nn.Module, input_shape: Sequence[int], amount: float,
                              importance_scores=scores.tensors[name])
         after = _masks(targets)
         bounds.append(path_mag.log10_sum({n: before[n] & ~after[n] for n in before}))
-    pruned_norm = path_norm_of_graph(graph, 1.0).log10
+    pruned_norm = path_norm(graph).log10
     total = sum(m.numel() for m in masks.values())
     remaining = sum(int(m.sum()) for m in _masks(targets).values())
     return PruningResult(criterion, scope, steps, total - remaining, total, dense_norm,
-                         _log10_difference(dense_norm, pruned_norm), _log10_sum(bounds))
+                         log10_difference(dense_norm, pruned_norm), log10_sum(bounds))
 
 
 def global_path_magnitude(model: nn.Module, input_shape: Sequence[int], amount: float,

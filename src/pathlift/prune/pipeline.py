@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import prune
 from torch.utils.data import DataLoader
 
 from pathlift.errors import InvalidParameterError
+from pathlift.graph.boundary import attach_masks_, prune_masks
 from pathlift.prune.methods import prune_model
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 
@@ -133,24 +133,17 @@ class _Snapshot:
             self.state = copy.deepcopy(model.state_dict())
 
 
-def _masks(model: nn.Module) -> dict[str, Tensor]:
-    """``{"layer.weight": mask}`` of every parameter pruned with torch.nn.utils.prune."""
-    return {name[: -len("_mask")]: buf.detach().clone() for name, buf in model.named_buffers()
-            if name.endswith("_mask")}
-
-
 def _masked(model_fn: Callable[[], nn.Module], state: dict[str, Tensor],
             masks: dict[str, Tensor]) -> nn.Module:
     """A fresh model with the masks and ``state``: early weights of a dense model (the
     lottery-ticket rewind) or the state_dict of a pruned one (a copy that deepcopy cannot
     make once training has left non-leaf ``weight`` tensors on the pruned modules)."""
     model = model_fn()
-    if not any(k.endswith("_orig") for k in state):
+    pruned = any(k.endswith("_orig") for k in state)
+    if not pruned:
         model.load_state_dict(state)
-    for name, mask in masks.items():
-        module_name, p = name.rsplit(".", 1)
-        prune.custom_from_mask(model.get_submodule(module_name), p, mask)
-    if any(k.endswith("_orig") for k in state):
+    attach_masks_(model, masks)
+    if pruned:
         model.load_state_dict(state)
     return model
 
@@ -233,10 +226,10 @@ def _prune_run(trained: nn.Module, early: dict[str, Tensor], model_fn: Callable[
     per_round = 1.0 - (1.0 - amount) ** (1.0 / config.rounds)
     current, first_mask, first = trained, None, None
     for _ in range(config.rounds):
-        candidate = _masked(model_fn, current.state_dict(), _masks(current)).eval()
+        candidate = _masked(model_fn, current.state_dict(), prune_masks(current)).eval()
         result = prune_model(candidate, input_shape, per_round, criterion, scope,
                              last_layer_factor=config.last_layer_factor)
-        masks = _masks(candidate)
+        masks = prune_masks(candidate)
         if first is None:
             first, first_mask = result, masks
             pruned_acc = evaluate(candidate)

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import Problem, UnsupportedModelError
-from pathlift.graph import Kind, LayerGraph, param, trace
+from pathlift.graph import LayerGraph, graph_of, param
+from pathlift.graph.ops import AffineHandler
 from pathlift.lift.path_gradient import path_magnitudes
-from pathlift.logspace import power10
-
-_LN10 = math.log(10.0)
-_SCORED = (nn.Linear, nn.modules.conv._ConvNd)
+from pathlift.logspace import LN10, power10
 
 
 @dataclass(frozen=True)
@@ -38,12 +35,14 @@ class Scores:
     effective parameter even when the module carries a torch.nn.utils.prune mask) to
     non-negative mantissas of that parameter's shape. One scale is common to all tensors,
     so rankings (global or per layer) compare mantissas directly; the scale keeps path
-    magnitudes of deep networks, which exceed float64, finite.
+    magnitudes of deep networks, which exceed float64, finite. ``channel_dims`` maps each
+    weight to the dim holding its layer's output channels (1 for ConvTranspose, else 0).
     """
 
     criterion: str
     tensors: Mapping[str, Tensor]
     log10_scale: float = 0.0
+    channel_dims: Mapping[str, int] = field(default_factory=dict)
 
     def value(self, name: str) -> Tensor:
         """The actual scores of one parameter (inf where they exceed float64)."""
@@ -65,71 +64,71 @@ class Scores:
 
 def prunable_parameters(graph: LayerGraph, include_biases: bool = False
                         ) -> list[tuple[str, nn.Module, str]]:
-    """(module name, module, parameter name) of every prunable coordinate tensor.
-
-    Raises UnsupportedModelError if a layer is called twice: a path could then cross the
-    same weight twice and ||Phi||_1 would not be affine in it.
-    """
-    calls: dict[str, int] = {}
-    for node in graph.nodes():
-        if node.op == "call_module" and graph.handler(node).kind is Kind.AFFINE:
-            calls[node.target] = calls.get(node.target, 0) + 1
-    shared = [name for name, count in calls.items() if count > 1]
-    if shared:
-        raise UnsupportedModelError([Problem(name, type(graph.module.get_submodule(name)).__name__,
-                                             "this layer is called several times; pruning "
-                                             "scores need each weight on one layer of the DAG")
-                                     for name in shared])
-    entries = []
-    for name in calls:
-        module = graph.module.get_submodule(name)
-        if not isinstance(module, _SCORED):
+    """(module name, module, parameter name) of every prunable coordinate tensor: the
+    weights (and biases) of the layers whose handler says they are scored (Linear, Conv,
+    ConvTranspose; not BatchNorm, see the module docstring), once per layer."""
+    entries, seen = [], set()
+    for node in graph.affine_nodes():
+        handler, module = graph.handler(node), graph.submodule(node)
+        if not (isinstance(handler, AffineHandler) and handler.scored) or node.target in seen:
             continue
-        entries.append((name, module, "weight"))
+        seen.add(node.target)
+        entries.append((node.target, module, "weight"))
         if include_biases and param(module, "bias") is not None:
-            entries.append((name, module, "bias"))
+            entries.append((node.target, module, "bias"))
     return entries
 
 
-def magnitude_scores_of_graph(graph: LayerGraph, include_biases: bool = False) -> Scores:
-    """|theta_i| for every prunable coordinate of a traced graph (magnitude pruning)."""
-    tensors = {f"{m}.{p}": param(module, p).detach().abs()
-               for m, module, p in prunable_parameters(graph, include_biases)}
-    return Scores("magnitude", tensors)
-
-
-def magnitude_scores(model: nn.Module, input_shape: Sequence[int],
+def magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
                      include_biases: bool = False) -> Scores:
     """|theta_i| for every prunable coordinate: the baseline of magnitude pruning."""
-    return magnitude_scores_of_graph(trace(model, input_shape), include_biases)
-
-
-def path_magnitude_scores_of_graph(graph: LayerGraph, include_biases: bool = False,
-                                   dtype: torch.dtype = torch.float64) -> Scores:
-    """Path-Mag(theta, .) = theta . grad ||Phi(theta)||_1 (paper 002 eq. 14) of a traced graph.
-
-    One forward and one backward pass of the |theta| network of Thm 3.1.1 (thesis Sec.
-    3.5.1, ``pathlift.lift.path_gradient``). The pass carries ||Phi||_1 as mantissa * e^s
-    with s a constant, so the gradient of the mantissa times |theta| gives the scores up to
-    the common factor e^s, kept apart as ``log10_scale``. Everything runs in ``dtype``,
-    whatever the model's: float64 scores are exact to ~1e-12 (relative), float32 ~1e-6.
-    """
+    graph = graph_of(model, input_shape)
     entries = prunable_parameters(graph, include_biases)
-    found = path_magnitudes(graph, [m for m, _, p in entries if p == "weight"],
-                            [m for m, _, p in entries if p == "bias"], dtype)
-    tensors = {f"{m}.{p}": (found.weights if p == "weight" else found.biases)[m]
-               for m, _, p in entries}
-    return Scores("path-magnitude", tensors, found.log_scale / _LN10)
+    tensors = {f"{m}.{p}": param(module, p).abs() for m, module, p in entries}
+    return Scores("magnitude", tensors, 0.0, _channel_dims(graph))
 
 
-def path_magnitude_scores(model: nn.Module, input_shape: Sequence[int],
+def path_magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
                           include_biases: bool = False,
                           dtype: torch.dtype = torch.float64) -> Scores:
     """Path-Mag(theta, i) = ||Phi(theta)||_1 - ||Phi(theta_{-i})||_1 for every prunable
     coordinate, all at once by one forward and one backward pass (paper 002 eq. 11, 14).
 
-    Rescaling-invariant (paper 002 Lemma 4.2). ``input_shape`` excludes the batch
-    dimension; ``dtype`` is that of the mantissas (float32 is faster, ~1e-6 relative).
-    The model is not modified (autograd.grad leaves ``.grad`` untouched).
+    Args:
+        model: the network (or its ``LayerGraph``); pruned, DDP-wrapped and compiled
+            models are read as the plain module. It is not modified, nor its ``.grad``.
+        input_shape: input size without the batch dimension.
+        include_biases: score the biases too.
+        dtype: mantissa precision (float32 is faster, ~1e-6 relative).
+
+    Returns:
+        ``Scores``: one non-negative mantissa tensor per parameter and a common log10
+        scale (the values exceed float64 on deep networks).
+
+    Raises:
+        UnsupportedModelError for unsupported ops, NaN/inf parameters, or a layer called
+        several times (its weights are then not single coordinates of the DAG).
+
+    One forward and one backward pass of the |theta| network of Thm 3.1.1 (thesis Sec.
+    3.5.1, ``pathlift.lift.path_gradient``), rescaling-invariant (paper 002 Lemma 4.2).
+    The pass carries ||Phi||_1 as mantissa * e^s with s a constant, so the gradient of the
+    mantissa times |theta| gives the scores up to the common factor e^s, kept apart as
+    ``log10_scale``.
+
+    Example::
+
+        scores = path_magnitude_scores(model, (3, 224, 224))
+        scores.tensors["layer1.0.conv1.weight"]   # mantissas; x 10**scores.log10_scale
     """
-    return path_magnitude_scores_of_graph(trace(model, input_shape), include_biases, dtype)
+    graph = graph_of(model, input_shape)
+    graph.check_values()
+    entries = prunable_parameters(graph, include_biases)
+    found = path_magnitudes(graph, [m for m, _, p in entries if p == "weight"],
+                            [m for m, _, p in entries if p == "bias"], dtype)
+    tensors = {f"{m}.{p}": (found.weights if p == "weight" else found.biases)[m]
+               for m, _, p in entries}
+    return Scores("path-magnitude", tensors, found.log_scale / LN10, _channel_dims(graph))
+
+
+def _channel_dims(graph: LayerGraph) -> dict[str, int]:
+    return {f"{n.target}.weight": graph.handler(n).out_dim for n in graph.affine_nodes()}

@@ -20,7 +20,8 @@ from fractions import Fraction
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
-from pathlift.graph import Kind, trace
+from pathlift.graph import LayerGraph, graph_of
+from pathlift.graph.structure import lfcn_layers
 
 
 @dataclass(frozen=True)
@@ -88,24 +89,16 @@ class LFCNConstants:
     theta_inf: float
 
 
-def lfcn_constants(model: nn.Module, input_shape: Sequence[int]) -> LFCNConstants:
+def lfcn_constants(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
+                   ) -> LFCNConstants:
     """W = max of the input, hidden and output widths, L = number of Linear layers,
     ||theta||_inf over weights and biases; refuses anything but Flatten/Linear/ReLU."""
-    graph = trace(model, input_shape)
-    allowed = {Kind.AFFINE, Kind.RELU, Kind.RESHAPE, Kind.IDENTITY}
-    problems = []
-    linears = []
-    for node in graph.nodes():
-        module = graph.submodule(node)
-        kind = graph.handler(node).kind
-        if kind not in allowed or (kind is Kind.AFFINE and not isinstance(module, nn.Linear)):
-            problems.append(Problem(str(node.target), type(module).__name__ if module else
-                                    node.name, "Thm 6.1.1 is stated for layered fully "
-                                    "connected ReLU networks (Def. 2.1.1): Linear and ReLU only"))
-        elif kind is Kind.AFFINE:
-            linears.append(module)
+    graph = graph_of(model, input_shape)
+    graph.check_values()
+    linears, problems = lfcn_layers(graph)
     if problems:
-        raise UnsupportedModelError(problems)
+        raise UnsupportedModelError([Problem(p.node, p.op, "Thm 6.1.1: " + p.reason)
+                                     for p in problems])
     widths = [linears[0].in_features] + [lin.out_features for lin in linears]
     theta_inf = max(float(t.detach().abs().max()) for lin in linears
                     for t in (lin.weight, lin.bias) if t is not None)

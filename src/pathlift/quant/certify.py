@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
+from pathlift.graph import LayerGraph
 from pathlift.lift import PathMetric, path_metric
 from pathlift.logspace import power10
 from pathlift.quant.model import QuantizedModel
@@ -58,8 +59,8 @@ class CertifiedError:
         return x.detach().double().flatten(1).abs().amax(dim=1).clamp(min=1.0) * self.value
 
 
-def certified_error(model: nn.Module, quantized: QuantizedModel | nn.Module,
-                    input_shape: Sequence[int]) -> CertifiedError:
+def certified_error(model: nn.Module | LayerGraph, quantized: QuantizedModel | nn.Module,
+                    input_shape: Sequence[int] | None = None) -> CertifiedError:
     """d(theta, Q(theta)) by ``path_metric`` (two |theta| passes, Lemma 3.4.1, when exact).
 
     Raises InvalidParameterError when a sign differs (Cor. 3.4.1 then certifies nothing)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
+from pathlift.graph import LayerGraph, graph_of
 from pathlift.quant.certify import CertifiedError, certified_error
 from pathlift.quant.model import QuantizedModel, quantize
 from pathlift.quant.uniform import Rounding
@@ -46,18 +47,20 @@ class SymmetryAwareQuantized:
     certified: CertifiedError
 
 
-def symmetry_aware_quantize(model: nn.Module, input_shape: Sequence[int], bits: int, *,
-                            per_channel: bool = False,
+def symmetry_aware_quantize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None,
+                            bits: int, *, per_channel: bool = False,
                             qs: Sequence[float] = DEFAULT_QS) -> SymmetryAwareQuantized:
     """Normalise (Alg. 3.2.1) with each q in ``qs``, quantise towards zero with ``bits``,
-    keep the copy with the smallest certified error (Lemma 3.4.1). The model is unchanged."""
+    keep the copy with the smallest certified error (Lemma 3.4.1). The model is unchanged
+    and traced once: every normalised and quantised copy shares its graph."""
     if not qs:
         raise InvalidParameterError("qs must list at least one normalisation exponent")
+    graph = graph_of(model, input_shape)
     best = None
     for q in qs:
-        normalised = normalize(model, input_shape, q=q)
-        quantized = quantize(normalised, input_shape, bits=bits, per_channel=per_channel)
-        certified = certified_error(normalised, quantized, input_shape)
+        normalised = normalize(graph, None, q=q)
+        quantized = quantize(normalised, bits=bits, per_channel=per_channel)
+        certified = certified_error(normalised, quantized)
         if best is None or certified.log10 < best.certified.log10:
             best = SymmetryAwareQuantized(quantized, float(q), certified)
     return best
@@ -79,23 +82,23 @@ class QuantReport:
     accuracy: float | None
 
 
-def compare(model: nn.Module, input_shape: Sequence[int], bits: int, inputs: Tensor,
+def compare(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, bits: int,
+            inputs: Tensor,
             labels: Tensor | None = None, *, per_channel: bool = False,
             symmetry_aware: bool = True, qs: Sequence[float] = DEFAULT_QS
             ) -> tuple[QuantReport, ...]:
     """Plain (and, with ``symmetry_aware``, symmetry-aware) quantisation towards zero at
     equal ``bits``, judged on ``inputs`` (a batch; ``labels`` for accuracy)."""
-    plain = quantize(model, input_shape, bits=bits, rounding=Rounding.ZERO,
-                     per_channel=per_channel)
-    candidates = [("plain", plain.model, certified_error(model, plain, input_shape))]
+    graph = graph_of(model, input_shape)
+    plain = quantize(graph, bits=bits, rounding=Rounding.ZERO, per_channel=per_channel)
+    candidates = [("plain", plain.model, certified_error(graph, plain))]
     if symmetry_aware:
-        aware = symmetry_aware_quantize(model, input_shape, bits, per_channel=per_channel,
-                                        qs=qs)
+        aware = symmetry_aware_quantize(graph, None, bits, per_channel=per_channel, qs=qs)
         candidates.append((f"aware q={aware.q:g}", aware.quantized.model,
                            aware.certified))
     reports = []
     for method, qmodel, cert in candidates:
-        measured, accuracy = _measure(model, qmodel, inputs, labels)
+        measured, accuracy = _measure(graph.model, qmodel, inputs, labels)
         reports.append(QuantReport(method, bits, cert.value, cert.relative, measured,
                                    float(cert.bound(inputs).max()), accuracy))
     return tuple(reports)

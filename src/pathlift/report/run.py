@@ -7,7 +7,6 @@ margins, the average-case path-norm and, if ``pathlift.prune`` is there, a pruni
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from torch.utils.data import DataLoader
 from pathlift.bounds import (
     ArchitectureConstants,
     Sigma,
-    constants_of_graph,
+    architecture_constants,
     cross_entropy_gap_log10,
     default_quantile,
     margin_bound,
@@ -35,8 +34,8 @@ from pathlift.bounds import (
     sigma_from_loader,
 )
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph import trace
-from pathlift.lift import average_case_path_norm, path_norm_of_graph
+from pathlift.graph import copy_model, eval_mode, graph_of
+from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.logspace import format_log10
 from pathlift.report import plots
 from pathlift.report.document import Document
@@ -72,16 +71,16 @@ class _Data:
 
 
 class _Evaluation:
-    """Callback: eval-mode train/test cross-entropy and accuracy, on a copy of the model."""
+    """Callback: eval-mode train/test cross-entropy and accuracy (flags restored after)."""
 
     def __init__(self, data: _Data):
         self.data = data
 
     def on_epoch_end(self, model: nn.Module, epoch: int, logs: dict[str, Any]) -> None:
-        net = copy.deepcopy(model).eval()
-        for split, loader in (("train", self.data.train), ("test", self.data.test)):
-            loss, acc = _loss_accuracy(net, loader)
-            logs[f"eval_{split}_loss"], logs[f"eval_{split}_accuracy"] = loss, acc
+        with eval_mode(model):
+            for split, loader in (("train", self.data.train), ("test", self.data.test)):
+                loss, acc = _loss_accuracy(model, loader)
+                logs[f"eval_{split}_loss"], logs[f"eval_{split}_accuracy"] = loss, acc
 
 
 def _loss_accuracy(net: nn.Module, loader: DataLoader) -> tuple[float, float]:
@@ -142,10 +141,10 @@ def _run(out: Path, model: str | None, input_shape: Sequence[int] | None, data: 
         console.log(f"training {title} for {epochs} epochs on {data}")
         history = _train(net, shape, loaded, sigma, epochs, seed, progress)
     net = net.eval()
-    graph = trace(net, shape)
-    constants = constants_of_graph(graph)
+    graph = graph_of(net, shape)
+    constants = architecture_constants(graph)
     console.log("path-norms and architecture constants")
-    norms = {q: path_norm_of_graph(graph, q, r=q) for q in QS}  # ||Phi||_q, Table 7.2
+    norms = {q: path_norm(graph, q=q, r=q) for q in QS}  # ||Phi||_q, Table 7.2
     _constants_section(doc, constants)
     _path_norm_section(doc, norms)
     result: dict[str, Any] = {"test_accuracy": None, "bound_ce_log10": None,
@@ -342,9 +341,9 @@ def _pruning_section(doc: Document, net: nn.Module, shape: tuple[int, ...], data
     rows = []
     for criterion in ("path-magnitude", "magnitude"):
         for amount in (0.0, 0.2, 0.5, 0.8, 0.9):
-            pruned = copy.deepcopy(net)
+            pruned = copy_model(net)
             result = prune_model(pruned, shape, amount, criterion=criterion, scope="global")
-            l1 = path_norm_of_graph(trace(pruned, shape)).log10
+            l1 = path_norm(pruned, shape).log10
             bound = cross_entropy_gap_log10(rademacher_peeling(c, sigma.peeling, l1),
                                             data.n_train)
             rows.append({"criterion": criterion, "sparsity": result.sparsity,

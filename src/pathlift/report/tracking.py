@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,12 +10,12 @@ from torch import nn
 
 from pathlift.bounds import (
     ArchitectureConstants,
-    constants_of_graph,
+    architecture_constants,
     cross_entropy_gap_log10,
     rademacher_peeling,
 )
-from pathlift.graph import trace
-from pathlift.lift import average_case_path_norm, path_norm_of_graph
+from pathlift.graph import eval_mode, graph_of
+from pathlift.lift import average_case_path_norm, path_norm
 
 
 class PathNormTracker:
@@ -25,8 +24,9 @@ class PathNormTracker:
     ||A^T Phi||_1 on ``probe``, Sec. 7.2.2) and ``bound_ce_log10``, the log10 of the bound
     on the expected cross-entropy gap (Thm 4.1.1 with Thm 4.4.1, sigma = ``sigma``).
 
-    Works on an eval-mode copy; the trained model is never touched. Call it once with
-    epoch 0 before training to record the initialisation. ``history`` keeps every log.
+    Measures the model as in eval mode (its flags are restored); it is never modified, and
+    its graph is traced once for the whole run. Call it once with epoch 0 before training
+    to record the initialisation. ``history`` keeps every log.
     """
 
     def __init__(self, input_shape: Sequence[int], probe: torch.Tensor, n_train: int,
@@ -37,15 +37,15 @@ class PathNormTracker:
         self.history: list[dict[str, Any]] = []
 
     def on_epoch_end(self, model: nn.Module, epoch: int, logs: dict[str, Any]) -> None:
-        net = copy.deepcopy(model).eval()
-        graph = trace(net, self.input_shape)
-        if self.constants is None:
-            self.constants = constants_of_graph(graph)
-        for q in self.qs:
-            logs[f"path_norm_log10_q{q:g}"] = path_norm_of_graph(graph, q, r=q).log10
-        l1 = logs["path_norm_log10_q1"] if 1.0 in self.qs else path_norm_of_graph(graph).log10
-        logs["average_case"] = average_case_path_norm(net, self.input_shape, self.probe,
-                                                      max_samples=None).mean
+        with eval_mode(model):
+            graph = graph_of(model, self.input_shape)
+            if self.constants is None:
+                self.constants = architecture_constants(graph)
+            for q in self.qs:
+                logs[f"path_norm_log10_q{q:g}"] = path_norm(graph, q=q, r=q).log10
+            l1 = logs["path_norm_log10_q1"] if 1.0 in self.qs else path_norm(graph).log10
+            logs["average_case"] = average_case_path_norm(graph, None, self.probe,
+                                                          max_samples=None).mean
         logs["bound_ce_log10"] = cross_entropy_gap_log10(
             rademacher_peeling(self.constants, self.sigma, l1), self.n_train)
         self.history.append({"epoch": epoch, **logs})

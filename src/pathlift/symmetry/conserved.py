@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.graph.channels import BATCHNORM, ChannelMap, analyse
-from pathlift.graph.factors import in_channel_index, raw
+from pathlift.graph import LayerGraph
+from pathlift.graph.boundary import stored
+from pathlift.graph.channels import analyse
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,15 @@ class ConservedQuantities:
         return self.incoming - self.outgoing
 
 
-def conserved_quantities(model: nn.Module, input_shape: Sequence[int] | None = None,
-                         cmap: ChannelMap | None = None) -> ConservedQuantities:
+def conserved_quantities(model: nn.Module | LayerGraph,
+                         input_shape: Sequence[int] | None = None) -> ConservedQuantities:
     """||(theta^{->v}, b_v)||^2 - ||theta^{v->}||^2 for every free neuron group (Sec. 7.1.2).
 
-    Pass the ``cmap`` of a previous call (same architecture) to skip the tracing, e.g. when
-    monitoring a training run; the model is not modified.
+    Cheap to call at every step of a training run: the graph and its channel analysis are
+    traced once per model object and reused. The model is not modified.
     """
-    cmap = cmap or analyse(model, input_shape)
+    cmap = analyse(model, input_shape)
+    model = cmap.graph.model
     incoming = torch.zeros(cmap.num_groups, dtype=torch.float64)
     outgoing = torch.zeros_like(incoming)
     excluded = torch.zeros(cmap.num_groups, dtype=torch.bool)
@@ -52,19 +54,19 @@ def conserved_quantities(model: nn.Module, input_shape: Sequence[int] | None = N
     for p in cmap.producers:
         module = model.get_submodule(p.name)
         out_groups, in_groups = cmap.group[p.neurons], cmap.group[p.inputs]
-        if p.kind == BATCHNORM:
+        if p.diagonal:
             excluded[in_groups] = True
-            if p.neurons is p.inputs:
+            if p.passthrough:
                 continue
-            rows = torch.stack([raw(module, "weight"), raw(module, "bias")], 1)
+            rows = torch.stack([stored(module, "weight"), stored(module, "bias")], 1)
             incoming.index_add_(0, out_groups, rows.detach().double().pow(2).sum(1))
             continue
-        weight = raw(module, "weight").detach().double()
-        rows_idx, cols_idx = in_channel_index(p, weight)
+        weight = stored(module, "weight").detach().double()
         squares = weight.pow(2).reshape(weight.shape[0], weight.shape[1], -1).sum(2)
-        incoming.index_add_(0, out_groups[rows_idx].flatten(), squares.flatten())
-        outgoing.index_add_(0, in_groups[cols_idx].flatten(), squares.flatten())
-        bias = raw(module, "bias")
+        rows, cols = (i.expand(squares.shape) for i in p.handler.entry_channels(module))
+        incoming.index_add_(0, out_groups[rows].flatten(), squares.flatten())
+        outgoing.index_add_(0, in_groups[cols].flatten(), squares.flatten())
+        bias = stored(module, "bias")
         if bias is not None:
             incoming.index_add_(0, out_groups, bias.detach().double().pow(2))
     keep = ~excluded

@@ -11,7 +11,6 @@ neurons of every permutable layer.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,18 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import trace
-from pathlift.graph.channels import (
-    BATCHNORM,
-    CONV_TRANSPOSE,
-    ChannelMap,
-    Producer,
-    analyse,
-    resolve_input_shape,
-)
-from pathlift.graph.factors import raw
+from pathlift.graph import LayerGraph, copy_model, graph_of
+from pathlift.graph.boundary import flat_outputs, stored
+from pathlift.graph.channels import ChannelMap, Producer, analyse
+from pathlift.graph.factors import refuse_shared_parameters
 from pathlift.graph.normalize import normalize
-from pathlift.lift.path_metric import paired_parameters
+from pathlift.graph.structure import paired_parameters
 
 
 # --------------------------------------------------------------------------- the slides' table
@@ -97,7 +90,7 @@ def permutable_units(cmap: ChannelMap) -> list[Unit]:
             readers.setdefault(i, []).append(p)
     units = []
     for p in cmap.producers:
-        if p.kind == BATCHNORM or p.groups != 1 or not _single_free(cmap, p):
+        if p.diagonal or p.groups != 1 or not _single_free(cmap, p):
             continue
         carried: list[Producer] = []
         frontier, ok = [p], True
@@ -105,12 +98,11 @@ def permutable_units(cmap: ChannelMap) -> list[Unit]:
             current = frontier.pop()
             for r in {r.name: r for i in current.neurons.tolist()
                       for r in readers.get(i, ())}.values():
-                if r.kind == BATCHNORM:
-                    own = r.neurons is not r.inputs
+                if r.diagonal:
                     if not torch.equal(r.inputs, current.neurons) or (
-                            own and not _single_free(cmap, r)):
+                            not r.passthrough and not _single_free(cmap, r)):
                         ok = False
-                    elif r.neurons is not r.inputs:
+                    elif not r.passthrough:
                         carried.append(r)
                         frontier.append(r)
                     else:
@@ -128,18 +120,8 @@ def _apply_permutation(model: nn.Module, cmap: ChannelMap, unit: Unit, perm: Ten
     for p in (unit.producer, *unit.carried):
         old = p.neurons.tolist()
         id_map.update({old[c]: old[int(perm[c])] for c in range(len(old))})
-        if p is not unit.producer and p.neurons is p.inputs:
-            continue
-        module = model.get_submodule(p.name)
-        dim = 1 if p.kind == CONV_TRANSPOSE else 0
-        for name in ("weight", "bias"):
-            t = raw(module, name)
-            if t is not None:
-                with torch.no_grad():
-                    t.copy_(t.index_select(dim if name == "weight" else 0, perm))
-            mask = getattr(module, name + "_mask", None)
-            if mask is not None:
-                mask.copy_(mask.index_select(dim if name == "weight" else 0, perm))
+        if p is unit.producer or not p.passthrough:
+            p.handler.permute_(model.get_submodule(p.name), outputs=perm)
     for p in cmap.producers:  # readers: move input columns, BatchNorm statistics
         labels = p.inputs.tolist()
         if not any(i in id_map for i in labels):
@@ -152,24 +134,10 @@ def _apply_permutation(model: nn.Module, cmap: ChannelMap, unit: Unit, perm: Ten
             if i in id_map:
                 for position, old in zip(positions, columns[id_map[i]], strict=True):
                     src[position] = old
-        index = torch.tensor(src)
-        module = model.get_submodule(p.name)
-        if p.kind == BATCHNORM:
-            with torch.no_grad():
-                for name in ("running_mean", "running_var"):
-                    buf = getattr(module, name)
-                    buf.copy_(buf.index_select(0, index))
-            continue
-        weight = raw(module, "weight")
-        dim = 0 if p.kind == CONV_TRANSPOSE else 1
-        with torch.no_grad():
-            weight.copy_(weight.index_select(dim, index))
-        mask = getattr(module, "weight_mask", None)
-        if mask is not None:
-            mask.copy_(mask.index_select(dim, index))
+        p.handler.permute_(model.get_submodule(p.name), inputs=torch.tensor(src))
 
 
-def permute(model: nn.Module, perms: Mapping[str, Sequence[int] | Tensor],
+def permute(model: nn.Module | LayerGraph, perms: Mapping[str, Sequence[int] | Tensor],
             input_shape: Sequence[int] | None = None) -> nn.Module:
     """A copy with the channels of layer ``name`` re-indexed: new c = old ``perms[name][c]``.
 
@@ -178,7 +146,8 @@ def permute(model: nn.Module, perms: Mapping[str, Sequence[int] | Tensor],
     """
     cmap = analyse(model, input_shape)
     units = {u.producer.name: u for u in permutable_units(cmap)}
-    out = copy.deepcopy(model)
+    refuse_shared_parameters(cmap.graph.model, cmap.producers)
+    out = copy_model(cmap.graph.model)
     for name, perm in perms.items():
         if name not in units:
             raise InvalidParameterError(
@@ -189,6 +158,7 @@ def permute(model: nn.Module, perms: Mapping[str, Sequence[int] | Tensor],
         if sorted(index.tolist()) != list(range(n)):
             raise InvalidParameterError(f"perms['{name}'] must be a permutation of 0..{n - 1}")
         _apply_permutation(out, cmap, units[name], index)
+    cmap.graph.bind(out)
     return out
 
 
@@ -207,20 +177,19 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
     equal incoming weights)."""
     p = unit.producer
     module = model.get_submodule(p.name)
-    weight = raw(module, "weight").detach().double()
-    if p.kind == CONV_TRANSPOSE:
+    weight = stored(module, "weight").detach().double()
+    if p.handler.out_dim == 1:
         weight = weight.transpose(0, 1)
-    biases = [raw(model.get_submodule(q.name), "bias") for q in (p, *unit.carried)
-              if q is p or q.neurons is not q.inputs]
+    biases = [stored(model.get_submodule(q.name), "bias") for q in (p, *unit.carried)
+              if q is p or not q.passthrough]
     columns = [b.detach().double()[:, None] for b in biases if b is not None]
     columns.append(weight.reshape(weight.shape[0], -1))
-    last = unit.carried[-1] if unit.carried and unit.carried[-1].neurons is not \
-        unit.carried[-1].inputs else p
+    last = unit.carried[-1] if unit.carried and not unit.carried[-1].passthrough else p
     for reader in cmap.producers:
-        if reader.kind == BATCHNORM or not torch.isin(reader.inputs, last.neurons).any():
+        if reader.diagonal or not torch.isin(reader.inputs, last.neurons).any():
             continue
-        w = raw(model.get_submodule(reader.name), "weight").detach().double()
-        w = w.transpose(0, 1) if reader.kind != CONV_TRANSPOSE else w
+        w = stored(model.get_submodule(reader.name), "weight").detach().double()
+        w = w.transpose(0, 1) if reader.handler.out_dim == 0 else w
         rows = [w[reader.inputs == i].reshape(-1) for i in last.neurons.tolist()]
         columns.append(torch.stack(rows))
     key = -torch.cat(columns, dim=1).numpy()
@@ -228,7 +197,7 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
     return np.round(key / scale, 9)  # rounding noise must not decide between equal keys
 
 
-def canonicalize(model: nn.Module, input_shape: Sequence[int] | None = None,
+def canonicalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
                  normalized: bool = True, q: float = 2.0) -> Canonical:
     """Sort the neurons of every permutable layer, biases in descending order (slides).
 
@@ -236,11 +205,16 @@ def canonicalize(model: nn.Module, input_shape: Sequence[int] | None = None,
     the rescaling symmetry, so that permuted and rescaled copies share one canonical form.
     Ties in the bias are broken by the BatchNorm biases, then the incoming weights, then
     the outgoing weights (lexicographically, descending). Layers are sorted in topological
-    order, each after its inputs were. The model is not modified.
+    order, each after its inputs were. The model is not modified; its graph is traced
+    once (or reused) and serves the copy too.
     """
-    shape = resolve_input_shape(model, input_shape)
-    current = normalize(model, shape, q) if normalized else copy.deepcopy(model)
-    cmap = analyse(current, shape)
+    graph = graph_of(model, input_shape)
+    if normalized:
+        current = normalize(graph, None, q)
+    else:
+        current = copy_model(graph.model)
+        graph.bind(current)
+    cmap = analyse(current, graph.input_shape)
     permutations = {}
     for unit in permutable_units(cmap):
         key = _sort_key(current, cmap, unit)
@@ -264,31 +238,28 @@ class Equivalence:
     tolerance: float
 
 
-def equivalent(model_a: nn.Module, model_b: nn.Module, input_shape: Sequence[int],
-               tolerance: float = 1e-6, samples: int = 16, seed: int = 0) -> Equivalence:
+def equivalent(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph,
+               input_shape: Sequence[int] | None = None, tolerance: float = 1e-6,
+               samples: int = 16, seed: int = 0) -> Equivalence:
     """Decide functional equivalence up to permutations and rescalings (canonical forms equal
     up to ``tolerance``, relative), and report the output gap on N(0, 1) samples.
 
-    ArchitectureMismatchError when the models do not share one architecture.
+    Each model is traced once (or its graph reused). ArchitectureMismatchError when the
+    models do not share one architecture.
     """
-    shape = tuple(input_shape)
-    paired_parameters(trace(model_a, shape), trace(model_b, shape))  # same architecture
-    ca = canonicalize(model_a, shape).model
-    cb = canonicalize(model_b, shape).model
-    pairs = paired_parameters(trace(ca, shape), trace(cb, shape))
+    graph_a = graph_of(model_a, input_shape)
+    graph_b = graph_of(model_b, graph_a.input_shape)
+    paired_parameters(graph_a, graph_b)  # same architecture
+    ca, cb = canonicalize(graph_a).model, canonicalize(graph_b).model
+    pairs = paired_parameters(graph_of(ca), graph_of(cb))
     scale = max((float(a.double().abs().max()) for _, a, _ in pairs if a.numel()), default=0.0)
     gap = max((float((a.double() - b.double()).abs().max()) for _, a, b in pairs if a.numel()),
               default=0.0)
     relative = gap / scale if scale > 0 else gap
-    dtype = next((t.dtype for t in (*model_a.parameters(), *model_a.buffers())
-                  if t.is_floating_point()), torch.float32)
-    x = torch.randn((samples, *shape), generator=torch.Generator().manual_seed(seed)).to(dtype)
+    shape = (samples, *graph_a.input_shape)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(graph_a.dtype)
     with torch.no_grad():
-        out_gap = _max_gap(model_a(x), model_b(x))
+        out_gap = float((flat_outputs(graph_a.module(x), samples).double()
+                         - flat_outputs(graph_b.module(x.to(graph_b.dtype)), samples).double()
+                         ).abs().max())
     return Equivalence(relative <= tolerance, relative, out_gap, tolerance)
-
-
-def _max_gap(a, b) -> float:
-    if isinstance(a, Tensor):
-        return float((a - b).abs().max())
-    return max(_max_gap(u, v) for u, v in zip(a, b, strict=True))

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
-from pathlift.graph.channels import BATCHNORM, ChannelMap, analyse
-from pathlift.graph.factors import apply_all_, as_factors
+from pathlift.graph import LayerGraph, copy_model
+from pathlift.graph.channels import ChannelMap, analyse
+from pathlift.graph.factors import apply_all_, as_factors, refuse_shared_parameters
 
 
-def _batchnorm_only(cmap: ChannelMap) -> set[int]:
-    kinds: dict[int, set[str]] = {}
-    for g, members in cmap.members().items():
-        kinds[g] = {p.kind for p, _ in members}
-    return {g for g, k in kinds.items() if k == {BATCHNORM}}
+def diagonal_only(cmap: ChannelMap) -> set[int]:
+    """Groups held by BatchNorm-like (diagonal) layers only: Appendix E.1.2 lets them
+    follow the factor of their input instead of drawing their own."""
+    return {g for g, members in cmap.members().items() if all(p.diagonal for p, _ in members)}
 
 
 def factors_from_groups(cmap: ChannelMap, values: Tensor, given: Tensor) -> Tensor:
@@ -25,7 +24,7 @@ def factors_from_groups(cmap: ChannelMap, values: Tensor, given: Tensor) -> Tens
     BatchNorm channels only, which inherit the factor of their input (Appendix E.1.2)."""
     values, given = values.clone(), given.clone()
     values[0], given[0] = 1.0, True
-    inherit = _batchnorm_only(cmap)
+    inherit = diagonal_only(cmap)
     for p in cmap.producers:
         groups = cmap.group[p.neurons]
         for c in torch.nonzero(~given[groups]).flatten().tolist():
@@ -37,13 +36,18 @@ def factors_from_groups(cmap: ChannelMap, values: Tensor, given: Tensor) -> Tens
     return values[cmap.group]
 
 
-def _apply(model: nn.Module, cmap: ChannelMap, grow: Tensor) -> nn.Module:
-    out = copy.deepcopy(model)
+def rescaled_copy(cmap: ChannelMap, grow: Tensor) -> nn.Module:
+    """A copy of the analysed model with factors ``grow`` (per neuron id) applied, sharing
+    its graph (no second trace)."""
+    source = cmap.graph.model
+    refuse_shared_parameters(source, cmap.producers)
+    out = copy_model(source)
     apply_all_(out, cmap.producers, grow, 1.0 / grow)
+    cmap.graph.bind(out)
     return out
 
 
-def rescale(model: nn.Module, lambdas: Mapping[str, float | Sequence[float] | Tensor],
+def rescale(model: nn.Module | LayerGraph, lambdas: Mapping[str, float | Sequence[float] | Tensor],
             input_shape: Sequence[int] | None = None) -> nn.Module:
     """A copy of ``model`` with the rescaling lambda <> theta applied (thesis Def. 2.4.1).
 
@@ -54,8 +58,9 @@ def rescale(model: nn.Module, lambdas: Mapping[str, float | Sequence[float] | Te
     factor of its input channel, i.e. its running mean and bias are multiplied by it and
     its weight is unchanged (thesis Appendix E.1.2); named, it rescales as its own affine
     identity neuron. Channels tied by a residual addition must get equal factors, output
-    channels (and channels tied to the input or an output) must keep 1. The function and
-    every path-norm are unchanged; the model itself is not modified.
+    channels (and channels tied to the input or an output) must keep 1; so must channels
+    of a layer called several times where a call reads them (tied weights). The function
+    and every path-norm are unchanged; the model itself is not modified.
     """
     cmap = analyse(model, input_shape)
     values = torch.ones(cmap.num_groups, dtype=torch.float64)
@@ -63,7 +68,7 @@ def rescale(model: nn.Module, lambdas: Mapping[str, float | Sequence[float] | Te
     names = {p.name: p for p in cmap.producers}
     for name, raw_values in lambdas.items():
         p = names.get(name)
-        if p is None or (p.kind == BATCHNORM and p.neurons is p.inputs):
+        if p is None or p.passthrough:
             raise InvalidParameterError(
                 f"'{name}' is not a rescalable layer; choose among {sorted(names)}")
         lam = as_factors(raw_values, p.neurons.numel(), name)
@@ -82,10 +87,10 @@ def rescale(model: nn.Module, lambdas: Mapping[str, float | Sequence[float] | Te
                     f"channel {c} of layer '{name}' is tied by a residual addition to a "
                     f"channel given factor {float(values[g]):g}; tied channels share one factor")
             values[g], given[g] = value, True
-    return _apply(model, cmap, factors_from_groups(cmap, values, given))
+    return rescaled_copy(cmap, factors_from_groups(cmap, values, given))
 
 
-def random_rescale(model: nn.Module, factors: Sequence[float] = (1.0, 128.0, 4096.0),
+def random_rescale(model: nn.Module | LayerGraph, factors: Sequence[float] = (1.0, 128.0, 4096.0),
                    seed: int = 0, input_shape: Sequence[int] | None = None) -> nn.Module:
     """A copy of ``model`` under a random rescaling (thesis Appendix E.1.2).
 
@@ -102,6 +107,6 @@ def random_rescale(model: nn.Module, factors: Sequence[float] = (1.0, 128.0, 409
     draws = torch.randint(choices.numel(), (cmap.num_groups,), generator=generator)
     values = choices[draws]
     given = torch.ones(cmap.num_groups, dtype=torch.bool)
-    for g in _batchnorm_only(cmap):
+    for g in diagonal_only(cmap):
         given[g] = False
-    return _apply(model, cmap, factors_from_groups(cmap, values, given))
+    return rescaled_copy(cmap, factors_from_groups(cmap, values, given))

@@ -1,0 +1,216 @@
+"""The model boundary: the one place where pathlift unwraps, reads, writes or copies a
+user's ``nn.Module``.
+
+- ``unwrap``: the module under DistributedDataParallel / DataParallel / FSDP (``.module``)
+  and ``torch.compile`` (``._orig_mod``).
+- ``param`` / ``stored`` / ``assign_``: parameters under torch.nn.utils.prune's convention
+  (``name_orig`` * ``name_mask``, with ``name`` a plain attribute refreshed by a forward
+  pre-hook) and under torch.nn.utils.parametrize (read through, never written).
+- ``copy_model``: a deep copy that also works on pruned models; ``meta_clone``: the same
+  structure with every tensor on the meta device (shapes only, no memory).
+- ``dtype_device``, ``output_leaves``, ``eval_mode``, ``structure_key``.
+
+Nothing here modifies the caller's model, its parameters' version counters or its
+autograd state, so every function may run between a forward and ``loss.backward()``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize, prune
+from torch.utils._pytree import tree_leaves
+
+from pathlift.errors import InvalidParameterError, UnsupportedModelError
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under data-parallel wrappers and ``torch.compile``.
+
+    DistributedDataParallel, DataParallel and FullyShardedDataParallel keep it as
+    ``.module``; a compiled module (``OptimizedModule``) as ``._orig_mod``. pathlift reads
+    the parameters the wrapper trains, so results equal those of the plain module.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidParameterError(f"expected an nn.Module, got a {type(model).__name__}")
+    while True:
+        inner = getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" \
+            else getattr(model, "module", None) if _is_data_parallel(model) else None
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def _is_data_parallel(model: nn.Module) -> bool:
+    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    return isinstance(model, wrappers) or type(model).__name__ == "FullyShardedDataParallel"
+
+
+def param(module: nn.Module, name: str) -> Tensor | None:
+    """The effective parameter ``name``, honouring torch.nn.utils.prune masks.
+
+    A pruned module stores ``name_orig`` and ``name_mask``; its plain ``name`` attribute is
+    only refreshed by a forward pre-hook and may be stale, so the product is recomputed
+    (detached: reading a parameter never records autograd history).
+    """
+    orig = getattr(module, name + "_orig", None)
+    mask = getattr(module, name + "_mask", None)
+    if orig is not None and mask is not None:
+        return orig.detach() * mask
+    value = getattr(module, name, None)
+    return value.detach() if isinstance(value, Tensor) else value
+
+
+def stored(module: nn.Module, name: str) -> Tensor | None:
+    """The tensor to write to change parameter ``name`` (``name_orig`` under a pruning
+    mask, whose zeros stay zero). Parametrized tensors cannot be written through."""
+    if parametrize.is_parametrized(module, name):
+        raise UnsupportedModelError(
+            f"{type(module).__name__}.{name} is computed by a torch.nn.utils.parametrize "
+            "parametrization; pathlift cannot write through it. Call "
+            "parametrize.remove_parametrizations(module, name) on a copy first")
+    orig = getattr(module, name + "_orig", None)
+    return orig if orig is not None else getattr(module, name, None)
+
+
+def mask(module: nn.Module, name: str) -> Tensor | None:
+    """The torch.nn.utils.prune mask of parameter ``name``, or None."""
+    return getattr(module, name + "_mask", None)
+
+
+def prune_masks(model: nn.Module) -> dict[str, Tensor]:
+    """``{"layer.weight": mask}`` (a copy) of every parameter pruned with
+    torch.nn.utils.prune in ``unwrap(model)``."""
+    return {name[: -len("_mask")]: buf.detach().clone()
+            for name, buf in unwrap(model).named_buffers() if name.endswith("_mask")}
+
+
+def attach_masks_(model: nn.Module, masks: dict[str, Tensor]) -> nn.Module:
+    """Re-create the torch.nn.utils.prune reparametrisation of each ``"layer.name": mask``
+    on ``model`` (in place, like torch.nn.utils.prune.custom_from_mask)."""
+    for name, m in masks.items():
+        owner, _, pname = name.rpartition(".")
+        prune.custom_from_mask(model.get_submodule(owner), pname, m)
+    return model
+
+
+def assign_(module: nn.Module, name: str, value: Tensor) -> None:
+    """Write the effective value of parameter ``name`` in place (its stored tensor; under a
+    pruning mask the masked entries stay zero, and the cached product is refreshed)."""
+    target = stored(module, name)
+    with torch.no_grad():
+        target.copy_(value.to(target.dtype))
+        m = mask(module, name)
+        if m is not None:
+            setattr(module, name, target * m)
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """A deep copy of ``unwrap(model)``, also of pruned modules: the ``weight = weight_orig *
+    mask`` that torch.nn.utils.prune caches on a module is not a graph leaf and deepcopy
+    refuses it, so such tensors are copied detached."""
+    model = unwrap(model)
+    memo = {id(v): v.detach().clone() for m in model.modules() for v in vars(m).values()
+            if isinstance(v, Tensor) and not v.is_leaf}
+    return copy.deepcopy(model, memo)
+
+
+def meta_clone(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s structure with every parameter, buffer and cached tensor on the
+    meta device: it runs forward for shapes only, without memory or arithmetic."""
+    memo: dict[int, Any] = {}
+    for m in model.modules():
+        tensors = [*m._parameters.values(), *m._buffers.values(),
+                   *(v for v in vars(m).values() if isinstance(v, Tensor))]
+        for t in tensors:
+            if t is not None and id(t) not in memo:
+                meta = torch.empty_like(t, device="meta")
+                memo[id(t)] = nn.Parameter(meta, t.requires_grad) \
+                    if isinstance(t, nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
+
+
+def dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:
+    """The floating dtype and device of the model's first floating parameter or buffer
+    (float32 on the CPU for a model without any). Refuses a model on the meta device."""
+    for t in (*model.parameters(), *model.buffers()):  # BatchNorm(affine=False): buffers only
+        if t.is_floating_point():
+            if t.device.type == "meta":
+                raise InvalidParameterError(
+                    f"{type(model).__name__} has its parameters on the meta device (shapes "
+                    "without values); materialise them first, e.g. "
+                    "model.to_empty(device='cpu') then load_state_dict(...)")
+            return t.dtype, t.device
+    return torch.float32, torch.device("cpu")
+
+
+def output_leaves(out: Any, kind: type = Tensor) -> list[Any]:
+    """The leaves of a model output in order: a tensor, or nested tuples, lists and dicts of
+    them (dicts in insertion order). Anything else raises UnsupportedModelError."""
+    leaves = tree_leaves(out)
+    bad = sorted({type(v).__name__ for v in leaves if not isinstance(v, kind)})
+    if bad:
+        raise UnsupportedModelError(
+            f"the model returns {', '.join(bad)} values; pathlift needs tensors, or tuples, "
+            "lists or dicts of tensors")
+    return leaves
+
+
+def flat_outputs(out: Any, batch: int) -> Tensor:
+    """Every output neuron of every returned tensor, in order: shape (batch, d_out)."""
+    return torch.cat([t.reshape(batch, -1) for t in output_leaves(out)], dim=1)
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Temporarily put every submodule in eval mode, restoring each flag exactly after.
+
+    Use it to measure a network in the middle of training: BatchNorm then counts as its
+    affine map with running statistics and Dropout as the identity (thesis Def. 2.2.2).
+    Flipping the flags does not touch autograd: a pending ``loss.backward()`` still works.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+def _plain(value: object) -> bool:
+    """A configuration value compared by ``==`` without reading tensors (stride, eps...)."""
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (bool, int, float, str, type(None)))
+
+
+def structure_key(model: nn.Module) -> tuple:
+    """What a traced graph of ``model`` depends on, cheaply (no tensor data is read).
+
+    Every submodule's identity, class, train/eval flag, hooks, instance-level forward,
+    plain attributes (stride, padding, eps, inplace, ...), and the names, identities,
+    shapes, dtypes and devices of its parameters and buffers. An in-place weight update
+    keeps the key; a replaced submodule or parameter, a train/eval flip, a new
+    torch.nn.utils.prune reparametrisation, a hook or a ``.to(...)`` changes it.
+    """
+    parts = []
+    for name, m in model.named_modules(remove_duplicate=False):
+        state = vars(m)
+        parts.append((
+            name, id(m), type(m), m.training,
+            tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+            id(state.get("forward")),
+            tuple((k, v) for k, v in state.items()
+                  if not k.startswith("_") and _plain(v)),
+            tuple((k, id(p), p.shape, p.dtype, p.device)
+                  for k, p in m._parameters.items() if p is not None),
+            tuple((k, b.shape, b.dtype, b.device)
+                  for k, b in m._buffers.items() if b is not None),
+        ))
+    return tuple(parts)
