@@ -17,3 +17,22 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def round_robin(cases: dict[str, Callable[[], Callable[[], object]]], rounds: int = 5,
+                warmup: int = 1) -> dict[str, float]:
+    """Median wall-clock seconds of every case, measured in turns: each round runs every
+    case once, so a load change on a shared machine hits all of them alike.
+
+    A case is a setup function returning the call to time: the setup (a fresh copy of a
+    model, an in-place weight update) runs untimed just before its call.
+    """
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for round_ in range(warmup + rounds):
+        for name, setup in cases.items():
+            fn = setup()
+            start = time.perf_counter()
+            fn()
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}

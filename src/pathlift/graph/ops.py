@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -95,12 +96,37 @@ class Handler:
 # --------------------------------------------------------------------------- affine layers
 
 
-def abs_power(t: Tensor, q: float, dtype: torch.dtype) -> Tensor:
-    """|t|^q in ``dtype``, detached, in one fresh tensor (no copy beyond the result: the
-    weights of large layers cost more to allocate than to read)."""
+class Workspace:
+    """Scratch memory that the |W|^q of every layer reuses in turn (the pass of Thm 3.1.1).
+
+    On CPU a fresh tensor the size of a layer's weights costs page faults, and a
+    convolution with a freshly allocated weight runs several times slower than with a
+    reused one, so |W|^q is written into one buffer kept with the traced graph.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._buffer: Tensor | None = None
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """An uninitialised tensor of ``shape`` inside the buffer (grown when needed)."""
+        numel = math.prod(shape)
+        buffer = self._buffer
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype \
+                or buffer.device != device:
+            buffer = self._buffer = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel].view(shape)
+
+
+def abs_power(t: Tensor, q: float, dtype: torch.dtype, workspace: Workspace | None = None
+              ) -> Tensor:
+    """|t|^q in ``dtype``, detached: in the workspace if given, else in one fresh tensor."""
     source = t.detach()
-    magnitude = source.to(dtype)
-    magnitude = magnitude.abs() if magnitude is source else magnitude.abs_()
+    if workspace is not None:
+        magnitude = workspace.take(source.shape, dtype, source.device).copy_(source).abs_()
+    else:
+        magnitude = source.to(dtype)
+        magnitude = magnitude.abs() if magnitude is source else magnitude.abs_()
     return magnitude if q == 1 else magnitude.pow_(q)
 
 
@@ -134,19 +160,21 @@ class AffineHandler(Handler):
     scored = True
 
     # ---- the |theta|^q network (Thm 3.1.1)
-    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype) -> Tensor:
-        """|W|^q, a fresh tensor: the layer's weight in the |theta|^q network (Thm 3.1.1)."""
-        return abs_power(param(module, "weight"), q, dtype)
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
+                  workspace: Workspace | None = None) -> Tensor:
+        """|W|^q: the layer's weight in the |theta|^q network (Thm 3.1.1), a fresh tensor
+        or one inside ``workspace``."""
+        return abs_power(param(module, "weight"), q, dtype, workspace)
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:
         """The layer's linear map with ``weight`` in place of W, plus ``bias`` if given."""
         raise NotImplementedError
 
-    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None
-                    ) -> Tensor:
-        """|W|^q x (+ ``bias``), never holding more of |W|^q than the arithmetic needs."""
-        return self.apply(x, self.magnitude(call.module, q, x.dtype), call, bias)
+    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None,
+                    workspace: Workspace | None = None) -> Tensor:
+        """|W|^q x (+ ``bias``, one entry per output channel), |W|^q in ``workspace``."""
+        return self.apply(x, self.magnitude(call.module, q, x.dtype, workspace), call, bias)
 
     def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
         """(u, v) with d<grad_y, apply(x, W)>/dW = u v^T when that gradient is an outer
@@ -257,16 +285,16 @@ class LinearHandler(AffineHandler):
               ) -> Tensor:
         return F.linear(x, weight, bias)
 
-    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None
-                    ) -> Tensor:
+    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None,
+                    workspace: Workspace | None = None) -> Tensor:
         """|W|^q x by blocks of rows of W, each made non-negative in a cache-sized buffer:
         a large classifier is read once, never copied whole."""
         weight = param(call.module, "weight")
         rows = max(1, _BLOCK_BYTES // (weight.shape[1] * x.element_size()))
         if rows >= weight.shape[0]:
-            return super().weight_part(x, q, call, bias)
+            return super().weight_part(x, q, call, bias, workspace)
         out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-        buffer = x.new_empty((rows, weight.shape[1]))
+        buffer = (workspace or Workspace()).take((rows, weight.shape[1]), x.dtype, x.device)
         for start in range(0, weight.shape[0], rows):
             block = weight[start:start + rows]
             part = buffer[:len(block)]
@@ -380,7 +408,8 @@ class BatchNormHandler(AffineHandler):
                     "undefined; fix the statistics (running_var >= 0, eps > 0)")
         return found
 
-    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype) -> Tensor:
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
+                  workspace: Workspace | None = None) -> Tensor:
         return abs_power(batchnorm_affine(module, dtype)[0], q, dtype)
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.fx.passes.shape_prop import TensorMetadata
 from torch.nn.utils import prune
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -433,19 +433,41 @@ def _in_place_problems(gm: fx.GraphModule) -> list[Problem]:
 # --------------------------------------------------------------------------- validation
 
 
-def _meta_batch_norm(func):
-    """Eval BatchNorm on meta tensors without torch's slow Python meta kernel: the output
-    has the input's shape (statistics outputs are empty)."""
+def _shape_only(func, output):
+    """``func`` run on meta tensors as ``output(*args)``: torch's meta kernels for these
+    ops are Python references costing more than the rest of the validation together."""
     def run(x, *args, **kwargs):
         if x.device.type != "meta":
             return func(x, *args, **kwargs)
-        return torch.empty_like(x), x.new_empty((0,)), x.new_empty((0,))
+        return output(x, *args, **kwargs)
     return run
 
 
-_FAST = {op: _meta_batch_norm(op) for op in (
-    torch.ops.aten.native_batch_norm.default,
-    torch.ops.aten._native_batch_norm_legit_no_training.default)}
+def _batch_norm_outputs(x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(x), x.new_empty((0,)), x.new_empty((0,))
+
+
+def _sum(x: Tensor, y: Any, *args, **kwargs) -> Tensor:
+    if isinstance(y, Tensor) and (y.shape != x.shape or y.dtype != x.dtype):
+        return torch.ops.aten.add.Tensor(x, y, *args, **kwargs)
+    return torch.empty_like(x)
+
+
+_FAST = {
+    torch.ops.aten.native_batch_norm.default: _batch_norm_outputs,
+    torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_outputs,
+    torch.ops.aten.add.Tensor: _sum,
+}
+_FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
+
+
+def _flat(values: Any) -> Iterator[Any]:
+    """The arguments of an aten call, lists and tuples opened (what aten ops take)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v
 
 
 def _storage(t: Tensor) -> int:
@@ -476,9 +498,9 @@ class _Dataflow(TorchDispatchMode):
         kwargs = kwargs or {}
         out = _FAST.get(func, func)(*args, **kwargs)
         if not self.paused:
-            reads = tuple(self.describe(a) for a in tree_leaves((args, kwargs)))
+            reads = tuple(self.describe(a) for a in _flat((*args, *kwargs.values())))
             self.ops.append((func.overloadpacket.__name__.rstrip("_"), reads))
-            for t in tree_leaves(out):
+            for t in _flat(out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, Tensor):
                     self.writer[_storage(t)] = len(self.ops) - 1
         return out
@@ -525,8 +547,9 @@ class _Validate(fx.Interpreter):
             result = super().run_node(n)
         except Exception as err:
             raise _shape_error(n, module, self.fetch_args_kwargs_from_env(n)[0], err) from None
-        if isinstance(result, Tensor):
-            n.meta["tensor_meta"] = _extract_tensor_metadata(result)
+        if isinstance(result, Tensor):  # ShapeProp's record, without its costly layout probes
+            n.meta["tensor_meta"] = TensorMetadata(result.shape, result.dtype, False,
+                                                   result.stride(), None, False, {})
         handler = n.meta.get(HANDLER)
         if reason is None and handler is not None and handler.kind is not Kind.SHAPE:
             if not isinstance(result, Tensor):

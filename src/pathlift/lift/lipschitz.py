@@ -19,7 +19,7 @@ from torch import fx, nn
 
 from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph import Call, Kind, LayerGraph, Scaled, graph_of
-from pathlift.graph.abs_pow import scaled_affine
+from pathlift.graph.abs_pow import channel_bias, scaled_affine
 from pathlift.graph.boundary import output_leaves
 from pathlift.graph.structure import lfcn_layers
 from pathlift.graph.trace import HANDLER
@@ -75,10 +75,12 @@ class _ProductPass(fx.Interpreter):
         if kind is not Kind.AFFINE:  # pooling neurons: fixed weights, no bias
             return Scaled.normalised(handler.abs_pow(ones, self.q, call) * peak,
                                      scaled.log_scale)
-        norms = handler.weight_part(ones, self.q, call)
+        y = handler.weight_part(ones, self.q, call) * peak
         bias = handler.bias(call.module)
-        return scaled_affine(norms * peak, scaled.log_scale, None if bias is None else
-                             bias.to(torch.float64).abs().pow(self.q), handler.channel_dim)
+        dim = handler.channel_dim
+        return scaled_affine(lambda b: y if b is None else y + channel_bias(b, y.dim(), dim),
+                             scaled.log_scale, None if bias is None else
+                             bias.to(torch.float64).abs().pow(self.q), dim)
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,11 @@ class _Tape(AbsPowInterpreter):
                        .requires_grad_() for name in biases}
         self.records: dict[str, tuple[AffineHandler, Tensor, Tensor]] = {}
 
-    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call) -> Tensor:
+    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
+                    bias: Tensor | None = None) -> Tensor:
         if call.node.target not in self.weights:
-            return super().weight_part(handler, x, call)
-        y = handler.apply(x, self.weights[call.node.target], call)
+            return super().weight_part(handler, x, call, bias)
+        y = handler.apply(x, self.weights[call.node.target], call, bias)
         self.records[call.node.target] = (handler, x, y)
         return y
 

@@ -1,0 +1,99 @@
+"""Cost of the graph engine where users call it, as multiples of one forward pass.
+
+    .venv/bin/python benchmarks/bench_engine.py [--rounds 5] [--threads 1]
+        [--models resnet18 resnet50 vgg11] [--authors PATH/TO/pathnorm.py]
+
+For each model at 3x224x224, measured in turns in the same run (median of the rounds):
+one float32 forward pass at batch 1 (the baseline); the first ``path_norm`` call on a model
+object never seen before (trace, validation and the |theta| pass; float64 and float32
+mantissas); a repeated float32 call after an in-place weight update (the graph is reused);
+all path-magnitude scores in float32, trace included. With ``--authors`` the authors'
+script (agonon/pathnorm-pytorch, not shipped with pathlift) is timed in the same turns.
+Targets (issue: one graph engine, traced once): first call float32 <= 2.0x, float64 <=
+0.7x the authors' float64; repeated float32 <= 1.3x; ResNet-18 scores <= 4x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from pathlift.graph import copy_model
+from pathlift.lift import path_norm
+from pathlift.models import resnet18, resnet50, vgg11
+from pathlift.prune import path_magnitude_scores
+from timing import round_robin
+
+SHAPE = (3, 224, 224)
+MODELS: dict[str, Callable[[], nn.Module]] = {"resnet18": resnet18, "resnet50": resnet50,
+                                              "vgg11": vgg11}
+
+
+def cases(model: nn.Module, authors) -> dict[str, Callable[[], Callable[[], object]]]:
+    x = torch.randn(1, *SHAPE)
+
+    def forward() -> Callable[[], object]:
+        return lambda: model(x)
+
+    def fresh(call: Callable[[nn.Module], object]) -> Callable[[], Callable[[], object]]:
+        def setup() -> Callable[[], object]:
+            copy = copy_model(model)  # a model object pathlift has never seen
+            return lambda: call(copy)
+        return setup
+
+    first_param = next(model.parameters())
+
+    def updated() -> Callable[[], object]:
+        with torch.no_grad():
+            first_param.mul_(1.0001)  # an optimiser step: the cached graph stays valid
+        return lambda: path_norm(model, SHAPE, dtype=torch.float32)
+
+    found = {
+        "forward": forward,
+        "first f64": fresh(lambda m: path_norm(m, SHAPE)),
+        "first f32": fresh(lambda m: path_norm(m, SHAPE, dtype=torch.float32)),
+        "repeat f32": updated,
+        "scores f32": fresh(lambda m: path_magnitude_scores(m, SHAPE, dtype=torch.float32)),
+    }
+    if authors is not None:
+        for name, dtype in (("authors f64", torch.float64), ("authors f32", torch.float32)):
+            found[name] = fresh(lambda m, d=dtype: authors.compute_path_norm(
+                m, input_shape=SHAPE, exponent=1, working_dtype=d))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--authors", default=None,
+                        help="path to the authors' pathnorm.py, timed in the same turns")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    authors = None
+    if args.authors:
+        spec = importlib.util.spec_from_file_location("authors_pathnorm", args.authors)
+        authors = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(authors)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), input {SHAPE}, "
+          f"median of {args.rounds} round-robin rounds; ratios to one float32 forward "
+          "pass at batch 1")
+    for name in args.models:
+        torch.manual_seed(0)
+        model = MODELS[name]().eval()
+        path_norm(model, SHAPE, dtype=torch.float32)  # the repeated call's graph
+        with torch.no_grad():
+            times = round_robin(cases(model, authors), args.rounds)
+        base = times.pop("forward")
+        row = "  ".join(f"{label} {t / base:5.2f}x" for label, t in times.items())
+        print(f"{name:<9} forward {base * 1e3:6.1f} ms  {row}")
+
+
+if __name__ == "__main__":
+    main()
