@@ -176,10 +176,10 @@ class AffineHandler(Handler):
         """|W|^q x (+ ``bias``, one entry per output channel), |W|^q in ``workspace``."""
         return self.apply(x, self.magnitude(call.module, q, x.dtype, workspace), call, bias)
 
-    def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
-        """(u, v) with d<grad_y, apply(x, W)>/dW = u v^T when that gradient is an outer
-        product the layer can name without forming it (a Linear layer on one row), else
-        None. Lets a caller scale a huge weight by its gradient in place."""
+    def rank_one_input(self, x: Tensor) -> Tensor | None:
+        """v with d<g, apply(x, W)>/dW = g v^T for every output gradient g, when the
+        weight gradient is that outer product (a Linear layer on one row), else None.
+        Lets a caller scale a huge weight by its gradient without forming it."""
         return None
 
     def bias(self, module: nn.Module) -> Tensor | None:
@@ -304,11 +304,9 @@ class LinearHandler(AffineHandler):
             torch.matmul(x, part.t(), out=out[..., start:start + len(block)])
         return out if bias is None else out.add_(bias)
 
-    def rank_one_grad(self, x: Tensor, grad_y: Tensor) -> tuple[Tensor, Tensor] | None:
+    def rank_one_input(self, x: Tensor) -> Tensor | None:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] != 1:
-            return None
-        return grad_y.reshape(-1), rows.reshape(-1)
+        return rows.reshape(-1).detach() if rows.shape[0] == 1 else None
 
     def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
         return x.amax(dim=-1, keepdim=True)  # every output reads every input feature

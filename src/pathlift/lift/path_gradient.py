@@ -81,8 +81,9 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
     ``biases`` (module names of Linear/Conv layers called once; ``biases`` only layers that
     have one), s the natural-log scale of the pass. An all-zero bias gets zeros.
 
-    Costs one |theta| pass, one backward pass through the network (input gradients only)
-    and one weight gradient per layer, scaled into A = |W| in place. Raises
+    Costs one |theta| pass and one backward pass through the network, whose weight
+    gradients are scaled into A = |W| in place (a Linear layer on one row gets the
+    gradient at its output g and A is scaled by g v^T without forming it). Raises
     UnsupportedModelError for a chosen layer called several times: a path may then cross
     its weights twice, ||Phi||_1 is not affine in them and theta_i d/d theta_i is not the
     cost of pruning theta_i.
@@ -97,27 +98,24 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
     tape = _Tape(graph, layers, biases, dtype)
     with torch.enable_grad():
         mantissa, log_scale = _l1_mantissa(tape.run_all_ones())
-        outputs = [y for _, _, y in tape.records.values()]
-        leaves = list(tape.biases.values())
-        grads = torch.autograd.grad(mantissa, outputs + leaves, retain_graph=True,
+        # a layer whose weight gradient is g v^T gets g (its output's gradient) and is
+        # never formed; the others get their weight gradient: one backward for all
+        rank_one = {name: handler.rank_one_input(x)
+                    for name, (handler, x, _) in tape.records.items()}
+        wanted = [y if rank_one[name] is not None else tape.weights[name]
+                  for name, (_, _, y) in tape.records.items()]
+        grads = torch.autograd.grad(mantissa, wanted + list(tape.biases.values()),
                                     allow_unused=True)
-        factors = {}  # every gradient before any A is scaled in place (A is saved for them)
-        for (name, (handler, x, y)), g in zip(tape.records.items(), grads[:len(outputs)],
-                                              strict=True):
-            g = torch.zeros_like(y) if g is None else g
-            factors[name] = handler.rank_one_grad(x, g)
-            if factors[name] is None:
-                factors[name] = torch.autograd.grad(y, tape.weights[name], g,
-                                                    retain_graph=True)[0]
     weights = {}
     with torch.no_grad():
-        for name, factor in factors.items():
-            a = tape.weights[name].detach()
-            if isinstance(factor, tuple):  # u v^T, applied without forming it
-                weights[name] = a.mul_(factor[0].reshape(-1, 1)).mul_(factor[1])
+        for name, wanted_item, g in zip(tape.records, wanted, grads, strict=False):
+            a = tape.weights[name].detach()  # A becomes its scores in place
+            g = torch.zeros_like(wanted_item) if g is None else g
+            if rank_one[name] is not None:
+                weights[name] = a.mul_(g.reshape(-1, 1)).mul_(rank_one[name])
             else:
-                weights[name] = a.mul_(factor)
+                weights[name] = a.mul_(g)
         bias_scores = {name: b.detach() * g if g is not None else torch.zeros_like(b.detach())
-                       for (name, b), g in zip(tape.biases.items(), grads[len(outputs):],
+                       for (name, b), g in zip(tape.biases.items(), grads[len(wanted):],
                                                strict=True)}
     return PathMagnitudes(weights, bias_scores, log_scale)
