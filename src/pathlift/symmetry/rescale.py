@@ -84,7 +84,8 @@ def rescale(model: nn.Module | LayerGraph, lambdas: Mapping[str, float | Sequenc
                     "output/the input by a residual addition; it cannot be rescaled")
             if given[g] and abs(values[g] - value) > 1e-12 * abs(value):
                 raise InvalidParameterError(
-                    f"channel {c} of layer '{name}' is tied by a residual addition to a "
+                    f"channel {c} of layer '{name}' is tied (by a residual addition or a layer "
+                    "called twice) to a "
                     f"channel given factor {float(values[g]):g}; tied channels share one factor")
             values[g], given[g] = value, True
     return rescaled_copy(cmap, factors_from_groups(cmap, values, given))
