@@ -559,21 +559,31 @@ class _Validate(fx.Interpreter):
                 self.problems.append(Problem(
                     _node_label(n), _op_label(n, None),
                     "mixes the batch dimension with features; keep dim 0 as the batch"))
+            elif result.numel() == 0:
+                self.problems.append(Problem(
+                    _node_label(n), _op_label(n, module),
+                    f"its output of shape {tuple(result.shape[1:])} holds no neuron; every "
+                    "layer needs at least one output feature or channel"))
         return result
 
 
 def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exception
                  ) -> ShapeError:
-    """One or two lines: the layer, the shape it got, and the size it expects where the
-    layer says (in_features, in_channels, num_features), else torch's own reason."""
+    """One or two lines: the layer, the shape it got and what it expects where the layer
+    says (in_features, in_channels, num_features; the whole input shape when the layer
+    reads the network input), else torch's own reason."""
     got = next((tuple(a.shape[1:]) for a in args if isinstance(a, Tensor)), None)
     reason = f" ({str(err).splitlines()[0][:200]})" if str(err) else ""
-    for attr, dim, where in (("in_features", -1, "in its last dim"),
+    reads_input = any(a.op == "placeholder" for a in node.all_input_nodes)
+    for attr, dim, where in (("in_features", -1, "features in its last dim"),
                              ("in_channels", 0, "channels (dim 0)"),
                              ("num_features", 0, "channels (dim 0)")):
         expected = getattr(module, attr, None)
         if got and expected is not None and got[dim] != expected:
-            reason = f": it expects {expected} {where}"
+            wanted = list(got)
+            wanted[dim] = expected
+            reason = (f": it expects {tuple(wanted)}" if reads_input
+                      else f": it expects {expected} {where}")
             break
     return ShapeError(f"layer '{_node_label(node)}' ({_op_label(node, module)}) cannot take "
                       f"an input of shape {got}{reason}.\ninput_shape excludes the batch "
