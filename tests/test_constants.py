@@ -171,10 +171,15 @@ def test_constants_match_the_neuron_dag_on_random_networks(net_shape):
 
     D is compared on the hand-built networks and the ResNets above only: in corner cases of
     the random DAGs (ReLU of copies of ReLU neurons, neurons repeated in a max-pool window)
-    the two levels merge different neurons."""
+    the two levels merge different neurons. M is an upper bound: a layer whose every output
+    reads padding only (a strided 1x1 convolution with padding) cuts the neuron-level paths
+    that the layer-level graph still draws (random network 12767792)."""
     net, shape = net_shape
     c = architecture_constants(net, shape)
     dag = NeuronDAG.from_module(net, shape)
-    assert [c.maxpool_layers, c.kernel, c.pool_types, c.sharpened_applies] == \
-        _dag_constants(dag)
+    m, *rest = _dag_constants(dag)
+    assert [c.kernel, c.pool_types] == rest[:2]
+    assert c.maxpool_layers >= m
+    if c.maxpool_layers == m:
+        assert c.sharpened_applies == rest[2]
     assert (c.d_in, c.d_out) == (dag.num_inputs, len(dag.outputs))
