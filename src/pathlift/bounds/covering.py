@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pathlift.errors import InvalidParameterError
-
-_LN10 = math.log(10.0)
+from pathlift.logspace import LN10
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ def covering_shallow(d0: int, d1: int, B: float, B_x: float, eps: float,
     _check((d0, d1), B, B_x, eps)
     S, S_h = d0 * d1 + 2 * d1 + 1, d0 * d1 + d1
     ln = S * math.log(16 * B**2 * (B_x + 1) * math.sqrt(d0) * d1 / eps) + S_h * math.log(rho)
-    return CoveringNumber("slides Theorem 3", S, (ln - _log_factorial(d1)) / _LN10, ln / _LN10)
+    return CoveringNumber("slides Theorem 3", S, (ln - _log_factorial(d1)) / LN10, ln / LN10)
 
 
 def covering_deep(widths: Sequence[int], B: float, B_x: float, eps: float,
@@ -71,4 +70,4 @@ def covering_deep(widths: Sequence[int], B: float, B_x: float, eps: float,
             + sum(math.log(r) for r in rhos) + sum(math.log(d) for d in widths) - math.log(eps))
     ln = S * base
     discount = sum(_log_factorial(d) for d in widths[1:])
-    return CoveringNumber("slides Theorem 4", S, (ln - discount) / _LN10, ln / _LN10)
+    return CoveringNumber("slides Theorem 4", S, (ln - discount) / LN10, ln / LN10)

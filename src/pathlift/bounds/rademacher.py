@@ -16,8 +16,6 @@ from pathlift.bounds.constants import ArchitectureConstants
 from pathlift.errors import InvalidParameterError
 from pathlift.logspace import power10
 
-_LN10 = math.log(10.0)
-
 
 @dataclass(frozen=True)
 class Sigma:

@@ -61,7 +61,7 @@ from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelE
 from pathlift.graph.boundary import copy_model, output_leaves
 from pathlift.graph.ops import Call, Kind
 from pathlift.graph.trace import LayerGraph, trace
-from pathlift.logspace import power10
+from pathlift.logspace import LN10, power10
 
 MAX_PATHS = 10**6
 _FAR_BELOW = -1e9  # max-pool probes: every position but one is far below the probed one
@@ -296,7 +296,7 @@ class NeuronDAG:
             raise InvalidParameterError(f"r must be in (0, inf], got {r}")
         per_output = self.output_path_norms_log(q)
         total = per_output.max() if math.isinf(r) else _log_sum_exp(r * per_output) / r
-        return float(total) / math.log(10.0)
+        return float(total) / LN10
 
     def path_norm(self, q: float = 1.0, r: float = 1.0) -> float:
         """The mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1 (inf beyond float64)."""

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of
+from pathlift.graph.boundary import flat_outputs
 from pathlift.quant.certify import CertifiedError, certified_error
 from pathlift.quant.model import QuantizedModel, quantize
 from pathlift.quant.uniform import Rounding
@@ -120,9 +121,9 @@ def append_csv(path: str | Path, reports: Sequence[QuantReport], **context: obje
 def _measure(model: nn.Module, qmodel: nn.Module, inputs: Tensor, labels: Tensor | None
              ) -> tuple[float, float | None]:
     with torch.no_grad():
-        reference = model(inputs).double()
-        out = qmodel.eval()(inputs).double()
-    measured = float((reference - out).abs().flatten(1).sum(1).max())
+        reference = flat_outputs(model(inputs), len(inputs)).double()
+        out = flat_outputs(qmodel.eval()(inputs), len(inputs)).double()
+    measured = float((reference - out).abs().sum(1).max())
     if labels is None:
         return measured, None
     return measured, float((out.argmax(1) == labels).double().mean())
