@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import weakref
 
 import pytest
@@ -17,6 +18,8 @@ from nets import SHAPE, dense_equivalent, residual_cnn
 from pathlift.errors import ShapeError, UnsupportedModelError
 from pathlift.graph import eval_mode, graph_of, trace
 from pathlift.lift import path_norm
+from pathlift.quant import symmetry_aware_quantize
+from pathlift.symmetry import equivalent, random_rescale
 
 
 def fresh_value(model: nn.Module, q: float = 1.0) -> float:
@@ -140,3 +143,34 @@ def test_a_deep_copy_of_a_traced_model_is_traced_anew():
     graph = graph_of(model, SHAPE)
     clone = copy.deepcopy(model)
     assert graph_of(clone, SHAPE) is not graph
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """Counts the torch.fx traces pathlift runs."""
+    module = importlib.import_module("pathlift.graph.trace")
+    count = [0]
+    original = module._symbolic_trace
+
+    def counting(model):
+        count[0] += 1
+        return original(model)
+
+    monkeypatch.setattr(module, "_symbolic_trace", counting)
+    return count
+
+
+def test_equivalent_traces_each_model_once(traces):
+    a = residual_cnn()
+    b = random_rescale(a, seed=2, input_shape=SHAPE)
+    traces[0] = 0
+    assert equivalent(a, b, SHAPE).equivalent
+    assert traces[0] == 0  # a was traced by random_rescale, b shares a's graph
+    assert equivalent(residual_cnn(1), residual_cnn(2), SHAPE).parameter_gap > 0
+    assert traces[0] == 2
+
+
+def test_symmetry_aware_quantisation_traces_once(traces):
+    model = residual_cnn()
+    symmetry_aware_quantize(model, SHAPE, 6)
+    assert traces[0] == 1
