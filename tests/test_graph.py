@@ -179,3 +179,28 @@ def test_public_calls_leave_the_state_dict_bit_identical():
     for k in before:
         assert before[k].dtype == after[k].dtype and torch.equal(before[k], after[k]), k
     assert all(p.grad is None for p in model.parameters())
+
+
+class _ViewThenAugmented(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        v = h.view(-1, 2)
+        h += self.fc2(x)  # eager: v sees the sum, the graph's v does not
+        return v
+
+
+def test_the_dataflow_check_catches_what_fx_cannot_see():
+    """The graph is compared with model.forward op by op (aten ops on meta tensors and the
+    op that last wrote every tensor read): an alias read after `+=`, and a hook on the
+    root module that changes the output, are both refused; an observing hook is not."""
+    assert "another function" in str(check(_ViewThenAugmented().eval(), (2,)))
+    model = _wrap(nn.ReLU())
+    handle = model.register_forward_hook(lambda m, i, out: out * 2)
+    assert "another function" in str(check(model, (4,)))
+    handle.remove()
+    model.register_forward_hook(lambda m, i, out: None)
+    assert check(model, (4,)).ok
