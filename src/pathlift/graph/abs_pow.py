@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, fx
 
 from pathlift.graph.ops import AffineHandler, Call, Kind, Workspace, _channel_view, abs_power
-from pathlift.graph.trace import HANDLER, LayerGraph
+from pathlift.graph.trace import HANDLER, GraphInterpreter, LayerGraph
 
 _DRIFT = 16  # a mantissa peak may drift within 2^(+-16) before it is rescaled
 
@@ -85,12 +85,12 @@ def channel_bias(bias: Tensor, ndim: int, channel_dim: int) -> Tensor:
     return bias if channel_dim == -1 else _channel_view(bias, ndim)
 
 
-class AbsPowInterpreter(fx.Interpreter):
+class AbsPowInterpreter(GraphInterpreter):
     """Forward pass of the |theta|^q network (Thm 3.1.1) over a traced ``LayerGraph``."""
 
     def __init__(self, graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64):
-        super().__init__(graph.module, garbage_collect_values=True)
-        self.layer_graph, self.q, self.dtype = graph, q, dtype
+        super().__init__(graph)
+        self.q, self.dtype = q, dtype
         self.workspace: Workspace | None = None
 
     def run_all_ones(self) -> Scaled | tuple[Scaled, ...]:

@@ -29,7 +29,7 @@ from torch import Tensor, fx, nn
 
 from pathlift.graph.boundary import output_leaves
 from pathlift.graph.ops import AffineHandler, Kind
-from pathlift.graph.trace import HANDLER, LayerGraph, graph_of
+from pathlift.graph.trace import HANDLER, GraphInterpreter, LayerGraph, graph_of
 
 
 @dataclass(frozen=True)
@@ -135,12 +135,11 @@ def _per_channel(ids: Tensor, dim: int, uf: _UnionFind) -> Tensor:
     return first.clone()
 
 
-class _Labeller(fx.Interpreter):
+class _Labeller(GraphInterpreter):
     """Runs the graph on tensors of neuron ids (float64, batch 1) instead of activations."""
 
     def __init__(self, graph: LayerGraph):
-        super().__init__(graph.module)
-        self.layer_graph = graph
+        super().__init__(graph)
         self.uf = _UnionFind()
         self.producers: dict[str, Producer] = {}
         self.outputs: list[Tensor] = []

@@ -60,7 +60,7 @@ from torch import Tensor, fx, nn
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
 from pathlift.graph.boundary import copy_model, output_leaves
 from pathlift.graph.ops import Call, Kind
-from pathlift.graph.trace import LayerGraph, trace
+from pathlift.graph.trace import GraphInterpreter, LayerGraph, trace
 from pathlift.logspace import LN10, power10
 
 MAX_PATHS = 10**6
@@ -329,12 +329,11 @@ def _log_sum_exp(a: np.ndarray) -> float:
     return top + math.log(math.fsum(np.exp(a - top)))
 
 
-class _Builder(fx.Interpreter):
+class _Builder(GraphInterpreter):
     """Runs the traced graph on tensors of neuron ids, creating neurons as it goes."""
 
     def __init__(self, graph: LayerGraph):
-        super().__init__(graph.module)
-        self.layer_graph = graph
+        super().__init__(graph)
         self.node: list[str] = []
         self.index: list[tuple[int, ...]] = []
         self.act: list[Activation] = []

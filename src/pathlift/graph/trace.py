@@ -54,12 +54,16 @@ _BATCH = 2  # validation batch: a size that exposes reshapes across the batch di
 class LayerGraph:
     """A traced model whose every node has a registered handler and a known output shape.
 
-    ``module`` is an fx ``GraphModule`` sharing the model's submodules (and so its current
-    weights). ``model`` is the traced model itself while it exists. ``derived`` keeps what
-    passes compute from the structure alone (the channel map, ...) with the graph.
+    ``graph`` is the torch.fx graph; ``module`` holds the submodules it calls under their
+    qualified names (the model's own modules, so their current weights), as a torch.fx
+    ``GraphModule`` would, without its generated code and its reference cycle (a graph of
+    a large model must free it as soon as the model goes). ``model`` is the traced model
+    itself while it exists. ``derived`` keeps what passes compute from the structure alone
+    (the channel map, workspaces) with the graph.
     """
 
-    module: fx.GraphModule
+    module: nn.Module
+    graph: fx.Graph
     input_shape: tuple[int, ...]
     dtype: torch.dtype = field(default=torch.float32)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -73,10 +77,6 @@ class LayerGraph:
         if model is None:
             raise ValueError("the model this graph was traced from no longer exists")
         return model
-
-    @property
-    def graph(self) -> fx.Graph:
-        return self.module.graph
 
     def nodes(self) -> Iterator[fx.Node]:
         """Operation nodes in topological order (placeholder and output excluded)."""
@@ -126,7 +126,7 @@ class LayerGraph:
         """The same graph over ``model``, a copy of the traced one (same structure): no
         tracing and no validation. The node handlers and shapes are shared."""
         model = unwrap(model)
-        bound = LayerGraph(fx.GraphModule(model, _copy_graph(self.graph)), self.input_shape,
+        bound = LayerGraph(_holder(model, self.graph), self.graph, self.input_shape,
                            *dtype_device(model), weakref.ref(model), structure_key(model))
         _remember(model, bound)
         return bound
@@ -151,26 +151,49 @@ class LayerGraph:
         if problems:
             raise UnsupportedModelError(problems)
 
-    def differentiable_module(self) -> fx.GraphModule:
-        """A copy of the traced module (same submodules) to run autograd through: every
-        BatchNorm input is made contiguous first. torch 2.13's CPU eval BatchNorm backward
-        returns a wrong input gradient for a channels-last input with a size-1 spatial dim,
-        such as x.transpose(1, -1) of shape (1, 2, 3, 3, 1) (its forward is right)."""
-        module = fx.GraphModule(self.module, _copy_graph(self.graph))
-        for node in list(module.graph.nodes):
-            if isinstance(node.meta.get(HANDLER), BatchNormHandler):
-                with module.graph.inserting_before(node):
-                    contiguous = module.graph.call_method("contiguous", (node.args[0],))
-                node.replace_input_with(node.args[0], contiguous)
-        module.recompile()
-        return module
+    def differentiable_forward(self) -> GraphInterpreter:
+        """The traced forward as a callable to run autograd through: every BatchNorm input
+        is made contiguous first. torch 2.13's CPU eval BatchNorm backward returns a wrong
+        input gradient for a channels-last input with a size-1 spatial dim, such as
+        x.transpose(1, -1) of shape (1, 2, 3, 3, 1) (its forward is right)."""
+        return _ContiguousBatchNorm(self)
 
 
-def _copy_graph(graph: fx.Graph) -> fx.Graph:
-    """A copy of an fx graph whose nodes share their meta (handlers, shapes) with it."""
-    copied = fx.Graph()
-    copied.output(copied.graph_copy(graph, {}))
-    return copied
+class GraphInterpreter(fx.Interpreter):
+    """torch.fx's Interpreter over a ``LayerGraph`` (its graph, its submodules): the base of
+    every pass. Errors propagate unchanged (no fx note appended); call it like the model."""
+
+    def __init__(self, graph: LayerGraph, garbage_collect_values: bool = True):
+        super().__init__(graph.module, garbage_collect_values, graph=graph.graph)
+        self.layer_graph = graph
+        self.extra_traceback = False
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+
+class _ContiguousBatchNorm(GraphInterpreter):
+    def run_node(self, n: fx.Node) -> Any:
+        if isinstance(n.meta.get(HANDLER), BatchNormHandler):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            return self.call_module(n.target, (args[0].contiguous(), *args[1:]), kwargs)
+        return super().run_node(n)
+
+
+def _holder(root: nn.Module, graph: fx.Graph) -> nn.Module:
+    """The submodules ``graph`` calls, under their qualified names in plain containers."""
+    holder = nn.Module()
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        *path, leaf = str(node.target).split(".")
+        parent = holder
+        for atom in path:
+            if not hasattr(parent, atom):
+                parent.add_module(atom, nn.Module())
+            parent = getattr(parent, atom)
+        parent.add_module(leaf, root.get_submodule(node.target))
+    return holder
 
 
 @dataclass(frozen=True)
@@ -339,7 +362,7 @@ def _op_label(node: fx.Node, module: nn.Module | None) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-def _symbolic_trace(model: nn.Module) -> fx.GraphModule:
+def _symbolic_trace(model: nn.Module) -> fx.Graph:
     tracer = _Tracer()
     try:
         graph = tracer.trace(model)
@@ -350,13 +373,15 @@ def _symbolic_trace(model: nn.Module) -> fx.GraphModule:
             where or "<root>", "data-dependent control flow",
             f"torch.fx cannot trace it ({reason}); make the forward free of Python "
             "control flow on tensor values")]) from None
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    finally:
+        tracer.root = None  # the tracer's closures must not keep the model alive
+    return graph
 
 
-def _classify(gm: fx.GraphModule) -> list[Problem]:
+def _classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
     """Attach a handler to every node; problems for unknown ops (instance checks come later)."""
     problems = []
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         if node.op == "get_attr":
@@ -364,7 +389,7 @@ def _classify(gm: fx.GraphModule) -> list[Problem]:
                                     "functional layers with their own parameters are not "
                                     "supported; use nn.Linear / nn.Conv modules"))
             continue
-        module = gm.get_submodule(node.target) if node.op == "call_module" else None
+        module = model.get_submodule(node.target) if node.op == "call_module" else None
         handler = handler_for(node, module)
         if handler is None:
             problems.append(Problem(
@@ -380,14 +405,14 @@ def _classify(gm: fx.GraphModule) -> list[Problem]:
 _ALIASING = (Kind.RESHAPE, Kind.IDENTITY, Kind.SHAPE)  # may return a view of their input
 
 
-def _mutates_input(node: fx.Node, gm: fx.GraphModule) -> bool:
+def _mutates_input(node: fx.Node, model: nn.Module) -> bool:
     """An in-place ReLU (relu_, inplace=True) or residual sum (add_). torch.fx records
     ``a += b`` as an out-of-place add: that mutation is caught by the dataflow check."""
     kind = node.meta[HANDLER].kind
     if kind not in (Kind.RELU, Kind.ADD):
         return False
     if node.op == "call_module":
-        return bool(getattr(gm.get_submodule(node.target), "inplace", False))
+        return bool(getattr(model.get_submodule(node.target), "inplace", False))
     if node.op == "call_method":
         return str(node.target).endswith("_")
     name = getattr(node.target, "__name__", "")
@@ -395,22 +420,22 @@ def _mutates_input(node: fx.Node, gm: fx.GraphModule) -> bool:
         node.kwargs.get("inplace", len(node.args) > 1 and node.args[1] is True))
 
 
-def _in_place_problems(gm: fx.GraphModule) -> list[Problem]:
+def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
     """In-place ops whose overwritten tensor is read again afterwards.
 
     The graph passes treat every op as pure; eager PyTorch reads the overwritten values
     (``h = fc(x); relu_(h); h + 1``), so such a model computes another function.
     """
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    order = {n: i for i, n in enumerate(graph.nodes)}
     problems = []
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output") or not _mutates_input(node, gm):
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output") or not _mutates_input(node, model):
             continue
         root = node.args[0]
         if not isinstance(root, fx.Node):
             continue
         while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output")
-               and (root.meta[HANDLER].kind in _ALIASING or _mutates_input(root, gm))):
+               and (root.meta[HANDLER].kind in _ALIASING or _mutates_input(root, model))):
             root = root.args[0]
         aliases, todo = set(), [root]
         while todo:  # the tensors sharing storage with the overwritten one
@@ -418,11 +443,11 @@ def _in_place_problems(gm: fx.GraphModule) -> list[Problem]:
             aliases.add(a)
             todo += [u for u in a.users if u is not node and u not in aliases
                      and u.op != "output" and (u.meta[HANDLER].kind in _ALIASING
-                                               or _mutates_input(u, gm))]
+                                               or _mutates_input(u, model))]
         late = [u for a in aliases for u in a.users
                 if u is not node and u not in aliases and order[u] > order[node]]
         if late:
-            module = gm.get_submodule(node.target) if node.op == "call_module" else None
+            module = model.get_submodule(node.target) if node.op == "call_module" else None
             problems.append(Problem(
                 _node_label(node), _op_label(node, module),
                 f"overwrites a tensor that '{_node_label(late[0])}' reads afterwards, so "
@@ -520,8 +545,8 @@ class _Validate(fx.Interpreter):
     each node's output ``tensor_meta``; asks each node's handler about its concrete call
     and calls layers without their hooks, under a dataflow recorder."""
 
-    def __init__(self, gm: fx.GraphModule, clone: nn.Module, recorder: _Dataflow):
-        super().__init__(gm)
+    def __init__(self, graph: fx.Graph, clone: nn.Module, recorder: _Dataflow):
+        super().__init__(clone, graph=graph)
         self.clone, self.recorder = clone, recorder
         self.extra_traceback = False
         self.problems: list[Problem] = []
@@ -590,14 +615,14 @@ def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exce
                       "dimension.")
 
 
-def _validate(gm: fx.GraphModule, model: nn.Module, shape: tuple[int, ...],
+def _validate(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...],
               dtype: torch.dtype) -> None:
     """Steps 3 and 4 of the module docstring, on a meta copy of ``model``."""
     clone = meta_clone(model)
     example = torch.empty((_BATCH, *shape), dtype=dtype, device="meta")
     with torch.no_grad():
         traced_flow = _Dataflow()
-        validator = _Validate(gm, clone, traced_flow)
+        validator = _Validate(graph, clone, traced_flow)
         with traced_flow:
             traced = validator.run(example)
             traced_out = [traced_flow.describe(t) for t in tree_leaves(traced)]
@@ -623,15 +648,16 @@ def _validate(gm: fx.GraphModule, model: nn.Module, shape: tuple[int, ...],
 
 def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     dtype, device = dtype_device(model)
-    gm = _symbolic_trace(model)
-    problems = _classify(gm)
-    problems += [] if problems else _in_place_problems(gm)
+    graph = _symbolic_trace(model)
+    problems = _classify(graph, model)
+    problems += [] if problems else _in_place_problems(graph, model)
     if problems:
         raise UnsupportedModelError(problems)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise UnsupportedModelError([Problem(
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
-    _validate(gm, model, shape, dtype)
-    return LayerGraph(gm, shape, dtype, device, weakref.ref(model), key)
+    _validate(graph, model, shape, dtype)
+    return LayerGraph(_holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
+                      key)

@@ -94,7 +94,7 @@ def _local_affine(graph: LayerGraph, x: Tensor, dtype: torch.dtype, chunk: int) 
         raise ShapeError(f"inputs have shape {tuple(x.shape)}; expected (n, *{tuple(input_shape)})")
     device = graph.device
     # functionalize: in-place ops (ReLU(inplace=True), +=) would break the backward passes
-    forward = torch.func.functionalize(graph.differentiable_module())
+    forward = torch.func.functionalize(graph.differentiable_forward())
     slopes, offsets = [], []
     for xb in x.to(device=device, dtype=dtype).split(chunk):
         leaf = xb.detach().requires_grad_()

@@ -22,14 +22,14 @@ from pathlift.graph import Call, Kind, LayerGraph, Scaled, graph_of
 from pathlift.graph.abs_pow import channel_bias, scaled_affine
 from pathlift.graph.boundary import output_leaves
 from pathlift.graph.structure import lfcn_layers
-from pathlift.graph.trace import HANDLER
+from pathlift.graph.trace import HANDLER, GraphInterpreter
 from pathlift.lift.path_metric import PathMetric, path_metric
 from pathlift.lift.path_norm import PathNorm, path_norm
 from pathlift.logspace import LN10, format_log10, power10
 
 
 # --------------------------------------------------------------------------- Pi_{q,r}
-class _ProductPass(fx.Interpreter):
+class _ProductPass(GraphInterpreter):
     """M_v = max_{p ending at v} Pi(theta, p, q)^q (Def. 3.3.1) for every neuron v.
 
     Along a path p = (r -> v), Pi(p)^q = Pi(r)^q ||theta^{->v}||_q^q + |b_v|^q and the path
@@ -40,8 +40,8 @@ class _ProductPass(fx.Interpreter):
     """
 
     def __init__(self, graph: LayerGraph, q: float):
-        super().__init__(graph.module, garbage_collect_values=True)
-        self.layer_graph, self.q = graph, q
+        super().__init__(graph)
+        self.q = q
 
     def run_node(self, n: fx.Node):
         if n.op == "placeholder":

@@ -259,7 +259,7 @@ def equivalent(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph,
     shape = (samples, *graph_a.input_shape)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(graph_a.dtype)
     with torch.no_grad():
-        out_gap = float((flat_outputs(graph_a.module(x), samples).double()
-                         - flat_outputs(graph_b.module(x.to(graph_b.dtype)), samples).double()
+        out_gap = float((flat_outputs(graph_a.model(x), samples).double()
+                         - flat_outputs(graph_b.model(x.to(graph_b.dtype)), samples).double()
                          ).abs().max())
     return Equivalence(relative <= tolerance, relative, out_gap, tolerance)
