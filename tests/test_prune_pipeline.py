@@ -45,6 +45,27 @@ def test_prune_command_short_run(tmp_path: Path) -> None:
     assert (tmp_path / "prune_digits_mlp.png").stat().st_size > 10_000
 
 
+def test_the_experiment_gives_the_same_numbers_whatever_the_thread_count() -> None:
+    """Float sums are ordered by the thread count: the pipeline fixes it (and restores the
+    caller's settings), so runs agree to the last digit."""
+    digits = load_digits()
+    train, test = loaders(digits, 128, 0)
+    config = PruneConfig(amounts=(0.5,), methods=("magnitude-global",), seeds=(0,), epochs=2,
+                         rewind_epoch=1)
+    results = []
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        try:
+            results.append(run_experiment(lambda: mlp(64, (32,), 10), train, test,
+                                          digits.input_shape, config))
+            assert torch.get_num_threads() == threads
+            assert not torch.are_deterministic_algorithms_enabled()
+        finally:
+            torch.set_num_threads(1)
+    assert results[0].runs == results[1].runs
+    assert results[0].dense_accuracy() == (results[0].runs[0].dense_accuracy, 0.0)
+
+
 def test_rewound_model_keeps_early_weights_under_the_mask_while_retraining() -> None:
     torch.manual_seed(0)
     early = mlp(64, (16,), 10).state_dict()
