@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 report: $(STAMP)
-	$(BIN)/pathlift report
+	$(BIN)/pathlift report --out report
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

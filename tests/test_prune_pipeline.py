@@ -43,6 +43,13 @@ def test_prune_command_short_run(tmp_path: Path) -> None:
     assert [o["scope"] for o in overlaps] == ["layerwise"]
     assert all(0.0 <= float(o["overlap"]) <= 100.0 for o in overlaps)
     assert (tmp_path / "prune_digits_mlp.png").stat().st_size > 10_000
+    # the printed table has the README's rows: dense accuracy and the mask overlap
+    printed = {line.split("│")[1].strip(): line.split("│")[2].strip()
+               for line in result.output.splitlines() if line.count("│") == 3}
+    assert printed["dense (not pruned)"] == f"{100 * float(runs[0]['dense_accuracy']):.1f} ± 0.0"
+    assert printed["mask overlap magnitude/path-magnitude, layerwise"] == \
+        f"{float(overlaps[0]['overlap']):.0f}%"
+    assert "mask overlap magnitude/path-magnitude, global" not in printed  # one method only
 
 
 def test_the_experiment_gives_the_same_numbers_whatever_the_thread_count() -> None:
