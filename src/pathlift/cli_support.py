@@ -34,8 +34,8 @@ __all__ = ["PathliftCommand", "PathliftGroup", "PathliftTyper", "UserError", "de
 USER_ERRORS = (PathliftError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
                PermissionError)
 USAGE_EXIT = 2
-LIST_HELP = ("Options typed <...>... take one or more values, as in --input-shape 3 224 224 "
-             "or -q 1 2 4 (repeating the option works too).")
+LIST_HELP = ("Options typed <...>... ({}) take one or more values separated by spaces, up to "
+             "the next option, as in --input-shape 3 224 224; repeating the option works too.")
 
 
 class UserError(typer.TyperException):
@@ -68,7 +68,7 @@ class _HelpStyle:
                 self._list_items.update(dict.fromkeys(param.opts, item))
         self.help = _reflow(self.help)
         if self._list_items and not self.epilog:
-            self.epilog = LIST_HELP
+            self.epilog = LIST_HELP.format(", ".join(self._list_items))
 
     def get_help_option(self, ctx: typer.Context) -> TyperOption | None:
         """The --help flag, shown without a type like every other flag."""
