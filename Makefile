@@ -5,21 +5,22 @@ PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH ?= torch==2.13.0
 
 .PHONY: install report test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first and pinned: 2.13.0 is the local CPU build (an unpinned torch pulls CUDA).
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	# torch pinned here, not in pyproject.toml (which asks for torch>=2.3): 2.13.0 is the
+	# local CPU build, and an unpinned torch pulls CUDA.
+	$(BIN)/pip install -q -e '.[dev]' '$(TORCH)'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 report: $(STAMP)
-	$(BIN)/pathlift report
+	$(BIN)/pathlift report --out report
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import builtins
+import os
 import pickle
+import stat
 
 import pytest
 import torch
@@ -199,3 +201,61 @@ def test_round_trip_of_random_mlps(tmp_path_factory, hidden, in_features, classe
     _assert_identical(model.state_dict(), loaded.state_dict())
     x = torch.randn(3, *shape)
     assert torch.equal(loaded(x), model(x))
+
+
+# ------------------------------------------------------- input shape, seed, file mode
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_the_input_shape_is_stored_and_an_explicit_one_wins(tmp_path, suffix):
+    torch.manual_seed(0)
+    model = unet(in_channels=2, base=4, depth=2)
+    path = save_checkpoint(model, tmp_path / f"u{suffix}", "unet", input_shape=(2, 32, 16),
+                           in_channels=2, base=4, depth=2)
+    assert read_checkpoint(path).input_shape == (2, 32, 16)
+    loaded, shape = load_model(path)
+    assert shape == (2, 32, 16)
+    _assert_identical(model.state_dict(), loaded.state_dict())
+    assert load_model(path, (2, 64, 64))[1] == (2, 64, 64)
+    # the same file as --weights of the architecture name: its shape too
+    assert load_model("unet", weights=path)[1] == (2, 32, 16)
+
+
+def test_without_a_stored_shape_the_architecture_default_is_used(tmp_path):
+    path = save_checkpoint(unet(), tmp_path / "u.safetensors", "unet")
+    assert read_checkpoint(path).input_shape is None
+    assert load_model(path)[1] == (1, 64, 64)
+
+
+@pytest.mark.parametrize("shape", [(3, 2.5), (0, 8), (), "3 8 8"])
+def test_an_invalid_input_shape_is_refused_not_truncated(tmp_path, shape):
+    with pytest.raises(InvalidParameterError, match="input_shape"):
+        save_checkpoint(mlp(), tmp_path / "m.safetensors", "mlp", input_shape=shape)
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_a_seed_fixes_the_initialisation_and_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    a, _ = load_model("mlp", seed=7)
+    assert torch.equal(torch.get_rng_state(), state)
+    b, _ = load_model("mlp", seed=7)
+    c, _ = load_model("mlp", seed=8)
+    torch.manual_seed(7)
+    reference = mlp()  # the same draw, made directly
+    _assert_identical(a.state_dict(), b.state_dict())
+    _assert_identical(a.state_dict(), reference.state_dict())
+    assert not torch.equal(a.state_dict()["1.weight"], c.state_dict()["1.weight"])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_the_file_mode_follows_the_umask(tmp_path, umask, suffix):
+    previous = os.umask(umask)
+    try:
+        path = save_checkpoint(mlp(), tmp_path / f"m{suffix}", "mlp")
+        (tmp_path / "plain").write_bytes(b"")  # what open() makes under this umask
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE((tmp_path / "plain").stat().st_mode)

@@ -44,6 +44,34 @@ def test_prune_command_short_run(tmp_path: Path) -> None:
     assert [o["scope"] for o in overlaps] == ["layerwise"]
     assert all(0.0 <= float(o["overlap"]) <= 100.0 for o in overlaps)
     assert (tmp_path / "prune_digits_mlp.png").stat().st_size > 10_000
+    # the printed table has the README's rows: dense accuracy and the mask overlap
+    printed = {line.split("│")[1].strip(): line.split("│")[2].strip()
+               for line in result.output.splitlines() if line.count("│") == 3}
+    assert printed["dense (not pruned)"] == f"{100 * float(runs[0]['dense_accuracy']):.1f} ± 0.0"
+    assert printed["mask overlap magnitude/path-magnitude, layerwise"] == \
+        f"{float(overlaps[0]['overlap']):.0f}%"
+    assert "mask overlap magnitude/path-magnitude, global" not in printed  # one method only
+
+
+def test_the_experiment_gives_the_same_numbers_whatever_the_thread_count() -> None:
+    """Float sums are ordered by the thread count: the pipeline fixes it (and restores the
+    caller's settings), so runs agree to the last digit."""
+    digits = load_digits()
+    train, test = loaders(digits, 128, 0)
+    config = PruneConfig(amounts=(0.5,), methods=("magnitude-global",), seeds=(0,), epochs=2,
+                         rewind_epoch=1)
+    results = []
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        try:
+            results.append(run_experiment(lambda: mlp(64, (32,), 10), train, test,
+                                          digits.input_shape, config))
+            assert torch.get_num_threads() == threads
+            assert not torch.are_deterministic_algorithms_enabled()
+        finally:
+            torch.set_num_threads(1)
+    assert results[0].runs == results[1].runs
+    assert results[0].dense_accuracy() == (results[0].runs[0].dense_accuracy, 0.0)
 
 
 def test_rewound_model_keeps_early_weights_under_the_mask_while_retraining() -> None:

@@ -2,36 +2,75 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Path-lifting analysis of ReLU networks.")
+from pathlift.cli_support import PathliftTyper, default_out, version_callback, working
+
+app = PathliftTyper(no_args_is_help=True, add_completion=False,
+                    pretty_exceptions_show_locals=False,
+                    help="Path-lifting analysis of ReLU networks.")
 console = Console()
+
+Model = Annotated[str, typer.Argument(
+    help="reference architecture name (see 'pathlift models') or checkpoint file")]
+ModelB = Annotated[str, typer.Argument(help="second model: architecture name or checkpoint "
+                                            "file, same architecture")]
+InputShape = Annotated[list[int] | None, typer.Option(
+    "--input-shape", help="input shape without the batch dimension, as in 3 224 224 "
+    "(default: the one stored in the checkpoint, else the architecture's)")]
+Weights = Annotated[str | None, typer.Option(
+    "--weights", help="state_dict file (.safetensors, .pt, .pth; weights only) for the "
+    "architecture MODEL")]
+WeightsB = Annotated[str | None, typer.Option(
+    "--weights-b", help="state_dict file for the architecture MODEL_B")]
+Seed = Annotated[int, typer.Option(
+    "--seed", help="seed of the random initialisation when a model is an architecture name")]
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=version_callback,
+        help="Print the versions of pathlift, torch and Python, then exit.")] = False,
+    debug: Annotated[bool, typer.Option(
+        "--debug", envvar="PATHLIFT_DEBUG",
+        help="Show the full traceback of an error instead of one line.")] = False,
+) -> None:
+    """Path-lifting analysis of ReLU networks.
+
+    Errors print one line and exit with status 2; 'pathlift --debug COMMAND ...' shows the
+    traceback. Commands that write files default to a new folder runs/COMMAND-TIMESTAMP
+    under the current directory.
+    """
 
 
 @app.command()
 def norm(
-    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
-    q: list[float] = typer.Option([1.0, 2.0, 4.0], "-q", help="exponents q (repeatable)"),
+    model: Model,
+    input_shape: InputShape = None,
+    q: list[float] = typer.Option([1.0, 2.0, 4.0], "-q", help="exponents q"),
     r: float = typer.Option(None, "-r", help="outer exponent r (inf for max); default r = q, "
                             "the plain l^q norm of Phi as in thesis Table 7.2"),
-    weights: str = typer.Option(None, "--weights", help="state_dict file (.safetensors, .pt, "
-                                ".pth; weights-only) for the architecture MODEL"),
+    weights: Weights = None,
+    seed: Seed = 0,
 ) -> None:
     """Path-norms ||Phi||_{q,r} in one forward pass per q (thesis Thm 3.1.1)."""
     from pathlift.lift import path_norms
     from pathlift.models import load_model
 
-    net, shape = load_model(model, input_shape, weights)
+    with working(console, f"path-norms of {model}"):
+        net, shape = load_model(model, input_shape, weights, seed=seed)
+        norms = path_norms(net, shape, q, r)
     outer = "q" if r is None else f"{r:g}"
     table = Table(title=f"path-norms of {model}, input {tuple(shape)}, r={outer}")
     table.add_column("q", justify="right")
     table.add_column("value", justify="right")
     table.add_column("log10", justify="right")
-    for qq, result in path_norms(net, shape, q, r).items():
+    for qq, result in norms.items():
         table.add_row(f"{qq:g}", f"{result.value:.6g}", f"{result.log10:.6f}")
     console.print(table)
 
@@ -58,9 +97,10 @@ def models() -> None:
 def report(
     model: str = typer.Option(None, "--model", help="reference name or checkpoint; default: "
                               "small_cnn trained on the embedded digits"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    input_shape: InputShape = None,
     data: str = typer.Option(None, "--data", help="data for the data-dependent sections: digits"),
-    out: str = typer.Option("report", "--out", help="output folder"),
+    out: str = typer.Option(None, "--out", help="output folder (default: a new "
+                            "runs/report-TIMESTAMP)"),
     epochs: int = typer.Option(None, "--epochs", help="training epochs (default 30 for the "
                                "default model, 0 with --model)"),
     seed: int = typer.Option(0, "--seed", help="seed of initialisation, split and shuffling"),
@@ -68,7 +108,8 @@ def report(
     """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md and .html."""
     from pathlift.report import run_report
 
-    result = run_report(out, model, input_shape or None, data, epochs, seed)
+    result = run_report(out or default_out("report"), model, input_shape or None, data, epochs,
+                        seed)
     table = Table(title=f"pathlift report -> {result.markdown} ({result.seconds:.1f} s)")
     table.add_column("quantity")
     table.add_column("value", justify="right")
@@ -87,7 +128,7 @@ def report(
 def prune(
     dataset: str = typer.Option("digits", "--dataset", help="embedded dataset: digits"),
     model: str = typer.Option("small_cnn", "--model", help="small_cnn or mlp"),
-    amount: list[float] = typer.Option([0.4, 0.6, 0.8], "--amount", help="fraction pruned"),
+    amount: list[float] = typer.Option([0.4, 0.6, 0.8], "--amount", help="fractions pruned"),
     method: list[str] = typer.Option(None, "--method", help="magnitude-global, "
                                      "magnitude-layerwise, path-magnitude-global, "
                                      "path-magnitude-layerwise (default: all four)"),
@@ -96,7 +137,8 @@ def prune(
     rewind_epoch: int = typer.Option(2, "--rewind-epoch", help="epoch to rewind weights to"),
     rounds: int = typer.Option(1, "--rounds", help="prune-rewind-retrain rounds (lottery)"),
     lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (momentum 0.9)"),
-    out: str = typer.Option("benchmarks/results", "--out", help="folder for CSVs and plot"),
+    out: str = typer.Option(None, "--out", help="folder for CSVs and plot (default: a new "
+                            "runs/prune-TIMESTAMP)"),
 ) -> None:
     """Train, rescale at random or not, prune, rewind, retrain (thesis Sec. 3.5.2)."""
     from pathlib import Path
@@ -120,7 +162,7 @@ def prune(
         result = run_experiment(builders[model], train, test, digits.input_shape, config,
                                 on_run=lambda text: bar.update(task, advance=1,
                                                                description=text))
-    stem = Path(out) / f"prune_{dataset}_{model}"
+    stem = Path(out or default_out("prune")) / f"prune_{dataset}_{model}"
     csv_paths = result.write_csv(stem.with_suffix(".csv"))
     png = plot(result, stem.with_suffix(".png"), f"{model} on {dataset}, {seeds} seeds")
     table = Table(title=f"test accuracy (%) after prune-rewind-retrain, mean ± std over "
@@ -128,6 +170,9 @@ def prune(
     table.add_column("method")
     for a in config.amounts:
         table.add_column(f"{100 * a:g}%", justify="right")
+    dense, dense_std = result.dense_accuracy()
+    table.add_row("dense (not pruned)", *[f"{100 * dense:.1f} ± {100 * dense_std:.1f}"] *
+                  len(config.amounts))
     summary = result.summary()
     for name in config.methods:
         for rescaled in (False, True):
@@ -135,13 +180,17 @@ def prune(
                           if (r["method"], r["rescaled"], r["amount"]) == (name, rescaled, a))
                      for a in config.amounts]
             table.add_row(name + (" + random rescale" if rescaled else ""), *cells)
+    overlaps = result.mean_overlaps()
+    for scope in ("global", "layerwise"):
+        if any(key[0] == scope for key in overlaps):
+            table.add_row(f"mask overlap magnitude/path-magnitude, {scope}",
+                          *(f"{overlaps[scope, a]:.0f}%" for a in config.amounts))
     console.print(table)
     console.print(f"wrote {csv_paths[0]}, {csv_paths[1]}, {png}")
 
 
 @app.command()
 def depth(
-    more_depths: list[int] = typer.Argument(None, hidden=True),
     model: str = typer.Option("C10k-B12c", "--model", help="class of Tables 4.1/4.2 + c|t"),
     depths: list[int] = typer.Option(None, "--depths", help="depths (default 128 256 512)"),
     seeds: int = typer.Option(3, "--seeds", help="seeds per depth; the table reports the max"),
@@ -164,7 +213,7 @@ def depth(
     )
     from pathlift.depth.published import PUBLISHED_C10K
 
-    all_depths = [*(depths or []), *(more_depths or [])] or [128, 256, 512]
+    all_depths = depths or [128, 256, 512]
     types = {"float64": torch.float64, "float32": torch.float32}
     if dtype not in types:
         raise typer.BadParameter(f"--dtype must be one of {sorted(types)}")
@@ -196,13 +245,14 @@ def depth(
 
 @app.command()
 def quantize(
-    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
-    bits: list[int] = typer.Option([8], "--bits", help="bit widths (repeatable)"),
+    model: Model,
+    bits: list[int] = typer.Option([8], "--bits", help="bit widths"),
     symmetry_aware: bool = typer.Option(False, "--symmetry-aware",
                                         help="also normalise before quantising and compare"),
     per_channel: bool = typer.Option(False, "--per-channel", help="one step per out channel"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
-    weights: str = typer.Option(None, "--weights", help="state_dict file for MODEL"),
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    seed: Seed = 0,
     data: str = typer.Option(None, "--data", help="'digits': measure on the digits test set"),
     samples: int = typer.Option(64, "--samples", help="N(0,1) inputs when no --data"),
     rescale_seed: int = typer.Option(None, "--random-rescale",
@@ -216,7 +266,7 @@ def quantize(
     from pathlift.models import load_model
     from pathlift.quant import append_csv, compare
 
-    net, shape = load_model(model, input_shape, weights)
+    net, shape = load_model(model, input_shape, weights, seed=seed)
     labels = None
     if data == "digits":
         from pathlift.data import load_digits
@@ -262,7 +312,8 @@ def kron_bench(
     vit: bool = typer.Option(True, "--vit/--no-vit", help="also time the ViT-S/16 MLP"),
     vit_batch: int = typer.Option(None, "--vit-batch", help="tokens; default 8*196 on cpu, "
                                   "128*196 on cuda"),
-    out: str = typer.Option("benchmarks/results", "--out", help="folder for CSV and plot"),
+    out: str = typer.Option(None, "--out", help="folder for CSV and plot (default: a new "
+                            "runs/kron-bench-TIMESTAMP)"),
 ) -> None:
     """Kronecker-sparse multiplication benchmark (thesis Sec. 5.4-5.5, App. D.2.1)."""
     import os
@@ -287,7 +338,7 @@ def kron_bench(
         task = progress.add_task("patterns", total=len(patterns))
         rows = bench.time_grid(patterns, batch, algs, dtype=getattr(torch, dtype), device=dev,
                                repeats=repeats, on_pattern=lambda _: progress.advance(task))
-    stem = Path(out) / f"kron_{dev.type}_{dtype}"
+    stem = Path(out or default_out("kron-bench")) / f"kron_{dev.type}_{dtype}"
     csv_path = bench.write_csv(rows, stem.with_suffix(".csv"), machine)
     console.print(f"wrote {csv_path}")
     if {"fused", "bmm", "dense"} <= set(algs):
@@ -344,7 +395,9 @@ def _symmetry_table(title: str, net, other, shape, samples: int) -> Table:
     return table
 
 
-def _save_like(net, spec: str, out: str) -> None:
+def _save_like(net, spec: str, out: str, shape: tuple[int, ...]) -> None:
+    """Write ``net`` as a checkpoint of the architecture (and kwargs) of ``spec``, with
+    the input shape it was analysed at."""
     from pathlib import Path
 
     from pathlift.models.checkpoints import read_checkpoint, save_checkpoint
@@ -353,72 +406,104 @@ def _save_like(net, spec: str, out: str) -> None:
     if Path(spec).is_file():
         ckpt = read_checkpoint(spec)
         arch, kwargs = ckpt.arch or spec, ckpt.kwargs
-    console.print(f"wrote {save_checkpoint(net, out, arch, **kwargs)}")
+    console.print(f"wrote {save_checkpoint(net, out, arch, input_shape=shape, **kwargs)}")
 
 
 @app.command("rescale")
 def rescale_command(
-    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
-    weights: str = typer.Option(None, "--weights", help="state_dict file for MODEL"),
+    model: Model,
+    input_shape: InputShape = None,
+    weights: Weights = None,
     factors: list[float] = typer.Option([1.0, 128.0, 4096.0], "--factor",
-                                        help="factors drawn per neuron (repeatable)"),
-    seed: int = typer.Option(0, "--seed", help="random seed"),
+                                        help="factors drawn per neuron"),
+    seed: int = typer.Option(0, "--seed", help="seed of the factors, and of the random "
+                             "initialisation when MODEL is an architecture name"),
     out: str = typer.Option(None, "--out", help="write the rescaled checkpoint here"),
     samples: int = typer.Option(16, "--samples", help="N(0,1) inputs for the output gap"),
 ) -> None:
-    """Random rescaling lambda <> theta (thesis Def. 2.4.1, App. E.1.2): same function and
-    path-norms, different raw parameters."""
+    """Random rescaling lambda <> theta (thesis Def. 2.4.1, App. E.1.2).
+
+    Same function and path-norms, different raw parameters.
+    """
     from pathlift.models import load_model
     from pathlift.symmetry import random_rescale
 
-    net, shape = load_model(model, input_shape, weights)
-    rescaled = random_rescale(net, factors, seed, shape)
-    console.print(_symmetry_table(f"random rescaling of {model}, factors {factors}", net,
-                                  rescaled, shape, samples))
+    with working(console, f"rescaling {model}"):
+        net, shape = load_model(model, input_shape, weights, seed=seed)
+        rescaled = random_rescale(net, factors, seed, shape)
+        table = _symmetry_table(f"random rescaling of {model}, factors {factors}", net,
+                                rescaled, shape, samples)
+    console.print(table)
     if out:
-        _save_like(rescaled, model, out)
+        _save_like(rescaled, model, out, shape)
 
 
 @app.command("normalize")
 def normalize_command(
-    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
-    weights: str = typer.Option(None, "--weights", help="state_dict file for MODEL"),
+    model: Model,
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    seed: Seed = 0,
     q: float = typer.Option(1.0, "-q", help="normalise incoming (weights, bias) in l^q"),
     out: str = typer.Option(None, "--out", help="write the normalised checkpoint here"),
     samples: int = typer.Option(16, "--samples", help="N(0,1) inputs for the output gap"),
 ) -> None:
-    """Normalisation (thesis Alg. 3.2.1): every hidden neuron gets ||(theta^{->v}, b_v)||_q in
-    {0, 1}; residual-tied channels share one factor."""
+    """Normalisation (thesis Alg. 3.2.1): every hidden neuron gets norm 0 or 1.
+
+    Each hidden neuron's ||(theta^{->v}, b_v)||_q becomes 0 or 1; residual-tied channels
+    share one factor.
+    """
     from pathlift.models import load_model
     from pathlift.symmetry import normalize_report
 
-    net, shape = load_model(model, input_shape, weights)
-    result = normalize_report(net, shape, q)
-    table = _symmetry_table(f"{model} normalised (q={q:g})", net, result.model, shape, samples)
+    with working(console, f"normalising {model}"):
+        net, shape = load_model(model, input_shape, weights, seed=seed)
+        result = normalize_report(net, shape, q)
+        table = _symmetry_table(f"{model} normalised (q={q:g})", net, result.model, shape,
+                                samples)
     table.caption = (f"{result.dead_neurons} input-dead neuron groups, {result.tied_groups} "
                      "residual-tied groups (Def. 3.2.1 exact for untied neurons)")
     console.print(table)
     if out:
-        _save_like(result.model, model, out)
+        _save_like(result.model, model, out, shape)
+
+
+def _load_pair(model: str, model_b: str, input_shape: list[int] | None,
+               weights: str | None, weights_b: str | None, seed: int):
+    """Both models of a two-model command and their common input shape (ShapeError when
+    they come with different ones and no --input-shape chooses)."""
+    from pathlift.errors import ShapeError
+    from pathlift.models import load_model
+
+    net_a, shape = load_model(model, input_shape, weights, seed=seed)
+    net_b, shape_b = load_model(model_b, input_shape, weights_b, seed=seed)
+    if shape != shape_b:
+        raise ShapeError(f"{model} has input shape {shape} and {model_b} has {shape_b} (stored "
+                         "in a checkpoint, or an architecture's default): give --input-shape")
+    return net_a, net_b, shape
 
 
 @app.command()
 def metric(
-    model_a: str = typer.Argument(..., help="first model: architecture name or checkpoint"),
-    model_b: str = typer.Argument(..., help="second model, same architecture"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    model: Model,
+    model_b: ModelB,
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    weights_b: WeightsB = None,
+    seed: Seed = 0,
 ) -> None:
-    """l1 path-metric ||Phi(A) - Phi(B)||_1: exact in two passes when signs agree and one
-    dominates (Lemma 3.4.1), else a certified interval (paper 002 Lemma 3.2 / F.3)."""
-    from pathlift.lift import path_metric
-    from pathlift.models import load_model
+    """l1 path-metric ||Phi(A) - Phi(B)||_1 of two models.
 
-    net_a, shape = load_model(model_a, input_shape)
-    net_b, _ = load_model(model_b, shape)
-    result = path_metric(net_a, net_b, shape)
-    table = Table(title=f"path-metric between {model_a} and {model_b}, input {shape}")
+    Exact in two passes when signs agree and one model dominates the other (Lemma 3.4.1),
+    else a certified interval (paper 002 Lemma 3.2 / F.3).
+    """
+    from pathlift.lift import path_metric
+
+    with working(console, f"path-metric between {model} and {model_b}"):
+        net_a, net_b, shape = _load_pair(model, model_b, input_shape, weights, weights_b,
+                                         seed)
+        result = path_metric(net_a, net_b, shape)
+    table = Table(title=f"path-metric between {model} and {model_b}, input {shape}")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_row("case", result.case)
@@ -433,29 +518,40 @@ def metric(
 
 @app.command()
 def lipschitz(
-    model: str = typer.Argument(..., help="reference architecture name or checkpoint file"),
+    model: Model,
     other: str = typer.Option(None, "--other", help="second model: bound in the parameters"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    other_weights: str = typer.Option(None, "--other-weights",
+                                      help="state_dict file for the architecture OTHER"),
+    seed: Seed = 0,
     r: float = typer.Option(1.0, "-r", help="output norm l^r (inf for max)"),
     x_inf: float = typer.Option(1.0, "--x-inf", help="bound on ||x||_inf of the inputs"),
 ) -> None:
-    """Lipschitz bounds: in x, ||Phi||_{1,r} (Thm 3.3.1) vs Pi_{1,r} (Def. 3.3.1); in theta
-    with --other, max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1) vs eq. 3.7."""
+    """Lipschitz bounds in the input, and in the parameters with --other.
+
+    In x: ||Phi||_{1,r} (Thm 3.3.1) against Pi_{1,r} (Def. 3.3.1). In theta, with --other:
+    max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1) against eq. 3.7.
+    """
     from pathlift.lift import lipschitz_input, lipschitz_params
     from pathlift.models import load_model
 
-    net, shape = load_model(model, input_shape)
+    with working(console, f"Lipschitz bounds of {model}"):
+        if other:
+            net, net_b, shape = _load_pair(model, other, input_shape, weights, other_weights,
+                                           seed)
+            p = lipschitz_params(net, net_b, shape, x_inf)
+        else:
+            net, shape = load_model(model, input_shape, weights, seed=seed)
+        bound = lipschitz_input(net, shape, r)
     table = Table(title=f"Lipschitz bounds of {model}, input {shape}, r={r:g}")
     table.add_column("bound")
     table.add_column("log10", justify="right")
-    bound = lipschitz_input(net, shape, r)
     table.add_row("in x: ||Phi||_{1,r} (Thm 3.3.1)", f"{bound.log10:.6f}")
     product = "n/a (residual sums)" if bound.layer_product is None else \
         f"{bound.layer_product.log10:.6f}"
     table.add_row("in x: Pi_{1,r} product of layer norms", product)
     if other:
-        net_b, _ = load_model(other, shape)
-        p = lipschitz_params(net, net_b, shape, x_inf)
         table.add_row(f"in theta, ||x||_inf <= {x_inf:g} (Cor. 3.4.1)",
                       f"{p.log10:.6f}" if p.applies else "no bound")
         table.add_row("in theta: classical (eq. 3.7)",
@@ -466,20 +562,27 @@ def lipschitz(
 
 @app.command("equivalent")
 def equivalent_command(
-    model_a: str = typer.Argument(..., help="first model: architecture name or checkpoint"),
-    model_b: str = typer.Argument(..., help="second model, same architecture"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="input shape, no batch"),
+    model: Model,
+    model_b: ModelB,
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    weights_b: WeightsB = None,
+    seed: Seed = 0,
     tolerance: float = typer.Option(1e-6, "--tolerance", help="relative parameter tolerance"),
 ) -> None:
-    """Do A and B differ only by neuron permutations and rescalings? (canonical forms)"""
-    from pathlift.models import load_model
+    """Do MODEL and MODEL_B differ only by neuron permutations and rescalings?
+
+    Compares canonical forms (q = 2 normalisation, neurons sorted), and reports the output
+    gap on N(0, 1) samples.
+    """
     from pathlift.symmetry import equivalent
 
-    net_a, shape = load_model(model_a, input_shape)
-    net_b, _ = load_model(model_b, shape)
-    result = equivalent(net_a, net_b, shape, tolerance)
+    with working(console, f"comparing the canonical forms of {model} and {model_b}"):
+        net_a, net_b, shape = _load_pair(model, model_b, input_shape, weights, weights_b,
+                                         seed)
+        result = equivalent(net_a, net_b, shape, tolerance)
     verdict = "[green]equivalent[/]" if result.equivalent else "[red]not equivalent[/]"
-    console.print(f"{model_a} vs {model_b}: {verdict} (canonical parameter gap "
+    console.print(f"{model} vs {model_b}: {verdict} (canonical parameter gap "
                   f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})")
 
 

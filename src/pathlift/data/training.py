@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from pathlift.errors import InvalidParameterError
 
-__all__ = ["Callback", "evaluate", "train_classifier"]
+__all__ = ["Callback", "evaluate", "reproducible", "train_classifier"]
 
 
 class Callback(Protocol):
@@ -95,6 +95,33 @@ def _placement(model: nn.Module) -> Callable[[Tensor], Tensor]:
     if p is None:
         return lambda x: x
     return lambda x: x.to(p.device, p.dtype) if x.is_floating_point() else x.to(p.device)
+
+
+@contextmanager
+def reproducible(threads: int = 1) -> Iterator[None]:
+    """Bit-reproducible CPU training inside the block, whatever the machine's core count.
+
+    Float sums are ordered by the number of intra-op threads, so two runs with the same
+    seeds agree only at a fixed thread count: the block runs ``threads`` threads (one is
+    also the fastest for small networks on a shared CPU) with
+    ``torch.use_deterministic_algorithms`` (warn-only: CPU kernels are deterministic at a
+    fixed thread count, this guards the few scatter-style ops that are not). Both settings
+    are restored afterwards. Another CPU type (vector width) may still move the last
+    digits.
+
+    Example:
+        >>> with reproducible():
+        ...     train_classifier(model, loader, epochs=5, lr=0.05, seed=0)
+    """
+    previous = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous[0])
+        torch.use_deterministic_algorithms(previous[1], warn_only=previous[2])
 
 
 @contextmanager

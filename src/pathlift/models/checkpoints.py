@@ -7,15 +7,17 @@ Nothing here unpickles arbitrary objects: ``.pt``/``.pth`` files are read with
 from __future__ import annotations
 
 import json
+import operator
 import pickle
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 from torch.nn.utils import prune
 
@@ -25,7 +27,7 @@ from pathlift.models.registry import REFERENCE_MODELS, get_model
 __all__ = ["Checkpoint", "UnsafeCheckpointError", "load_model", "load_weights",
            "read_checkpoint", "save_checkpoint"]
 
-_ARCH, _KWARGS = "pathlift.arch", "pathlift.kwargs"
+_ARCH, _KWARGS, _SHAPE = "pathlift.arch", "pathlift.kwargs", "pathlift.input_shape"
 _SAFETENSORS, _TORCH = (".safetensors",), (".pt", ".pth")
 _IMAGENET = (3, 224, 224)
 
@@ -36,31 +38,46 @@ class UnsafeCheckpointError(InvalidParameterError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What a checkpoint file holds; ``arch`` is None for a plain state_dict."""
+    """What a checkpoint file holds; ``arch`` and ``input_shape`` are None for a plain
+    state_dict (and ``input_shape`` for checkpoints written before it was stored)."""
 
     state_dict: dict[str, Tensor]
     arch: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    input_shape: tuple[int, ...] | None = None
 
 
-def save_checkpoint(model: nn.Module, path: str | Path, arch: str, **kwargs: Any) -> Path:
+def save_checkpoint(model: nn.Module, path: str | Path, arch: str, *,
+                    input_shape: Sequence[int] | None = None, **kwargs: Any) -> Path:
     """Write ``model``'s state_dict with its architecture name and constructor ``kwargs``.
 
     ``.safetensors`` stores them as JSON metadata; ``.pt``/``.pth`` as a weights-only
-    dict {arch, kwargs, state_dict}. ``load_model(path)`` rebuilds the model.
+    dict {arch, kwargs, input_shape, state_dict}. ``input_shape`` (no batch dimension) is
+    the shape the model is analysed at; ``load_model(path)`` returns it, and falls back to
+    the architecture's default when it was not given. The file mode follows the umask, as
+    for ``torch.save``.
+
+    Example:
+        >>> save_checkpoint(small_cnn(), "net.safetensors", "small_cnn", input_shape=(1, 8, 8))
     """
     path = Path(path)
     if arch not in REFERENCE_MODELS:
         get_model(arch, **kwargs)  # raises InvalidParameterError for an unknown name
+    shape = None if input_shape is None else _shape(input_shape)
     try:
         meta = {_ARCH: arch, _KWARGS: json.dumps(kwargs)}
     except TypeError as err:
         raise InvalidParameterError(f"constructor kwargs {kwargs} must be JSON values") from err
+    if shape is not None:
+        meta[_SHAPE] = json.dumps(shape)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if path.suffix in _SAFETENSORS:
-        save_file(state, str(path), metadata=meta)
+        # safetensors' save_file creates the file with mode 0600; bytes written through
+        # open() get the usual 0666 & ~umask
+        path.write_bytes(safetensors_bytes(state, metadata=meta))
     elif path.suffix in _TORCH:
-        torch.save({"arch": arch, "kwargs": kwargs, "state_dict": state}, path)
+        torch.save({"arch": arch, "kwargs": kwargs, "input_shape": shape, "state_dict": state},
+                   path)
     else:
         raise InvalidParameterError(f"checkpoint '{path}' must end in .safetensors, .pt or .pth")
     return path
@@ -84,10 +101,11 @@ def _read_safetensors(path: Path) -> Checkpoint:
             meta = f.metadata() or {}
             state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
         kwargs = json.loads(meta.get(_KWARGS, "{}"))
+        shape = json.loads(meta[_SHAPE]) if _SHAPE in meta else None
     except Exception as err:  # safetensors raises its own SafetensorError on bad files
         raise InvalidParameterError(f"'{path}' is not a readable safetensors file: {err}") \
             from err
-    return Checkpoint(state, meta.get(_ARCH), kwargs)
+    return Checkpoint(state, meta.get(_ARCH), kwargs, _stored_shape(shape, path))
 
 
 def _read_torch(path: Path) -> Checkpoint:
@@ -103,12 +121,37 @@ def _read_torch(path: Path) -> Checkpoint:
             from err
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         return Checkpoint(_tensors(obj["state_dict"], path), obj.get("arch"),
-                          dict(obj.get("kwargs") or {}))
+                          dict(obj.get("kwargs") or {}),
+                          _stored_shape(obj.get("input_shape"), path))
     if isinstance(obj, Mapping):
         return Checkpoint(_tensors(obj, path))
     raise InvalidParameterError(
         f"'{path}' holds a {type(obj).__name__}; expected a state_dict or a dict with keys "
         "arch, kwargs, state_dict")
+
+
+def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of positive ints; floats are refused, never truncated."""
+    try:
+        shape = tuple(operator.index(s) for s in input_shape)
+    except TypeError as err:
+        raise InvalidParameterError(
+            f"input_shape {input_shape!r} must be a sequence of positive ints (no batch "
+            "dimension), such as (3, 224, 224)") from err
+    if not shape or min(shape) < 1:
+        raise InvalidParameterError(
+            f"input_shape {input_shape!r} must be a non-empty sequence of positive ints")
+    return shape
+
+
+def _stored_shape(shape: Any, path: Path) -> tuple[int, ...] | None:
+    """The input shape read from a checkpoint, checked like the one it was saved from."""
+    if shape is None:
+        return None
+    try:
+        return _shape(shape)
+    except InvalidParameterError as err:
+        raise InvalidParameterError(f"'{path}' stores an invalid input shape: {err}") from err
 
 
 def _tensors(state: Mapping, path: Path) -> dict[str, Tensor]:
@@ -166,12 +209,20 @@ def _reattach_pruning(model: nn.Module, state_dict: Mapping[str, Tensor]) -> Non
 
 
 def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
-               weights: str | Path | None = None) -> tuple[nn.Module, tuple[int, ...]]:
+               weights: str | Path | None = None, *,
+               seed: int | None = None) -> tuple[nn.Module, tuple[int, ...]]:
     """An eval-mode model and its input shape from a reference name or a checkpoint file.
 
     ``spec`` is an architecture name (random weights, or those of ``weights``: a plain or
     pathlift state_dict file) or a checkpoint written by ``save_checkpoint`` (a file whose
-    metadata names the architecture). ``input_shape`` defaults to the architecture's.
+    metadata names the architecture). The input shape is ``input_shape`` if given, else
+    the one stored in the checkpoint, else the architecture's default. ``seed`` seeds the
+    random initialisation (in a forked RNG: the caller's RNG state is left as it was), so
+    one architecture name and one seed always give the same weights.
+
+    Example:
+        >>> model, shape = load_model("resnet18", seed=0)       # random init, (3, 224, 224)
+        >>> model, shape = load_model("net.safetensors")        # arch and shape from the file
     """
     if _is_path(spec):
         if weights is not None:
@@ -189,12 +240,17 @@ def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
                 raise ArchitectureMismatchError(
                     f"'{weights}' was saved from '{ckpt.arch}', not '{spec}'")
     name = str(ckpt.arch if ckpt.arch is not None else spec)
-    model = get_model(name, **ckpt.kwargs)
+    with nullcontext() if seed is None else torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = get_model(name, **ckpt.kwargs)
     if ckpt.state_dict:
         load_weights(model, ckpt.state_dict)
     model.eval()
     if input_shape:
         return model, tuple(int(s) for s in input_shape)
+    if ckpt.input_shape is not None:
+        return model, ckpt.input_shape
     spec_entry = REFERENCE_MODELS.get(name)
     shape = spec_entry.default_input_shape(**ckpt.kwargs) if spec_entry else _IMAGENET
     return model, shape

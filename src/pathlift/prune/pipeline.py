@@ -100,13 +100,20 @@ class ExperimentResult:
         groups: dict[tuple[str, bool, float], list[float]] = {}
         for r in self.runs:
             groups.setdefault((r.method, r.rescaled, r.amount), []).append(r.accuracy)
-        rows = []
-        for (method, rescaled, amount), accs in sorted(groups.items()):
-            t = torch.tensor(accs, dtype=torch.float64)
-            rows.append({"method": method, "rescaled": rescaled, "amount": amount,
-                         "mean": float(t.mean()), "std": float(t.std()) if len(accs) > 1
-                         else 0.0, "seeds": len(accs)})
-        return rows
+        return [{"method": method, "rescaled": rescaled, "amount": amount,
+                 **dict(zip(("mean", "std"), _mean_std(accs), strict=True)), "seeds": len(accs)}
+                for (method, rescaled, amount), accs in sorted(groups.items())]
+
+    def dense_accuracy(self) -> tuple[float, float]:
+        """Mean and standard deviation over seeds of the dense network's test accuracy."""
+        return _mean_std(list({r.seed: r.dense_accuracy for r in self.runs}.values()))
+
+    def mean_overlaps(self) -> dict[tuple[str, float], float]:
+        """Mean over seeds of the mask overlap (%) per (scope, amount) (thesis Table 3.1)."""
+        groups: dict[tuple[str, float], list[float]] = {}
+        for o in self.overlaps:
+            groups.setdefault((o.scope, o.amount), []).append(o.overlap)
+        return {key: _mean_std(values)[0] for key, values in groups.items()}
 
     def write_csv(self, path: Path) -> tuple[Path, Path]:
         """The runs to ``path`` and the overlaps next to it (``<stem>_overlap.csv``)."""
@@ -119,6 +126,12 @@ class ExperimentResult:
                 writer.writeheader()
                 writer.writerows(asdict(r) for r in rows)
         return path, overlap
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    return float(t.mean()), float(t.std()) if len(values) > 1 else 0.0
 
 
 class _Snapshot:
@@ -169,7 +182,19 @@ def run_experiment(model_fn: Callable[[], nn.Module], train_loader: DataLoader,
 
     ``model_fn`` builds a fresh untrained model (it is seeded by the caller's seed loop);
     ``on_run`` is called with a short description after each training (progress bars).
+    Runs single-threaded and deterministic (``pathlift.data.training.reproducible``), so
+    the same seeds give the same numbers run to run, whatever the core count.
     """
+    from pathlift.data.training import reproducible
+
+    with reproducible():
+        return _run_experiment(model_fn, train_loader, test_loader, input_shape, config,
+                               on_run)
+
+
+def _run_experiment(model_fn: Callable[[], nn.Module], train_loader: DataLoader,
+                    test_loader: DataLoader, input_shape: Sequence[int], config: PruneConfig,
+                    on_run: Callable[[str], None] | None) -> ExperimentResult:
     from pathlift.data.training import evaluate, train_classifier
     from pathlift.symmetry import random_rescale
 

@@ -104,17 +104,15 @@ def run_report(out_dir: str | Path = "report", model: str | None = None,
     digits. With ``model`` (a reference name or checkpoint, see pathlift.models.load_model)
     the given weights are reported, trained first only if ``data`` and ``epochs`` > 0 are
     given. Data-dependent sections (margins, average case, bounds vs gap) need ``data``.
-    Runs torch single-threaded (restored afterwards): the small default network is several
-    times faster so on a shared CPU. The caller's global RNG state is restored too.
+    Runs torch single-threaded and deterministic (``pathlift.data.training.reproducible``,
+    restored afterwards): the small default network is several times faster so on a shared
+    CPU, and one seed gives the same numbers on any core count. The caller's global RNG
+    state is restored too.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):  # the caller's RNG state is left untouched
-            return _run(Path(out_dir), model, input_shape, data, epochs, seed, samples,
-                        progress)
-    finally:
-        torch.set_num_threads(threads)
+    from pathlift.data.training import reproducible
+
+    with reproducible(), torch.random.fork_rng(devices=[]):  # caller's RNG state kept
+        return _run(Path(out_dir), model, input_shape, data, epochs, seed, samples, progress)
 
 
 def _run(out: Path, model: str | None, input_shape: Sequence[int] | None, data: str | None,
