@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 
@@ -186,3 +187,15 @@ def test_bounds_hold_on_random_networks(seed):
     in_theta = lipschitz_params(model, pruned, shape, x_inf=1.0)
     assert in_theta.applies
     assert ((y - yp).abs().sum(1) <= in_theta.value * (1 + 1e-9) + 1e-12).all()
+
+
+def test_layer_norm_product_of_a_float32_cnn_equals_its_float64_copy():
+    """The max-product pass runs in float64 whatever the model's dtype (a float32 conv
+    used to be called on float64 values)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(12, 2)).eval()
+    single = layer_norm_product(model, (2, 4, 4)).log10
+    double = layer_norm_product(copy.deepcopy(model).double(), (2, 4, 4)).log10
+    assert single == pytest.approx(double, abs=1e-6)
+    assert lipschitz_input(model, (2, 4, 4)).layer_product is not None

@@ -335,7 +335,7 @@ class ConvHandler(AffineHandler):
                 f"string padding '{conv.padding}' of a convolution is not supported here; "
                 "give explicit padding")
         dims = x.dim() - 2
-        out_spatial = call.run(x).shape[2:]
+        out_spatial = call.node.meta["tensor_meta"].shape[2:]
         pooled = window_max(x, conv.kernel_size, conv.stride, conv.padding[:dims],
                             conv.dilation, out_spatial)
         groups = conv.groups
