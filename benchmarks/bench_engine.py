@@ -6,7 +6,7 @@
 For each model at 3x224x224, measured in turns in the same run (median of the rounds):
 one float32 forward pass at batch 1 (the baseline); the first ``path_norm`` call on a model
 object never seen before (trace, validation and the |theta| pass; float64 and float32
-mantissas); a repeated float32 call after an in-place weight update (the graph is reused);
+mantissas); a repeated call after an in-place weight update (the graph is reused);
 all path-magnitude scores in float32, trace included. With ``--authors`` the authors'
 script (agonon/pathnorm-pytorch, not shipped with pathlift) is timed in the same turns.
 Targets (issue: one graph engine, traced once): first call float32 <= 2.0x, float64 <=
@@ -48,16 +48,19 @@ def cases(model: nn.Module, authors) -> dict[str, Callable[[], Callable[[], obje
 
     first_param = next(model.parameters())
 
-    def updated() -> Callable[[], object]:
-        with torch.no_grad():
-            first_param.mul_(1.0001)  # an optimiser step: the cached graph stays valid
-        return lambda: path_norm(model, SHAPE, dtype=torch.float32)
+    def updated(dtype: torch.dtype) -> Callable[[], Callable[[], object]]:
+        def setup() -> Callable[[], object]:
+            with torch.no_grad():
+                first_param.mul_(1.0001)  # an optimiser step: the cached graph stays valid
+            return lambda: path_norm(model, SHAPE, dtype=dtype)
+        return setup
 
     found = {
         "forward": forward,
         "first f64": fresh(lambda m: path_norm(m, SHAPE)),
         "first f32": fresh(lambda m: path_norm(m, SHAPE, dtype=torch.float32)),
-        "repeat f32": updated,
+        "repeat f64": updated(torch.float64),
+        "repeat f32": updated(torch.float32),
         "scores f32": fresh(lambda m: path_magnitude_scores(m, SHAPE, dtype=torch.float32)),
     }
     if authors is not None:

@@ -30,7 +30,25 @@ class Normalized:
 def normalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
               q: float = 1.0) -> nn.Module:
     """A functionally equivalent copy whose hidden neurons have ||(theta^{->v}, b_v)||_q in
-    {0, 1} (thesis Alg. 3.2.1, Lemma 3.2.1). See ``normalize_report`` for the details."""
+    {0, 1} (thesis Alg. 3.2.1, Lemma 3.2.1). See ``normalize_report`` for the details.
+
+    Args:
+        model: the network or its ``LayerGraph``; it is not modified.
+        input_shape: input size without the batch dimension.
+        q: the exponent, in (0, inf].
+
+    Returns:
+        The normalised copy (of the plain module under DDP or torch.compile), sharing the
+        model's traced graph.
+
+    Raises:
+        InvalidParameterError for a bad q; UnsupportedModelError as ``trace``, or for two
+        layers sharing one parameter tensor.
+
+    Example::
+
+        n = normalize(model, (3, 32, 32), q=2)   # same function, same path-norms
+    """
     return normalize_report(model, input_shape, q).model
 
 

@@ -266,9 +266,22 @@ def trace(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = Non
     """Trace and validate ``model`` (thesis Def. 2.2.2), parameters included. The model is
     not modified; the graph is cached (see ``graph_of``).
 
-    Raises UnsupportedModelError listing every unsupported node (name, op, reason) or
-    layer holding NaN/inf, and ShapeError when an input of ``input_shape`` (no batch
-    dimension) does not fit the model.
+    Args:
+        model: the network (plain, pruned, DDP-wrapped or compiled), or a ``LayerGraph``.
+        input_shape: input size without the batch dimension; None reuses the model's
+            latest graph or infers it from the first layer.
+
+    Returns:
+        The ``LayerGraph``, which every public function accepts in place of the model.
+
+    Raises:
+        UnsupportedModelError listing every unsupported node (name, op, reason) or layer
+        holding NaN/inf; ShapeError when an input of ``input_shape`` does not fit.
+
+    Example::
+
+        graph = trace(model, (3, 224, 224))
+        path_norm(graph, q=2), path_magnitude_scores(graph)   # no second trace
     """
     graph = graph_of(model, input_shape)
     graph.check_values()

@@ -131,8 +131,19 @@ def path_norms(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None 
                dtype: torch.dtype = torch.float64) -> dict[float, PathNorm]:
     """Several path-norms from one graph: one |theta|^q pass per exponent q (Thm 3.1.1).
 
-    ``r=None`` takes r = q for each exponent, i.e. the plain l^q norm ||Phi(theta)||_q of
-    the whole path-lifting, the quantity of thesis Table 7.2; a number fixes r for all.
+    Args:
+        model, input_shape, dtype: as for ``path_norm``.
+        qs: the exponents q.
+        r: None takes r = q for each exponent, i.e. the plain l^q norm ||Phi(theta)||_q of
+            the whole path-lifting (thesis Table 7.2); a number fixes r for all.
+
+    Returns:
+        ``{q: PathNorm}``.
+
+    Example::
+
+        norms = path_norms(model, (3, 224, 224))   # {1.0: ..., 2.0: ..., 4.0: ...}
+        norms[2.0].log10
     """
     graph = graph_of(model, input_shape)
     return {float(q): path_norm(graph, None, float(q), float(q) if r is None else r, dtype)
