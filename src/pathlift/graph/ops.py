@@ -234,9 +234,14 @@ class AffineHandler(Handler):
         input channel i times shrink[i] (Def. 2.4.1 with shrink = 1/grow; Alg. 3.2.1 also
         uses shrink = 0 for an input-dead neuron). Float64 arithmetic."""
         rows, cols = self.entry_channels(module)
-        factor = grow[rows] * shrink[cols]
         weight = stored(module, "weight")
-        _scale_(weight, factor.reshape(factor.shape + (1,) * (weight.dim() - 2)))
+        step = max(1, _BLOCK_BYTES // (8 * weight[0].numel()))  # float64 rows per block
+        for start in range(0, weight.shape[0], step):  # never a float64 copy of W whole
+            part = slice(start, start + step)
+            factor = grow[rows[part] if len(rows) > 1 else rows] * \
+                shrink[cols[part] if len(cols) > 1 else cols]
+            block = weight[part]
+            _scale_(block, factor.reshape(factor.shape + (1,) * (block.dim() - 2)))
         bias = stored(module, "bias")
         if bias is not None:
             _scale_(bias, grow)
