@@ -17,7 +17,7 @@ from pathlift.data.training import train_classifier
 from pathlift.distributed import fingerprint
 from pathlift.errors import InvalidParameterError
 from pathlift.graph.boundary import prune_masks
-from pathlift.models import mlp
+from pathlift.models import mlp, model_factory, read_checkpoint, save_checkpoint
 from pathlift.prune import (
     Method,
     PruneConfig,
@@ -208,3 +208,49 @@ def test_a_score_function_of_the_wrong_shape_is_refused() -> None:
 
     with pytest.raises(InvalidParameterError, match=r"bad.*shape \(32, 64\) for '1.weight'"):
         Method("bad-global", bad).prune(_small_mlp(), SHAPE, 0.5)
+
+
+def test_model_factory_from_a_name_a_module_and_a_checkpoint(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    assert model_factory("small_cnn", num_classes=7)().classifier[-1].out_features == 7
+    (tmp_path / "my_nets.py").write_text(
+        "from torch import nn\n"
+        "def tiny():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+        "def broken():\n"
+        "    return 3\n")
+    monkeypatch.chdir(tmp_path)
+    make = model_factory("my_nets:tiny")
+    assert make() is not make() and make()[-1].out_features == 4
+    with pytest.raises(InvalidParameterError, match="returned a int"):
+        model_factory("my_nets:broken")()
+    with pytest.raises(InvalidParameterError, match="cannot import 'my_nets:absent'"):
+        model_factory("my_nets:absent")
+    saved = save_checkpoint(mlp(), tmp_path / "net.safetensors", "mlp")
+    first, second = model_factory(str(saved))(), model_factory(str(saved))()
+    assert first is not second
+    state = read_checkpoint(saved).state_dict
+    assert all(torch.equal(v, state[k]) for k, v in first.state_dict().items())
+
+
+def test_prune_command_takes_your_factory_and_synthetic_data(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    (tmp_path / "cli_nets.py").write_text(
+        "from torch import nn\n"
+        "def four():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+        "def ten():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(12, 10))\n")
+    monkeypatch.chdir(tmp_path)
+    common = ["prune", "--dataset", "synthetic", "--input-shape", "3", "--input-shape", "4",
+              "--epochs", "2", "--rewind-epoch", "1", "--seeds", "1", "--amount", "0.5",
+              "--method", "path-magnitude-layerwise"]
+    result = CliRunner().invoke(app, [*common, "--model", "cli_nets:four", "--out", "out"])
+    assert result.exit_code == 0, result.output
+    (row, rescaled) = _rows(tmp_path / "out" / "runs.csv")
+    assert row["accuracy"] == rescaled["accuracy"] and float(row["accuracy"]) > 0.5
+    result = CliRunner().invoke(app, [*common, "--model", "cli_nets:ten"])
+    assert result.exit_code == 2 and "10 outputs, synthetic has 4 classes" in result.output
+    assert not (tmp_path / "runs").exists()
