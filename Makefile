@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: 2.13.0 is the local CPU build (an unpinned torch pulls CUDA).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,lightning]'
 	touch $(STAMP)
 
 install: $(STAMP)
