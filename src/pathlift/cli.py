@@ -174,6 +174,9 @@ def prune(
     table.add_column("method")
     for a in config.amounts:
         table.add_column(f"{100 * a:g}%", justify="right")
+    dense, dense_std = result.dense_accuracy()
+    table.add_row("dense (not pruned)", *[f"{100 * dense:.1f} ± {100 * dense_std:.1f}"] *
+                  len(config.amounts))
     summary = {(r["method"], r["rescaled"], r["amount"]): r for r in result.summary()}
     for m in config.methods:
         for rescaled in config.rescaled:

@@ -87,8 +87,8 @@ def plot(result: ProtocolResult, path: Path, title: str,
                              [100 * r["std"] for r in rows], color=f"C{i}", capsize=3,
                              linestyle="--" if rescaled else "-", marker="o",
                              label=method + (" (rescaled)" if rescaled else ""))
-    dense = [r.dense_accuracy for r in result.runs]
-    axes[0].axhline(100 * sum(dense) / len(dense), color="gray", linewidth=0.8, label="dense")
+    axes[0].axhline(100 * result.dense_accuracy()[0], color="gray", linewidth=0.8,
+                    label="dense")
     axes[0].set(xlabel="pruned (%)", ylabel="test accuracy (%)", title=title)
     axes[0].legend(fontsize=7)
     for ax, (rescaled, (mag, log_path)) in zip(axes[1:-1], sorted(scatters.items()),

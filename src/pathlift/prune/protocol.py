@@ -240,13 +240,13 @@ class ProtocolResult:
         groups: dict[tuple[str, bool, float], list[float]] = {}
         for r in self.runs:
             groups.setdefault((r.method, r.rescaled, r.amount), []).append(r.accuracy)
-        rows = []
-        for (method, rescaled, amount), accs in groups.items():
-            t = torch.tensor(accs, dtype=torch.float64)
-            rows.append({"method": method, "rescaled": rescaled, "amount": amount,
-                         "mean": float(t.mean()), "std": float(t.std()) if len(accs) > 1
-                         else 0.0, "seeds": len(accs)})
-        return rows
+        return [{"method": method, "rescaled": rescaled, "amount": amount,
+                 **dict(zip(("mean", "std"), _mean_std(accs), strict=True)), "seeds": len(accs)}
+                for (method, rescaled, amount), accs in groups.items()]
+
+    def dense_accuracy(self) -> tuple[float, float]:
+        """Mean and standard deviation over seeds of the dense network's accuracy."""
+        return _mean_std(list({r.seed: r.dense_accuracy for r in self.runs}.values()))
 
     def overlaps(self) -> dict[tuple[str, float], float]:
         """Mean over seeds of each method's mask overlap with magnitude pruning at the same
@@ -346,6 +346,12 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
         note(f"seed {record.seed} {record.method}{' rescaled' if record.rescaled else ''} "
              f"{100 * record.amount:g}%: {100 * record.accuracy:.1f}%")
     return ProtocolResult(config, tuple(records[k] for k in config.grid()))
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    return float(t.mean()), float(t.std()) if len(values) > 1 else 0.0
 
 
 def mask_overlap(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
