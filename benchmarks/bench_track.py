@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_track.py [--repeats 7]
 
-For small_cnn (1x8x8) and ResNet-18 (3x32x32, 10 classes), one thread: the median time of
+For small_cnn (1x8x8) and ResNet-18 (3x32x32, 10 classes), one thread: the shortest time of
 a tracker call on the already traced graph (path-norms q = 1, 2, 4 and the bound; then
 with the two sparsities, one more forward and backward |theta| pass), in float64 (the
 default) and float32, against a float32 forward pass and an SGD step at batch 64, all
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -22,22 +20,10 @@ from torch import nn
 
 from pathlift.models import resnet18, small_cnn
 from pathlift.track import PathNormTracker
+from timing import interleaved_min
 
 CASES = {"small_cnn": (small_cnn, (1, 8, 8)),
          "resnet18": (lambda: resnet18(num_classes=10), (3, 32, 32))}
-
-
-def interleaved_median(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall time of each function over ``repeats`` rounds calling each once in turn
-    (after a warm-up round)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for round_ in range(repeats + 1):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            if round_:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
@@ -64,7 +50,7 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
             tracker(model)  # trace once
             label = f"{str(dtype)[6:]}{' + sparsities' if sparsity else ''}"
             fns[label] = lambda t=tracker: t(model)
-    t = interleaved_median(fns, repeats)
+    t = interleaved_min(fns, repeats)
     print(f"{name}: forward {1e3 * t['forward']:.1f} ms, SGD step {1e3 * t['step']:.1f} ms")
     for label in list(fns)[2:]:
         print(f"  tracker {label:<24} {1e3 * t[label]:7.1f} ms = "

@@ -1,4 +1,5 @@
-"""Shared timing helper of the benchmarks: median wall time of repeated calls."""
+"""Shared timing helpers of the benchmarks: median wall time of repeated calls, and the
+minimum over interleaved rounds of several functions."""
 
 from __future__ import annotations
 
@@ -17,3 +18,17 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def interleaved_min(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Minimum wall time of each function over ``repeats`` rounds that call every function
+    once in turn (after one warm-up round): on a shared, loaded machine the minimum of
+    interleaved calls is far steadier than medians taken one function after another."""
+    best = dict.fromkeys(fns, float("inf"))
+    for round_ in range(repeats + 1):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if round_:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
