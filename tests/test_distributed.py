@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 from pathlift.cli import app
 from pathlift.distributed import fingerprint, launched, shard
 from pathlift.errors import DistributedError
-from pathlift.graph import copy_model
+from pathlift.graph import copy_model, unwrap
 from pathlift.graph.boundary import prune_masks
 from pathlift.models import mlp
-from pathlift.prune import Method, PruneConfig, RunFolder
+from pathlift.prune import Method, Phase, PruneConfig, RunFolder, prune_rewind_retrain
 from pathlift.symmetry import random_rescale
 from pathlift.track import PathNormTracker
 
@@ -100,6 +100,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _drifting_train(model: torch.nn.Module, epochs: int, phase: Phase) -> None:
+    """Steps the plain module on rank-dependent data, bypassing DDP's gradient averaging."""
+    net = unwrap(model)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in phase.epochs(epochs):
+        opt.zero_grad()
+        x = torch.full((4, 1, 8, 8), float(phase.world.rank))
+        net(x).sum().backward()
+        opt.step()
+
+
 def _worker(rank: int, port: int, out: str) -> None:
     """One of two ranks: what the collectives return, and that a mismatch raises."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
@@ -119,6 +130,13 @@ def _worker(rank: int, port: int, out: str) -> None:
                 world.check_identical("masks", {"w": torch.full((3,), float(rank))})
             except DistributedError as err:
                 report["mismatch"] = str(err)
+            try:  # a loop that trains the module under DDP's back: ranks drift apart
+                prune_rewind_retrain(lambda: mlp(64, (8,), 10), (1, 8, 8), _drifting_train,
+                                     lambda model: 0.0, PruneConfig(
+                                         amounts=(0.5,), methods=("magnitude-global",),
+                                         seeds=(0,), epochs=2, rewind_epoch=1))
+            except DistributedError as err:
+                report["drift"] = str(err)
             raise RuntimeError("an error inside the block")
     except RuntimeError:
         report["group destroyed"] = not dist.is_initialized()
@@ -145,4 +163,6 @@ def test_collectives_and_the_identity_check_on_two_processes(tmp_path: Path) -> 
     assert (r0["tracked"], r1["tracked"]) == (True, False)  # rank 0 alone measures
     assert "masks differ across the 2 ranks" in r0["mismatch"]
     assert "masks differ across the 2 ranks" in r1["mismatch"]
+    assert "weights after dense training differ" in r0["drift"]
+    assert "weights after dense training differ" in r1["drift"]
     assert r0["group destroyed"] and r1["group destroyed"]

@@ -323,6 +323,7 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     def note(text: str) -> None:
         if world.main and on_progress is not None:
             on_progress(text, next(tasks), len(to_train) + len(pending))
+
     for states in _spread(to_train, lambda s: _train_dense(s, model_fn, train, evaluate,
                                                            config, worker), world, spread):
         dense[states.seed] = states
