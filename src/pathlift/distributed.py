@@ -178,7 +178,14 @@ def launched(backend: str | None = None,
 def ddp(model: nn.Module, world: World) -> nn.Module:
     """``model`` (moved to ``world.device``) wrapped in DistributedDataParallel, or the
     model itself when the world is one process. Construction broadcasts rank 0's
-    parameters and buffers, so every rank starts from the same weights."""
+    parameters and buffers, so every rank starts from the same weights; pathlift's
+    functions read through the wrapper (``pathlift.graph.unwrap``).
+
+    Example::
+
+        with launched() as world:
+            wrapped = ddp(model, world)        # train `wrapped`, measure either
+    """
     if world.size == 1:
         return model
     model.to(world.device)
@@ -198,6 +205,13 @@ def shard(loader: DataLoader, world: World, seed: int = 0) -> DataLoader:
     Raises:
         InvalidParameterError: the loader has its own sampler or batch sampler, or an
             iterable dataset: shard those yourself.
+
+    Example::
+
+        loader = shard(DataLoader(dataset, 64, shuffle=True), world, seed=0)
+        for epoch in range(epochs):
+            if isinstance(loader.sampler, DistributedSampler):
+                loader.sampler.set_epoch(epoch)
     """
     if world.size == 1 or isinstance(loader.sampler, DistributedSampler):
         return loader
