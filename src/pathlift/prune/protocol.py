@@ -251,12 +251,12 @@ class ProtocolResult:
     def overlaps(self) -> dict[tuple[str, float], float]:
         """Mean over seeds of each method's mask overlap with magnitude pruning at the same
         scope, on the trained network (not rescaled), per amount (thesis Table 3.1).
-        Magnitude methods themselves and scope-less methods are left out."""
+        Magnitude pruning itself (100 %) is left out."""
         trivial = {m.name for m in self.config.methods  # type: ignore[union-attr]
                    if m.reference == m}
         groups: dict[tuple[str, float], list[float]] = {}
         for r in self.runs:
-            if not r.rescaled and not math.isnan(r.overlap) and r.method not in trivial:
+            if not r.rescaled and r.method not in trivial:
                 groups.setdefault((r.method, r.amount), []).append(r.overlap)
         return {k: sum(v) / len(v) for k, v in groups.items()}
 
@@ -440,15 +440,13 @@ class _Choice:
 
 def _choose(current: nn.Module, method: Method, shape: tuple[int, ...], amount: float,
             last_layer_factor: float, overlap: bool) -> _Choice:
-    """Prune a copy of ``current``; its masks (on the CPU), result and the overlap with
-    magnitude pruning's masks (when asked, NaN for scope-less methods)."""
+    """Prune a copy of ``current``: its masks (on the CPU), result and, when asked, the
+    overlap with magnitude pruning's masks at the same scope (else NaN)."""
     candidate = copy_model(current).eval()
     result = method.prune(candidate, shape, amount, last_layer_factor)
     masks = {k: v.cpu() for k, v in prune_masks(candidate).items()}
-    common = math.nan
-    if overlap and method.reference == method:
-        common = 100.0
-    elif overlap and method.scope in ("global", "layerwise"):
+    common = math.nan if not overlap else 100.0 if method.reference == method else None
+    if common is None:
         reference = copy_model(current).eval()
         method.reference.prune(reference, shape, amount, last_layer_factor)
         common = mask_overlap(masks, {k: v.cpu() for k, v in prune_masks(reference).items()})

@@ -43,9 +43,9 @@ class RunRecord:
     the accuracy right after the first pruning (before retraining); ``log10_path_metric``
     and ``log10_bound`` the certificate of that first pruning (thesis eq. 3.19, Lemma
     3.4.1); ``overlap`` is 100 |S & S_mag| / |S| between the first mask and magnitude
-    pruning's at the same scope on the same network (thesis Table 3.1; NaN for methods
-    without a scope); ``mask_digest`` starts the sha256 of the final masks, which every
-    rank checked it holds; ``world_size`` and ``spread`` say how the run was computed.
+    pruning's at the same scope on the same network (thesis Table 3.1); ``mask_digest``
+    starts the sha256 of the final masks, which every rank checked it holds;
+    ``world_size`` and ``spread`` say how the run was computed.
     """
 
     seed: int
