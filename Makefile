@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch pinned here, not in pyproject.toml (which asks for torch>=2.3): 2.13.0 is the
 	# local CPU build, and an unpinned torch pulls CUDA.
-	$(BIN)/pip install -q -e '.[dev]' '$(TORCH)'
+	$(BIN)/pip install -q -e '.[dev,lightning]' '$(TORCH)'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,23 +28,10 @@ from pathlift.graph import copy_model, graph_of
 from pathlift.models import alexnet, resnet18, vgg16
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 from pathlift.symmetry import random_rescale
+from timing import interleaved_min
 
 SHAPE = (3, 224, 224)
 MODELS = {"alexnet": alexnet, "vgg16": vgg16, "resnet18": resnet18}
-
-
-def interleaved_min(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Minimum wall time of each function over ``repeats`` rounds that call every function
-    once in turn (after one warm-up round): on a shared, loaded machine the minimum of
-    interleaved calls is far steadier than medians taken one function after another."""
-    best = dict.fromkeys(fns, float("inf"))
-    for round_ in range(repeats + 1):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            if round_:
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Shared timing helper of the benchmarks: median wall time of repeated calls."""
+"""Shared timing helpers of the benchmarks: median wall time of repeated calls, and the
+minimum over interleaved rounds of several functions."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
 
 
 def round_robin(cases: dict[str, Callable[[], Callable[[], object]]], rounds: int = 5,
-                warmup: int = 1) -> dict[str, float]:
-    """Median wall-clock seconds of every case, measured in turns: each round runs every
-    case once, so a load change on a shared machine hits all of them alike.
+                warmup: int = 1, statistic: Callable[[list[float]], float] = statistics.median
+                ) -> dict[str, float]:
+    """``statistic`` (the median; ``min`` is steadier on a loaded machine) of the wall-clock
+    seconds of every case, measured in turns: each round runs every case once, so a load
+    change on a shared machine hits all of them alike.
 
     A case is a setup function returning the call to time: the setup (a fresh copy of a
     model, an in-place weight update) runs untimed just before its call.
@@ -35,4 +38,11 @@ def round_robin(cases: dict[str, Callable[[], Callable[[], object]]], rounds: in
             fn()
             if round_ >= warmup:
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: statistic(t) for name, t in times.items()}
+
+
+def interleaved_min(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Minimum wall time of each function over ``repeats`` rounds that call every function
+    once in turn (after one warm-up round)."""
+    return round_robin({name: (lambda fn=fn: fn) for name, fn in fns.items()}, repeats,
+                       statistic=min)

@@ -126,9 +126,15 @@ def report(
 
 @app.command()
 def prune(
-    dataset: str = typer.Option("digits", "--dataset", help="embedded dataset: digits"),
-    model: str = typer.Option("small_cnn", "--model", help="small_cnn or mlp"),
-    amount: list[float] = typer.Option([0.4, 0.6, 0.8], "--amount", help="fractions pruned"),
+    model: str = typer.Option("small_cnn", "--model", help="registered name (pathlift models), "
+                              "module:callable factory, or checkpoint file"),
+    weights: str = typer.Option(None, "--weights", help="state_dict file for the architecture "
+                                "MODEL: every run starts from these weights"),
+    dataset: str = typer.Option("digits", "--dataset", help="embedded dataset: digits or "
+                                "synthetic (Gaussian clusters, 4 classes)"),
+    input_shape: list[int] = typer.Option(None, "--input-shape", help="synthetic inputs' "
+                                          "shape, no batch (default: the model's)"),
+    amount: list[float] = typer.Option([0.4, 0.6, 0.8], "--amount", help="fraction pruned"),
     method: list[str] = typer.Option(None, "--method", help="magnitude-global, "
                                      "magnitude-layerwise, path-magnitude-global, "
                                      "path-magnitude-layerwise (default: all four)"),
@@ -137,56 +143,93 @@ def prune(
     rewind_epoch: int = typer.Option(2, "--rewind-epoch", help="epoch to rewind weights to"),
     rounds: int = typer.Option(1, "--rounds", help="prune-rewind-retrain rounds (lottery)"),
     lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (momentum 0.9)"),
-    out: str = typer.Option(None, "--out", help="folder for CSVs and plot (default: a new "
-                            "runs/prune-TIMESTAMP)"),
+    batch_size: int = typer.Option(64, "--batch-size", help="batch size per process"),
+    spread: str = typer.Option("data", "--spread", help="under torchrun: 'data' trains each "
+                               "network with DDP over all processes, 'runs' gives each "
+                               "process its own runs of the grid (small models)"),
+    out: str = typer.Option(None, "--out", help="folder for runs.csv, dense weights and plot "
+                            "(default runs/prune-<time>); a folder of the same settings is "
+                            "resumed"),
+    save_models: bool = typer.Option(False, "--save-models", help="also write each run's "
+                                     "final network to OUT/models"),
 ) -> None:
-    """Train, rescale at random or not, prune, rewind, retrain (thesis Sec. 3.5.2)."""
-    from pathlib import Path
+    """Train, rescale at random or not, prune, rewind, retrain (thesis Sec. 3.5.2); run it
+    under `torchrun --nproc_per_node N` to use N processes."""
 
     from rich.progress import Progress
 
-    from pathlift.data import load_digits, loaders
-    from pathlift.models import mlp, small_cnn
-    from pathlift.prune.pipeline import METHODS, PruneConfig, plot, run_experiment
+    from pathlift.data import load_digits, loaders, synthetic
+    from pathlift.data.training import reproducible
+    from pathlift.distributed import launched
+    from pathlift.graph import graph_of
+    from pathlift.models import REFERENCE_MODELS, model_factory
+    from pathlift.prune import (
+        METHODS,
+        PruneConfig,
+        RunFolder,
+        SGDTraining,
+        prune_rewind_retrain,
+    )
+    from pathlift.prune.pipeline import plot, scatter
+    from pathlift.symmetry import random_rescale
 
-    builders = {"small_cnn": small_cnn, "mlp": mlp}
-    if dataset != "digits" or model not in builders:
-        raise typer.BadParameter(f"supported: --dataset digits, --model {sorted(builders)}")
-    config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)), epochs,
-                         rewind_epoch, rounds, lr)
-    digits = load_digits()
-    train, test = loaders(digits, batch_size=64, seed=0)
-    runs = seeds * (1 + 2 * len(config.amounts) * len(config.methods))
-    with Progress(console=console) as bar:
-        task = bar.add_task(f"prune {model} on {dataset}", total=runs)
-        result = run_experiment(builders[model], train, test, digits.input_shape, config,
-                                on_run=lambda text: bar.update(task, advance=1,
-                                                               description=text))
-    stem = Path(out or default_out("prune")) / f"prune_{dataset}_{model}"
-    csv_paths = result.write_csv(stem.with_suffix(".csv"))
-    png = plot(result, stem.with_suffix(".png"), f"{model} on {dataset}, {seeds} seeds")
+    if dataset not in ("digits", "synthetic") or spread not in ("data", "runs"):
+        raise typer.BadParameter("use --dataset digits|synthetic and --spread data|runs")
+    with launched() as world:
+        if dataset == "digits":
+            data = load_digits()
+        else:
+            spec = REFERENCE_MODELS.get(model)
+            shape = tuple(input_shape or (spec.input_shape if spec else (1, 8, 8)))
+            data = synthetic(input_shape=shape)
+        make = model_factory(model, data.num_classes, weights)
+        d_out = graph_of(make(), data.input_shape).d_out
+        if d_out != data.num_classes:
+            raise typer.BadParameter(f"{model} has {d_out} outputs, {dataset} has "
+                                     f"{data.num_classes} classes")
+        config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
+                             epochs, rewind_epoch, rounds)
+        train, test = loaders(data, batch_size=batch_size, seed=0)
+        training = SGDTraining(train, test, lr)
+        folder = RunFolder(out or default_out("prune")) if world.main else None  # rank 0 writes
+        with Progress(console=console, disable=not world.main) as bar, reproducible():
+            task = bar.add_task(f"prune {model} on {dataset}", total=None)
+            result = prune_rewind_retrain(
+                make, data.input_shape, training.train, training.evaluate, config,
+                spread=spread, folder=folder, save_models=save_models,
+                on_progress=lambda text, done, total: bar.update(
+                    task, completed=done, total=total, description=text))
+        if not world.main:
+            return
+        first = folder.load_dense(config.seeds[0])
+        trained = make()
+        trained.load_state_dict(first.trained)
+        scatters = {False: scatter(trained, data.input_shape),
+                    True: scatter(random_rescale(trained, config.rescale_factors, 0,
+                                                 data.input_shape), data.input_shape)}
+    png = plot(result, folder.path / "summary.png",
+               f"{model} on {dataset}, {seeds} seeds, {world.size} process(es)", scatters)
     table = Table(title=f"test accuracy (%) after prune-rewind-retrain, mean ± std over "
-                        f"{seeds} seeds")
+                        f"{seeds} seeds ({world.size} process(es), --spread {spread})")
     table.add_column("method")
     for a in config.amounts:
         table.add_column(f"{100 * a:g}%", justify="right")
     dense, dense_std = result.dense_accuracy()
     table.add_row("dense (not pruned)", *[f"{100 * dense:.1f} ± {100 * dense_std:.1f}"] *
                   len(config.amounts))
-    summary = result.summary()
-    for name in config.methods:
-        for rescaled in (False, True):
-            cells = [next(f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f}" for r in summary
-                          if (r["method"], r["rescaled"], r["amount"]) == (name, rescaled, a))
-                     for a in config.amounts]
-            table.add_row(name + (" + random rescale" if rescaled else ""), *cells)
-    overlaps = result.mean_overlaps()
-    for scope in ("global", "layerwise"):
-        if any(key[0] == scope for key in overlaps):
-            table.add_row(f"mask overlap magnitude/path-magnitude, {scope}",
-                          *(f"{overlaps[scope, a]:.0f}%" for a in config.amounts))
+    summary = {(r["method"], r["rescaled"], r["amount"]): r for r in result.summary()}
+    for m in config.methods:
+        for rescaled in config.rescaled:
+            cells = [f"{100 * summary[m.name, rescaled, a]['mean']:.1f} ± "
+                     f"{100 * summary[m.name, rescaled, a]['std']:.1f}" for a in config.amounts]
+            table.add_row(m.name + (" + random rescale" if rescaled else ""), *cells)
+    overlaps = result.overlaps()
+    for m in config.methods:
+        if (m.name, config.amounts[0]) in overlaps:
+            table.add_row(f"mask overlap with magnitude, {m.name}",
+                          *(f"{overlaps[m.name, a]:.0f}%" for a in config.amounts))
     console.print(table)
-    console.print(f"wrote {csv_paths[0]}, {csv_paths[1]}, {png}")
+    console.print(f"wrote {folder.csv}, {png}")
 
 
 @app.command()

@@ -33,6 +33,11 @@ class InvalidParameterError(PathliftError):
     """Parameters hold NaN/inf, or an argument is out of its domain."""
 
 
+class DistributedError(PathliftError):
+    """The processes of a torch.distributed run disagree (masks, weights or results that
+    must be identical on every rank are not)."""
+
+
 class Problem:
     """One unsupported node: where it is, what op it is, why it is refused, what to do."""
 

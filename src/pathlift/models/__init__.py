@@ -9,6 +9,7 @@ from pathlift.models.checkpoints import (
     read_checkpoint,
     save_checkpoint,
 )
+from pathlift.models.factory import model_factory
 from pathlift.models.mobilenet import mobilenet_relu
 from pathlift.models.registry import REFERENCE_MODELS, ModelSpec, get_model
 from pathlift.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -27,6 +28,7 @@ __all__ = [
     "load_weights",
     "mlp",
     "mobilenet_relu",
+    "model_factory",
     "read_checkpoint",
     "resnet18",
     "resnet34",

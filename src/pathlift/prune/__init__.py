@@ -1,9 +1,11 @@
 """Rescaling-invariant pruning: path-magnitude scores, torch.nn.utils.prune methods,
-iterative re-scoring with certificates, and the prune-rewind-retrain pipeline."""
+iterative re-scoring with certificates, and the prune-rewind-retrain protocol with your own
+training, on one process or under torchrun."""
 
 from pathlift.prune.methods import (
     PathMagnitudeUnstructured,
     PruningResult,
+    ScoreFunction,
     global_magnitude,
     global_path_magnitude,
     layerwise_magnitude,
@@ -11,6 +13,16 @@ from pathlift.prune.methods import (
     path_magnitude_unstructured,
     prune_model,
 )
+from pathlift.prune.pipeline import SGDTraining
+from pathlift.prune.protocol import (
+    METHODS,
+    Method,
+    Phase,
+    ProtocolResult,
+    PruneConfig,
+    prune_rewind_retrain,
+)
+from pathlift.prune.results import RunFolder, RunRecord
 from pathlift.prune.scores import (
     Scores,
     magnitude_scores,
@@ -20,8 +32,17 @@ from pathlift.prune.scores import (
 from pathlift.prune.structured import channel_path_magnitude, channel_scores
 
 __all__ = [
+    "METHODS",
+    "Method",
     "PathMagnitudeUnstructured",
+    "Phase",
+    "ProtocolResult",
+    "PruneConfig",
     "PruningResult",
+    "RunFolder",
+    "RunRecord",
+    "SGDTraining",
+    "ScoreFunction",
     "Scores",
     "channel_path_magnitude",
     "channel_scores",
@@ -34,4 +55,5 @@ __all__ = [
     "path_magnitude_unstructured",
     "prunable_parameters",
     "prune_model",
+    "prune_rewind_retrain",
 ]

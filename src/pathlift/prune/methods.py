@@ -11,7 +11,7 @@ that are still unpruned, so repeated calls compound as in lottery-ticket rounds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,6 +33,10 @@ from pathlift.prune.scores import (
 
 Criterion = Literal["path-magnitude", "magnitude"]
 Scope = Literal["global", "layerwise"]
+ScoreFunction = Callable[[nn.Module, tuple[int, ...]], "Scores | Mapping[str, Tensor]"]
+"""A user's pruning criterion: ``(model, input_shape) -> scores`` of every prunable
+weight (``Scores``, or a dict ``"layer.weight" -> tensor`` of the weight's shape); the
+coordinates with the smallest absolute scores are pruned (torch's L1Unstructured ranking)."""
 
 
 class PathMagnitudeUnstructured(prune.L1Unstructured):
@@ -123,10 +127,13 @@ def _split(total: int, steps: int) -> list[int]:
 
 
 def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, amount: float,
-                criterion: Criterion = "path-magnitude", scope: Scope = "global",
+                criterion: Criterion | ScoreFunction = "path-magnitude", scope: Scope = "global",
                 steps: int = 1, last_layer_factor: float = 1.0,
                 include_biases: bool = False) -> PruningResult:
     """Prune ``amount`` of the unpruned prunable coordinates of ``model``, IN PLACE.
+
+    ``criterion`` is "path-magnitude", "magnitude" or a ``ScoreFunction`` of your own,
+    called on the model (its current, possibly pruned, weights) before each step.
 
     ``scope="layerwise"`` prunes ``amount`` of each layer, ``last_layer_factor * amount``
     of the last one (0.5 is the thesis' convention, Appendix E.1: p% of each conv, p/2 %
@@ -143,10 +150,11 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
             f"last_layer_factor * amount must be in [0, 1], got {last_layer_factor} * {amount}")
     if steps < 1:
         raise InvalidParameterError(f"steps must be a positive integer, got {steps}")
-    if criterion not in ("path-magnitude", "magnitude") or scope not in ("global", "layerwise"):
+    if not (callable(criterion) or criterion in ("path-magnitude", "magnitude")) or \
+            scope not in ("global", "layerwise"):
         raise InvalidParameterError(
-            f"criterion must be 'path-magnitude' or 'magnitude' and scope 'global' or "
-            f"'layerwise', got {criterion!r}, {scope!r}")
+            f"criterion must be 'path-magnitude', 'magnitude' or a score function, and scope "
+            f"'global' or 'layerwise', got {criterion!r}, {scope!r}")
     graph = graph_of(model, input_shape)
     graph.check_values()
     targets = prunable_parameters(graph, include_biases)
@@ -164,7 +172,8 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
         graph = graph_of(graph)  # a new reparametrisation re-traces, once
         path_mag = path_magnitude_scores(graph, None, include_biases)
         scores = path_mag if criterion == "path-magnitude" else \
-            magnitude_scores(graph, None, include_biases)
+            magnitude_scores(graph, None, include_biases) if criterion == "magnitude" else \
+            _user_scores(criterion, graph, targets)
         before = _masks(targets)
         if scope == "global":
             importance = {(module, p): scores.tensors[f"{m}.{p}"] for m, module, p in targets}
@@ -181,8 +190,27 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
     pruned_norm = path_norm(graph).log10
     total = sum(m.numel() for m in masks.values())
     remaining = sum(int(m.sum()) for m in _masks(targets).values())
-    return PruningResult(criterion, scope, steps, total - remaining, total, dense_norm,
+    name = criterion if isinstance(criterion, str) else getattr(criterion, "__name__", "custom")
+    return PruningResult(name, scope, steps, total - remaining, total, dense_norm,
                          log10_difference(dense_norm, pruned_norm), log10_sum(bounds))
+
+
+def _user_scores(score: ScoreFunction, graph: LayerGraph,
+                 targets: list[tuple[str, nn.Module, str]]) -> Scores:
+    """A user's scores, checked: one finite tensor of the right shape per target."""
+    found = score(graph.model, graph.input_shape)
+    tensors = found.tensors if isinstance(found, Scores) else found
+    for m, module, p in targets:
+        name, value = f"{m}.{p}", getattr(module, p)
+        t = tensors.get(name) if isinstance(tensors, Mapping) else None
+        if not isinstance(t, Tensor) or t.shape != value.shape or not torch.isfinite(t).all():
+            raise InvalidParameterError(
+                f"score function {getattr(score, '__name__', score)!r} must return a finite "
+                f"tensor of shape {tuple(value.shape)} for '{name}' (one per prunable weight: "
+                f"{', '.join(f'{a}.{b}' for a, _, b in targets)})")
+    return Scores(getattr(score, "__name__", "custom"),
+                  {f"{m}.{p}": tensors[f"{m}.{p}"].to(getattr(module, p).device)
+                   for m, module, p in targets})
 
 
 def global_path_magnitude(model: nn.Module, input_shape: Sequence[int], amount: float,

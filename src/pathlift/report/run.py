@@ -39,7 +39,7 @@ from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.logspace import format_log10
 from pathlift.report import plots
 from pathlift.report.document import Document
-from pathlift.report.tracking import PathNormTracker
+from pathlift.track import PathNormTracker
 
 QS = (1.0, 2.0, 4.0)
 DEFAULT_EPOCHS = 30

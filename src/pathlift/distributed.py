@@ -1,0 +1,232 @@
+"""torch.distributed for pathlift: the world of processes that ``torchrun`` started, DDP
+wrapping, data sharding, and the check that every rank holds the same tensors.
+
+pathlift launches and schedules nothing itself: ``torchrun --nproc_per_node N`` starts the
+processes, ``torch.distributed`` connects them (gloo on CPU, NCCL on CUDA),
+``DistributedDataParallel`` averages the gradients and ``DistributedSampler`` splits the
+data. This module only wraps those for the prune-rewind-retrain protocol
+(``pathlift.prune.protocol``) and the path-norm trackers (``pathlift.track``):
+
+- ``launched()``: initialise the default process group from torchrun's environment and
+  destroy it on exit, also when an error ends the run; one process without torchrun.
+- ``World``: this process's rank, the world size and device, with the few collectives the
+  protocol needs (broadcast, gather, buffer sync) and ``check_identical``, which
+  all-reduces a hash of tensors that must agree on every rank and raises otherwise.
+- ``ddp(model, world)`` and ``shard(loader, world, seed)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+from pathlift.errors import DistributedError, InvalidParameterError
+
+__all__ = ["World", "ddp", "fingerprint", "launched", "shard"]
+
+T = TypeVar("T")
+_TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process in a torch.distributed run: ``rank`` among ``size`` processes, and the
+    device its tensors live on (``cuda:<local rank>`` under NCCL, else the CPU).
+
+    ``World()`` is one process alone: every collective below is then a no-op, so code
+    written for N ranks runs unchanged in a plain ``python`` process.
+
+    Example::
+
+        with launched() as world:          # under torchrun: the process group
+            if world.main:
+                print(f"{world.size} processes")
+    """
+
+    rank: int = 0
+    size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @classmethod
+    def current(cls) -> World:
+        """The world of the default process group, or one process when there is none."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls()
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend() == "nccl" else torch.device("cpu")
+        return cls(dist.get_rank(), dist.get_world_size(), device)
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one process that writes files and prints."""
+        return self.rank == 0
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """``obj`` of rank ``src`` on every rank (pickled: keep tensors in it on the CPU)."""
+        if self.size == 1:
+            return obj
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src, device=self.device)
+        return box[0]
+
+    def gather(self, obj: T) -> list[T]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        """Give every rank rank 0's buffers (BatchNorm running statistics, pruning masks),
+        in place, as DistributedDataParallel does before each forward: after the last
+        step each rank keeps the statistics of its own last batch."""
+        if self.size == 1:
+            return
+        for buf in model.buffers():
+            dist.broadcast(buf.data, src=0)
+
+    def check_identical(self, what: str, value: Mapping[str, Tensor] | Tensor | float) -> str:
+        """The ``fingerprint`` of ``value``, after checking that every rank has the same.
+
+        The hash is all-reduced (max of h and of -h, one collective), so a mismatch is seen
+        by every rank at once and each raises, with no rank left waiting.
+
+        Raises:
+            DistributedError: some rank's ``value`` differs from the others'.
+        """
+        digest = fingerprint(value)
+        if self.size > 1:
+            h = int(digest[:15], 16)  # 60 bits: fits an int64 and its negation
+            both = torch.tensor([h, -h], dtype=torch.int64, device=self.device)
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+            if int(both[0]) != -int(both[1]):
+                raise DistributedError(
+                    f"{what} differ across the {self.size} ranks (rank {self.rank} holds "
+                    f"{digest[:12]}). Every rank must train the DDP-wrapped model it is given "
+                    "on its DistributedSampler shard and evaluate the same data, with the "
+                    "same code and seeds on every rank")
+        return digest
+
+
+def fingerprint(value: Mapping[str, Tensor] | Tensor | float) -> str:
+    """sha256 (hex) of tensors: names, dtypes, shapes and bytes (a float: its 8 bytes)."""
+    h = hashlib.sha256()
+    if isinstance(value, Mapping):
+        items = sorted(value.items())
+    elif isinstance(value, Tensor):
+        items = [("", value)]
+    else:
+        h.update(struct.pack("<d", float(value)))
+        return h.hexdigest()
+    for name, t in items:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@contextmanager
+def launched(backend: str | None = None,
+             timeout: timedelta = timedelta(minutes=30)) -> Iterator[World]:
+    """The world of this process: under ``torchrun``, the default process group.
+
+    Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
+    initialises the group (``backend`` default: NCCL when CUDA is available, with
+    ``cuda:<LOCAL_RANK>`` as this process's device, else gloo) and destroys it when the
+    block ends, also on an error, so no rank is left waiting on a dead group (torchrun
+    then stops the others). Without torchrun's variables: one process, no group. A group
+    the caller (or Lightning) initialised is used and left alone.
+
+    Args:
+        backend: "gloo" or "nccl"; None picks as above.
+        timeout: how long a collective waits for the other ranks before failing.
+
+    Example::
+
+        # torchrun --standalone --nproc_per_node 2 train.py
+        with launched() as world:
+            model = ddp(model, world)
+    """
+    if (dist.is_available() and dist.is_initialized()) or \
+            not all(k in os.environ for k in _TORCHRUN):
+        yield World.current()
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=timeout)
+    try:
+        yield World.current()
+    finally:
+        dist.destroy_process_group()
+
+
+def ddp(model: nn.Module, world: World) -> nn.Module:
+    """``model`` (moved to ``world.device``) wrapped in DistributedDataParallel, or the
+    model itself when the world is one process. Construction broadcasts rank 0's
+    parameters and buffers, so every rank starts from the same weights; pathlift's
+    functions read through the wrapper (``pathlift.graph.unwrap``).
+
+    Example::
+
+        with launched() as world:
+            wrapped = ddp(model, world)        # train `wrapped`, measure either
+    """
+    if world.size == 1:
+        return model
+    model.to(world.device)
+    ids = [world.device.index] if world.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def shard(loader: DataLoader, world: World, seed: int = 0) -> DataLoader:
+    """The same loader over this rank's ``DistributedSampler`` shard of its dataset.
+
+    Batch size, workers, collate function and the rest are kept, so the global batch is
+    ``world.size * loader.batch_size`` (DDP convention). A shuffling loader shuffles with
+    ``seed`` (the same on every rank, so the shards stay disjoint); call
+    ``loader.sampler.set_epoch(epoch)`` before each epoch (``Phase.epochs`` does). One
+    process, or a loader already over a DistributedSampler: returned as is.
+
+    Raises:
+        InvalidParameterError: the loader has its own sampler or batch sampler, or an
+            iterable dataset: shard those yourself.
+
+    Example::
+
+        loader = shard(DataLoader(dataset, 64, shuffle=True), world, seed=0)
+        for epoch in range(epochs):
+            if isinstance(loader.sampler, DistributedSampler):
+                loader.sampler.set_epoch(epoch)
+    """
+    if world.size == 1 or isinstance(loader.sampler, DistributedSampler):
+        return loader
+    if not isinstance(loader.sampler, RandomSampler | SequentialSampler) or \
+            loader.batch_size is None:
+        raise InvalidParameterError(
+            f"cannot shard a DataLoader with a {type(loader.sampler).__name__} or its own "
+            "batch sampler over the ranks; build it with shuffle=True/False and batch_size, "
+            "or over a torch.utils.data.DistributedSampler yourself")
+    sampler = DistributedSampler(loader.dataset, world.size, world.rank,
+                                 shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+                      num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                      pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                      multiprocessing_context=loader.multiprocessing_context,
+                      prefetch_factor=loader.prefetch_factor,
+                      persistent_workers=loader.persistent_workers)

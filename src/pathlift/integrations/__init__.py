@@ -1,0 +1,2 @@
+"""Integrations with training frameworks; each module needs its framework installed
+(``pathlift.integrations.lightning``: ``pip install 'pathlift[lightning]'``)."""

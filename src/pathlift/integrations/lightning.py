@@ -1,0 +1,91 @@
+"""Lightning: path-norms, the bound and the sparsity logged along training, and path-magnitude
+pruning at a chosen epoch (thesis Thm 3.1.1, Thm 4.4.1, Sec. 3.5.1).
+
+Needs Lightning: ``pip install 'pathlift[lightning]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from pathlift.distributed import World
+from pathlift.errors import InvalidParameterError
+from pathlift.graph.boundary import attach_masks_, prune_masks
+from pathlift.prune.methods import PruningResult, Scope, prune_model
+from pathlift.track import PathNormTracker
+
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError("pathlift.integrations.lightning needs Lightning: "
+                      "pip install 'pathlift[lightning]'") from err
+
+__all__ = ["PathNormCallback"]
+
+
+class PathNormCallback(Callback):
+    """Log ``PathNormTracker``'s row (l1/l2/l4 path-norms, bound, sparsities) to the
+    trainer's logger at the end of training epochs, and prune once if asked.
+
+    At the end of epoch ``prune_epoch`` (counted from 1) it prunes ``amount`` of the
+    network's unpruned weights with the path-magnitude method (thesis Sec. 3.5.1) through
+    torch.nn.utils.prune, IN PLACE: ``pathlift.prune.prune_model(network, input_shape,
+    amount, "path-magnitude", scope, last_layer_factor=...)``, the library's own call, so
+    the masks are those it makes. Under DDP, rank 0 prunes, the other ranks attach its
+    masks, and every rank checks by an all-reduced hash that it holds the same. The row is
+    measured after pruning, on rank 0 only, and logged with ``rank_zero_only=True``.
+
+    Args:
+        input_shape: the network's input shape, no batch dimension.
+        n_train, sigma: for the bound (see ``PathNormTracker``).
+        qs: exponents of the path-norms.
+        every_n_epochs: log at the end of every n-th epoch.
+        prune_epoch, amount, scope, last_layer_factor: the pruning, if any.
+        network: the attribute holding the network in your LightningModule (``"model"``
+            for ``self.model``); None takes the LightningModule itself.
+        prefix: put before every logged name.
+
+    Example::
+
+        trainer = Trainer(max_epochs=10, callbacks=[PathNormCallback((1, 8, 8),
+                          prune_epoch=5, amount=0.8)])
+    """
+
+    def __init__(self, input_shape: Sequence[int], n_train: int | None = None,
+                 sigma: float | None = None, qs: Sequence[float] = (1.0, 2.0, 4.0),
+                 every_n_epochs: int = 1, prune_epoch: int | None = None, amount: float = 0.0,
+                 scope: Scope = "global", last_layer_factor: float = 1.0,
+                 network: str | None = None, prefix: str = "pathlift/"):
+        super().__init__()
+        if every_n_epochs < 1 or (prune_epoch is not None and prune_epoch < 1):
+            raise InvalidParameterError("every_n_epochs and prune_epoch count from 1")
+        self.tracker = PathNormTracker(input_shape, None, n_train, sigma, qs)
+        self.every_n_epochs, self.prune_epoch = every_n_epochs, prune_epoch
+        self.amount, self.scope, self.last_layer_factor = amount, scope, last_layer_factor
+        self.network, self.prefix = network, prefix
+        self.pruning: PruningResult | None = None
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        net = pl_module if self.network is None else pl_module.get_submodule(self.network)
+        epoch = trainer.current_epoch + 1
+        if epoch == self.prune_epoch:
+            self.pruning = self._prune(net)
+        if epoch % self.every_n_epochs == 0:
+            row = self.tracker(net, epoch)
+            if row is not None:
+                pl_module.log_dict({self.prefix + k: v for k, v in row.items()},
+                                   rank_zero_only=True)
+
+    def _prune(self, net: nn.Module) -> PruningResult:
+        world = World.current()
+        result = prune_model(net, self.tracker.input_shape, self.amount, "path-magnitude",
+                             self.scope, last_layer_factor=self.last_layer_factor) \
+            if world.main else None
+        masks = world.broadcast({k: v.cpu() for k, v in prune_masks(net).items()}
+                                if world.main else None)
+        if not world.main:
+            attach_masks_(net, {k: v.to(world.device) for k, v in masks.items()})
+        world.check_identical("pruning masks", prune_masks(net))
+        return world.broadcast(result)

@@ -1,0 +1,168 @@
+"""torch.distributed on CPU with gloo: ``torchrun --nproc_per_node 2`` running ``pathlift
+prune`` (DDP and spread runs), and the collectives of ``pathlift.distributed``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, TensorDataset
+from typer.testing import CliRunner
+
+from pathlift.cli import app
+from pathlift.distributed import fingerprint, launched, shard
+from pathlift.errors import DistributedError
+from pathlift.graph import copy_model, unwrap
+from pathlift.graph.boundary import prune_masks
+from pathlift.models import mlp
+from pathlift.prune import Method, Phase, PruneConfig, RunFolder, prune_rewind_retrain
+from pathlift.symmetry import random_rescale
+from pathlift.track import PathNormTracker
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", "2"]
+PRUNE = ["prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1", "--amount", "0.8",
+         "--method", "path-magnitude-global", "--method", "magnitude-layerwise"]
+
+
+def _launch(args: list[str], cwd: Path, timeout: float = 300) -> tuple[int, str]:
+    """Run a command in its own session; on a timeout kill it with its children."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_torchrun_two_gloo_processes_prune_digits(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc, log = _launch([*TORCHRUN, "-m", "pathlift.cli", *PRUNE, "--seeds", "1",
+                       "--out", str(out)], tmp_path)
+    assert rc == 0, log
+    assert [p.relative_to(out) for p in out.rglob("*.csv")] == [Path("runs.csv")]
+    text = (out / "runs.csv").read_text()
+    rows = _rows(out / "runs.csv")
+    assert text.count("seed,method") == 1 and len(rows) == 4  # each run written once
+    assert log.count("wrote ") == 1  # rank 0 alone reports
+    assert {(r["world_size"], r["spread"]) for r in rows} == {("2", "data")}
+    # Every rank checked (all-reduced hash) that it held the masks whose digest rank 0
+    # wrote; here the same masks are made again by one process from the trained weights.
+    dense = RunFolder(out).load_dense(0)
+    trained = mlp()
+    trained.load_state_dict(dense.trained)
+    config = PruneConfig()
+    for r in rows:
+        net = random_rescale(trained, config.rescale_factors, 0, (1, 8, 8)) \
+            if r["rescaled"] == "True" else copy_model(trained)
+        Method.named(r["method"]).prune(net, (1, 8, 8), 0.8, config.last_layer_factor)
+        assert fingerprint(prune_masks(net))[:16] == r["mask_digest"]
+    assert float(rows[0]["dense_accuracy"]) == dense.accuracy > 0.2
+
+
+def test_spread_runs_agree_with_one_process(tmp_path: Path) -> None:
+    rc, log = _launch([*TORCHRUN, "-m", "pathlift.cli", *PRUNE, "--seeds", "2", "--spread",
+                       "runs", "--out", str(tmp_path / "two")], tmp_path)
+    assert rc == 0, log
+    single = CliRunner().invoke(app, [*PRUNE, "--seeds", "2", "--out", str(tmp_path / "one")])
+    assert single.exit_code == 0, single.output
+    two, one = _rows(tmp_path / "two" / "runs.csv"), _rows(tmp_path / "one" / "runs.csv")
+    assert len(two) == len(one) == 8
+    for a, b in zip(two, one, strict=True):
+        assert (a["world_size"], a["spread"], b["world_size"]) == ("2", "runs", "1")
+        for field in a.keys() - {"world_size", "spread"}:
+            assert a[field] == b[field], field  # one thread per process: the same floats
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _drifting_train(model: torch.nn.Module, epochs: int, phase: Phase) -> None:
+    """Steps the plain module on rank-dependent data, bypassing DDP's gradient averaging."""
+    net = unwrap(model)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in phase.epochs(epochs):
+        opt.zero_grad()
+        x = torch.full((4, 1, 8, 8), float(phase.world.rank))
+        net(x).sum().backward()
+        opt.step()
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    """One of two ranks: what the collectives return, and that a mismatch raises."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    report: dict = {}
+    try:
+        with launched(timeout=timedelta(seconds=60)) as world:
+            report["world"] = [world.rank, world.size]
+            report["same"] = world.check_identical("weights", {"w": torch.arange(4.0)})
+            report["gather"] = world.gather(rank * 10)
+            report["broadcast"] = world.broadcast(f"from {rank}")
+            data = DataLoader(TensorDataset(torch.arange(10)), batch_size=3, shuffle=True)
+            report["shard"] = [int(i) for (b,) in shard(data, world, seed=0) for i in b]
+            report["tracked"] = PathNormTracker((1, 8, 8), sparsity=False)(mlp()) is not None
+            try:
+                world.check_identical("masks", {"w": torch.full((3,), float(rank))})
+            except DistributedError as err:
+                report["mismatch"] = str(err)
+            try:  # a loop that trains the module under DDP's back: ranks drift apart
+                prune_rewind_retrain(lambda: mlp(64, (8,), 10), (1, 8, 8), _drifting_train,
+                                     lambda model: 0.0, PruneConfig(
+                                         amounts=(0.5,), methods=("magnitude-global",),
+                                         seeds=(0,), epochs=2, rewind_epoch=1))
+            except DistributedError as err:
+                report["drift"] = str(err)
+            raise RuntimeError("an error inside the block")
+    except RuntimeError:
+        report["group destroyed"] = not dist.is_initialized()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def test_collectives_and_the_identity_check_on_two_processes(tmp_path: Path) -> None:
+    context = mp.start_processes(_worker, (_free_port(), str(tmp_path)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 120
+    try:
+        while not context.join(timeout=1):
+            assert time.monotonic() < deadline, "the two processes did not finish"
+    finally:
+        for p in context.processes:
+            if p.is_alive():
+                p.kill()
+    r0, r1 = (json.loads((tmp_path / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert (r0["world"], r1["world"]) == ([0, 2], [1, 2])
+    assert r0["same"] == r1["same"] == fingerprint({"w": torch.arange(4.0)})
+    assert r0["gather"] == r1["gather"] == [0, 10]
+    assert r0["broadcast"] == r1["broadcast"] == "from 0"
+    assert sorted(r0["shard"] + r1["shard"]) == list(range(10))  # disjoint, complete
+    assert (r0["tracked"], r1["tracked"]) == (True, False)  # rank 0 alone measures
+    assert "masks differ across the 2 ranks" in r0["mismatch"]
+    assert "masks differ across the 2 ranks" in r1["mismatch"]
+    assert "weights after dense training differ" in r0["drift"]
+    assert "weights after dense training differ" in r1["drift"]
+    assert r0["group destroyed"] and r1["group destroyed"]
