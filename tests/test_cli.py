@@ -128,7 +128,7 @@ def test_a_missing_checkpoint_is_one_line_on_stderr_and_exit_status_2(tmp_path):
     (["norm", "mlp", "-q", "-1"], "q must be in (0, inf)"),
     (["nrm"], "No such command 'nrm'. Did you mean 'norm'?"),
     (["depth", "--dtype", "float16"], "--dtype must be one of"),
-    (["prune", "--model", "vgg16"], "supported: --dataset digits"),
+    (["prune", "--model", "vgg16"], "cannot take an input of shape (1, 8, 8)"),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, message):
     result = invoke(*args)

@@ -187,11 +187,15 @@ def _is_value(token: str, item: type) -> bool:
 
 
 def _one_line(error: BaseException | str) -> str:
-    """A message on one line: its lines joined by '; ', surrounding whitespace dropped."""
+    """A message on one line: its lines joined by '; ' (by a space after a line that ends a
+    sentence), surrounding whitespace dropped."""
     text = str(error)
     if isinstance(error, OSError) and error.filename is not None:
         text = f"{error.strerror}: '{error.filename}'"
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    out = ""
+    for line in (line.strip() for line in text.splitlines() if line.strip()):
+        out += ("" if not out else " " if out[-1] in ".:;," else "; ") + line
+    return out
 
 
 def _reflow(text: str | None) -> str | None:

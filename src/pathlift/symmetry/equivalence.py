@@ -173,8 +173,8 @@ class Canonical:
 
 def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
     """Rows, one per channel, compared lexicographically: -bias of the layer and of its
-    BatchNorms, -incoming weights, then -outgoing weights (which separate channels with
-    equal incoming weights)."""
+    BatchNorms, -incoming weights, then -outgoing weights, sorted (they separate channels
+    with equal incoming weights whatever the order of the readers' channels)."""
     p = unit.producer
     module = model.get_submodule(p.name)
     weight = stored(module, "weight").detach().double()
@@ -190,7 +190,9 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
             continue
         w = stored(model.get_submodule(reader.name), "weight").detach().double()
         w = w.transpose(0, 1) if reader.handler.out_dim == 0 else w
-        rows = [w[reader.inputs == i].reshape(-1) for i in last.neurons.tolist()]
+        # sorted: the readers' own channels are not canonical yet, their order must not count
+        rows = [w[reader.inputs == i].reshape(-1).sort(descending=True).values
+                for i in last.neurons.tolist()]
         columns.append(torch.stack(rows))
     key = -torch.cat(columns, dim=1).numpy()
     scale = np.maximum(np.abs(key).max(axis=0, keepdims=True), 1e-300)
