@@ -21,6 +21,7 @@ One analysis serves rescaling, normalisation, canonicalisation and conserved qua
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,10 @@ class ChannelMap:
     group: Tensor
     num_groups: int
     outputs: Tensor
+
+    def rebind(self, graph: LayerGraph) -> ChannelMap:
+        """The same analysis for ``graph``, the graph of a copy of this one's model."""
+        return dataclasses.replace(self, graph=graph)
 
     def producer(self, name: str) -> Producer:
         for p in self.producers:
@@ -156,11 +161,11 @@ class _Labeller(GraphInterpreter):
         args, _ = self.fetch_args_kwargs_from_env(n)
         if kind is Kind.AFFINE:
             return self._producer(n, args[0])
-        if kind is Kind.ADD:
-            pairs = torch.unique(torch.stack([args[0].long().flatten(),
-                                              args[1].long().flatten()]), dim=1)
-            for a, b in pairs.t().tolist():
-                self.uf.union(a, b)
+        if kind is Kind.ADD:  # distinct (a, b) id pairs, as one int64 key each
+            a, b = args[0].long().flatten(), args[1].long().flatten()
+            width = int(torch.maximum(a.max(), b.max())) + 1
+            for key in torch.unique(a * width + b).tolist():
+                self.uf.union(key // width, key % width)
             return args[0]
         if kind in (Kind.POOL, Kind.MAXPOOL):
             return self._pool(n, args[0])

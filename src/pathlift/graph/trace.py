@@ -59,7 +59,8 @@ class LayerGraph:
     ``GraphModule`` would, without its generated code and its reference cycle (a graph of
     a large model must free it as soon as the model goes). ``model`` is the traced model
     itself while it exists. ``derived`` keeps what passes compute from the structure alone
-    (the channel map, workspaces) with the graph.
+    (the channel map, workspaces) with the graph; those with a ``rebind(graph)`` method
+    carry over to the graph of a copy (``bind``).
     """
 
     module: nn.Module
@@ -128,6 +129,8 @@ class LayerGraph:
         model = unwrap(model)
         bound = LayerGraph(_holder(model, self.graph), self.graph, self.input_shape,
                            *dtype_device(model), weakref.ref(model), structure_key(model))
+        bound.derived.update({k: v.rebind(bound) for k, v in self.derived.items()
+                              if hasattr(v, "rebind")})  # structural results carry over
         _remember(model, bound)
         return bound
 

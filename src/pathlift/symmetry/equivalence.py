@@ -190,13 +190,22 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
             continue
         w = stored(model.get_submodule(reader.name), "weight").detach().double()
         w = w.transpose(0, 1) if reader.handler.out_dim == 0 else w
-        # sorted: the readers' own channels are not canonical yet, their order must not count
-        rows = [w[reader.inputs == i].reshape(-1).sort(descending=True).values
-                for i in last.neurons.tolist()]
-        columns.append(torch.stack(rows))
+        columns.append(_outgoing(w, reader.inputs, last.neurons))
     key = -torch.cat(columns, dim=1).numpy()
     scale = np.maximum(np.abs(key).max(axis=0, keepdims=True), 1e-300)
     return np.round(key / scale, 9)  # rounding noise must not decide between equal keys
+
+
+def _outgoing(weight: Tensor, inputs: Tensor, neurons: Tensor) -> Tensor:
+    """One row per neuron: the weights that read it (``weight`` has input columns first,
+    ``inputs[k]`` is the neuron column k reads), sorted in descending order: the readers'
+    own channels are not canonical yet, so their order must not count."""
+    order = torch.argsort(inputs, stable=True)
+    ids, counts = torch.unique_consecutive(inputs[order], return_counts=True)
+    grouped = weight[order].reshape(len(order), -1).split(counts.tolist())
+    by_id = dict(zip(ids.tolist(), grouped, strict=True))
+    rows = [by_id[i].reshape(-1).sort(descending=True).values for i in neurons.tolist()]
+    return nn.utils.rnn.pad_sequence(rows, batch_first=True)  # unequal fan-outs: 0-padded
 
 
 def canonicalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
