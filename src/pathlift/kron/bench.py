@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import platform
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from torch import nn
 
 from pathlift.kron.factor import random_factor
 from pathlift.kron.layer import KSLinear
+from pathlift.kron.machine import cpu_name
 from pathlift.kron.multiply import ALGORITHMS, LAYOUTS, apply, prepare
 from pathlift.kron.pattern import GRID_BATCH_SIZE, KSPattern, benchmark_patterns
 from pathlift.kron.timing import round_robin
@@ -278,16 +278,6 @@ def write_vit_csv(ratios: dict[str, dict[str, float]], path: str | Path, machine
         for module, per in ratios.items():
             writer.writerows([module, alg, f"{v:.4f}"] for alg, v in per.items())
     return path
-
-
-def cpu_name() -> str:
-    """The processor's model name (Linux /proc/cpuinfo), else the platform's machine."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def thesis_batch(device: torch.device | str) -> int:
