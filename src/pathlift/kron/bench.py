@@ -386,10 +386,11 @@ def check_design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 1568,
     return DesignCheck(d, timed, rho, speedups, density)
 
 
-def plot_design(candidates: Sequence[Candidate], path: str | Path, title: str = "") -> Path:
+def plot_design(candidates: Sequence[Candidate], path: str | Path, title: str = "",
+                chosen: Sequence[KSPattern] | None = None) -> Path:
     """Measured against predicted time of the timed candidates (log-log), two-factor and
-    longer chains and the named families apart, the first candidate (the chosen one)
-    circled, the dense layer's time as a horizontal line."""
+    longer chains and the named families apart, the chosen chain (default: the first
+    candidate) circled, the dense layer's time as a horizontal line."""
     plt = _pyplot()
     timed = [c for c in candidates if c.measured_s is not None]
     fig, ax = plt.subplots(figsize=(6.5, 5))
@@ -403,7 +404,8 @@ def plot_design(candidates: Sequence[Candidate], path: str | Path, title: str = 
     for c in groups["named families"]:
         ax.annotate(c.family, (c.predicted_s * 1e3, c.measured_s * 1e3), fontsize=7)
     if timed:
-        best = timed[0]
+        best = next((c for c in timed if c.patterns == tuple(chosen)), timed[0]) \
+            if chosen is not None else timed[0]
         ax.scatter([best.predicted_s * 1e3], [best.measured_s * 1e3], s=120,
                    facecolors="none", edgecolors="black", label="chosen")
         dense = statistics.median(c.dense_s for c in timed if c.dense_s is not None)
