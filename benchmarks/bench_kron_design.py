@@ -16,7 +16,6 @@ runs/bench-kron-design-<timestamp>).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 from pathlib import Path
@@ -81,14 +80,8 @@ def main() -> None:
                               ).chosen.patterns for k, shape in vit.items()}
         ratios = bench.time_vit_mlp(args.tokens, ("bmm", "fused"), repeats=max(args.repeats, 10),
                                     designed=designed)
-        vit_table = Table(title=f"ViT-S/16 modules, {args.tokens} tokens: time / time(dense); "
-                          "bmm and fused run the thesis chains")
-        vit_table.add_column("module")
-        for alg in next(iter(ratios.values())):
-            vit_table.add_column(alg, justify="right")
-        for module, per in ratios.items():
-            vit_table.add_row(module, *(f"{v:.2f} ({1 / v:.2f}x faster)" for v in per.values()))
-        console.print(vit_table)
+        console.print(bench.vit_table(ratios, args.tokens, "bmm and fused run the thesis "
+                                      "chains, designed the designed ones with 'auto'"))
         console.print("designed chains: " + "; ".join(
             f"{k} {' '.join(map(str, v))}" for k, v in designed.items()))
         bench.write_vit_csv(ratios, out / "vit.csv", machine_description())
@@ -96,15 +89,8 @@ def main() -> None:
 
 
 def _write(check: bench.DesignCheck, stem: Path) -> None:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    with stem.with_suffix(".csv").open("w", newline="") as fh:
-        fh.write(f"# {check.design.machine}; spearman {check.spearman}\n")
-        writer = csv.writer(fh)
-        writer.writerow(["family", "patterns", "params", "density", "predicted_s",
-                         "measured_s", "dense_s", "algorithms"])
-        for c in check.candidates:
-            writer.writerow([c.family, c.chain(), c.params, f"{c.density:.6f}", c.predicted_s,
-                             c.measured_s, c.dense_s, " ".join(c.algorithms or ())])
+    bench.write_candidates_csv(check.candidates, stem.with_suffix(".csv"),
+                               f"{check.design.machine}; spearman {check.spearman}")
     d = check.design
     rho = "-" if check.spearman is None else f"{check.spearman:.2f}"
     bench.plot_design(check.candidates, stem.with_suffix(".png"),

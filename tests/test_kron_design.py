@@ -226,4 +226,5 @@ def test_cli_designs_prints_and_plots(tmp_path):
     assert "chosen:" in result.output and "Spearman" in result.output
     assert (tmp_path / "predicted_vs_measured.png").stat().st_size > 1000
     lines = (tmp_path / "candidates.csv").read_text().splitlines()
-    assert lines[0].startswith("family,patterns") and len(lines) > 2
+    assert lines[0].startswith("# ") and lines[1].startswith("family,patterns")
+    assert len(lines) > 3

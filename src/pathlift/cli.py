@@ -326,7 +326,7 @@ def kron_bench(
             vit_path = bench.write_vit_csv(ratios, f"{stem}_vit.csv",
                                            f"{machine}, {tokens} tokens")
             console.print(f"wrote {vit_path}")
-            _kron_vit_table(ratios, tokens)
+            console.print(bench.vit_table(ratios, tokens))
 
 
 def _kron_grid_table(s, threads: int) -> None:
@@ -354,17 +354,6 @@ def _kron_grid_table(s, threads: int) -> None:
                       f"bmm: {loses}")
 
 
-def _kron_vit_table(ratios: dict, tokens: int) -> None:
-    table = Table(title=f"ViT-S/16 modules, {tokens} tokens: time / time(dense) "
-                  "(thesis Table 5.5)")
-    table.add_column("module")
-    for alg in next(iter(ratios.values())):
-        table.add_column(alg, justify="right")
-    for module, per in ratios.items():
-        table.add_row(module, *(f"{v:.2f}" for v in per.values()))
-    console.print(table)
-
-
 @app.command("kron-design")
 def kron_design(
     n_in: int = typer.Argument(..., help="input features of the dense layer"),
@@ -386,7 +375,6 @@ def kron_design(
     (thesis Sec. 7.4.1): dense support product, within the budget, ranked by the calibrated
     Chapter 5 cost model, the best ones timed. Cached per machine: a second call is instant.
     """
-    import csv
     from pathlib import Path
 
     import torch
@@ -424,13 +412,7 @@ def kron_design(
                   f"predicted and measured time over the timed candidates: {rho}")
     folder = Path(_kron_out(out, "kron-design"))
     folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "candidates.csv").open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["family", "patterns", "params", "density", "predicted_s",
-                         "measured_s", "dense_s", "algorithms"])
-        for c in result.candidates:
-            writer.writerow([c.family, c.chain(), c.params, f"{c.density:.6f}", c.predicted_s,
-                             c.measured_s, c.dense_s, " ".join(c.algorithms or ())])
+    bench.write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
     plot = bench.plot_design(result.candidates, folder / "predicted_vs_measured.png",
                              f"{n_out} x {n_in}, batch {batch}: {result.machine}")
     console.print(f"wrote {folder / 'candidates.csv'} and {plot}")

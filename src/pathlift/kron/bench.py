@@ -9,11 +9,12 @@ change of machine load hits them alike.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import statistics
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -60,6 +61,8 @@ __all__ = [
     "summarize",
     "time_grid",
     "time_vit_mlp",
+    "vit_table",
+    "write_candidates_csv",
     "write_csv",
     "write_vit_csv",
 ]
@@ -131,21 +134,27 @@ def time_grid(patterns: Iterable[KSPattern], batch: int,
     return rows
 
 
-def write_csv(rows: Sequence[Timing], path: str | Path, machine: str = "") -> Path:
-    """One line per timing; ``machine`` goes into a leading comment line."""
+@contextlib.contextmanager
+def _csv_rows(path: str | Path, comment: str, columns: Sequence[str]) -> Iterator:
+    """A csv.writer on ``path`` (folder created) after a '# comment' line and the header."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    names = [*asdict(rows[0]), "rewrite_ratio", "energy_ratio", "density"]
     with path.open("w", newline="") as fh:
-        if machine:
-            fh.write(f"# {machine}\n")
-        writer = csv.DictWriter(fh, fieldnames=names)
-        writer.writeheader()
+        if comment:
+            fh.write(f"# {comment}\n")
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        yield writer
+
+
+def write_csv(rows: Sequence[Timing], path: str | Path, machine: str = "") -> Path:
+    """One line per timing; ``machine`` goes into a leading comment line."""
+    names = [*asdict(rows[0]), "rewrite_ratio", "energy_ratio", "density"]
+    with _csv_rows(path, machine, names) as writer:
         for r in rows:
             p = r.pattern
-            writer.writerow(asdict(r) | {"rewrite_ratio": p.rewrite_ratio,
-                                         "energy_ratio": p.energy_ratio, "density": p.density})
-    return path
+            writer.writerow([*asdict(r).values(), p.rewrite_ratio, p.energy_ratio, p.density])
+    return Path(path)
 
 
 def read_csv(path: str | Path) -> list[Timing]:
@@ -318,19 +327,38 @@ def time_vit_mlp(batch: int, algorithms: Sequence[str] = ("bmm", "fused"),
     return out
 
 
+def vit_table(ratios: dict[str, dict[str, float]], tokens: int, note: str = "thesis Table 5.5"):
+    """A rich table of ``time_vit_mlp``'s ratios, each with its speed-up."""
+    from rich.table import Table
+
+    table = Table(title=f"ViT-S/16 modules, {tokens} tokens: time / time(dense) ({note})")
+    table.add_column("module")
+    for alg in next(iter(ratios.values())):
+        table.add_column(alg, justify="right")
+    for module, per in ratios.items():
+        table.add_row(module, *(f"{v:.2f} ({1 / v:.2f}x faster)" for v in per.values()))
+    return table
+
+
+def write_candidates_csv(candidates: Sequence[Candidate], path: str | Path, header: str = ""
+                         ) -> Path:
+    """One line per candidate chain of a design; ``header`` goes into a leading comment."""
+    columns = ["family", "patterns", "params", "density", "predicted_s", "measured_s",
+               "dense_s", "algorithms"]
+    with _csv_rows(path, header, columns) as writer:
+        for c in candidates:
+            writer.writerow([c.family, c.chain(), c.params, f"{c.density:.6f}", c.predicted_s,
+                             c.measured_s, c.dense_s, " ".join(c.algorithms or ())])
+    return Path(path)
+
+
 def write_vit_csv(ratios: dict[str, dict[str, float]], path: str | Path, machine: str = ""
                   ) -> Path:
     """The ratios of ``time_vit_mlp``, one line per (module, algorithm)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        if machine:
-            fh.write(f"# {machine}\n")
-        writer = csv.writer(fh)
-        writer.writerow(["module", "algorithm", "time_over_dense"])
+    with _csv_rows(path, machine, ["module", "algorithm", "time_over_dense"]) as writer:
         for module, per in ratios.items():
             writer.writerows([module, alg, f"{v:.4f}"] for alg, v in per.items())
-    return path
+    return Path(path)
 
 
 def thesis_batch(device: torch.device | str) -> int:
