@@ -6,10 +6,12 @@ from __future__ import annotations
 import statistics
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
+from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
 from pathlift.cli import app
-from pathlift.kron import KSPattern, bench
+from pathlift.kron import KSPattern, bench, cpu_kernel
 
 
 def fake_rows() -> list[bench.Timing]:
@@ -58,13 +60,27 @@ def test_csv_round_trip_and_plot(tmp_path):
 
 def test_cli_runs_a_tiny_grid(tmp_path):
     result = CliRunner().invoke(app, ["kron-bench", "--every", "80", "--batch", "8",
-                                      "--repeats", "1", "--no-vit", "--out", str(tmp_path)])
+                                      "--repeats", "1", "--no-vit", "--threads", "1",
+                                      "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    rows = bench.read_csv(tmp_path / "kron_cpu_float32.csv")
+    rows = bench.read_csv(tmp_path / "kron_cpu_float32_t1.csv")
     assert len(rows) == 2 * 6 * 2  # 2 patterns, 6 algorithms, 2 layouts
     assert {r.pattern for r in rows} == set(bench.cpu_patterns(every=80))
-    assert "vs bmm" in result.output
+    assert "vs bmm" in result.output and "default algorithm" in result.output
+    kernel = cpu_kernel.load_kernel(torch.float32)
+    assert f"fused kernel {kernel.isa}" in result.output.replace("\n", " ")
     assert isinstance(rows[0].pattern, KSPattern)
+
+
+def test_summary_of_the_default_choice_matches_a_hand_computation():
+    """bsf: p1 bmm 3, fused 1, einsum 5; p2 bmm 2, fused 4, einsum 9. Choosing fused on p1
+    and einsum on p2: t(bmm)/t(default) = 3 and 2/9, so p2 loses by more than 10%."""
+    p1, p2 = KSPattern(1, 4, 4, 4), KSPattern(2, 8, 2, 1)
+    s = bench.summarize(fake_rows(), {p1: "fused", p2: "einsum"})
+    assert s.default_vs_bmm == pytest.approx(statistics.median([3.0, 2 / 9]))
+    assert s.default_worst_vs_bmm == pytest.approx(2 / 9)
+    assert s.default_loses == (p2,)
+    assert bench.summarize(fake_rows(), {p1: "fused", p2: "bmm"}).default_loses == ()
 
 
 def test_vit_patterns_have_the_thesis_shapes_and_timings_are_ratios():

@@ -7,16 +7,19 @@ import pytest
 import torch
 from torch import nn
 
+from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.kron import (
     ALGORITHMS,
     KSLinear,
+    cache,
     chain_to_dense,
     fastest_algorithm,
     monarch,
     random_factor,
     square_dyadic_butterfly,
 )
+from pathlift.kron import layer as layer_module
 from pathlift.kron.pattern import KSPattern
 
 
@@ -81,6 +84,33 @@ def test_auto_picks_a_measured_algorithm_and_caches_it():
     assert fastest_algorithm(p, 32, torch.float32) == choice
     layer = KSLinear([p], algorithm="auto")
     assert layer.algorithms(32) == (choice,)
+
+
+def test_fastest_algorithm_is_measured_once_per_machine(monkeypatch):
+    """The choice is stored on disk under the machine's fingerprint: a new process (the
+    in-memory table cleared) reads it back without timing; another kernel build or thread
+    count is another machine and is measured anew."""
+    p = KSPattern(2, 8, 8, 2)
+    first = fastest_algorithm(p, 16, torch.float32)
+    assert cache.lookup("fastest", f"{p}|16|{torch.float32}|cpu") == first
+    layer_module._FASTEST.clear()
+
+    def no_timing(*args):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(layer_module, "_measure_fastest", no_timing)
+    assert fastest_algorithm(p, 16, torch.float32) == first
+    fingerprint = cache.fingerprint()
+    monkeypatch.setenv("PATHLIFT_KRON_CFLAGS", "-O2")
+    assert cache.fingerprint() != fingerprint
+    with pytest.raises(AssertionError, match="measured again"):
+        fastest_algorithm(p, 16, torch.float32)
+    monkeypatch.delenv("PATHLIFT_KRON_CFLAGS")
+    torch.set_num_threads(2)
+    try:
+        assert cache.fingerprint() != fingerprint
+    finally:
+        torch.set_num_threads(1)
 
 
 def test_bad_inputs_raise():

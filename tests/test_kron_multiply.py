@@ -5,15 +5,18 @@ fused C kernel's tiling edge cases and fallback."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.kron import (
     ALGORITHMS,
@@ -90,10 +93,14 @@ def test_gradients_match_dense_in_float32(algorithm, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("pattern,batch", [((1, 40, 300, 1), 13), ((2, 33, 17, 5), 601),
-                                           ((1, 1, 1, 1), 1), ((3, 64, 16, 2), 7)], ids=str)
+                                           ((1, 1, 1, 1), 1), ((3, 64, 16, 2), 7),
+                                           ((2, 7, 300, 16), 11), ((1, 13, 5, 48), 9),
+                                           ((3, 2, 2, 32), 5)], ids=str)
 def test_fused_kernel_tiles(pattern, batch, dtype, layout):
     """c > 256 (K blocking accumulates), b not a multiple of the register tile, batch > 512
-    (bsl batch tiles) and not a multiple of 6 (bsf row tiles); x is not modified."""
+    (bsl batch tiles) and not a multiple of the row tiles; d a multiple of the vector lanes
+    (batch-size-first runs along d, ``ks_bsf_d``), with c beyond its inner block and b not
+    a multiple of its tile; x is not modified."""
     p = KSPattern(*pattern)
     g = torch.Generator().manual_seed(4)
     w = random_factor(p, generator=g).to(dtype)
@@ -105,18 +112,67 @@ def test_fused_kernel_tiles(pattern, batch, dtype, layout):
 
 def test_fused_kernel_is_built_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(tmp_path))
-    lib = cpu_kernel.load_kernel.__wrapped__(torch.float32)
-    assert lib is not None
+    flags = cpu_kernel.build_flags()
+    kernel = cpu_kernel._load.__wrapped__(torch.float32, cpu_kernel._compiler(), flags)
+    assert kernel is not None
     built = list((tmp_path / "kron").glob("ks_fused_float_*.so"))
     assert len(built) == 1
-    assert cpu_kernel._compile("float") == built[0]  # second call reuses the cached file
+    # a second call reuses the cached file
+    assert cpu_kernel._compile("float", cpu_kernel._compiler(), flags) == built[0]
+
+
+def cpu_flags() -> set[str]:
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    return {f for line in lines if line.startswith("flags") for f in line.split(":")[1].split()}
+
+
+# (extra flags, instruction set the kernel reports, vector bytes, MR): each build an x86 CPU
+# with these flags can run, down to SSE2.
+X86_BUILDS = [("", None, None, None),
+              ("-mno-avx512f", "avx2", 32, 6),
+              ("-mno-avx512f -mno-avx2 -mno-fma", "avx", 32, 6),
+              ("-mno-avx", "sse2", 16, 6)]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 builds")
+@pytest.mark.parametrize("extra,isa,vbytes,mr", X86_BUILDS, ids=lambda v: str(v))
+def test_each_instruction_set_build_has_its_tile_and_matches_dense(extra, isa, vbytes, mr,
+                                                                   monkeypatch):
+    """The tile follows the instruction set the compiler targets (-march=native, minus
+    what PATHLIFT_KRON_CFLAGS removes): AVX-512 64-byte vectors, 12 x 32 float32 and 4 x 6
+    vectors along d; AVX2/AVX 32 bytes, 6 x 16 and 2 x 6; SSE2 16 bytes, 6 x 8 and 2 x 6.
+    Every build is exact, on both batch-size-first paths (d = 16 runs along d)."""
+    monkeypatch.setenv("PATHLIFT_KRON_CFLAGS", extra)
+    kernel = cpu_kernel.load_kernel(torch.float32)
+    assert kernel is not None and kernel.flags[-len(extra.split()) or None:] == (
+        tuple(extra.split()) or kernel.flags)
+    if isa is None:  # native: what the CPU has
+        isa, vbytes, mr = (("avx512", 64, 12) if "avx512f" in cpu_flags() else
+                           ("avx2", 32, 6) if "avx2" in cpu_flags() else (kernel.isa, None, None))
+    if isa == "avx2" and "avx2" not in cpu_flags():
+        pytest.skip("the CPU has no AVX2")
+    assert kernel.isa == isa
+    assert (kernel.vector_bytes, kernel.mr) == (vbytes or kernel.vector_bytes, mr or kernel.mr)
+    assert kernel.nr == 2 * kernel.vector_bytes // 4
+    assert (kernel.dr, kernel.dk) == ((4, 6) if kernel.vector_bytes == 64 else (2, 6))
+    assert isa in kernel.describe()
+    for pattern, batch in [((1, 40, 300, 1), 13), ((2, 33, 17, 5), 601), ((3, 64, 16, 2), 7),
+                           ((2, 7, 300, 16), 9)]:
+        p = KSPattern(*pattern)
+        g = torch.Generator().manual_seed(5)
+        w, x = random_factor(p, generator=g), torch.randn(batch, p.in_features, generator=g)
+        for layout in LAYOUTS:
+            assert rel_err(run(x, w, p, "fused", layout), reference(x, w, p)) <= 1e-5
 
 
 def test_fused_falls_back_with_a_warning_without_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.warns(RuntimeWarning, match="falling back to the einsum"):
-        assert cpu_kernel.load_kernel.__wrapped__(torch.float32) is None
+        assert cpu_kernel.load_kernel(torch.float32) is None
+    p = KSPattern(2, 3, 4, 5)
+    w, x = random_factor(p), torch.randn(3, p.in_features)
+    assert rel_err(ks_multiply(x, w, p, "fused"), reference(x, w, p)) <= 1e-5
 
 
 def test_bad_arguments_raise_typed_errors():

@@ -352,13 +352,21 @@ def kron_bench(
     algorithms: list[str] = typer.Option(None, "--algorithm", help="repeatable; default all"),
     dtype: str = typer.Option("float32", "--dtype", help="float32, float16 or bfloat16"),
     repeats: int = typer.Option(5, "--repeats", help="timed runs per algorithm (median)"),
+    threads: list[int] = typer.Option(None, "--threads", help="intra-op threads, repeatable "
+                                      "(one run each); default torch's current count"),
     vit: bool = typer.Option(True, "--vit/--no-vit", help="also time the ViT-S/16 MLP"),
     vit_batch: int = typer.Option(None, "--vit-batch", help="tokens; default 8*196 on cpu, "
                                   "128*196 on cuda"),
-    out: str = typer.Option(None, "--out", help="folder for CSV and plot (default: a new "
-                            "runs/kron-bench-TIMESTAMP)"),
+    out: str = typer.Option(None, "--out", help="folder for CSV and plots; default "
+                            "runs/kron-bench-<timestamp>"),
 ) -> None:
-    """Kronecker-sparse multiplication benchmark (thesis Sec. 5.4-5.5, App. D.2.1)."""
+    """Kronecker-sparse multiplication benchmark (thesis Sec. 5.4-5.5, App. D.2.1).
+
+    Prints which CPU and instruction set the figures come from (the fused kernel is built
+    for this CPU; PATHLIFT_KRON_CFLAGS=-mno-avx512f builds the AVX2 one), and for each
+    thread count the median t(bmm)/t(fused) and the check that the algorithm KSLinear
+    picks (fastest_algorithm) is never more than 10% slower than bmm.
+    """
     import os
     from pathlib import Path
 
@@ -366,54 +374,134 @@ def kron_bench(
     from rich.progress import Progress
 
     from pathlift.kron import ALGORITHMS, bench, benchmark_patterns
+    from pathlift.kron.cache import machine_description
+    from pathlift.kron.timing import steady_allocator
 
     dev = torch.device(device)
     patterns = benchmark_patterns()[::every] if full else bench.cpu_patterns(max_dense, every)
     batch = batch or bench.thesis_batch(dev)
     algs = tuple(algorithms or ALGORITHMS)
-    machine = (f"{bench.cpu_name()}, {os.cpu_count()} cpus, "
-               f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
-               f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
-               f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, "
-               f"{len(patterns)} patterns{' (full grid)' if full else f', M*N <= {max_dense}'}")
-    console.print(machine)
-    with Progress(console=console) as progress:
-        task = progress.add_task("patterns", total=len(patterns))
-        rows = bench.time_grid(patterns, batch, algs, dtype=getattr(torch, dtype), device=dev,
-                               repeats=repeats, on_pattern=lambda _: progress.advance(task))
-    stem = Path(out or default_out("kron-bench")) / f"kron_{dev.type}_{dtype}"
-    csv_path = bench.write_csv(rows, stem.with_suffix(".csv"), machine)
-    console.print(f"wrote {csv_path}")
-    if {"fused", "bmm", "dense"} <= set(algs):
-        s = bench.summarize(rows)
-        console.print(f"wrote {bench.plot_speedups(rows, stem.with_suffix('.png'), machine)}")
-        table = Table(title=f"fused vs baselines, same run ({s.patterns} patterns)")
-        console.print("ratios t(baseline)/t(fused), medians over patterns; 'best' = each "
-                      f"algorithm at its faster layout; {s.sparse_patterns} patterns have "
-                      "density <= 1/8")
-        for col in ("layout", "vs bmm", "fused fastest", "vs best other",
-                    "fused < dense (density <= 1/8)", "worst vs dense"):
-            table.add_column(col, justify="right")
-        for key in s.speedup_vs_bmm:
-            table.add_row(key, f"{s.speedup_vs_bmm[key]:.2f}x", f"{s.fused_fastest[key]:.0%}",
-                          f"{s.speedup_vs_best_other[key]:.2f}x",
-                          f"{s.fused_beats_dense[key]}/{s.sparse_patterns}",
-                          f"{s.worst_vs_dense[key]:.2f}x")
-        console.print(table)
-    if vit:
-        tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
-        ratios = bench.time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs],
-                                    device=dev, repeats=max(repeats, 10))
-        vit_path = bench.write_vit_csv(ratios, f"{stem}_vit.csv", f"{machine}, {tokens} tokens")
-        console.print(f"wrote {vit_path}")
-        table = Table(title=f"ViT-S/16 modules, {tokens} tokens: time / time(dense) "
-                      "(thesis Table 5.5)")
-        table.add_column("module")
-        for alg in next(iter(ratios.values())):
-            table.add_column(alg, justify="right")
-        for module, per in ratios.items():
-            table.add_row(module, *(f"{v:.2f}" for v in per.values()))
-        console.print(table)
+    torch_dtype = getattr(torch, dtype)
+    steady = steady_allocator()
+    out = out or default_out("kron-bench")
+    for count in threads or [torch.get_num_threads()]:
+        torch.set_num_threads(count)
+        machine = (f"{machine_description(torch_dtype)}, "
+                   f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
+                   f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, {len(patterns)} "
+                   f"patterns{' (full grid)' if full else f', M*N <= {max_dense}'}"
+                   f"{', steady allocator' if steady else ''}")
+        console.print(machine)
+        with Progress(console=console) as progress:
+            task = progress.add_task(f"patterns, {count} thread(s)", total=len(patterns))
+            rows = bench.time_grid(patterns, batch, algs, dtype=torch_dtype, device=dev,
+                                   repeats=repeats,
+                                   on_pattern=lambda _, task=task: progress.advance(task))
+        stem = Path(out) / f"kron_{dev.type}_{dtype}_t{count}"
+        console.print(f"wrote {bench.write_csv(rows, stem.with_suffix('.csv'), machine)}")
+        if {"fused", "bmm", "dense"} <= set(algs):
+            defaults = (bench.fastest_choices(patterns, batch, torch_dtype)
+                        if dev.type == "cpu" and set(ALGORITHMS) <= set(algs) else None)
+            s = bench.summarize(rows, defaults)
+            console.print(f"wrote {bench.plot_speedups(rows, stem.with_suffix('.png'), machine)}")
+            _kron_grid_table(s, count)
+        if vit:
+            tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
+            ratios = bench.time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs],
+                                        device=dev, repeats=max(repeats, 10))
+            vit_path = bench.write_vit_csv(ratios, f"{stem}_vit.csv",
+                                           f"{machine}, {tokens} tokens")
+            console.print(f"wrote {vit_path}")
+            console.print(bench.vit_table(ratios, tokens))
+
+
+def _kron_grid_table(s, threads: int) -> None:
+    table = Table(title=f"fused vs baselines, same run ({s.patterns} patterns, {threads} "
+                  "thread(s))")
+    console.print("ratios t(baseline)/t(fused), medians over patterns; 'best' = each "
+                  f"algorithm at its faster layout; {s.sparse_patterns} patterns have "
+                  "density <= 1/8")
+    for col in ("layout", "vs bmm", "fused fastest", "vs best other",
+                "fused < dense (density <= 1/8)", "worst vs dense"):
+        table.add_column(col, justify="right")
+    for key in s.speedup_vs_bmm:
+        table.add_row(key, f"{s.speedup_vs_bmm[key]:.2f}x", f"{s.fused_fastest[key]:.0%}",
+                      f"{s.speedup_vs_best_other[key]:.2f}x",
+                      f"{s.fused_beats_dense[key]}/{s.sparse_patterns}",
+                      f"{s.worst_vs_dense[key]:.2f}x")
+    console.print(table)
+    import math
+
+    if not math.isnan(s.default_vs_bmm):
+        loses = ", ".join(map(str, s.default_loses)) or "none"
+        console.print(f"default algorithm (fastest_algorithm, batch-size-first) vs bmm: median "
+                      f"t(bmm)/t(default) {s.default_vs_bmm:.2f}x, worst "
+                      f"{s.default_worst_vs_bmm:.2f}x; patterns where it is > 10% slower than "
+                      f"bmm: {loses}")
+
+
+@app.command("kron-design")
+def kron_design(
+    n_in: int = typer.Argument(..., help="input features of the dense layer"),
+    n_out: int = typer.Argument(..., help="output features of the dense layer"),
+    budget: float = typer.Option(0.25, "--budget", help="largest parameter count, as a "
+                                 "fraction of n_in*n_out"),
+    batch: int = typer.Option(256, "--batch", help="rows per forward (tokens x sequences)"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or float64"),
+    lengths: list[int] = typer.Option([2, 3], "--factors", help="numbers of factors to search "
+                                      "(repeatable)"),
+    top_k: int = typer.Option(8, "--top-k", help="best predicted chains timed for real"),
+    repeats: int = typer.Option(5, "--repeats", help="round-robin runs per timing"),
+    threads: int = typer.Option(None, "--threads", help="intra-op threads; default torch's"),
+    rows: int = typer.Option(20, "--rows", help="candidates shown"),
+    out: str = typer.Option(None, "--out", help="folder for the CSV and the plot; default "
+                            "runs/kron-design-<timestamp>"),
+) -> None:
+    """Design the fastest Kronecker-sparse chain for an N_OUT x N_IN weight on this machine
+    (thesis Sec. 7.4.1): dense support product, within the budget, ranked by the calibrated
+    Chapter 5 cost model, the best ones timed. Cached per machine: a second call is instant.
+    """
+    from pathlib import Path
+
+    import torch
+    from rich.progress import Progress
+
+    from pathlift.kron import bench, design
+    from pathlift.kron.timing import steady_allocator
+
+    if threads:
+        torch.set_num_threads(threads)
+    steady_allocator()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("calibrating and timing", total=None)
+        result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
+                        repeats=repeats, progress=lambda stage, n: progress.update(
+                            task, description=stage, advance=n))
+    console.print(f"{result.machine}; batch {batch}, {dtype}, budget {budget:g}")
+    table = Table(title=f"Kronecker-sparse chains for a {n_out} x {n_in} weight "
+                  f"({len(result.candidates)} candidates; timed ones first)")
+    for col in ("#", "chain (a,b,c,d)", "params", "of dense", "predicted ms", "measured ms",
+                "dense/chain"):
+        table.add_column(col, justify="left" if col.startswith("chain") else "right")
+    for rank, c in enumerate(result.candidates[:rows], 1):
+        chain = c.chain() if len(c.patterns) <= 3 else f"{len(c.patterns)} factors"
+        table.add_row(str(rank), f"{c.family}: {chain}" if c.family else chain,
+                      f"{c.params:,}", f"{c.density:.3f}", f"{c.predicted_s * 1e3:.3f}",
+                      "-" if c.measured_s is None else f"{c.measured_s * 1e3:.3f}",
+                      "-" if c.speedup is None else f"{c.speedup:.2f}x")
+    console.print(table)
+    chosen = result.chosen
+    rho = "undefined" if result.spearman is None else f"{result.spearman:.2f}"
+    console.print(f"chosen: {chosen.chain()} ({chosen.params:,} parameters, "
+                  f"{chosen.speedup:.2f}x faster than dense; algorithms "
+                  f"{' '.join(chosen.algorithms or ())}); Spearman rank correlation of "
+                  f"predicted and measured time over the timed candidates: {rho}")
+    folder = Path(out or default_out("kron-design"))
+    folder.mkdir(parents=True, exist_ok=True)
+    bench.write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
+    plot = bench.plot_design(result.candidates, folder / "predicted_vs_measured.png",
+                             f"{n_out} x {n_in}, batch {batch}: {result.machine}")
+    console.print(f"wrote {folder / 'candidates.csv'} and {plot}")
 
 
 def _symmetry_table(title: str, net, other, shape, samples: int) -> Table:

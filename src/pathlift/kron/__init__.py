@@ -1,6 +1,8 @@
 """Kronecker-sparse matrices (thesis Ch. 5): patterns, factors, the six multiplication
-algorithms (dense, sparse, bsr, einsum, bmm, fused) and the ``KSLinear`` layer."""
+algorithms (dense, sparse, bsr, einsum, bmm, fused), the ``KSLinear`` layer, and chains
+designed for this machine (``design``, ``replace_linears``; thesis Sec. 7.4.1)."""
 
+from pathlift.kron.designer import Candidate, CostModel, Design, design, hand_families
 from pathlift.kron.factor import (
     ButterflyFactorization,
     chain_to_dense,
@@ -20,16 +22,21 @@ from pathlift.kron.pattern import (
     check_chain,
     deformable_butterfly,
     dense,
+    dense_support,
     kaleidoscope,
     low_rank,
     monarch,
     square_dyadic_butterfly,
 )
+from pathlift.kron.replace import replace_linears
 
 __all__ = [
     "ALGORITHMS",
     "LAYOUTS",
     "ButterflyFactorization",
+    "Candidate",
+    "CostModel",
+    "Design",
     "KSLinear",
     "KSPattern",
     "apply",
@@ -39,10 +46,13 @@ __all__ = [
     "check_chain",
     "deformable_butterfly",
     "dense",
+    "dense_support",
+    "design",
     "dft_butterfly",
     "fastest_algorithm",
     "from_dense",
     "hadamard_butterfly",
+    "hand_families",
     "kaleidoscope",
     "ks_multiply",
     "low_rank",
@@ -50,6 +60,7 @@ __all__ = [
     "prepare",
     "project",
     "random_factor",
+    "replace_linears",
     "square_dyadic_butterfly",
     "to_dense",
 ]

@@ -9,35 +9,60 @@ change of machine load hits them alike.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
-import platform
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from pathlift.kron.designer import (
+    Candidate,
+    Design,
+    design,
+    hand_families,
+    measure,
+    spearman,
+)
 from pathlift.kron.factor import random_factor
-from pathlift.kron.layer import KSLinear
+from pathlift.kron.layer import KSLinear, fastest_algorithm
+from pathlift.kron.machine import cpu_name
 from pathlift.kron.multiply import ALGORITHMS, LAYOUTS, apply, prepare
-from pathlift.kron.pattern import GRID_BATCH_SIZE, KSPattern, benchmark_patterns
+from pathlift.kron.pattern import (
+    GRID_BATCH_SIZE,
+    VIT_PATTERNS_DOWN,
+    VIT_PATTERNS_NN,
+    VIT_PATTERNS_UP,
+    VIT_S_DIM,
+    KSPattern,
+    benchmark_patterns,
+)
 from pathlift.kron.timing import round_robin
 
 __all__ = [
     "CPU_BATCH_SIZE",
     "CPU_MAX_DENSE",
+    "DESIGN_GRID",
+    "DesignCheck",
     "GridSummary",
     "Timing",
+    "check_design",
     "cpu_name",
     "cpu_patterns",
+    "fastest_choices",
+    "plot_design",
     "plot_speedups",
     "read_csv",
     "summarize",
     "time_grid",
     "time_vit_mlp",
+    "vit_table",
+    "write_candidates_csv",
     "write_csv",
     "write_vit_csv",
 ]
@@ -109,21 +134,27 @@ def time_grid(patterns: Iterable[KSPattern], batch: int,
     return rows
 
 
-def write_csv(rows: Sequence[Timing], path: str | Path, machine: str = "") -> Path:
-    """One line per timing; ``machine`` goes into a leading comment line."""
+@contextlib.contextmanager
+def _csv_rows(path: str | Path, comment: str, columns: Sequence[str]) -> Iterator:
+    """A csv.writer on ``path`` (folder created) after a '# comment' line and the header."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    names = [*asdict(rows[0]), "rewrite_ratio", "energy_ratio", "density"]
     with path.open("w", newline="") as fh:
-        if machine:
-            fh.write(f"# {machine}\n")
-        writer = csv.DictWriter(fh, fieldnames=names)
-        writer.writeheader()
+        if comment:
+            fh.write(f"# {comment}\n")
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        yield writer
+
+
+def write_csv(rows: Sequence[Timing], path: str | Path, machine: str = "") -> Path:
+    """One line per timing; ``machine`` goes into a leading comment line."""
+    names = [*asdict(rows[0]), "rewrite_ratio", "energy_ratio", "density"]
+    with _csv_rows(path, machine, names) as writer:
         for r in rows:
             p = r.pattern
-            writer.writerow(asdict(r) | {"rewrite_ratio": p.rewrite_ratio,
-                                         "energy_ratio": p.energy_ratio, "density": p.density})
-    return path
+            writer.writerow([*asdict(r).values(), p.rewrite_ratio, p.energy_ratio, p.density])
+    return Path(path)
 
 
 def read_csv(path: str | Path) -> list[Timing]:
@@ -147,7 +178,10 @@ class GridSummary:
     ``fused_fastest[layout]``: fraction of patterns where fused beats every other algorithm
     (Table 5.4); ``sparse_patterns``: patterns of density <= 1/8; ``fused_beats_dense``:
     how many of them have t(fused) < t(dense) in each layout; ``worst_vs_dense``: the
-    smallest t(dense)/t(fused) among them."""
+    smallest t(dense)/t(fused) among them. With the algorithm ``fastest_algorithm`` chose
+    for each pattern (batch-size-first, what ``KSLinear`` runs): ``default_vs_bmm`` the
+    median and ``default_worst_vs_bmm`` the smallest t(bmm)/t(chosen) in this run, and
+    ``default_loses`` the patterns where the chosen one is over 10% slower than bmm."""
 
     patterns: int
     speedup_vs_bmm: dict[str, float]
@@ -156,6 +190,9 @@ class GridSummary:
     sparse_patterns: int
     fused_beats_dense: dict[str, int]
     worst_vs_dense: dict[str, float]
+    default_vs_bmm: float = float("nan")
+    default_worst_vs_bmm: float = float("nan")
+    default_loses: tuple[KSPattern, ...] = ()
 
 
 def _table(rows: Sequence[Timing]) -> dict[KSPattern, dict[str, dict[str, float]]]:
@@ -170,8 +207,10 @@ def _table(rows: Sequence[Timing]) -> dict[KSPattern, dict[str, dict[str, float]
     return table
 
 
-def summarize(rows: Sequence[Timing]) -> GridSummary:
-    """Table 5.3/5.4-style figures of a run that timed ``fused``, ``bmm`` and ``dense``."""
+def summarize(rows: Sequence[Timing], defaults: dict[KSPattern, str] | None = None
+              ) -> GridSummary:
+    """Table 5.3/5.4-style figures of a run that timed ``fused``, ``bmm`` and ``dense``;
+    ``defaults`` maps patterns to the algorithm ``fastest_algorithm`` chose for them."""
     table = _table(rows)
     keys = sorted({k for per in table.values() for k in per}, key=lambda k: k != "best")
     vs_bmm, fastest, vs_other, beats, worst = {}, {}, {}, {}, {}
@@ -187,17 +226,43 @@ def summarize(rows: Sequence[Timing]) -> GridSummary:
                         if key in table[p]]
         beats[key] = sum(r > 1 for r in dense_ratios)
         worst[key] = min(dense_ratios, default=float("nan"))
-    return GridSummary(len(table), vs_bmm, fastest, vs_other, len(sparse), beats, worst)
+    extra = {}
+    if defaults:
+        ratio = {p: table[p]["bsf"]["bmm"] / table[p]["bsf"][alg]
+                 for p, alg in defaults.items() if alg in table.get(p, {}).get("bsf", {})}
+        extra = {"default_vs_bmm": statistics.median(ratio.values()),
+                 "default_worst_vs_bmm": min(ratio.values()),
+                 "default_loses": tuple(p for p, r in ratio.items() if r < 1 / 1.1)}
+    return GridSummary(len(table), vs_bmm, fastest, vs_other, len(sparse), beats, worst,
+                       **extra)
 
 
-def plot_speedups(rows: Sequence[Timing], path: str | Path, title: str = "") -> Path:
-    """Figure 5.8: boxplots of t(baseline)/t(fused) grouped by (b+c)/(bc), for bmm and for
-    the best of bmm, einsum and bsr, each algorithm at its faster layout."""
+def _pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Lay out, write (creating the folder) and close a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_speedups(rows: Sequence[Timing], path: str | Path, title: str = "") -> Path:
+    """Figure 5.8: boxplots of t(baseline)/t(fused) grouped by (b+c)/(bc), for bmm and for
+    the best of bmm, einsum and bsr, each algorithm at its faster layout."""
+    plt = _pyplot()
     table = _table(rows)
     groups: dict[float, list[tuple[float, float]]] = {}
     for p, per in table.items():
@@ -217,19 +282,10 @@ def plot_speedups(rows: Sequence[Timing], path: str | Path, title: str = "") -> 
         ax.set_title(f"time({label}) / time(fused)")
     axes[0].set_ylabel("speed-up of fused")
     fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 # --- Table 5.5: ViT-S/16 -----------------------------------------------------------------
-VIT_S_DIM = 384
-VIT_PATTERNS_NN = ((1, 192, 48, 2), (2, 48, 192, 1))  # N × N
-VIT_PATTERNS_UP = ((1, 768, 192, 2), (6, 64, 64, 1))  # 4N × N
-VIT_PATTERNS_DOWN = ((6, 64, 64, 1), (1, 192, 768, 2))  # N × 4N: the transposed chain
 
 
 def _mlp(up: nn.Module, down: nn.Module) -> nn.Module:
@@ -237,12 +293,14 @@ def _mlp(up: nn.Module, down: nn.Module) -> nn.Module:
 
 
 def time_vit_mlp(batch: int, algorithms: Sequence[str] = ("bmm", "fused"),
-                 device: str | torch.device = "cpu", repeats: int = 10
+                 device: str | torch.device = "cpu", repeats: int = 10,
+                 designed: dict[str, Sequence[KSPattern]] | None = None
                  ) -> dict[str, dict[str, float]]:
     """Table 5.5 on this machine: time(module with Kronecker-sparse weights) / time(dense)
     for the N × N linear layer and the feed-forward block of ViT-S/16 (N = 384, hidden 4N,
-    thesis patterns), batch-size-first, float32, inference. Returns {module: {algorithm:
-    ratio}}."""
+    thesis patterns), batch-size-first, float32, inference; ``designed`` ({"nn", "up",
+    "down"}: chains) adds a column "designed" with those chains and the "auto" algorithm.
+    Returns {module: {algorithm: ratio}}, each the median of ``repeats`` round-robin runs."""
     device = torch.device(device)
     n = VIT_S_DIM
     torch.manual_seed(0)
@@ -250,10 +308,14 @@ def time_vit_mlp(batch: int, algorithms: Sequence[str] = ("bmm", "fused"),
         "linear N x N": {"dense": nn.Linear(n, n)},
         "feed-forward": {"dense": _mlp(nn.Linear(n, 4 * n), nn.Linear(4 * n, n))},
     }
-    for alg in algorithms:
-        modules["linear N x N"][alg] = KSLinear(VIT_PATTERNS_NN, algorithm=alg)
-        modules["feed-forward"][alg] = _mlp(KSLinear(VIT_PATTERNS_UP, algorithm=alg),
-                                            KSLinear(VIT_PATTERNS_DOWN, algorithm=alg))
+    chains = {alg: (VIT_PATTERNS_NN, VIT_PATTERNS_UP, VIT_PATTERNS_DOWN, alg)
+              for alg in algorithms}
+    if designed is not None:
+        chains["designed"] = (designed["nn"], designed["up"], designed["down"], "auto")
+    for name, (nn_chain, up, down, alg) in chains.items():
+        modules["linear N x N"][name] = KSLinear(nn_chain, algorithm=alg)
+        modules["feed-forward"][name] = _mlp(KSLinear(up, algorithm=alg),
+                                             KSLinear(down, algorithm=alg))
     x = torch.randn(batch, n, device=device)
     out: dict[str, dict[str, float]] = {}
     with torch.no_grad():
@@ -261,35 +323,125 @@ def time_vit_mlp(batch: int, algorithms: Sequence[str] = ("bmm", "fused"),
             fns = {alg: functools.partial(m.to(device).eval(), x) for alg, m in variants.items()}
             times = {k: statistics.median(v)
                      for k, v in round_robin(fns, repeats, device).items()}
-            out[name] = {alg: times[alg] / times["dense"] for alg in algorithms}
+            out[name] = {alg: times[alg] / times["dense"] for alg in chains}
     return out
+
+
+def vit_table(ratios: dict[str, dict[str, float]], tokens: int, note: str = "thesis Table 5.5"):
+    """A rich table of ``time_vit_mlp``'s ratios, each with its speed-up."""
+    from rich.table import Table
+
+    table = Table(title=f"ViT-S/16 modules, {tokens} tokens: time / time(dense) ({note})")
+    table.add_column("module")
+    for alg in next(iter(ratios.values())):
+        table.add_column(alg, justify="right")
+    for module, per in ratios.items():
+        table.add_row(module, *(f"{v:.2f} ({1 / v:.2f}x faster)" for v in per.values()))
+    return table
+
+
+def write_candidates_csv(candidates: Sequence[Candidate], path: str | Path, header: str = ""
+                         ) -> Path:
+    """One line per candidate chain of a design; ``header`` goes into a leading comment."""
+    columns = ["family", "patterns", "params", "density", "predicted_s", "measured_s",
+               "dense_s", "algorithms"]
+    with _csv_rows(path, header, columns) as writer:
+        for c in candidates:
+            writer.writerow([c.family, c.chain(), c.params, f"{c.density:.6f}", c.predicted_s,
+                             c.measured_s, c.dense_s, " ".join(c.algorithms or ())])
+    return Path(path)
 
 
 def write_vit_csv(ratios: dict[str, dict[str, float]], path: str | Path, machine: str = ""
                   ) -> Path:
     """The ratios of ``time_vit_mlp``, one line per (module, algorithm)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        if machine:
-            fh.write(f"# {machine}\n")
-        writer = csv.writer(fh)
-        writer.writerow(["module", "algorithm", "time_over_dense"])
+    with _csv_rows(path, machine, ["module", "algorithm", "time_over_dense"]) as writer:
         for module, per in ratios.items():
             writer.writerows([module, alg, f"{v:.4f}"] for alg, v in per.items())
-    return path
-
-
-def cpu_name() -> str:
-    """The processor's model name (Linux /proc/cpuinfo), else the platform's machine."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return Path(path)
 
 
 def thesis_batch(device: torch.device | str) -> int:
     """25,088 on GPU (App. D.2.1), the documented CPU batch otherwise."""
     return GRID_BATCH_SIZE if torch.device(device).type == "cuda" else CPU_BATCH_SIZE
+
+
+# --- networks by design (thesis Sec. 7.4.1) ------------------------------------------------
+# (n_in, n_out) of transformer and MLP weights: ViT-S/16, ViT-B/16 and BERT-large feed-forward
+# (up and down), and a square MLP layer.
+DESIGN_GRID = ((384, 1536), (1536, 384), (768, 3072), (1024, 4096), (512, 512))
+
+
+def fastest_choices(patterns: Iterable[KSPattern], batch: int,
+                    dtype: torch.dtype = torch.float32) -> dict[KSPattern, str]:
+    """The algorithm ``fastest_algorithm`` (what ``KSLinear`` runs) takes for each pattern."""
+    return {p: fastest_algorithm(p, batch, dtype) for p in patterns}
+
+
+@dataclass(frozen=True)
+class DesignCheck:
+    """Evidence for one size: every candidate of ``design`` timed (``candidates``), the
+    Spearman rank correlation between predicted time and measured time / dense time of the
+    same group over all of them, and t(dense)/t(chain) of the designed chain and of each
+    hand family measured together in one final round-robin (``speedups``, with the
+    families' parameter fractions in ``density``)."""
+
+    design: Design
+    candidates: tuple[Candidate, ...]
+    spearman: float | None
+    speedups: dict[str, float]
+    density: dict[str, float]
+
+
+def check_design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 1568,
+                 dtype: torch.dtype = torch.float32, repeats: int = 7,
+                 on_progress: Callable[[int], None] | None = None) -> DesignCheck:
+    """Design a chain for n_out × n_in, then time all its candidates and, in one run, the
+    dense layer, the designed chain and the hand families of ``hand_families``."""
+    import dataclasses
+
+    d = design(n_in, n_out, budget, batch, dtype, repeats=repeats)
+    seconds, dense_s, algs = measure([c.patterns for c in d.candidates], batch, dtype, repeats,
+                                     on_group=on_progress)
+    timed = tuple(dataclasses.replace(c, measured_s=s, dense_s=ds, algorithms=a)
+                  for c, s, ds, a in zip(d.candidates, seconds, dense_s, algs, strict=True))
+    rho = spearman(timed)
+    final = {"designed": d.chosen.patterns} | hand_families(n_in, n_out)
+    seconds, dense_s, _ = measure(list(final.values()), batch, dtype, repeats,
+                                  group=len(final))
+    speedups = {name: ds / s for name, s, ds in zip(final, seconds, dense_s, strict=True)}
+    density = {name: sum(p.nnz for p in chain) / (n_in * n_out) for name, chain in final.items()}
+    return DesignCheck(d, timed, rho, speedups, density)
+
+
+def plot_design(candidates: Sequence[Candidate], path: str | Path, title: str = "",
+                chosen: Sequence[KSPattern] | None = None) -> Path:
+    """Measured against predicted time of the timed candidates (log-log), two-factor and
+    longer chains and the named families apart, the chosen chain (default: the first
+    candidate) circled, the dense layer's time as a horizontal line."""
+    plt = _pyplot()
+    timed = [c for c in candidates if c.measured_s is not None]
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    groups = {"2 factors": [c for c in timed if not c.family and len(c.patterns) == 2],
+              "3+ factors": [c for c in timed if not c.family and len(c.patterns) > 2],
+              "named families": [c for c in timed if c.family]}
+    for (label, group), marker in zip(groups.items(), "o^s", strict=True):
+        if group:
+            ax.scatter([c.predicted_s * 1e3 for c in group], [c.measured_s * 1e3 for c in group],
+                       s=18, marker=marker, alpha=0.7, label=label)
+    for c in groups["named families"]:
+        ax.annotate(c.family, (c.predicted_s * 1e3, c.measured_s * 1e3), fontsize=7)
+    if timed:
+        best = next((c for c in timed if c.patterns == tuple(chosen)), timed[0]) \
+            if chosen is not None else timed[0]
+        ax.scatter([best.predicted_s * 1e3], [best.measured_s * 1e3], s=120,
+                   facecolors="none", edgecolors="black", label="chosen")
+        dense = statistics.median(c.dense_s for c in timed if c.dense_s is not None)
+        ax.axhline(dense * 1e3, color="grey", lw=0.8, ls="--", label="dense")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted time (ms)")
+    ax.set_ylabel("measured time (ms)")
+    ax.set_title(textwrap.fill(title, 90), fontsize=8)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -183,12 +183,12 @@ def _bmm(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
 
 # --- fused (Alg. 5.1.1 in one pass) ------------------------------------------------------
 def _prep_fused(w: torch.Tensor, p: KSPattern) -> dict:
-    """Both packings, so the layout can be chosen per call: bsf (a, d, c, bpad) with the
-    output dimension padded to the kernel's register tile, bsl (a, d, b, c)."""
-    nr = cpu_kernel.NR.get(w.dtype, 32)
-    pad = cpu_kernel.pad_to(p.b, nr) - p.b
-    return {"bsf": F.pad(w.permute(0, 3, 2, 1), (0, pad)).contiguous(),
-            "bsl": w.permute(0, 3, 1, 2).contiguous(), "w": w}
+    """The C kernel's packing of w for both layouts (so the layout can be chosen per call),
+    when the kernel for w's dtype (float32 for half precision) can be built."""
+    kernel = cpu_kernel.load_kernel(torch.float32 if w.dtype in _HALF else w.dtype)
+    if w.device.type != "cpu" or kernel is None:
+        return {"w": w}
+    return {"packed": cpu_kernel.pack(w.to(kernel.dtype), kernel), "w": w, "kernel": kernel}
 
 
 class _KernelProduct(torch.autograd.Function):
@@ -226,18 +226,20 @@ def _fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor
         from pathlift.kron import triton_kernel
 
         return triton_kernel.ks_fused(x, op["w"], p, layout)
-    if x.dtype in _HALF:
-        op32 = _prep_fused(op["w"].float(), p)
-        return _fused(x.float(), op32, p, layout).to(x.dtype)
-    lib = cpu_kernel.load_kernel(x.dtype) if x.dtype in cpu_kernel.NR else None
-    if lib is None:
+    kernel = op.get("kernel")
+    if kernel is None:
         return _einsum(x, op, p, layout)
-    wp = op[layout]
-    if wp.dtype != x.dtype:
-        raise InvalidParameterError(f"fused: input dtype {x.dtype} != factor dtype {wp.dtype}")
+    if x.dtype in _HALF:
+        return _fused(x.float(), op, p, layout).to(x.dtype)
+    if x.dtype != kernel.dtype:
+        raise InvalidParameterError(f"fused: input dtype {x.dtype} != factor dtype "
+                                    f"{op['w'].dtype}; cast one of them")
     run = cpu_kernel.fused_bsf if layout == "bsf" else cpu_kernel.fused_bsl
-    return _KernelProduct.apply(x, op["w"], lambda v: run(lib, v.contiguous(), wp, p.as_tuple()),
-                                p, layout, "fused")
+    packed = op["packed"]
+    if not (torch.is_grad_enabled() and (x.requires_grad or op["w"].requires_grad)):
+        return run(kernel, x.contiguous(), packed, p.as_tuple())  # no autograd node to build
+    return _KernelProduct.apply(x, op["w"], lambda v: run(kernel, v.contiguous(), packed,
+                                                          p.as_tuple()), p, layout, "fused")
 
 
 _REGISTRY: dict[str, tuple[Callable, Callable]] = {

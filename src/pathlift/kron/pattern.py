@@ -13,10 +13,12 @@ the dense block K[row, col] of Algorithm 5.1.1 for the pair (i, j).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pathlift.errors import InvalidParameterError
@@ -28,6 +30,7 @@ __all__ = [
     "check_chain",
     "deformable_butterfly",
     "dense",
+    "dense_support",
     "kaleidoscope",
     "low_rank",
     "monarch",
@@ -124,6 +127,46 @@ def check_chain(patterns: Iterable[KSPattern | Sequence[int]]) -> tuple[KSPatter
     return chain
 
 
+@functools.lru_cache(maxsize=4096)
+def _class_link(left: KSPattern, right: KSPattern) -> np.ndarray:
+    """(a_l d_l) x (a_r d_r) 0/1 matrix: entry (alpha, beta) is 1 when some index m of the
+    space between them is a column of class alpha of S_left and a row of class beta of
+    S_right. Class (i, j) -> i*d + j: column m = i*cd + l*d + j, row m = i*bd + k*d + j."""
+    m = np.arange(left.in_features)
+    cols = (m // (left.c * left.d)) * left.d + m % left.d
+    rows = (m // (right.b * right.d)) * right.d + m % right.d
+    link = np.zeros((left.a * left.d, right.a * right.d), dtype=np.float32)
+    link[cols, rows] = 1.0
+    return link
+
+
+def dense_support(patterns: Iterable[KSPattern | Sequence[int]]) -> bool:
+    """Whether S_pi1 ⋯ S_piL has no zero entry: the expressivity criterion of Dao et al.
+    (2022) restated in thesis Sec. 7.4.1, decided from the patterns, not by multiplying the
+    supports.
+
+    By eq. (5.1) each S_pi is, up to permutations, the disjoint union of a·d complete
+    bipartite blocks between its row class (i, j) and its column class (i, j). A row of the
+    product reaches a column exactly when a chain of classes, consecutive ones sharing an
+    index of the space between the factors, links their classes. So the product is dense
+    iff the boolean product of the class-link matrices (sizes a_l d_l, not abd) has no zero:
+    O(sum of widths + products of class counts) instead of multiplying n x n supports.
+    """
+    chain = check_chain(patterns)
+    if len(chain) == 1:
+        return chain[0].a * chain[0].d == 1
+    links = [_class_link(left, right) for left, right in itertools.pairwise(chain)]
+    first = links[0][:1]  # one class first: most sparse chains fail there, cheaply
+    for link in links[1:]:
+        first = np.minimum(first @ link, 1.0)
+    if not first.all():
+        return False
+    reach = links[0]
+    for link in links[1:]:
+        reach = np.minimum(reach @ link, 1.0)
+    return bool(reach.all())
+
+
 def _log2_exact(n: int, what: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 2 or n & (n - 1):
         raise InvalidParameterError(f"{what} must be a power of two >= 2, got {n!r}")
@@ -180,6 +223,12 @@ def deformable_butterfly(patterns: Iterable[KSPattern | Sequence[int]]) -> tuple
     d_(l+1) (Table 5.1)."""
     return check_chain(patterns)
 
+
+# Thesis Sec. 5.5: ViT-S/16 (N = 384) with two Kronecker-sparse factors per weight.
+VIT_S_DIM = 384
+VIT_PATTERNS_NN = ((1, 192, 48, 2), (2, 48, 192, 1))  # N × N
+VIT_PATTERNS_UP = ((1, 768, 192, 2), (6, 64, 64, 1))  # 4N × N
+VIT_PATTERNS_DOWN = ((6, 64, 64, 1), (1, 192, 768, 2))  # N × 4N: the transposed chain
 
 # Figure D.1 of the thesis (Appendix D.2.1): the patterns of the time benchmark of Sec. 5.4.
 GRID_BATCH_SIZE = 25_088

@@ -1,0 +1,75 @@
+"""Per-machine measurements on disk: which algorithm is fastest for a pattern, and designed
+chains, keyed by a fingerprint of everything the timings depend on.
+
+The fingerprint hashes the CPU (model name and instruction-set flags), the machine type,
+the torch version, torch's intra-op thread count and the fused kernel's build (compiler,
+flags, source), so a measurement is reused only where it would come out the same. One
+JSON file per fingerprint lives in ``pathlift.kron.machine.cache_dir()``; writes are atomic
+(a concurrent writer may drop the other's newest entry, never corrupt the file).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pathlift.kron import cpu_kernel
+from pathlift.kron.machine import cache_dir, cpu_features, cpu_name
+
+__all__ = ["fingerprint", "lookup", "machine_description", "store"]
+
+
+@functools.cache
+def _fingerprint(threads: int, compiler: str | None, flags: tuple[str, ...]) -> str:
+    parts = (cpu_features(), platform.machine(), torch.__version__, str(threads),
+             str(compiler), *flags, hashlib.sha256(cpu_kernel.SOURCE.encode()).hexdigest())
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def fingerprint() -> str:
+    """Hash of CPU model and flags, machine, torch version, thread count, kernel build."""
+    return _fingerprint(torch.get_num_threads(), cpu_kernel._compiler(),
+                        cpu_kernel.build_flags())
+
+
+def machine_description(dtype: torch.dtype = torch.float32) -> str:
+    """One line naming what a figure was measured on: CPU, the fused kernel's instruction
+    set and tile, torch version and thread count."""
+    kernel = cpu_kernel.load_kernel(dtype)
+    build = kernel.describe() if kernel is not None else "no fused kernel (einsum fallback)"
+    return (f"{cpu_name()}, {os.cpu_count()} cpus; fused kernel {build}; torch "
+            f"{torch.__version__}, {torch.get_num_threads()} thread(s)")
+
+
+def _path(kind: str) -> Path:
+    return cache_dir() / f"{kind}-{fingerprint()}.json"
+
+
+def _read(kind: str) -> dict[str, Any]:
+    try:
+        return json.loads(_path(kind).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def lookup(kind: str, key: str) -> Any | None:
+    """The value stored under ``key`` for this machine, or None."""
+    return _read(kind).get(key)
+
+
+def store(kind: str, key: str, value: Any) -> None:
+    """Store a JSON-serialisable value under ``key`` for this machine."""
+    path = _path(kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read(kind) | {key: value}
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as fh:
+        json.dump(data, fh)
+    os.replace(fh.name, path)
