@@ -457,9 +457,11 @@ def kron_design(
     out: str = typer.Option(None, "--out", help="folder for the CSV and the plot; default "
                             "runs/kron-design-<timestamp>"),
 ) -> None:
-    """Design the fastest Kronecker-sparse chain for an N_OUT x N_IN weight on this machine
-    (thesis Sec. 7.4.1): dense support product, within the budget, ranked by the calibrated
-    Chapter 5 cost model, the best ones timed. Cached per machine: a second call is instant.
+    """Fastest Kronecker-sparse chain for an N_OUT x N_IN weight (thesis Sec. 7.4.1).
+
+    Chains with a dense support product within the budget, ranked by the Chapter 5 cost
+    model calibrated on this machine, the best ones timed. Cached per machine: a second
+    call is instant.
     """
     from pathlib import Path
 
