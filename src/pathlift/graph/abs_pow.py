@@ -11,6 +11,7 @@ mantissa renormalised to max 1 after every op that mixes scales.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,13 @@ def channel_bias(bias: Tensor, ndim: int, channel_dim: int) -> Tensor:
     return bias if channel_dim == -1 else _channel_view(bias, ndim)
 
 
+# One workspace per dtype and device for the whole process, whatever the model: a new
+# model's first pass then writes into memory already mapped (the buffer holds one layer's
+# weights, the largest seen).
+_WORKSPACES: dict[tuple[torch.dtype, torch.device], Workspace] = {}
+_POOL_LOCK = threading.Lock()
+
+
 class AbsPowInterpreter(GraphInterpreter):
     """Forward pass of the |theta|^q network (Thm 3.1.1) over a traced ``LayerGraph``."""
 
@@ -101,8 +109,8 @@ class AbsPowInterpreter(GraphInterpreter):
                           device=self.layer_graph.device)
         if torch.is_grad_enabled():  # autograd keeps each |W|^q: no buffer may be reused
             return self.run(Scaled(ones, 0.0))
-        key = ("workspace", self.dtype, self.layer_graph.device)
-        shared = self.layer_graph.derived.setdefault(key, Workspace())
+        with _POOL_LOCK:
+            shared = _WORKSPACES.setdefault((self.dtype, self.layer_graph.device), Workspace())
         mine = shared.lock.acquire(blocking=False)  # another thread's pass: a private one
         self.workspace = shared if mine else Workspace()
         try:

@@ -101,7 +101,7 @@ class Workspace:
 
     On CPU a fresh tensor the size of a layer's weights costs page faults, and a
     convolution with a freshly allocated weight runs several times slower than with a
-    reused one, so |W|^q is written into one buffer kept with the traced graph.
+    reused one, so |W|^q is written into one buffer, reused from pass to pass.
     """
 
     def __init__(self) -> None:

@@ -59,7 +59,7 @@ class LayerGraph:
     ``GraphModule`` would, without its generated code and its reference cycle (a graph of
     a large model must free it as soon as the model goes). ``model`` is the traced model
     itself while it exists. ``derived`` keeps what passes compute from the structure alone
-    (the channel map, workspaces) with the graph; those with a ``rebind(graph)`` method
+    (the channel map) with the graph; those with a ``rebind(graph)`` method
     carry over to the graph of a copy (``bind``).
     """
 
