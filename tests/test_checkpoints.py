@@ -259,3 +259,15 @@ def test_the_file_mode_follows_the_umask(tmp_path, umask, suffix):
         os.umask(previous)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE((tmp_path / "plain").stat().st_mode)
+
+
+def test_a_compiled_model_is_saved_with_the_plain_module_names(tmp_path):
+    """torch.compile (like DDP) prefixes the state_dict keys; the checkpoint holds the
+    plain module's, so it loads into the architecture."""
+    from pathlift.models import mlp
+
+    model = mlp().eval()
+    path = save_checkpoint(torch.compile(model), tmp_path / "net.safetensors", "mlp")
+    loaded, _ = load_model(path)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                  model.state_dict().values(), strict=True))
