@@ -8,9 +8,9 @@ candidate of each size; and the ViT-S/16 feed-forward block with designed layers
     python benchmarks/bench_kron_design.py                 # 1 thread, 1,568 tokens, budget 1/4
     python benchmarks/bench_kron_design.py --threads 2 --sizes 512x512
 
-Takes about half an hour on 2 shared cores (every candidate is timed). Writes one CSV of
-candidates and one predicted-vs-measured plot per size under --out (default
-runs/bench-kron-design-<timestamp>).
+Takes about half an hour on 2 cores (every candidate is timed twice, in other round-robin
+groups). Writes one CSV of candidates and one predicted-vs-measured plot per size under
+--out (default runs/bench-kron-design-<timestamp>).
 """
 
 from __future__ import annotations

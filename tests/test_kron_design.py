@@ -144,7 +144,10 @@ def test_hand_families_fit_their_shapes():
 def test_design_chooses_the_fastest_timed_chain_and_is_cached(monkeypatch):
     d = design(32, 64, budget=0.5, batch=16, top_k=3, repeats=1)
     timed = [c for c in d.candidates if c.measured_s is not None]
-    assert d.chosen.measured_s == min(c.measured_s for c in timed)
+    fastest = min(timed, key=lambda c: c.measured_s)
+    # the fastest, or a near-tie (3%) that spends more of the budget
+    assert d.chosen.measured_s <= 1.03 * fastest.measured_s
+    assert d.chosen.params >= fastest.params
     assert product_is_dense(d.chosen.patterns)
     assert d.chosen.params <= 0.5 * 32 * 64 and d.chosen.density == d.chosen.params / 2048
     assert len(d.chosen.algorithms) == len(d.chosen.patterns)
@@ -156,7 +159,7 @@ def test_design_chooses_the_fastest_timed_chain_and_is_cached(monkeypatch):
         raise AssertionError("a cached design must not time anything")
 
     monkeypatch.setattr(designer_module, "measure", no_timing)
-    monkeypatch.setattr(designer_module, "calibrate", no_timing)
+    monkeypatch.setattr(designer_module, "time_factors", no_timing)
     assert design(32, 64, budget=0.5, batch=16, top_k=3, repeats=1) == d
 
 

@@ -3,6 +3,8 @@ dense matrix / nn.Linear, the cached operands, and the "auto" algorithm choice."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -21,6 +23,7 @@ from pathlift.kron import (
 )
 from pathlift.kron import layer as layer_module
 from pathlift.kron.pattern import KSPattern
+from pathlift.kron.timing import round_robin
 
 
 @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "auto"])
@@ -120,3 +123,37 @@ def test_bad_inputs_raise():
         KSLinear(monarch(8, 8, 2), algorithm="fast")
     with pytest.raises(ShapeError, match=r"\(\.\.\., 8\)"):
         KSLinear(monarch(8, 8, 2))(torch.randn(2, 9))
+
+
+def test_round_robin_changes_the_order_every_round():
+    """What ran just before a call changes its time on CPU (cache write-backs of a large
+    output), so no function may always follow the same one: each round runs a new order,
+    the same in every process."""
+    calls: list[str] = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+    times = round_robin(fns, 12, min_sample=0)
+    assert all(len(t) == 12 for t in times.values())
+    assert calls[:8] == list("aabbccdd")  # warm-up and one timed call each
+    rounds = [tuple(calls[i:i + 4]) for i in range(8, len(calls), 4)]
+    assert len(rounds) == 12 and all(sorted(r) == list("abcd") for r in rounds)
+    predecessors = {(r[i - 1], r[i]) for r in rounds for i in range(1, 4)}
+    assert len(predecessors) > 4, "every function followed the same one in every round"
+    calls.clear()
+    round_robin(fns, 12, min_sample=0)
+    assert [tuple(calls[i:i + 4]) for i in range(8, len(calls), 4)] == rounds
+
+
+def test_round_robin_times_short_calls_in_samples_of_several():
+    """A sample of a short function is several back-to-back calls lasting at least
+    min_sample; the times returned are per call."""
+    count = [0]
+
+    def spin(seconds: float = 2e-4) -> None:
+        count[0] += 1
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    times = round_robin({"spin": spin}, 3, min_sample=2e-3)["spin"]
+    assert count[0] >= 2 + 3 * 5  # about ten calls per sample
+    assert all(2e-4 <= t < 1e-3 for t in times)

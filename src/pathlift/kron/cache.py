@@ -2,16 +2,18 @@
 chains, keyed by a fingerprint of everything the timings depend on.
 
 The fingerprint hashes the CPU (model name and instruction-set flags), the machine type,
-the torch version, torch's intra-op thread count and the fused kernel's build (compiler,
-flags, source), so a measurement is reused only where it would come out the same. One
-JSON file per fingerprint lives in ``pathlift.kron.machine.cache_dir()``; writes are atomic
-(a concurrent writer may drop the other's newest entry, never corrupt the file).
+the torch version, torch's intra-op thread count, the fused kernel's build (compiler,
+flags, source) and the source of the timing procedure (``timing.round_robin``), so a
+measurement is reused only where it would come out the same. One JSON file per
+fingerprint lives in ``pathlift.kron.machine.cache_dir()``; writes are atomic (a
+concurrent writer may drop the other's newest entry, never corrupt the file).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from pathlift.kron import cpu_kernel
+from pathlift.kron import cpu_kernel, timing
 from pathlift.kron.machine import cache_dir, cpu_features, cpu_name
 
 __all__ = ["fingerprint", "lookup", "machine_description", "store"]
@@ -30,12 +32,13 @@ __all__ = ["fingerprint", "lookup", "machine_description", "store"]
 @functools.cache
 def _fingerprint(threads: int, compiler: str | None, flags: tuple[str, ...]) -> str:
     parts = (cpu_features(), platform.machine(), torch.__version__, str(threads),
-             str(compiler), *flags, hashlib.sha256(cpu_kernel.SOURCE.encode()).hexdigest())
+             str(compiler), *flags, cpu_kernel.SOURCE, inspect.getsource(timing.round_robin))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def fingerprint() -> str:
-    """Hash of CPU model and flags, machine, torch version, thread count, kernel build."""
+    """Hash of CPU model and flags, machine, torch version, thread count, kernel build and
+    timing procedure."""
     return _fingerprint(torch.get_num_threads(), cpu_kernel._compiler(),
                         cpu_kernel.build_flags())
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import math
+import random
 import time
 from collections.abc import Callable, Hashable
 
@@ -10,21 +12,42 @@ import torch
 
 
 def round_robin(fns: dict[Hashable, Callable[[], object]], repeats: int,
-                device: torch.device | str = "cpu") -> dict[Hashable, list[float]]:
-    """Seconds of ``repeats`` rounds, each running every function once, after one warm-up
-    round; interleaving makes a change of machine load hit all functions alike."""
+                device: torch.device | str = "cpu", min_sample: float = 2e-3
+                ) -> dict[Hashable, list[float]]:
+    """Seconds per call of each function over ``repeats`` rounds, each round timing every
+    function once; interleaving makes a change of machine load hit all functions alike.
+
+    A sample is ``n`` back-to-back calls, ``n`` chosen after one warm-up call so that a
+    sample lasts at least ``min_sample`` seconds (as ``timeit`` does): one call of a
+    0.1 ms multiplication varies by 30-90% between runs (the first touches of its
+    operands after another function ran), eight in a row by about 10%. Each round runs
+    the functions in a new order (seeded, so reproducible): what ran just before a sample
+    matters on CPU (a dense layer writing a 10 MB output leaves the next call cache misses
+    and write-backs to pay, measured at 10-25% of a small chain's time), and a fixed
+    order would charge it to the same function every round.
+    """
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for fn in fns.values():
-        fn()
-    times: dict[Hashable, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter()
+
+    def seconds(fn: Callable[[], object], n: int) -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(n):
             fn()
-            sync()
-            times[name].append(time.perf_counter() - start)
+        sync()
+        return (time.perf_counter() - start) / n
+
+    calls = {}
+    for name, fn in fns.items():
+        fn()
+        calls[name] = max(1, math.ceil(min_sample / max(seconds(fn, 1), 1e-9)))
+    times: dict[Hashable, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    shuffle = random.Random(0).shuffle
+    for _ in range(repeats):
+        shuffle(order)
+        for name in order:
+            times[name].append(seconds(fns[name], calls[name]))
     return times
 
 
