@@ -81,12 +81,16 @@ def test_dense_support_known_chains(chain, dense):
     assert dense_support(chain) == dense == product_is_dense(check_chain(chain))
 
 
+TILE = (3, 8, 2, 3)  # MR, NR, DR, DK of a made-up kernel
+
+
 def synthetic_model(batch: int = 64, lanes: int = 4) -> CostModel:
     """A cost model with every term switched on (no timing)."""
     theta = (1e-6, 2e-8, 1e-10, 3e-9, 1e-10)
+    tiled = (*theta, 5e-11, 1e-8)  # padded multiplications, micro-kernel calls
     return CostModel(batch, lanes, {"dense": (1e-6, 2e-11), "bmm": theta,
-                                    "fused": tuple(0.5 * v for v in theta),
-                                    "fused_d": tuple(0.4 * v for v in theta)})
+                                    "fused": tuple(0.5 * v for v in tiled),
+                                    "fused_d": tuple(0.4 * v for v in tiled)}, TILE)
 
 
 @given(st.sampled_from((*WIDTHS, 48, 64)), st.sampled_from((*WIDTHS, 48, 64)),
@@ -114,18 +118,18 @@ def test_cost_model_fit_recovers_synthetic_times_and_takes_the_fastest_path():
     model = synthetic_model(batch=32, lanes=4)
     patterns = [KSPattern(a, b, c, d) for a, b, c, d in itertools.product(
         (1, 2, 3), (2, 5, 16), (3, 8), (1, 2, 4, 8))]
-    x = _features(patterns, 32)
+    x = _features(patterns, 32, 4, TILE)
     cols = designer_module._COLUMNS
     times = {p: {alg: float(x[i, cols[key]] @ torch.tensor(model.coefficients[key]).numpy())
                  for alg, key in (("dense", "dense"), ("bmm", "bmm"),
                                   ("fused", "fused_d" if p.d % 4 == 0 else "fused"))}
              for i, p in enumerate(patterns)}
-    fitted = fit_cost_model(times, 32, 4)
+    fitted = fit_cost_model(times, 32, 4, TILE)
     predicted = fitted.factor_times(patterns)
     for p, t in zip(patterns, predicted, strict=True):
         assert t == pytest.approx(min(times[p].values()), rel=1e-6)
     # fused_d only runs patterns whose d is a multiple of the lanes
-    only_d = CostModel(32, 4, {"fused_d": (1.0,) * 5})
+    only_d = CostModel(32, 4, {"fused_d": (1.0,) * 7})
     assert math.isinf(only_d.factor_times([KSPattern(1, 2, 2, 3)])[0])
     assert math.isfinite(only_d.factor_times([KSPattern(1, 2, 2, 8)])[0])
 

@@ -20,7 +20,11 @@ Replacing a dense n_out × n_in weight by K_1 ⋯ K_L leaves L and the patterns
    5.9). Per algorithm (bmm, each path of the fused kernel; dense as B·M·N) the
    predicted time is
        theta_0 + theta_1·ad + B·abcd·(theta_2 + theta_3 (b+c)/(bc) + theta_4 d(b+c)/(bc))
-   (ad: the dense blocks of Algorithm 5.1.1, each a loop step), theta >= 0 fitted by
+   (ad: the dense blocks of Algorithm 5.1.1, each a loop step), plus for the fused kernel
+   theta_5·(multiplications with b padded to its register tile) + theta_6·(micro-kernel
+   calls), which the Chapter 5 ratios do not see: on the 12 × 32 AVX-512 tile
+   (16,32,32,1) takes about half the time of (32,16,16,1), with twice its
+   multiplications. theta >= 0 fitted by
    non-negative least squares on relative errors to a few multiplications timed on this
    machine (first about 24 factors per path of the fused kernel spread over all options;
    then refitted on the factors of the chains that first fit lists, which is where the
@@ -147,19 +151,32 @@ def hand_families(n_in: int, n_out: int) -> dict[str, tuple[KSPattern, ...]]:
 
 
 # --- cost model --------------------------------------------------------------------------
-def _features(patterns: Sequence[KSPattern], batch: int) -> np.ndarray:
-    """Rows (1, a·d, B·abcd, B·abcd·(b+c)/bc, B·abcd·d(b+c)/bc, B·abd·acd) per pattern."""
-    nnz = np.array([p.nnz for p in patterns], dtype=np.float64) * batch
-    rewrite = np.array([p.rewrite_ratio for p in patterns])
-    d = np.array([p.d for p in patterns], dtype=np.float64)
-    blocks = np.array([p.a * p.d for p in patterns], dtype=np.float64)
-    dense = np.array([p.out_features * p.in_features for p in patterns], dtype=np.float64)
-    return np.stack([np.ones_like(nnz), blocks, nnz, nnz * rewrite, nnz * rewrite * d,
-                     dense * batch], axis=1)
+def _features(patterns: Sequence[KSPattern], batch: int, lanes: int = 0,
+              tile: tuple[int, int, int, int] = (1, 1, 1, 1)) -> np.ndarray:
+    """Rows (1, a·d, B·abcd, B·abcd·(b+c)/bc, B·abcd·d(b+c)/bc, B·abd·acd, padded
+    multiplications, micro-kernel calls) per pattern. The last two are the fused kernel's
+    register tile ``tile`` = (MR, NR, DR, DK) on the path that runs the pattern: the GEMM
+    computes b rounded up to NR (tiles of MR batch rows), the path along d b rounded up to
+    DK (tiles of DR rows, LANES of d each)."""
+    def up(n: int, k: int) -> int:
+        return -(-n // k)
+
+    mr, nr, dr, dk = tile
+    rows = []
+    for p in patterns:
+        along_d = _fused_variant(p, lanes) == "fused_d"
+        width = dk if along_d else nr
+        calls = (up(batch, dr) * p.a * (p.d // lanes) * up(p.b, dk) if along_d
+                 else up(batch, mr) * p.a * p.d * up(p.b, nr))
+        nnz = batch * p.nnz
+        rows.append((1.0, p.a * p.d, nnz, nnz * p.rewrite_ratio, nnz * p.rewrite_ratio * p.d,
+                     batch * p.out_features * p.in_features,
+                     batch * p.a * up(p.b, width) * width * p.c * p.d, calls))
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 8)
 
 
-_COLUMNS = {"dense": [0, 5], "bmm": [0, 1, 2, 3, 4], "fused": [0, 1, 2, 3, 4],
-            "fused_d": [0, 1, 2, 3, 4]}
+_COLUMNS = {"dense": [0, 5], "bmm": [0, 1, 2, 3, 4], "fused": [0, 1, 2, 3, 4, 6, 7],
+            "fused_d": [0, 1, 2, 3, 4, 6, 7]}
 
 
 def _fused_variant(pattern: KSPattern, lanes: int) -> str:
@@ -172,18 +189,20 @@ def _fused_variant(pattern: KSPattern, lanes: int) -> str:
 class CostModel:
     """Predicted seconds of one factor per algorithm (module docstring, step 2):
     ``coefficients[alg]`` are the theta of the columns ``_COLUMNS[alg]`` of the features
-    (1, a·d, B·abcd, B·abcd·(b+c)/bc, B·abcd·d(b+c)/bc, B·abd·acd): a call, the a·d dense
-    blocks of Algorithm 5.1.1, multiplications, rewrites (eq. 5.2), strided rewrites.
-    The fused kernel's two paths are separate entries (``fused_d`` runs along d, for d a
-    multiple of ``lanes``)."""
+    (1, a·d, B·abcd, B·abcd·(b+c)/bc, B·abcd·d(b+c)/bc, B·abd·acd, padded multiplications,
+    micro-kernel calls): a call, the a·d dense blocks of Algorithm 5.1.1, multiplications,
+    rewrites (eq. 5.2), strided rewrites, the dense product; and for the fused kernel the
+    waste of its register ``tile`` (MR, NR, DR, DK). The kernel's two paths are separate
+    entries (``fused_d`` runs along d, for d a multiple of ``lanes``)."""
 
     batch: int
     lanes: int
     coefficients: dict[str, tuple[float, ...]]
+    tile: tuple[int, int, int, int] = (1, 1, 1, 1)
 
     def factor_times(self, patterns: Sequence[KSPattern]) -> np.ndarray:
         """Predicted seconds per pattern: the fastest modelled algorithm that runs it."""
-        x = _features(patterns, self.batch)
+        x = _features(patterns, self.batch, self.lanes, self.tile)
         variant = np.array([_fused_variant(p, self.lanes) for p in patterns])
         per = []
         for alg, theta in self.coefficients.items():
@@ -235,9 +254,12 @@ def time_factors(patterns: Sequence[KSPattern], batch: int,
     return times
 
 
-def _lanes(dtype: torch.dtype) -> int:
+def _geometry(dtype: torch.dtype) -> tuple[int, tuple[int, int, int, int]]:
+    """The fused kernel's vector lanes and register tile (MR, NR, DR, DK) for ``dtype``."""
     kernel = cpu_kernel.load_kernel(dtype)
-    return kernel.lanes if kernel is not None else 0
+    if kernel is None:
+        return 0, (1, 1, 1, 1)
+    return kernel.lanes, (kernel.mr, kernel.nr, kernel.dr, kernel.dk)
 
 
 def _calibration_set(patterns: Sequence[KSPattern], lanes: int, count: int
@@ -253,14 +275,14 @@ def calibrate(patterns: Sequence[KSPattern], batch: int, dtype: torch.dtype = to
               on_step: Callable[[], None] | None = None) -> CostModel:
     """Fit the cost model on about ``count`` of ``patterns`` for each path of the fused
     kernel (spread over their (b+c)/bc, d(b+c)/bc and sizes), timed by ``time_factors``."""
-    lanes = _lanes(dtype)
+    lanes, tile = _geometry(dtype)
     times = time_factors(_calibration_set(patterns, lanes, count), batch, dtype, repeats,
                          on_step)
-    return fit_cost_model(times, batch, lanes)
+    return fit_cost_model(times, batch, lanes, tile)
 
 
-def fit_cost_model(times: dict[KSPattern, dict[str, float]], batch: int, lanes: int
-                   ) -> CostModel:
+def fit_cost_model(times: dict[KSPattern, dict[str, float]], batch: int, lanes: int,
+                   tile: tuple[int, int, int, int] = (1, 1, 1, 1)) -> CostModel:
     """Non-negative least squares on relative errors: for each of dense, bmm and the
     fused path of each pattern (``fused_d`` when d is a multiple of ``lanes``), theta >= 0
     minimising sum over its patterns of (features·theta / seconds - 1)^2. ``times`` maps
@@ -272,10 +294,10 @@ def fit_cost_model(times: dict[KSPattern, dict[str, float]], batch: int, lanes: 
         if not fitted:
             continue
         t = np.array([times[p]["fused" if alg.startswith("fused") else alg] for p in fitted])
-        x = _features(fitted, batch)[:, _COLUMNS[alg]]
+        x = _features(fitted, batch, lanes, tile)[:, _COLUMNS[alg]]
         theta, _ = scipy.optimize.nnls(x / t[:, None], np.ones_like(t))
         coefficients[alg] = tuple(float(v) for v in theta)
-    return CostModel(batch, lanes, coefficients)
+    return CostModel(batch, lanes, coefficients, tile)
 
 
 # --- enumeration -------------------------------------------------------------------------
@@ -482,7 +504,8 @@ class Design:
                               else tuple(c["algorithms"])}))
             for c in data["candidates"])
         model = CostModel(data["model"]["batch"], data["model"]["lanes"],
-                          {k: tuple(v) for k, v in data["model"]["coefficients"].items()})
+                          {k: tuple(v) for k, v in data["model"]["coefficients"].items()},
+                          tuple(data["model"]["tile"]))
         return cls(**(data | {"candidates": cands, "model": model}))
 
 
@@ -538,18 +561,19 @@ def design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 256,
         raise InvalidParameterError(
             f"no Kronecker-sparse factor of a {n_out} x {n_in} chain has at most "
             f"{max_params:.0f} parameters; raise the budget")
-    lanes = _lanes(dtype)
+    lanes, tile = _geometry(dtype)
     step = functools.partial(report, "calibrating", 1)
     times = time_factors(_calibration_set(sorted(options, key=KSPattern.as_tuple), lanes,
                                           _CALIBRATION_COUNT), batch, dtype, repeats, step)
-    model = fit_cost_model(times, batch, lanes)
+    model = fit_cost_model(times, batch, lanes, tile)
     # refit on the factors the candidates are made of: a spread over every option weighs
     # the fit where no candidate lies (at 512 x 512 it ranked the candidates with a rank
     # correlation of 0.75 against the measured times, the refit about 0.9)
     named = _named(n_in, n_out, max_params)
     found = [*candidates(n_in, n_out, budget, model, lengths, per_length), *named]
     used = list(dict.fromkeys(p for chain in found for p in chain))
-    model = fit_cost_model(time_factors(used, batch, dtype, repeats, step), batch, lanes)
+    model = fit_cost_model(time_factors(used, batch, dtype, repeats, step), batch, lanes,
+                           tile)
     chains = list(dict.fromkeys([*candidates(n_in, n_out, budget, model, lengths, per_length),
                                  *named]))
     if not chains:
@@ -582,8 +606,8 @@ def design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 256,
     # that spends most of the budget: more parameters cost nothing there, and the choice
     # no longer flips between near-ties from one run to the next
     final = {chains[i] for i in finalists}
-    ties = [c for c in measured if c.patterns in final
-            and c.measured_s <= (1 + _TIE) * measured[0].measured_s]
+    ties = [measured[0], *(c for c in measured[1:] if c.patterns in final
+                           and c.measured_s <= (1 + _TIE) * measured[0].measured_s)]
     chosen = max(ties, key=lambda c: (c.params, -c.measured_s))
     measured = [chosen, *(c for c in measured if c is not chosen)]
     others = sorted((c for c in cands if c.measured_s is None), key=lambda c: c.predicted_s)
