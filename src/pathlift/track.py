@@ -23,7 +23,7 @@ from pathlift.bounds import (
 )
 from pathlift.distributed import World
 from pathlift.graph import eval_mode, graph_of, param
-from pathlift.lift import average_case_path_norm, path_norm
+from pathlift.lift import average_case_path_norm, path_norms
 from pathlift.prune.scores import path_magnitude_scores, prunable_parameters
 
 __all__ = ["PathNormTracker"]
@@ -111,9 +111,9 @@ class PathNormTracker:
         with eval_mode(model):
             graph = graph_of(model, self.input_shape)
             bound = self.n_train is not None and self.sigma is not None
-            norms = {q: path_norm(graph, q=q, r=q, dtype=self.dtype).log10
-                     for q in {*self.qs, *((1.0,) if bound else ())}}
-            row = {f"path_norm_log10_q{q:g}": norms[q] for q in self.qs}
+            norms = path_norms(graph, qs={*self.qs, *((1.0,) if bound else ())},
+                               dtype=self.dtype)
+            row = {f"path_norm_log10_q{q:g}": norms[q].log10 for q in self.qs}
             if self.sparsity:
                 targets = [(f"{m}.{p}", param(module, p))
                            for m, module, p in prunable_parameters(graph)]
@@ -129,5 +129,5 @@ class PathNormTracker:
                 if self.constants is None:
                     self.constants = architecture_constants(graph)
                 row["bound_ce_log10"] = cross_entropy_gap_log10(
-                    rademacher_peeling(self.constants, self.sigma, norms[1.0]), self.n_train)
+                    rademacher_peeling(self.constants, self.sigma, norms[1.0].log10), self.n_train)
         return row

@@ -86,10 +86,11 @@ def channel_bias(bias: Tensor, ndim: int, channel_dim: int) -> Tensor:
     return bias if channel_dim == -1 else _channel_view(bias, ndim)
 
 
-# One workspace per dtype and device for the whole process, whatever the model: a new
-# model's first pass then writes into memory already mapped (the buffer holds one layer's
-# weights, the largest seen).
-_WORKSPACES: dict[tuple[torch.dtype, torch.device], Workspace] = {}
+# One CPU workspace per dtype for the whole process, whatever the model: a new model's
+# first pass then writes into memory already mapped (the buffer holds one layer's weights,
+# the largest seen). Other devices get one per pass: their caching allocators already
+# reuse memory, and a process-wide buffer would hold device memory for good.
+_WORKSPACES: dict[torch.dtype, Workspace] = {}
 _POOL_LOCK = threading.Lock()
 
 
@@ -109,8 +110,11 @@ class AbsPowInterpreter(GraphInterpreter):
                           device=self.layer_graph.device)
         if torch.is_grad_enabled():  # autograd keeps each |W|^q: no buffer may be reused
             return self.run(Scaled(ones, 0.0))
-        with _POOL_LOCK:
-            shared = _WORKSPACES.setdefault((self.dtype, self.layer_graph.device), Workspace())
+        if self.layer_graph.device.type == "cpu":
+            with _POOL_LOCK:
+                shared = _WORKSPACES.setdefault(self.dtype, Workspace())
+        else:
+            shared = Workspace()
         mine = shared.lock.acquire(blocking=False)  # another thread's pass: a private one
         self.workspace = shared if mine else Workspace()
         try:

@@ -352,7 +352,13 @@ def build_flags() -> tuple[str, ...]:
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    return os.environ.get("CC") or _compiler_on_path(os.environ.get("PATH", os.defpath))
+
+
+@functools.cache
+def _compiler_on_path(path: str) -> str | None:
+    # searched once per PATH: KSLinear asks for the machine fingerprint on every forward
+    return shutil.which("gcc", path=path) or shutil.which("cc", path=path)
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,6 @@ __all__ = [
 ]
 
 MODELLED = ("dense", "bmm", "fused")
-_CALIBRATION_COUNT = 24  # patterns per path of the fused kernel in the first fit
 
 
 # --- search space ------------------------------------------------------------------------
@@ -175,8 +174,8 @@ def _features(patterns: Sequence[KSPattern], batch: int, lanes: int = 0,
     return np.array(rows, dtype=np.float64).reshape(len(rows), 8)
 
 
-_COLUMNS = {"dense": [0, 5], "bmm": [0, 1, 2, 3, 4], "fused": [0, 1, 2, 3, 4, 6, 7],
-            "fused_d": [0, 1, 2, 3, 4, 6, 7]}
+_TILED = [0, 1, 2, 3, 4, 6, 7]  # both paths of the fused kernel
+_COLUMNS = {"dense": [0, 5], "bmm": [0, 1, 2, 3, 4], "fused": _TILED, "fused_d": _TILED}
 
 
 def _fused_variant(pattern: KSPattern, lanes: int) -> str:
@@ -561,19 +560,17 @@ def design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 256,
         raise InvalidParameterError(
             f"no Kronecker-sparse factor of a {n_out} x {n_in} chain has at most "
             f"{max_params:.0f} parameters; raise the budget")
-    lanes, tile = _geometry(dtype)
     step = functools.partial(report, "calibrating", 1)
-    times = time_factors(_calibration_set(sorted(options, key=KSPattern.as_tuple), lanes,
-                                          _CALIBRATION_COUNT), batch, dtype, repeats, step)
-    model = fit_cost_model(times, batch, lanes, tile)
+    model = calibrate(sorted(options, key=KSPattern.as_tuple), batch, dtype, repeats,
+                      on_step=step)
     # refit on the factors the candidates are made of: a spread over every option weighs
     # the fit where no candidate lies (at 512 x 512 it ranked the candidates with a rank
     # correlation of 0.75 against the measured times, the refit about 0.9)
     named = _named(n_in, n_out, max_params)
     found = [*candidates(n_in, n_out, budget, model, lengths, per_length), *named]
     used = list(dict.fromkeys(p for chain in found for p in chain))
-    model = fit_cost_model(time_factors(used, batch, dtype, repeats, step), batch, lanes,
-                           tile)
+    model = fit_cost_model(time_factors(used, batch, dtype, repeats, step), batch,
+                           model.lanes, model.tile)
     chains = list(dict.fromkeys([*candidates(n_in, n_out, budget, model, lengths, per_length),
                                  *named]))
     if not chains:

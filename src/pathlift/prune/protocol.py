@@ -219,8 +219,7 @@ class Phase:
         for sampler in self._samplers:
             sampler.set_epoch(done)
         if done == self.rewind_epoch:
-            self.rewind_state = {k: v.detach().clone() for k, v in
-                                 unwrap(self.model).state_dict().items()}
+            self.rewind_state = _cpu(unwrap(self.model).state_dict())
 
     def on_epoch_end(self, model: nn.Module, epoch: int, logs: dict[str, Any]) -> None:
         """``end_epoch`` as a ``pathlift.data.training`` callback (``epoch`` counts from
@@ -411,7 +410,7 @@ def _train_dense(seed: int, model_fn: Callable[[], nn.Module], train: Train,
             "after each epoch")
     world.check_identical("rewind weights", phase.rewind_state)
     accuracy = _agreed(world, "dense accuracies", evaluate(model))
-    return DenseStates(seed, _cpu(model.state_dict()), _cpu(phase.rewind_state), accuracy)
+    return DenseStates(seed, _cpu(model.state_dict()), phase.rewind_state, accuracy)
 
 
 def _materialise(model_fn: Callable[[], nn.Module], states: DenseStates,

@@ -195,7 +195,8 @@ def _train(net: nn.Module, shape: tuple[int, ...], data: _Data, sigma: Sigma, ep
     from pathlift.data.training import train_classifier
 
     probe = torch.cat([x for x, _ in data.test])[:64]
-    tracker = PathNormTracker(shape, probe, data.n_train, sigma.peeling, QS)
+    # the report plots path-norms and accuracy only: no sparsity passes per epoch
+    tracker = PathNormTracker(shape, probe, data.n_train, sigma.peeling, QS, sparsity=False)
     evaluation = _Evaluation(data)
     init: dict[str, Any] = {"epoch": 0}
     evaluation.on_epoch_end(net, 0, init)
