@@ -153,7 +153,8 @@ def test_design_chooses_the_fastest_timed_chain_and_is_cached(monkeypatch):
     assert d.chosen.measured_s <= 1.03 * fastest.measured_s
     assert d.chosen.params >= fastest.params
     assert product_is_dense(d.chosen.patterns)
-    assert d.chosen.params <= 0.5 * 32 * 64 and d.chosen.density == d.chosen.params / 2048
+    params = sum(p.a * p.b * p.c * p.d for p in d.chosen.patterns)  # nonzeros of the factors
+    assert d.chosen.params == params <= 0.5 * 32 * 64 and d.chosen.density == params / 2048
     assert len(d.chosen.algorithms) == len(d.chosen.patterns)
     layer = d.layer()
     assert isinstance(layer, KSLinear) and layer.patterns == d.chosen.patterns

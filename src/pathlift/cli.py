@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -367,9 +370,6 @@ def kron_bench(
     thread count the median t(bmm)/t(fused) and the check that the algorithm KSLinear
     picks (fastest_algorithm) is never more than 10% slower than bmm.
     """
-    import os
-    from pathlib import Path
-
     import torch
     from rich.progress import Progress
 
@@ -430,8 +430,6 @@ def _kron_grid_table(s, threads: int) -> None:
                       f"{s.fused_beats_dense[key]}/{s.sparse_patterns}",
                       f"{s.worst_vs_dense[key]:.2f}x")
     console.print(table)
-    import math
-
     if not math.isnan(s.default_vs_bmm):
         loses = ", ".join(map(str, s.default_loses)) or "none"
         console.print(f"default algorithm (fastest_algorithm, batch-size-first) vs bmm: median "
@@ -463,8 +461,6 @@ def kron_design(
     model calibrated on this machine, the best ones timed. Cached per machine: a second
     call is instant.
     """
-    from pathlib import Path
-
     import torch
     from rich.progress import Progress
 
@@ -531,8 +527,6 @@ def _symmetry_table(title: str, net, other, shape, samples: int) -> Table:
 def _save_like(net, spec: str, out: str, shape: tuple[int, ...]) -> None:
     """Write ``net`` as a checkpoint of the architecture (and kwargs) of ``spec``, with
     the input shape it was analysed at."""
-    from pathlib import Path
-
     from pathlift.models.checkpoints import read_checkpoint, save_checkpoint
 
     arch, kwargs = spec, {}

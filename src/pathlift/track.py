@@ -119,9 +119,12 @@ class PathNormTracker:
                            for m, module, p in prunable_parameters(graph)]
                 scores = path_magnitude_scores(graph, dtype=self.dtype).tensors
                 total = sum(w.numel() for _, w in targets)
-                row["sparsity"] = sum(int((w == 0).sum()) for _, w in targets) / total
-                row["path_magnitude_sparsity"] = \
-                    sum(int((scores[n] == 0).sum()) for n, _ in targets) / total
+
+                def zeros(tensors: list[torch.Tensor]) -> float:  # one device sync
+                    return float(torch.stack([(t == 0).sum() for t in tensors]).sum()) / total
+
+                row["sparsity"] = zeros([w for _, w in targets])
+                row["path_magnitude_sparsity"] = zeros([scores[n] for n, _ in targets])
             if self.probe is not None:
                 row["average_case"] = average_case_path_norm(graph, None, self.probe,
                                                              max_samples=None).mean

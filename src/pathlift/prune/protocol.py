@@ -38,7 +38,7 @@ from pathlift.errors import InvalidParameterError
 from pathlift.graph import copy_model, unwrap
 from pathlift.graph.boundary import attach_masks_, prune_masks
 from pathlift.prune.methods import Criterion, PruningResult, Scope, ScoreFunction, prune_model
-from pathlift.prune.results import DenseStates, RunFolder, RunKey, RunRecord
+from pathlift.prune.results import DenseStates, RunFolder, RunKey, RunRecord, cpu_copy
 from pathlift.symmetry.rescale import random_rescale
 
 __all__ = ["METHODS", "Method", "Phase", "ProtocolResult", "PruneConfig", "mask_overlap",
@@ -219,7 +219,7 @@ class Phase:
         for sampler in self._samplers:
             sampler.set_epoch(done)
         if done == self.rewind_epoch:
-            self.rewind_state = _cpu(unwrap(self.model).state_dict())
+            self.rewind_state = cpu_copy(unwrap(self.model).state_dict())
 
     def on_epoch_end(self, model: nn.Module, epoch: int, logs: dict[str, Any]) -> None:
         """``end_epoch`` as a ``pathlift.data.training`` callback (``epoch`` counts from
@@ -334,7 +334,7 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     def run(key: RunKey) -> tuple[RunRecord, dict[str, Tensor] | None]:
         record, model = _run(key, trained[key.seed], dense[key.seed], methods[key.method],
                              shape, config, train, evaluate, worker, spread, world.size)
-        return record, _cpu(model.state_dict()) if save_models else None
+        return record, cpu_copy(model.state_dict()) if save_models else None
 
     records = dict(done)
     for record, state in _spread(pending, run, world, spread):
@@ -375,10 +375,6 @@ def _spread(tasks: list[T], work: Callable[[T], R], world: World, spread: Spread
         yield from world.gather(mine)[:len(chunk)]
 
 
-def _cpu(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in state.items()}
-
-
 def _agreed(world: World, what: str, value: float) -> float:
     world.check_identical(what, value)
     return value
@@ -410,7 +406,7 @@ def _train_dense(seed: int, model_fn: Callable[[], nn.Module], train: Train,
             "after each epoch")
     world.check_identical("rewind weights", phase.rewind_state)
     accuracy = _agreed(world, "dense accuracies", evaluate(model))
-    return DenseStates(seed, _cpu(model.state_dict()), phase.rewind_state, accuracy)
+    return DenseStates(seed, cpu_copy(model.state_dict()), phase.rewind_state, accuracy)
 
 
 def _materialise(model_fn: Callable[[], nn.Module], states: DenseStates,
@@ -444,8 +440,8 @@ def _choose(current: nn.Module, method: Method, shape: tuple[int, ...], amount: 
     candidate = copy_model(current).eval()
     result = method.prune(candidate, shape, amount, last_layer_factor)
     masks = {k: v.cpu() for k, v in prune_masks(candidate).items()}
-    common = math.nan if not overlap else 100.0 if method.reference == method else None
-    if common is None:
+    common = math.nan
+    if overlap:  # for the reference method too: 100 if its pruning is deterministic
         reference = copy_model(current).eval()
         method.reference.prune(reference, shape, amount, last_layer_factor)
         common = mask_overlap(masks, {k: v.cpu() for k, v in prune_masks(reference).items()})
