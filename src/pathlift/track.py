@@ -118,13 +118,8 @@ class PathNormTracker:
                 targets = [(f"{m}.{p}", param(module, p))
                            for m, module, p in prunable_parameters(graph)]
                 scores = path_magnitude_scores(graph, dtype=self.dtype).tensors
-                total = sum(w.numel() for _, w in targets)
-
-                def zeros(tensors: list[torch.Tensor]) -> float:  # one device sync
-                    return float(torch.stack([(t == 0).sum() for t in tensors]).sum()) / total
-
-                row["sparsity"] = zeros([w for _, w in targets])
-                row["path_magnitude_sparsity"] = zeros([scores[n] for n, _ in targets])
+                row["sparsity"] = _zero_fraction([w for _, w in targets])
+                row["path_magnitude_sparsity"] = _zero_fraction([scores[n] for n, _ in targets])
             if self.probe is not None:
                 row["average_case"] = average_case_path_norm(graph, None, self.probe,
                                                              max_samples=None).mean
@@ -134,3 +129,9 @@ class PathNormTracker:
                 row["bound_ce_log10"] = cross_entropy_gap_log10(
                     rademacher_peeling(self.constants, self.sigma, norms[1.0].log10), self.n_train)
         return row
+
+
+def _zero_fraction(tensors: list[torch.Tensor]) -> float:
+    """The fraction of entries equal to 0 over all ``tensors`` (one device sync)."""
+    zeros = torch.stack([(t == 0).sum() for t in tensors]).sum()
+    return float(zeros) / sum(t.numel() for t in tensors)

@@ -7,7 +7,8 @@ user's ``nn.Module``.
   (``name_orig`` * ``name_mask``, with ``name`` a plain attribute refreshed by a forward
   pre-hook) and under torch.nn.utils.parametrize (read through, never written).
 - ``copy_model``: a deep copy that also works on pruned models; ``meta_clone``: the same
-  structure with every tensor on the meta device (shapes only, no memory).
+  structure with every tensor on the meta device (shapes only, no memory); ``cpu_state``:
+  a state_dict as detached, contiguous CPU tensors (to save or to keep).
 - ``dtype_device``, ``output_leaves``, ``eval_mode``, ``structure_key``.
 
 Nothing here modifies the caller's model, its parameters' version counters or its
@@ -88,6 +89,13 @@ def prune_masks(model: nn.Module) -> dict[str, Tensor]:
     torch.nn.utils.prune in ``unwrap(model)``."""
     return {name[: -len("_mask")]: buf.detach().clone()
             for name, buf in unwrap(model).named_buffers() if name.endswith("_mask")}
+
+
+def cpu_state(state: dict[str, Tensor], snapshot: bool = False) -> dict[str, Tensor]:
+    """``state`` (a state_dict) as detached, contiguous CPU tensors, what safetensors and
+    ``torch.save`` write; with ``snapshot`` copies that share no memory with the model."""
+    return {k: v.detach().to("cpu", memory_format=torch.contiguous_format, copy=snapshot)
+            for k, v in state.items()}
 
 
 def attach_masks_(model: nn.Module, masks: dict[str, Tensor]) -> nn.Module:

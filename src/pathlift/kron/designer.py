@@ -565,8 +565,8 @@ def design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 256,
     model = calibrate(sorted(options, key=KSPattern.as_tuple), batch, dtype, repeats,
                       on_step=step)
     # refit on the factors the candidates are made of: a spread over every option weighs
-    # the fit where no candidate lies (at 512 x 512 it ranked the candidates with a rank
-    # correlation of 0.75 against the measured times, the refit about 0.9)
+    # the fit where no candidate lies (on the 384 x 1536 candidates of the design
+    # benchmark: rank correlation 0.89 against the measured times, refitted 0.91)
     named = _named(n_in, n_out, max_params)
     found = [*candidates(n_in, n_out, budget, model, lengths, per_length), *named]
     used = list(dict.fromkeys(p for chain in found for p in chain))

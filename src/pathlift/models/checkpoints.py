@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.nn.utils import prune
 
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
-from pathlift.graph.boundary import unwrap
+from pathlift.graph.boundary import cpu_state, unwrap
 from pathlift.models.registry import REFERENCE_MODELS, get_model
 
 __all__ = ["Checkpoint", "UnsafeCheckpointError", "load_model", "load_weights",
@@ -71,7 +71,7 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str, *,
         raise InvalidParameterError(f"constructor kwargs {kwargs} must be JSON values") from err
     if shape is not None:
         meta[_SHAPE] = json.dumps(shape)
-    state = {k: v.detach().cpu().contiguous() for k, v in unwrap(model).state_dict().items()}
+    state = cpu_state(unwrap(model).state_dict())
     if path.suffix in _SAFETENSORS:
         # safetensors' save_file creates the file with mode 0600; bytes written through
         # open() get the usual 0666 & ~umask

@@ -36,9 +36,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from pathlift.distributed import World, ddp, shard
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import copy_model, unwrap
-from pathlift.graph.boundary import attach_masks_, prune_masks
+from pathlift.graph.boundary import attach_masks_, cpu_state, prune_masks
 from pathlift.prune.methods import Criterion, PruningResult, Scope, ScoreFunction, prune_model
-from pathlift.prune.results import DenseStates, RunFolder, RunKey, RunRecord, cpu_copy
+from pathlift.prune.results import DenseStates, RunFolder, RunKey, RunRecord
 from pathlift.symmetry.rescale import random_rescale
 
 __all__ = ["METHODS", "Method", "Phase", "ProtocolResult", "PruneConfig", "mask_overlap",
@@ -219,7 +219,7 @@ class Phase:
         for sampler in self._samplers:
             sampler.set_epoch(done)
         if done == self.rewind_epoch:
-            self.rewind_state = cpu_copy(unwrap(self.model).state_dict())
+            self.rewind_state = cpu_state(unwrap(self.model).state_dict(), snapshot=True)
 
     def on_epoch_end(self, model: nn.Module, epoch: int, logs: dict[str, Any]) -> None:
         """``end_epoch`` as a ``pathlift.data.training`` callback (``epoch`` counts from
@@ -334,7 +334,7 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     def run(key: RunKey) -> tuple[RunRecord, dict[str, Tensor] | None]:
         record, model = _run(key, trained[key.seed], dense[key.seed], methods[key.method],
                              shape, config, train, evaluate, worker, spread, world.size)
-        return record, cpu_copy(model.state_dict()) if save_models else None
+        return record, cpu_state(model.state_dict(), snapshot=True) if save_models else None
 
     records = dict(done)
     for record, state in _spread(pending, run, world, spread):
@@ -406,7 +406,8 @@ def _train_dense(seed: int, model_fn: Callable[[], nn.Module], train: Train,
             "after each epoch")
     world.check_identical("rewind weights", phase.rewind_state)
     accuracy = _agreed(world, "dense accuracies", evaluate(model))
-    return DenseStates(seed, cpu_copy(model.state_dict()), phase.rewind_state, accuracy)
+    trained = cpu_state(model.state_dict(), snapshot=True)
+    return DenseStates(seed, trained, phase.rewind_state, accuracy)
 
 
 def _materialise(model_fn: Callable[[], nn.Module], states: DenseStates,

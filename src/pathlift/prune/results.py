@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
 from pathlift.errors import InvalidParameterError
+from pathlift.graph.boundary import cpu_state
 
 __all__ = ["DenseStates", "RunFolder", "RunKey", "RunRecord"]
 
@@ -157,7 +157,7 @@ class RunFolder:
         for part, state in (("rewind", states.rewind), ("trained", states.trained)):
             meta = {"seed": str(states.seed), "accuracy": repr(states.accuracy)}
             _atomic_write(self.dense_path(states.seed, part),
-                          lambda tmp, s=state, m=meta: save_file(cpu_copy(s), str(tmp), m))
+                          lambda tmp, s=state, m=meta: save_file(cpu_state(s), str(tmp), m))
 
     def load_dense(self, seed: int) -> DenseStates | None:
         """The seed's dense states, or None when they were not saved (completely)."""
@@ -177,14 +177,8 @@ class RunFolder:
         tag = f"seed{record.seed}-{record.method}-{'rescaled-' if record.rescaled else ''}" \
               f"{record.amount:g}"
         path = self.path / "models" / f"{tag}.safetensors"
-        _atomic_write(path, lambda tmp: save_file(cpu_copy(state), str(tmp)))
+        _atomic_write(path, lambda tmp: save_file(cpu_state(state), str(tmp)))
         return path
-
-
-def cpu_copy(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A detached, contiguous CPU copy of a state_dict (what safetensors writes)."""
-    return {k: v.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
-            for k, v in state.items()}
 
 
 def _ends_with_newline(path: Path) -> bool:
