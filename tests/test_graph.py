@@ -62,7 +62,7 @@ UNSUPPORTED = {
     "GELU": (_wrap(nn.GELU()), (4,), "1", "GELU"),
     "sigmoid": (_wrap(nn.Sigmoid()), (4,), "1", "Sigmoid"),
     "softmax": (_wrap(nn.Softmax(dim=-1)), (4,), "1", "Softmax"),
-    "ReLU6": (_wrap(nn.ReLU6()), (4,), "1", "ReLU6"),
+    "hardswish": (_wrap(nn.Hardswish()), (4,), "1", "Hardswish"),
     "LayerNorm": (_wrap(nn.LayerNorm(4)), (4,), "1", "LayerNorm"),
     "functional gelu": (_Functional(F.gelu), (4,), "gelu", "gelu"),
     "functional sigmoid": (_Functional(torch.sigmoid), (4,), "sigmoid", "sigmoid"),

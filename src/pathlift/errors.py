@@ -16,9 +16,31 @@ class UnsupportedModelError(PathliftError):
             super().__init__(problems)
             return
         self.problems = list(problems)
-        lines = [str(p) for p in self.problems]
         head = "model is not a supported ReLU network (thesis Def. 2.2.2):"
-        super().__init__(head + "\n  " + "\n  ".join(lines))
+        super().__init__(head + "\n  " + "\n  ".join(summarise(self.problems)))
+
+
+_MAX_LINES = 9  # with the head line, an error never takes more than 10 lines
+_NAMED = 3  # nodes named per cause
+
+
+def summarise(problems: list[Problem]) -> list[str]:
+    """One line per distinct cause, with how many nodes share it and the first few."""
+    causes: dict[str, list[Problem]] = {}
+    for p in problems:
+        causes.setdefault(p.reason, []).append(p)
+    lines = []
+    for reason, group in causes.items():
+        if len(group) == 1:
+            lines.append(str(group[0]))
+            continue
+        named = ", ".join(f"'{p.node}' ({p.op})" for p in group[:_NAMED])
+        more = f" and {len(group) - _NAMED} more" if len(group) > _NAMED else ""
+        lines.append(f"{len(group)} nodes, {named}{more}: {reason}")
+    if len(lines) > _MAX_LINES:
+        rest = len(lines) - _MAX_LINES + 1
+        lines = [*lines[:_MAX_LINES - 1], f"... and {rest} more causes (see .problems)"]
+    return lines
 
 
 class ShapeError(PathliftError):
@@ -31,6 +53,10 @@ class ArchitectureMismatchError(PathliftError):
 
 class InvalidParameterError(PathliftError):
     """Parameters hold NaN/inf, or an argument is out of its domain."""
+
+
+class PrecisionError(PathliftError):
+    """A number cannot be computed to the promised precision in the requested dtype."""
 
 
 class DistributedError(PathliftError):

@@ -5,6 +5,7 @@ from pathlift.graph.abs_pow import AbsPowInterpreter, Scaled
 from pathlift.graph.boundary import copy_model, eval_mode, param, unwrap
 from pathlift.graph.ops import Call, Handler, Kind, batchnorm_affine, handler_for
 from pathlift.graph.trace import CheckReport, LayerGraph, check, graph_of, trace
+from pathlift.graph.walk import OpWalker
 
 __all__ = [
     "AbsPowInterpreter",
@@ -13,6 +14,7 @@ __all__ = [
     "Handler",
     "Kind",
     "LayerGraph",
+    "OpWalker",
     "Scaled",
     "batchnorm_affine",
     "check",

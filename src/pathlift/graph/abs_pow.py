@@ -16,10 +16,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, fx
+from torch import Tensor
+from torch.utils._pytree import tree_leaves, tree_map
 
-from pathlift.graph.ops import AffineHandler, Call, Kind, Workspace, _channel_view, abs_power
-from pathlift.graph.trace import HANDLER, GraphInterpreter, LayerGraph
+from pathlift.graph.ops import (
+    Activation,
+    AffineHandler,
+    Call,
+    FixedLinear,
+    Handler,
+    Workspace,
+    abs_power,
+    channel_view,
+)
+from pathlift.graph.trace import LayerGraph
+from pathlift.graph.walk import OpWalker
 
 _DRIFT = 16  # a mantissa peak may drift within 2^(+-16) before it is rescaled
 
@@ -62,20 +73,22 @@ def _align(values: list[Scaled]) -> tuple[list[Tensor], float]:
 
 
 def scaled_affine(weight_part: Callable[[Tensor | None], Tensor], log_scale: float,
-                  bias: Tensor | None, channel_dim: int) -> Scaled:
-    """y e^s + b for y = ``weight_part(None)`` (b >= 0, one entry per channel along
-    ``channel_dim``), as a normalised ``Scaled`` in log space.
+                  bias: Tensor | None, channel_dim: int, bias_log_scale: float = 0.0
+                  ) -> Scaled:
+    """y e^s + b e^t for y = ``weight_part(None)`` (b >= 0, one entry per channel along
+    ``channel_dim``, t = ``bias_log_scale``), as a normalised ``Scaled`` in log space.
 
-    When b <= e^s the bias fits in y's scale and enters the layer itself,
-    e^s (W x + b e^{-s}) = e^s ``weight_part(b e^{-s})`` (a convolution adds its bias for
-    free); otherwise e^m (y e^{s-m} + b e^{-m}) with m = ln max b, in one fused add.
+    When b e^t <= e^s the bias fits in y's scale and enters the layer itself,
+    e^s (W x + b e^{t-s}) = e^s ``weight_part(b e^{t-s})`` (a convolution adds its bias
+    for free); otherwise e^m (y e^{s-m} + b e^{t-m}) with m = ln max b + t, in one fused add.
     """
     peak = float(bias.detach().max()) if bias is not None and bias.numel() else 0.0
     if peak == 0.0:
         return Scaled.normalised(weight_part(None), log_scale)
-    top = math.log(peak)
+    top = math.log(peak) + bias_log_scale
     if top <= log_scale:
-        return Scaled.normalised(weight_part(bias * math.exp(-log_scale)), log_scale)
+        return Scaled.normalised(weight_part(bias * math.exp(bias_log_scale - log_scale)),
+                                 log_scale)
     y = weight_part(None)
     return Scaled.normalised(torch.add(channel_bias(bias / peak, y.dim(), channel_dim), y,
                                        alpha=math.exp(log_scale - top)), top)
@@ -83,7 +96,29 @@ def scaled_affine(weight_part: Callable[[Tensor | None], Tensor], log_scale: flo
 
 def channel_bias(bias: Tensor, ndim: int, channel_dim: int) -> Tensor:
     """A per-channel vector shaped to broadcast against an activation of ``ndim`` dims."""
-    return bias if channel_dim == -1 else _channel_view(bias, ndim)
+    return bias if channel_dim == -1 else channel_view(bias, ndim)
+
+
+class ScaledWalker(OpWalker):
+    """A pass whose values are ``Scaled`` tensors: relabelling ops move mantissas (several
+    inputs, as in ``cat``, brought to one scale first) and keep the scale; Python-level
+    ops see mantissas."""
+
+    def on_reshape(self, handler: Handler, call: Call) -> object:
+        scaled = [v for v in tree_leaves((call.args, call.kwargs)) if isinstance(v, Scaled)]
+        if not scaled:
+            return call.run()
+        mantissas, top = _align(scaled)
+        swap = dict(zip(map(id, scaled), mantissas, strict=True))
+        args, kwargs = tree_map(lambda v: swap.get(id(v), v) if isinstance(v, Scaled) else v,
+                                (call.args, call.kwargs))
+        out = Call(call.node, call.module, args, kwargs).run()
+        return tree_map(lambda t: Scaled(t, top) if isinstance(t, Tensor) else t, out)
+
+    def on_shape(self, handler: Handler, call: Call) -> object:
+        args, kwargs = tree_map(lambda v: v.mantissa if isinstance(v, Scaled) else v,
+                                (call.args, call.kwargs))
+        return Call(call.node, call.module, args, kwargs).run()
 
 
 # One CPU workspace per dtype for the whole process, whatever the model: a new model's
@@ -94,12 +129,14 @@ _WORKSPACES: dict[torch.dtype, Workspace] = {}
 _POOL_LOCK = threading.Lock()
 
 
-class AbsPowInterpreter(GraphInterpreter):
+class AbsPowInterpreter(ScaledWalker):
     """Forward pass of the |theta|^q network (Thm 3.1.1) over a traced ``LayerGraph``."""
 
-    def __init__(self, graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64):
+    def __init__(self, graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64,
+                 unit_weights: bool = False):
         super().__init__(graph)
         self.q, self.dtype = q, dtype
+        self.unit_weights = unit_weights  # divide each layer by its largest |w| (large q)
         self.workspace: Workspace | None = None
 
     def run_all_ones(self) -> Scaled | tuple[Scaled, ...]:
@@ -124,47 +161,57 @@ class AbsPowInterpreter(GraphInterpreter):
             if mine:
                 shared.lock.release()
 
-    def run_node(self, n: fx.Node):
-        if n.op in ("placeholder", "output"):
-            return super().run_node(n)
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        module = self.layer_graph.submodule(n)
-        handler = n.meta[HANDLER]
-        kind = handler.kind
-        if kind is Kind.ADD:
-            big, small = sorted(args[:2], key=lambda v: -v.log_scale)
-            total = torch.add(big.mantissa, small.mantissa,
-                              alpha=math.exp(small.log_scale - big.log_scale))
-            return Scaled.normalised(total, big.log_scale)
-        if kind is Kind.CAT:
-            tensors = args[0] if args else kwargs["tensors"]
-            mantissas, top = _align(list(tensors))
-            rest = dict(kwargs)
-            rest.pop("tensors", None)
-            return Scaled.normalised(torch.cat(mantissas, *args[1:], **rest), top)
-        scaled = next((a for a in args if isinstance(a, Scaled)), None)
-        plain = tuple(a.mantissa if isinstance(a, Scaled) else a for a in args)
-        call = Call(n, module, plain, dict(kwargs))
-        if kind is Kind.SHAPE:
-            return call.run(*plain)
-        x = scaled.mantissa
-        if kind is Kind.AFFINE:
-            return self._affine(handler, x, scaled.log_scale, call)
-        return Scaled(handler.abs_pow(x, self.q, call), scaled.log_scale)
+    def on_add(self, handler: Handler, call: Call) -> Scaled:
+        big, small = sorted(call.args[:2], key=lambda v: -v.log_scale)
+        total = torch.add(big.mantissa, small.mantissa,
+                          alpha=math.exp(small.log_scale - big.log_scale))
+        return Scaled.normalised(total, big.log_scale)
+
+    def on_relu(self, handler: Handler, call: Call) -> Scaled:
+        return call.args[0]  # fed non-negative values, ReLU is the identity
+
+    def on_pool(self, handler: FixedLinear, call: Call) -> Scaled:
+        x = call.args[0]
+        y, log_gain = handler.abs_pow(x.mantissa, self.q, call.replace(x.mantissa))
+        return Scaled.normalised(y, x.log_scale + log_gain)
+
+    on_maxpool = on_pool
+
+    def on_activation(self, handler: Activation, call: Call) -> Scaled:
+        """A x + B for the lowered ReLU/identity neurons (``Pieces.log_terms``)."""
+        x = call.args[0]
+        m = x.mantissa
+        log_a, log_b = handler.pieces(call.replace(m)).log_terms(
+            self.q, m.new_zeros((), dtype=torch.float64))
+        top = max(x.log_scale + float(log_a.max()), float(log_b.max()))
+        if top == -math.inf:  # the zero function
+            return Scaled(torch.zeros_like(m), 0.0)
+        gain = torch.exp(log_a + (x.log_scale - top)).to(m.dtype)
+        offset = torch.exp(log_b - top).to(m.dtype)
+        return Scaled.normalised(torch.addcmul(offset, m, gain), top)
+
+    def on_affine(self, handler: AffineHandler, call: Call) -> Scaled:
+        x = call.args[0]
+        return self._affine(handler, x.mantissa, x.log_scale, call.replace(x.mantissa))
 
     def _affine(self, handler: AffineHandler, x: Tensor, log_scale: float, call: Call
                 ) -> Scaled:
-        """|W|^q x e^s + |b|^q (see ``scaled_affine``)."""
-        return scaled_affine(lambda bias: self.weight_part(handler, x, call, bias), log_scale,
-                             self.bias_magnitude(handler, call), handler.channel_dim)
+        """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q (|W/u|^q x e^s + |b/u|^q)
+        with u the layer's largest parameter when ``unit_weights`` is set."""
+        unit = handler.largest(call.module) if self.unit_weights else 1.0
+        gain = self.q * math.log(unit)
+        return scaled_affine(lambda bias: self.weight_part(handler, x, call, bias, unit),
+                             log_scale + gain, self.bias_magnitude(handler, call, unit),
+                             handler.channel_dim, gain)
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
-                    bias: Tensor | None = None) -> Tensor:
-        """|W|^q x (+ bias) of one affine layer (a hook: subclasses substitute or record
-        |W|^q)."""
-        return handler.weight_part(x, self.q, call, bias, self.workspace)
+                    bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
+        """|W/unit|^q x (+ bias) of one affine layer (a hook: subclasses substitute or
+        record |W|^q)."""
+        return handler.weight_part(x, self.q, call, bias, self.workspace, unit)
 
-    def bias_magnitude(self, handler: AffineHandler, call: Call) -> Tensor | None:
-        """|b|^q of one affine layer, or None (a hook, like ``weight_part``)."""
+    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+                       ) -> Tensor | None:
+        """|b/unit|^q of one affine layer, or None (a hook, like ``weight_part``)."""
         bias = handler.bias(call.module)
-        return None if bias is None else abs_power(bias, self.q, self.dtype)
+        return None if bias is None else abs_power(bias, self.q, self.dtype, unit=unit)

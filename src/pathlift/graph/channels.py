@@ -29,8 +29,9 @@ import torch
 from torch import Tensor, fx, nn
 
 from pathlift.graph.boundary import output_leaves
-from pathlift.graph.ops import AffineHandler, Kind
-from pathlift.graph.trace import HANDLER, GraphInterpreter, LayerGraph, graph_of
+from pathlift.graph.ops import Activation, AffineHandler, Call, FixedLinear, Handler
+from pathlift.graph.trace import LayerGraph, graph_of
+from pathlift.graph.walk import OpWalker
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,10 @@ def _per_channel(ids: Tensor, dim: int, uf: _UnionFind) -> Tensor:
     return first.clone()
 
 
-class _Labeller(GraphInterpreter):
+class _Labeller(OpWalker):
     """Runs the graph on tensors of neuron ids (float64, batch 1) instead of activations."""
+
+    purpose = "the channel analysis"
 
     def __init__(self, graph: LayerGraph):
         super().__init__(graph)
@@ -156,27 +159,43 @@ class _Labeller(GraphInterpreter):
             for t in output_leaves(self.fetch_args_kwargs_from_env(n)[0]):
                 self.uf.union(0, self.uf.union_all(t.long()))
                 self.outputs.append(torch.unique(t.long()))
-            return super().run_node(n)
-        kind = n.meta[HANDLER].kind
-        args, _ = self.fetch_args_kwargs_from_env(n)
-        if kind is Kind.AFFINE:
-            return self._producer(n, args[0])
-        if kind is Kind.ADD:  # distinct (a, b) id pairs, as one int64 key each
-            a, b = args[0].long().flatten(), args[1].long().flatten()
-            width = int(torch.maximum(a.max(), b.max())) + 1
-            for key in torch.unique(a * width + b).tolist():
-                self.uf.union(key // width, key % width)
-            return args[0]
-        if kind in (Kind.POOL, Kind.MAXPOOL):
-            return self._pool(n, args[0])
         return super().run_node(n)
+
+    def on_affine(self, handler: AffineHandler, call: Call) -> Tensor:
+        return self._producer(call.node, call.args[0])
+
+    def on_add(self, handler: Handler, call: Call) -> Tensor:
+        """The ids meeting in a sum are tied: distinct (a, b) pairs, one int64 key each."""
+        a, b = call.args[0].long().flatten(), call.args[1].long().flatten()
+        width = int(torch.maximum(a.max(), b.max())) + 1
+        for key in torch.unique(a * width + b).tolist():
+            self.uf.union(key // width, key % width)
+        return call.args[0]
+
+    def on_relu(self, handler: Handler, call: Call) -> Tensor:
+        return call.args[0]
+
+    def on_activation(self, handler: Activation, call: Call) -> Tensor:
+        """A positively homogeneous activation keeps the ids of its input; a clipping one
+        fixes their scale (they join the fixed group 0)."""
+        ids = call.args[0]
+        if handler.fixes_scale(call):
+            self.uf.union(0, self.uf.union_all(ids.long()))
+        return ids
+
+    def on_pool(self, handler: FixedLinear, call: Call) -> Tensor:
+        if handler.elementwise:
+            return call.args[0]
+        return self._pool(call.node, call.args[0])
+
+    on_maxpool = on_pool
 
     def _out_shape(self, n: fx.Node) -> tuple[int, ...]:
         return (1, *self.layer_graph.output_shape(n))
 
     def _producer(self, n: fx.Node, ids: Tensor) -> Tensor:
         module = self.layer_graph.submodule(n)
-        handler = n.meta[HANDLER]
+        handler = self.layer_graph.handler(n)
         dim = ids.dim() - 1 if handler.channel_dim == -1 else 1
         inputs = _per_channel(ids.long(), dim, self.uf)
         first = self.producers.get(n.target)

@@ -45,26 +45,30 @@ than ``max_paths`` (default 1e6) paths is refused.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import scipy.sparse
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
 from pathlift.graph.boundary import copy_model, output_leaves
-from pathlift.graph.ops import Call, Kind
-from pathlift.graph.trace import GraphInterpreter, LayerGraph, trace
+from pathlift.graph.ops import Call, Handler
+from pathlift.graph.trace import LayerGraph, trace
+from pathlift.graph.walk import OpWalker
 from pathlift.logspace import LN10, power10
 
 MAX_PATHS = 10**6
 _FAR_BELOW = -1e9  # max-pool probes: every position but one is far below the probed one
+# piecewise-linear probes: 0 and +-2^k, k = -20..20 (exact in float64); breakpoints beyond
+# 2^20 in magnitude are not resolved (the reconstruction is checked, see _learn_pieces)
+_GRID = np.concatenate([-(2.0 ** np.arange(20, -21, -1)), [0.0], 2.0 ** np.arange(-20, 21)])
 
 
 class Activation(Enum):
@@ -311,6 +315,68 @@ class NeuronDAG:
         return x.detach().to(torch.float64).reshape(-1).cpu().numpy()
 
 
+def _learn_pieces(points: np.ndarray, values: np.ndarray, checks: np.ndarray,
+                  checked: np.ndarray, name: str) -> tuple[list[float], list[float], float]:
+    """(breakpoints t_1 < ... < t_k, slopes s_0..s_k, f(t_1)) of the scalar function with
+    ``values`` at the sorted ``points``: runs of cells of one slope are pieces, a single
+    cell between two pieces whose lines meet inside it holds that breakpoint, and the
+    breakpoint between two pieces is where their lines meet. The reconstruction must
+    match the op's values ``checked`` at ``checks``; a function it does not match (two
+    breakpoints in one cell, a discontinuity) is refused."""
+    slopes = np.diff(values) / np.diff(points)
+    runs: list[list] = []  # [slope, intercept, first cell, last cell]
+    for i, s in enumerate(slopes):
+        if runs and math.isclose(s, runs[-1][0], rel_tol=1e-9, abs_tol=1e-12):
+            runs[-1][3] = i
+        else:
+            runs.append([float(s), float(values[i] - s * points[i]), i, i])
+    kept = [runs[0]]
+    for k in range(1, len(runs)):
+        run, nxt = runs[k], runs[k + 1] if k + 1 < len(runs) else None
+        if nxt is not None and run[2] == run[3] and kept[-1][0] != nxt[0]:
+            meet = (nxt[1] - kept[-1][1]) / (kept[-1][0] - nxt[0])
+            if points[run[2]] <= meet <= points[run[2] + 1]:
+                continue  # a cell straddling one breakpoint
+        kept.append(run)
+    lines = [(s, b) for s, b, _, _ in kept]
+    if len(lines) == 1:  # linear: one breakpoint at 0 with equal slopes
+        lines.append(lines[0])
+        breaks = [0.0]
+    else:
+        breaks = [(b2 - b1) / (s1 - s2) for (s1, b1), (s2, b2) in itertools.pairwise(lines)]
+    piece_slopes = [s for s, _ in lines]
+    value = lines[0][0] * breaks[0] + lines[0][1]
+    rebuilt = _evaluate(checks, breaks, piece_slopes, value)
+    scale = max(1.0, float(np.abs(values).max()))
+    if any(b >= a for a, b in zip(breaks[1:], breaks, strict=False)) or not np.allclose(
+            rebuilt, checked, rtol=1e-9, atol=1e-9 * scale):
+        raise UnsupportedModelError(
+            f"node '{name}': the neuron DAG could not resolve this activation as a "
+            "continuous piecewise-linear function (breakpoints closer than its probes, or "
+            "beyond +-2^20)")
+    return breaks, piece_slopes, value
+
+
+def _evaluate(z: np.ndarray, breaks: list[float], slopes: list[float], value: float
+              ) -> np.ndarray:
+    """The piecewise-linear function of (breaks, slopes, f(t_1)) at ``z``."""
+    out = value + slopes[0] * np.minimum(z - breaks[0], 0.0)
+    for i, t in enumerate(breaks):
+        right = breaks[i + 1] if i + 1 < len(breaks) else np.inf
+        out = out + slopes[i + 1] * (np.clip(z, t, right) - t)
+    return out
+
+
+def _lowering(breaks: list[float], slopes: list[float], value: float
+              ) -> tuple[list[tuple[float, float, float]], float]:
+    """((sigma_j, beta_j, c_j), f(t_1)) of the documented lowering f(z) = f(t_1)
+    - s_0 ReLU(t_1 - z) + s_1 ReLU(z - t_1) + sum_{i>=2} (s_i - s_{i-1}) ReLU(z - t_i),
+    zero coefficients left out."""
+    neurons = [(-1.0, breaks[0], -slopes[0]), (1.0, -breaks[0], slopes[1])]
+    neurons += [(1.0, -breaks[i], slopes[i + 1] - slopes[i]) for i in range(1, len(breaks))]
+    return [n for n in neurons if n[2] != 0], value
+
+
 def _sign(w: float) -> float:
     return float(np.sign(w))
 
@@ -329,7 +395,7 @@ def _log_sum_exp(a: np.ndarray) -> float:
     return top + math.log(math.fsum(np.exp(a - top)))
 
 
-class _Builder(GraphInterpreter):
+class _Builder(OpWalker):
     """Runs the traced graph on tensors of neuron ids, creating neurons as it goes."""
 
     def __init__(self, graph: LayerGraph):
@@ -360,23 +426,22 @@ class _Builder(GraphInterpreter):
         count = len(self.node) - start
         return torch.arange(start, start + count, dtype=torch.int64).reshape(1, *shape)
 
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op in ("placeholder", "output"):
-            return super().run_node(n)
-        kind = self.layer_graph.handler(n).kind
-        if kind in (Kind.SHAPE, Kind.RESHAPE, Kind.CAT, Kind.IDENTITY):
-            return super().run_node(n)  # relabels the ids, creates no neuron
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        call = Call(n, self.layer_graph.submodule(n), tuple(args), dict(kwargs))
-        name = str(n.target) if n.op == "call_module" else n.name  # as errors name nodes
-        if kind is Kind.RELU:
-            ids = args[0]
-            edges = [{int(u): 1.0} for u in ids.reshape(-1).tolist()]
-            return self._new(name, ids.shape[1:], Activation.RELU, np.zeros(len(edges)),
-                             edges, from_relu=True)
-        if kind is Kind.MAXPOOL:
-            return self._maxpool(name, call)
-        return self._linear(name, call)
+    def on_relu(self, handler: Handler, call: Call) -> Tensor:
+        ids = call.args[0]
+        edges = [{int(u): 1.0} for u in ids.reshape(-1).tolist()]
+        return self._new(call.label, ids.shape[1:], Activation.RELU, np.zeros(len(edges)),
+                         edges, from_relu=True)
+
+    def on_maxpool(self, handler: Handler, call: Call) -> Tensor:
+        return self._maxpool(call.label, call)
+
+    def on_affine(self, handler: Handler, call: Call) -> Tensor:
+        return self._linear(call.label, call)
+
+    on_pool = on_add = on_affine
+
+    def on_activation(self, handler: Handler, call: Call) -> Tensor:
+        return self._piecewise(call.label, call)
 
     def _linear(self, name: str, call: Call) -> Tensor:
         """Neurons of an affine op: bias = op(0), matrix = op(basis) - op(0), per input."""
@@ -399,6 +464,47 @@ class _Builder(GraphInterpreter):
             for i, o in zip(*np.nonzero(matrix), strict=True):
                 edges[o][int(ids[i])] = float(matrix[i, o])
         return self._new(name, y0.shape[1:], Activation.IDENTITY, bias, edges)
+
+    def _piecewise(self, name: str, call: Call) -> Tensor:
+        """An elementwise continuous piecewise-linear activation, lowered to ReLU neurons
+        n_j = ReLU(sigma_j z + beta_j) and one identity neuron y = f(t_1) + sum_j c_j n_j
+        per element (the representation of ``pathlift.graph.ops.activation``), with the
+        breakpoints and slopes learnt by probing the real op (``_learn_pieces``): on
+        ``_GRID``, then finely in every grid cell where the slope changes, then checked."""
+        ids = call.args[0]
+        flat = ids.reshape(-1)
+
+        def probe(points: np.ndarray) -> np.ndarray:
+            z = torch.tensor(points, dtype=torch.float64).reshape(
+                (-1,) + (1,) * (ids.dim() - 1)).expand((len(points), *ids.shape[1:]))
+            return call.replace(z.contiguous()).run().reshape(len(points), -1).numpy()
+
+        coarse = probe(_GRID)
+        slopes = np.diff(coarse, axis=0) / np.diff(_GRID)[:, None]
+        bends = ~np.isclose(slopes[1:], slopes[:-1], rtol=1e-9, atol=1e-12).all(axis=1)
+        cells = sorted({c for i in np.flatnonzero(bends) for c in (i, i + 1)})
+        fine = np.unique(np.concatenate(
+            [np.linspace(_GRID[c], _GRID[c + 1], 66)[1:-1] for c in cells] or [np.empty(0)]))
+        points = np.concatenate([_GRID, fine])
+        order = np.argsort(points)
+        checks = np.concatenate([points[order][:-1] + np.diff(points[order]) * f
+                                 for f in (0.3, 0.7)])
+        values = np.concatenate([coarse, probe(fine), probe(checks)])
+        functions, which = np.unique(values, axis=1, return_inverse=True)
+        cut = len(points)
+        lowered = [_lowering(*_learn_pieces(points[order], functions[:cut][order, k], checks,
+                                            functions[cut:, k], name))
+                   for k in range(functions.shape[1])]
+        out = torch.empty_like(flat)
+        for pos, (u, k) in enumerate(zip(flat.tolist(), which.reshape(-1).tolist(),
+                                         strict=True)):
+            neurons, constant = lowered[k]
+            hidden = [int(self._new(name + ".relu", (1,), Activation.RELU, np.array([beta]),
+                                    [{int(u): sigma}])[0, 0]) for sigma, beta, _ in neurons]
+            edges = {h: c for h, (_, _, c) in zip(hidden, neurons, strict=True)}
+            out[pos] = self._new(name, (1,), Activation.IDENTITY, np.array([constant]),
+                                 [edges])[0, 0]
+        return out.reshape(ids.shape)
 
     def _maxpool(self, name: str, call: Call) -> Tensor:
         """1-max-pool neurons, weights 1, bias 0; windows found by probing the real op."""

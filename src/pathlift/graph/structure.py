@@ -16,13 +16,9 @@ import torch
 from torch import Tensor, fx, nn
 
 from pathlift.errors import ArchitectureMismatchError, Problem
-from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call, Kind, LinearHandler
+from pathlift.graph.ops import Call, Kind, LinearHandler
 from pathlift.graph.trace import LayerGraph
-
-NEURON_KINDS = (Kind.AFFINE, Kind.POOL, Kind.MAXPOOL)  # ops that create neurons
-_CLOSES = (Kind.RELU, Kind.MAXPOOL)  # activations that end a neuron layer
-_OPENS = (Kind.AFFINE, Kind.POOL, Kind.ADD)  # ops that create (or feed) identity neurons
-_RELABEL = (Kind.RESHAPE, Kind.CAT, Kind.IDENTITY, Kind.SHAPE)  # ops creating no neuron
+from pathlift.graph.walk import OpWalker
 
 
 def longest_path(graph: LayerGraph, *kinds: Kind) -> int:
@@ -36,47 +32,81 @@ def longest_path(graph: LayerGraph, *kinds: Kind) -> int:
     return 0
 
 
+class _LayerCount(OpWalker):
+    """Longest input -> output path in neuron layers, by dynamic programming in
+    topological order (see ``neuron_layers``). Each value is (done, open, relu_only):
+    layers completed, done + 1 if identity neurons still wait for the activation that
+    ends their layer, and whether it holds ReLU neurons only (a ReLU of those adds none)."""
+
+    purpose = "counting neuron layers"
+
+    def __init__(self, graph: LayerGraph, refined: bool, count_maxpool: bool):
+        super().__init__(graph)
+        self.refined, self.count_maxpool = refined, count_maxpool
+
+    def run_node(self, n: fx.Node):
+        if n.op == "placeholder":
+            return (0, 0, False)
+        if n.op == "output":
+            return max(o for _, o, _ in self._inputs(n))
+        return super().run_node(n)
+
+    def _inputs(self, n: fx.Node) -> list[tuple[int, int, bool]]:
+        return [self.env[p] for p in n.all_input_nodes] or [(0, 0, False)]
+
+    def _merge(self, call: Call) -> tuple[int, int, bool]:
+        states = self._inputs(call.node)
+        return (max(d for d, _, _ in states), max(o for _, o, _ in states),
+                all(r for _, _, r in states))
+
+    def on_relu(self, handler, call):
+        d, _o, relu = self._merge(call)
+        d = d if self.refined and relu and handler.idempotent else d + 1
+        return (d, d, True)
+
+    def on_maxpool(self, handler, call):  # identity neurons before a max: a layer of their own
+        d, o, _ = self._merge(call)
+        d = o + int(self.count_maxpool)
+        return (d, d, False)
+
+    def on_activation(self, handler, call):
+        """ReLU neurons n_j (the identity neurons z they read merged into them when
+        refined), then one layer of identity neurons y that waits for the next activation."""
+        d, o, _ = self._merge(call)
+        d = d + 1 if self.refined else o + 1
+        return (d, d + 1, False)
+
+    def _opens(self, handler, call):
+        d, o, _ = self._merge(call)
+        if self.refined:
+            return (d, d + 1, False)
+        if handler.kind is Kind.ADD or self._folds(handler, call):
+            return (d, o, False)
+        return (o, o + 1, False)
+
+    on_affine = on_pool = on_add = _opens
+
+    def _folds(self, handler, call) -> bool:
+        """An eval BatchNorm right after an affine layer is folded into it."""
+        pred = call.node.all_input_nodes[0]
+        return (handler.folds and pred.op != "placeholder"
+                and self.layer_graph.handler(pred).kind is Kind.AFFINE)
+
+    def on_reshape(self, handler, call):
+        return self._merge(call)
+
+    on_shape = on_reshape
+
+
 def neuron_layers(graph: LayerGraph, refined: bool, count_maxpool: bool) -> int:
     """Longest input -> output path in neuron layers (thesis Thm 4.4.1 and the refinement
-    below it), by dynamic programming in topological order. Per node: ``done`` = layers
-    completed, ``open`` = done + 1 if identity neurons still wait for the activation that
-    ends their layer. ``refined`` merges identity neurons into their successors (a ReLU of
-    ReLU neurons adds no layer); otherwise an eval BatchNorm right after an affine layer
-    is folded into it and ``+`` merges skip edges. ``count_maxpool`` False leaves max-pool
-    layers out (the D - M of Remark 4.4.1)."""
-    done: dict[fx.Node, int] = {}
-    open_: dict[fx.Node, int] = {}
-    relu_out: dict[fx.Node, bool] = {}  # holds ReLU neurons only (relu of them is themselves)
-    out = 0
-    for n in graph.graph.nodes:
-        preds = n.all_input_nodes
-        d = max((done[p] for p in preds), default=0)
-        o = max((open_[p] for p in preds), default=0)
-        if n.op == "output":
-            out = o
-            continue
-        kind = graph.handler(n).kind if n.op != "placeholder" else Kind.IDENTITY
-        step = int(count_maxpool or kind is not Kind.MAXPOOL)
-        idempotent = refined and bool(preds) and all(relu_out[p] for p in preds)
-        relu_out[n] = kind is Kind.RELU or (kind in _RELABEL and idempotent)
-        if kind is Kind.RELU:
-            d = o = d + (0 if idempotent else 1)  # relu(relu(z)) = relu(z)
-        elif kind is Kind.MAXPOOL:  # identity neurons before a max cannot be merged into it
-            d = o = o + step
-        elif kind in _OPENS:
-            if refined:
-                o = d + 1
-            elif not (kind is Kind.ADD or _folds(graph, n)):
-                d, o = o, o + 1
-        done[n], open_[n] = d, o
-    return out
-
-
-def _folds(graph: LayerGraph, node: fx.Node) -> bool:
-    """An eval BatchNorm right after an affine layer is folded into it."""
-    pred = node.all_input_nodes[0]
-    return (isinstance(graph.handler(node), BatchNormHandler) and pred.op != "placeholder"
-            and graph.handler(pred).kind is Kind.AFFINE)
+    below it), by dynamic programming in topological order. ``refined`` merges identity
+    neurons into their successors (a ReLU of ReLU neurons adds no layer); otherwise an
+    eval BatchNorm right after an affine layer is folded into it and ``+`` merges skip
+    edges. ``count_maxpool`` False leaves max-pool layers out (the D - M of Remark
+    4.4.1). A piecewise-linear activation counts as its lowering: a layer of ReLU neurons
+    and one of identity neurons."""
+    return _LayerCount(graph, refined, count_maxpool).run()
 
 
 def cuts(graph: LayerGraph, removed: fx.Node) -> bool:
@@ -102,13 +132,15 @@ def antecedent_counts(graph: LayerGraph, node: fx.Node) -> Tensor:
     with torch.no_grad():
         if handler.kind is Kind.AFFINE:
             return handler.weight_part(ones, 0.0, call)
-        return handler.abs_pow(ones, 0.0, call)
+        if handler.kind is Kind.ACTIVATION:  # y reads one ReLU neuron per piece
+            return torch.full_like(ones, float(len(handler.pieces(call).neurons())))
+        return handler.abs_pow(ones, 0.0, call)[0]
 
 
 def fan_in(graph: LayerGraph) -> int:
     """K of paper 002 Lemma F.3: the largest number of antecedents of a neuron (1 if none)."""
     return max((int(antecedent_counts(graph, n).max()) for n in graph.nodes()
-                if graph.handler(n).kind in NEURON_KINDS), default=1)
+                if graph.handler(n).creates_neurons), default=1)
 
 
 @dataclass(frozen=True)
@@ -156,7 +188,7 @@ def dag_parameters(graph: LayerGraph) -> Iterator[tuple[str, Tensor, Tensor | No
     the identity neuron x*a + c: its parameters are (a, c), not its statistics)."""
     for node in graph.nodes():
         handler = graph.handler(node)
-        if isinstance(handler, AffineHandler):
+        if handler.kind is Kind.AFFINE:
             weight, bias = handler.dag_parameters(graph.submodule(node))
             yield node.target, weight, bias
 

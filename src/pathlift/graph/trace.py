@@ -19,7 +19,6 @@ it costs a fraction of one forward pass and never touches the caller's tensors:
 from __future__ import annotations
 
 import math
-import operator
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -36,17 +35,16 @@ from torch.utils._pytree import tree_leaves
 from pathlift.errors import Problem, ShapeError, UnsupportedModelError
 from pathlift.graph.boundary import dtype_device, meta_clone, structure_key, unwrap
 from pathlift.graph.ops import (
-    AffineHandler,
+    MODULES,
     BatchNormHandler,
     Call,
     Handler,
     Kind,
-    ReshapeHandler,
     handler_for,
+    supported_summary,
 )
 
 HANDLER = "pathlift_handler"
-_SLICE = ReshapeHandler("getitem")  # x[:, :k] on a tensor keeps some neurons: a relabelling
 _BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
 
 
@@ -96,7 +94,7 @@ class LayerGraph:
 
     def affine_nodes(self) -> list[fx.Node]:
         """The nodes of layers with parameters, in topological order."""
-        return [n for n in self.nodes() if isinstance(self.handler(n), AffineHandler)]
+        return [n for n in self.nodes() if self.handler(n).kind is Kind.AFFINE]
 
     def calls(self) -> dict[str, int]:
         """How many times each layer with parameters is called."""
@@ -351,11 +349,18 @@ def resolve_input_shape(model: nn.Module, input_shape: Sequence[int] | None
 
 
 class _Tracer(fx.Tracer):
-    """torch.fx's default tracer (torch.nn modules are leaves), remembering where it failed."""
+    """torch.fx's default tracer (torch.nn modules are leaves), remembering where it failed.
+    A user's subclass of a supported module that inherits its ``forward`` is a leaf too."""
 
     def __init__(self) -> None:
         super().__init__()
         self.failed_in: str | None = None
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        forward = type(m).forward
+        if any(cls in MODULES and cls.forward is forward for cls in type(m).__mro__):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m, forward, args, kwargs):
         try:
@@ -410,30 +415,23 @@ def _classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
         if handler is None:
             problems.append(Problem(
                 _node_label(node), _op_label(node, module),
-                "not an operation of the ReLU DAG model (Def. 2.2.2); supported: Linear, "
-                "Conv, ConvTranspose, eval BatchNorm, ReLU, max/avg pooling, mean, +, cat, "
-                "nearest upsampling, reshapes"))
+                "not an operation of the ReLU DAG model (Def. 2.2.2); supported: "
+                + supported_summary()))
             continue
         node.meta[HANDLER] = handler
     return problems
 
 
-_ALIASING = (Kind.RESHAPE, Kind.IDENTITY, Kind.SHAPE)  # may return a view of their input
+def _aliases(node: fx.Node) -> bool:
+    return node.meta[HANDLER].aliases_input
 
 
 def _mutates_input(node: fx.Node, model: nn.Module) -> bool:
-    """An in-place ReLU (relu_, inplace=True) or residual sum (add_). torch.fx records
-    ``a += b`` as an out-of-place add: that mutation is caught by the dataflow check."""
-    kind = node.meta[HANDLER].kind
-    if kind not in (Kind.RELU, Kind.ADD):
-        return False
-    if node.op == "call_module":
-        return bool(getattr(model.get_submodule(node.target), "inplace", False))
-    if node.op == "call_method":
-        return str(node.target).endswith("_")
-    name = getattr(node.target, "__name__", "")
-    return name.endswith("_") or bool(
-        node.kwargs.get("inplace", len(node.args) > 1 and node.args[1] is True))
+    """An in-place activation (relu_, inplace=True) or residual sum (add_). torch.fx
+    records ``a += b`` as an out-of-place add: that mutation is caught by the dataflow
+    check."""
+    module = model.get_submodule(node.target) if node.op == "call_module" else None
+    return node.meta[HANDLER].mutates(node, module)
 
 
 def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
@@ -451,15 +449,14 @@ def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
         if not isinstance(root, fx.Node):
             continue
         while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output")
-               and (root.meta[HANDLER].kind in _ALIASING or _mutates_input(root, model))):
+               and (_aliases(root) or _mutates_input(root, model))):
             root = root.args[0]
         aliases, todo = set(), [root]
         while todo:  # the tensors sharing storage with the overwritten one
             a = todo.pop()
             aliases.add(a)
             todo += [u for u in a.users if u is not node and u not in aliases
-                     and u.op != "output" and (u.meta[HANDLER].kind in _ALIASING
-                                               or _mutates_input(u, model))]
+                     and u.op != "output" and (_aliases(u) or _mutates_input(u, model))]
         late = [u for a in aliases for u in a.users
                 if u is not node and u not in aliases and order[u] > order[node]]
         if late:
@@ -575,11 +572,11 @@ class _Validate(fx.Interpreter):
         if n.op in ("call_module", "call_function", "call_method"):
             module = self.clone.get_submodule(n.target) if n.op == "call_module" else None
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            if n.target is operator.getitem and isinstance(args[0], Tensor):
-                n.meta[HANDLER] = _SLICE  # not shape arithmetic: every pass must see it
+            call = Call(n, module, tuple(args), dict(kwargs))
             self.recorder.paused = True  # handlers may probe with small real tensors
             try:
-                reason = n.meta[HANDLER].problem(Call(n, module, tuple(args), dict(kwargs)))
+                n.meta[HANDLER] = n.meta[HANDLER].resolve(call)  # this call's operation
+                reason = n.meta[HANDLER].problem(call)
             finally:
                 self.recorder.paused = False
             if reason is not None:
@@ -593,19 +590,24 @@ class _Validate(fx.Interpreter):
                                                    result.stride(), None, False, {})
         handler = n.meta.get(HANDLER)
         if reason is None and handler is not None and handler.kind is not Kind.SHAPE:
-            if not isinstance(result, Tensor):
-                self.problems.append(Problem(_node_label(n), _op_label(n, None),
-                                             "returns a non-tensor value"))
-            elif result.dim() == 0 or result.shape[0] != _BATCH:
-                self.problems.append(Problem(
-                    _node_label(n), _op_label(n, None),
-                    "mixes the batch dimension with features; keep dim 0 as the batch"))
-            elif result.numel() == 0:
-                self.problems.append(Problem(
-                    _node_label(n), _op_label(n, module),
-                    f"its output of shape {tuple(result.shape[1:])} holds no neuron; every "
-                    "layer needs at least one output feature or channel"))
+            self._check_result(n, module, result)
         return result
+
+    def _check_result(self, n: fx.Node, module: nn.Module | None, result: Any) -> None:
+        """Every tensor a neuron op returns (``chunk`` returns several) keeps the batch."""
+        parts = list(result) if isinstance(result, (tuple, list)) else [result]
+        if not parts or not all(isinstance(t, Tensor) for t in parts):
+            self.problems.append(Problem(_node_label(n), _op_label(n, None),
+                                         "returns a non-tensor value"))
+        elif any(t.dim() == 0 or t.shape[0] != _BATCH for t in parts):
+            self.problems.append(Problem(
+                _node_label(n), _op_label(n, None),
+                "mixes the batch dimension with features; keep dim 0 as the batch"))
+        elif any(t.numel() == 0 for t in parts):
+            self.problems.append(Problem(
+                _node_label(n), _op_label(n, module),
+                f"its output of shape {tuple(parts[0].shape[1:])} holds no neuron; every "
+                "layer needs at least one output feature or channel"))
 
 
 def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exception

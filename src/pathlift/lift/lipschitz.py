@@ -17,27 +17,29 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from pathlift.errors import Problem, UnsupportedModelError
-from pathlift.graph import Call, Kind, LayerGraph, Scaled, graph_of
-from pathlift.graph.abs_pow import channel_bias, scaled_affine
+from pathlift.errors import UnsupportedModelError
+from pathlift.graph import Call, LayerGraph, Scaled, graph_of
+from pathlift.graph.abs_pow import ScaledWalker, channel_bias, scaled_affine
 from pathlift.graph.boundary import output_leaves
+from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
 from pathlift.graph.structure import lfcn_layers
-from pathlift.graph.trace import HANDLER, GraphInterpreter
 from pathlift.lift.path_metric import PathMetric, path_metric
 from pathlift.lift.path_norm import PathNorm, path_norm
 from pathlift.logspace import LN10, format_log10, power10
 
 
 # --------------------------------------------------------------------------- Pi_{q,r}
-class _ProductPass(GraphInterpreter):
+class _ProductPass(ScaledWalker):
     """M_v = max_{p ending at v} Pi(theta, p, q)^q (Def. 3.3.1) for every neuron v.
 
     Along a path p = (r -> v), Pi(p)^q = Pi(r)^q ||theta^{->v}||_q^q + |b_v|^q and the path
     of length 0 at v gives |b_v|^q (1 at an input), hence the recursion
     M_v = ||theta^{->v}||_q^q * max_{u in ant(v)} M_u + |b_v|^q, carried in log space.
     ||theta^{->v}||_q^q counts the edges that exist (the |theta|^q pass on the all-ones
-    input); the max over antecedents is each handler's ``antecedent_max``.
+    input); the max over antecedents is each op's ``antecedent_max``.
     """
+
+    purpose = "the product of layer norms Pi_{q,r} (Def. 3.3.1)"
 
     def __init__(self, graph: LayerGraph, q: float):
         super().__init__(graph)
@@ -47,40 +49,56 @@ class _ProductPass(GraphInterpreter):
         if n.op == "placeholder":
             shape = (1, *self.layer_graph.input_shape)
             return Scaled(torch.ones(shape, dtype=torch.float64), 0.0)
-        if n.op == "output":
-            return super().run_node(n)
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        handler = n.meta[HANDLER]
-        kind = handler.kind
-        if kind is Kind.CAT:
-            tensors = list(args[0])
-            top = max(t.log_scale for t in tensors)
-            mantissas = [t.mantissa * math.exp(t.log_scale - top) for t in tensors]
-            return Scaled(torch.cat(mantissas, *args[1:], **kwargs), top)
-        scaled = next((a for a in args if isinstance(a, Scaled)), None)
-        plain = tuple(a.mantissa if isinstance(a, Scaled) else a for a in args)
-        call = Call(n, self.layer_graph.submodule(n), plain, dict(kwargs))
-        if kind is Kind.SHAPE:
-            return call.run(*plain)
-        if kind is Kind.ADD or getattr(handler, "out_dim", 0) != 0:
-            raise UnsupportedModelError([Problem(
-                str(n.target if n.op == "call_module" else n.name), handler.name,
-                "the product of layer norms Pi_{q,r} (Def. 3.3.1) is implemented for "
-                "networks without residual sums and transposed convolutions")])
-        x = scaled.mantissa
-        if kind not in (Kind.AFFINE, Kind.POOL, Kind.MAXPOOL):
-            return Scaled(handler.antecedent_max(x, call), scaled.log_scale)
-        ones = torch.ones_like(x)
-        peak = handler.antecedent_max(x, call)
-        if kind is not Kind.AFFINE:  # pooling neurons: fixed weights, no bias
-            return Scaled.normalised(handler.abs_pow(ones, self.q, call) * peak,
-                                     scaled.log_scale)
-        y = handler.weight_part(ones, self.q, call) * peak
+        return super().run_node(n)
+
+    def on_relu(self, handler: Handler, call: Call) -> Scaled:
+        return call.args[0]
+
+    def on_pool(self, handler: FixedLinear, call: Call) -> Scaled:
+        """Fixed weights, no bias: ||theta^{->v}||_q^q times the antecedents' max."""
+        x = call.args[0]
+        weights, log_gain = handler.abs_pow(torch.ones_like(x.mantissa), self.q,
+                                            call.replace(torch.ones_like(x.mantissa)))
+        peak = handler.antecedent_max(x.mantissa, call.replace(x.mantissa))
+        return Scaled.normalised(weights * peak, x.log_scale + log_gain)
+
+    on_maxpool = on_pool
+
+    def on_activation(self, handler: Activation, call: Call) -> Scaled:
+        """y = f(t_1) + sum_j c_j n_j, n_j = ReLU(+-z + beta_j):
+        M_y = (sum_j |c_j|^q) (M_z + max_j |beta_j|^q) + |f(t_1)|^q."""
+        x = call.args[0]
+        pieces = handler.pieces(call.replace(x.mantissa))
+        like = x.mantissa.new_zeros((), dtype=torch.float64)
+        log_a, _ = pieces.log_terms(self.q, like)
+        log_beta = pieces.log_max_bias(self.q)
+        log_c = self.q * math.log(abs(pieces.value)) if pieces.value else -math.inf
+        top = max(x.log_scale, log_beta)
+        inner = (x.mantissa * math.exp(x.log_scale - top)
+                 + (math.exp(log_beta - top) if log_beta > -math.inf else 0.0))
+        top_a = float(log_a.max())
+        scaled = Scaled.normalised(inner * torch.exp(log_a - top_a), top + top_a)
+        if log_c == -math.inf:
+            return scaled
+        peak = max(scaled.log_scale, log_c)
+        return Scaled.normalised(scaled.mantissa * math.exp(scaled.log_scale - peak)
+                                 + math.exp(log_c - peak), peak)
+
+    def on_affine(self, handler: AffineHandler, call: Call) -> Scaled:
+        if handler.out_dim != 0:
+            raise self.unsupported(handler, call, " (a transposed convolution)")
+        x = call.args[0]
+        ones = torch.ones_like(x.mantissa)
+        peak = handler.antecedent_max(x.mantissa, call.replace(x.mantissa))
+        y = handler.weight_part(ones, self.q, call.replace(ones)) * peak
         bias = handler.bias(call.module)
         dim = handler.channel_dim
         return scaled_affine(lambda b: y if b is None else y + channel_bias(b, y.dim(), dim),
-                             scaled.log_scale, None if bias is None else
+                             x.log_scale, None if bias is None else
                              bias.to(torch.float64).abs().pow(self.q), dim)
+
+    def on_add(self, handler: Handler, call: Call) -> Scaled:
+        raise self.unsupported(handler, call, " (a residual sum)")
 
 
 @dataclass(frozen=True)

@@ -55,17 +55,18 @@ class _Tape(AbsPowInterpreter):
         self.records: dict[str, tuple[AffineHandler, Tensor, Tensor]] = {}
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
-                    bias: Tensor | None = None) -> Tensor:
+                    bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
         if call.node.target not in self.weights:
-            return super().weight_part(handler, x, call, bias)
+            return super().weight_part(handler, x, call, bias, unit)
         y = handler.apply(x, self.weights[call.node.target], call, bias)
         self.records[call.node.target] = (handler, x, y)
         return y
 
-    def bias_magnitude(self, handler: AffineHandler, call: Call) -> Tensor | None:
+    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+                       ) -> Tensor | None:
         if call.node.target in self.biases:
             return self.biases[call.node.target]
-        return super().bias_magnitude(handler, call)
+        return super().bias_magnitude(handler, call, unit)
 
 
 def _l1_mantissa(out: object) -> tuple[Tensor, float]:

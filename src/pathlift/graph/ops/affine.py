@@ -1,0 +1,447 @@
+"""Layers with parameters: Linear, Conv, ConvTranspose and eval BatchNorm (thesis Def. 2.2.2:
+identity neurons with weights and a bias; a convolution is a weight-shared fully connected
+layer, an eval BatchNorm the affine neuron x*a + c).
+
+``AffineHandler`` is the protocol of such layers, in three concerns: the |theta|^q pass
+(``magnitude``, ``apply``, ``weight_part``, ``bias``, ``rank_one_input``), the layer as DAG
+parameters (``dag_parameters``, ``entry_channels``, ``in_channels``, ``incoming_rows``,
+``groups``, ``own_neurons``) and transformations of a copy (``rescale_``, ``permute_``,
+``quantizable``, ``write_quantized_``, ``value_problem``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pathlift.errors import UnsupportedModelError
+from pathlift.graph.boundary import assign_, mask, param, stored
+from pathlift.graph.ops.base import Call, Handler, Kind, register
+from pathlift.graph.ops.pooling import window_max
+
+
+class Workspace:
+    """Scratch memory that the |W|^q of every layer reuses in turn (the pass of Thm 3.1.1).
+
+    On CPU a fresh tensor the size of a layer's weights costs page faults, and a
+    convolution with a freshly allocated weight runs several times slower than with a
+    reused one, so |W|^q is written into one buffer, reused from pass to pass.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._buffer: Tensor | None = None
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """An uninitialised tensor of ``shape`` inside the buffer (grown when needed)."""
+        numel = math.prod(shape)
+        buffer = self._buffer
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype \
+                or buffer.device != device:
+            buffer = self._buffer = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel].view(shape)
+
+
+def abs_power(t: Tensor, q: float, dtype: torch.dtype, workspace: Workspace | None = None,
+              unit: float = 1.0) -> Tensor:
+    """|t / unit|^q in ``dtype``, detached: in the workspace if given, else in one fresh
+    tensor (``unit`` keeps |t|^q in range for large q: the caller carries unit^q)."""
+    source = t.detach()
+    if workspace is not None:
+        magnitude = workspace.take(source.shape, dtype, source.device).copy_(source).abs_()
+    else:
+        magnitude = source.to(dtype)
+        magnitude = magnitude.abs() if magnitude is source else magnitude.abs_()
+    if unit != 1.0:
+        magnitude.div_(unit)
+    return magnitude if q == 1 else magnitude.pow_(q)
+
+
+def _all_finite(t: Tensor) -> bool:
+    """No NaN or inf in ``t``: its min and max propagate both, and need no mask of t's size
+    (allocating one costs more than reading t for large layers)."""
+    if not t.numel():
+        return True
+    low, high = torch.aminmax(t.detach())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
+def channel_view(v: Tensor, ndim: int) -> Tensor:
+    return v.reshape((1, -1) + (1,) * (ndim - 2)) if ndim > 1 else v
+
+
+class AffineHandler(Handler):
+    """Layers with parameters: y = W x + b, one output channel per neuron group.
+
+    ``channel_dim`` is the activation dim holding channels (-1 for Linear), ``out_dim``
+    the weight dim holding output channels (the other of dims 0, 1 holds the input
+    channels of a group). ``scored``: its weights and bias are coordinates of theta that
+    pruning may zero. Everything pathlift does to a layer's parameters (the |theta|^q
+    pass, rescaling, normalisation, permutation, quantisation) asks these methods.
+    """
+
+    kind = Kind.AFFINE
+    creates_neurons = True
+    family = "layers"
+    channel_dim = 1
+    out_dim = 0
+    diagonal = False
+    scored = True
+
+    # ---- the |theta|^q network (Thm 3.1.1)
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
+                  workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
+        """|W / unit|^q: the layer's weight in the |theta|^q network (Thm 3.1.1), a fresh
+        tensor or one inside ``workspace``."""
+        return abs_power(param(module, "weight"), q, dtype, workspace, unit)
+
+    def largest(self, module: nn.Module) -> float:
+        """The largest |w| or |b| of the layer's DAG parameters (1 if all are zero)."""
+        weight, bias = self.dag_parameters(module)
+        top = max(float(t.detach().abs().max()) for t in (weight, bias)
+                  if t is not None and t.numel())
+        return top if top > 0 else 1.0
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        """The layer's linear map with ``weight`` in place of W, plus ``bias`` if given."""
+        raise NotImplementedError
+
+    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None,
+                    workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
+        """|W / unit|^q x (+ ``bias``, one entry per output channel), |W / unit|^q in
+        ``workspace``."""
+        return self.apply(x, self.magnitude(call.module, q, x.dtype, workspace, unit), call,
+                          bias)
+
+    def rank_one_input(self, x: Tensor) -> Tensor | None:
+        """v with d<g, apply(x, W)>/dW = g v^T for every output gradient g, when the
+        weight gradient is that outer product (a Linear layer on one row), else None.
+        Lets a caller scale a huge weight by its gradient without forming it."""
+        return None
+
+    def bias(self, module: nn.Module) -> Tensor | None:
+        """The bias vector b (one entry per output channel), or None."""
+        return param(module, "bias")
+
+    # ---- the layer as DAG parameters (Def. 2.2.2)
+    def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
+        """(weights, bias) of the layer's neurons in the DAG of Def. 2.2.2."""
+        return param(module, "weight"), self.bias(module)
+
+    def groups(self, module: nn.Module) -> int:
+        return getattr(module, "groups", 1)
+
+    def own_neurons(self, module: nn.Module) -> bool:
+        """Whether its output channels are neurons of their own (rescalable)."""
+        return True
+
+    def entry_channels(self, module: nn.Module) -> tuple[Tensor, Tensor]:
+        """For weight entry [i, j, ...]: its (output-channel, input-channel) indices, as two
+        grids that broadcast to weight.shape[:2] (groups of a convolution included)."""
+        weight = param(module, "weight")
+        a, b = weight.shape[0], weight.shape[1]
+        major = torch.arange(a)[:, None]
+        g = self.groups(module)
+        minor = torch.arange(b)[None, :] if g == 1 else (major // (a // g)) * b + torch.arange(b)
+        return (major, minor) if self.out_dim == 0 else (minor, major)
+
+    def in_channels(self, module: nn.Module) -> int:
+        """Number of input channels (features of a Linear layer) the layer reads."""
+        shape = param(module, "weight").shape
+        return shape[1] * self.groups(module) if self.out_dim == 0 else shape[0]
+
+    def incoming_rows(self, module: nn.Module) -> Tensor:
+        """One float64 row per output channel: its incoming weights (every kernel entry),
+        then its bias: the vector (theta^{->v}, b_v) of Alg. 3.2.1."""
+        weight = param(module, "weight").to(torch.float64)
+        if self.out_dim == 1:  # (in, out/groups, k...) -> (out, in/groups * k)
+            g = self.groups(module)
+            weight = weight.reshape(g, weight.shape[0] // g, weight.shape[1], -1)
+            weight = weight.permute(0, 2, 1, 3).reshape(g * weight.shape[2], -1)
+        else:
+            weight = weight.reshape(weight.shape[0], -1)
+        bias = self.bias(module)
+        if bias is None:
+            return weight
+        return torch.cat([weight, bias.to(torch.float64)[:, None]], dim=1)
+
+    # ---- transformations of the parameters, in place on a copy
+    def rescale_(self, module: nn.Module, grow: Tensor, shrink: Tensor) -> None:
+        """Incoming weights and bias of output channel c times grow[c]; weights reading
+        input channel i times shrink[i] (Def. 2.4.1 with shrink = 1/grow; Alg. 3.2.1 also
+        uses shrink = 0 for an input-dead neuron). Float64 arithmetic."""
+        rows, cols = self.entry_channels(module)
+        weight = stored(module, "weight")
+        step = max(1, _BLOCK_BYTES // (8 * weight[0].numel()))  # float64 rows per block
+        for start in range(0, weight.shape[0], step):  # never a float64 copy of W whole
+            part = slice(start, start + step)
+            factor = grow[rows[part] if len(rows) > 1 else rows] * \
+                shrink[cols[part] if len(cols) > 1 else cols]
+            block = weight[part]
+            _scale_(block, factor.reshape(factor.shape + (1,) * (block.dim() - 2)))
+        bias = stored(module, "bias")
+        if bias is not None:
+            _scale_(bias, grow)
+
+    def permute_(self, module: nn.Module, outputs: Tensor | None = None,
+                 inputs: Tensor | None = None) -> None:
+        """New output channel c = old ``outputs[c]``; new input column i reads old column
+        ``inputs[i]`` (layers without groups). Pruning masks move along."""
+        for name, dim, index in (("weight", self.out_dim, outputs),
+                                 ("weight", 1 - self.out_dim, inputs), ("bias", 0, outputs)):
+            if index is None:
+                continue
+            for t in (stored(module, name), mask(module, name)):
+                if t is not None:
+                    with torch.no_grad():
+                        t.copy_(t.index_select(dim, index))
+
+    def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
+        """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
+        out = [("weight", param(module, "weight"), self.out_dim)]
+        bias = param(module, "bias")
+        return out + ([("bias", bias, None)] if bias is not None else [])
+
+    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None:
+        """Make the layer compute with the rounded ``values`` of ``quantizable``."""
+        for name, value in values.items():
+            assign_(module, name, value)
+
+    def value_problem(self, module: nn.Module) -> str | None:
+        """Why the layer's values make it unusable (NaN or inf), or None."""
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if tensor.is_floating_point() and not _all_finite(tensor):
+                return f"parameter '{name}' holds NaN or inf; fix or reload the weights"
+        return None
+
+
+def _scale_(tensor: Tensor, factor: Tensor) -> None:
+    with torch.no_grad():
+        tensor.copy_((tensor.to(torch.float64) * factor).to(tensor.dtype))
+
+
+class LinearHandler(AffineHandler):
+    channel_dim = -1
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        return F.linear(x, weight, bias)
+
+    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None,
+                    workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
+        """|W / unit|^q x by blocks of rows of W, each made non-negative in a cache-sized
+        buffer: a large classifier is read once, never copied whole."""
+        weight = param(call.module, "weight")
+        rows = max(1, _BLOCK_BYTES // (weight.shape[1] * x.element_size()))
+        if rows >= weight.shape[0]:
+            return super().weight_part(x, q, call, bias, workspace, unit)
+        out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+        buffer = (workspace or Workspace()).take((rows, weight.shape[1]), x.dtype, x.device)
+        for start in range(0, weight.shape[0], rows):
+            block = weight[start:start + rows]
+            part = buffer[:len(block)]
+            part.copy_(block).abs_()
+            if unit != 1.0:
+                part.div_(unit)
+            if q != 1:
+                part.pow_(q)
+            torch.matmul(x, part.t(), out=out[..., start:start + len(block)])
+        return out if bias is None else out.add_(bias)
+
+    def rank_one_input(self, x: Tensor) -> Tensor | None:
+        rows = x.reshape(-1, x.shape[-1])
+        return rows.reshape(-1).detach() if rows.shape[0] == 1 else None
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x.amax(dim=-1, keepdim=True)  # every output reads every input feature
+
+
+_BLOCK_BYTES = 1 << 20  # a block of |W| that stays in the L2 cache
+
+
+class ConvHandler(AffineHandler):
+    def problem(self, call: Call) -> str | None:
+        if call.module.padding_mode != "zeros":
+            return (
+                f"padding_mode='{call.module.padding_mode}' ties several kernel entries to one "
+                "edge of the DAG; only zero padding is supported"
+            )
+        return None
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        return call.module._conv_forward(x, weight, bias)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        conv = call.module
+        if isinstance(conv.padding, str):
+            raise UnsupportedModelError(
+                f"string padding '{conv.padding}' of a convolution is not supported here; "
+                "give explicit padding")
+        dims = x.dim() - 2
+        out_spatial = call.node.meta["tensor_meta"].shape[2:]
+        pooled = window_max(x, conv.kernel_size, conv.stride, conv.padding[:dims],
+                            conv.dilation, out_spatial)
+        groups = conv.groups
+        pooled = pooled.reshape(1, groups, -1, *out_spatial).amax(dim=2)
+        return pooled.repeat_interleave(conv.out_channels // groups, dim=1)
+
+
+class ConvTransposeHandler(ConvHandler):
+    out_dim = 1
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        m = call.module
+        dims = x.dim() - 2
+        output_size = call.arg(1, "output_size")
+        output_padding = m._output_padding(
+            x, output_size, m.stride, m.padding, m.kernel_size, dims, m.dilation
+        )
+        fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[dims - 1]
+        return fn(x, weight, bias, m.stride, m.padding, output_padding, m.groups, m.dilation)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        raise UnsupportedModelError(
+            f"'{call.node.target}' (ConvTranspose): the max over antecedents of a transposed "
+            "convolution is not implemented")
+
+
+def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | None = None
+                     ) -> tuple[Tensor, Tensor]:
+    """Eval-mode BatchNorm as the affine identity neuron x*a + c (thesis, below Def 2.2.2):
+    a = weight / sqrt(running_var + eps), c = bias - running_mean * a.
+
+    ``dtype`` (default: the buffers' dtype) is the precision of the fold: folding float32
+    statistics in float32 loses ~1e-7 relative, more than a float64 path-norm tolerates.
+    """
+    var, mean = bn.running_var.detach().to(dtype), bn.running_mean.detach().to(dtype)
+    a = torch.rsqrt(var + bn.eps)
+    weight, bias = param(bn, "weight"), param(bn, "bias")
+    if weight is not None:
+        a = a * weight.to(dtype)
+    c = -mean * a
+    if bias is not None:
+        c = c + bias.to(dtype)
+    return a, c
+
+
+class BatchNormHandler(AffineHandler):
+    """Eval BatchNorm: the affine identity neuron x*a + c, one antecedent per neuron (its
+    input channel). Its parameters are statistics and an affine pair, so it is never
+    pruned (``scored`` False); without affine parameters it has no neurons of its own."""
+
+    diagonal = True
+    scored = False
+    folds = True
+
+    def problem(self, call: Call) -> str | None:
+        bn = call.module
+        if bn.training:
+            return ("BatchNorm in training mode normalises by batch statistics; call "
+                    "model.eval(), or measure inside `with pathlift.graph.eval_mode(model):`")
+        if bn.running_mean is None:
+            return "BatchNorm without running statistics (track_running_stats=False) is not affine"
+        return None
+
+    def value_problem(self, module: nn.Module) -> str | None:
+        found = super().value_problem(module)
+        if found is None and not bool((module.running_var.detach() + module.eps > 0).all()):
+            return ("running_var + eps is not positive for some channel, so x*a + c is "
+                    "undefined; fix the statistics (running_var >= 0, eps > 0)")
+        return found
+
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
+                  workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
+        return abs_power(batchnorm_affine(module, dtype)[0], q, dtype, unit=unit)
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        a = channel_view(weight, x.dim())
+        return x * a if bias is None else torch.addcmul(channel_view(bias, x.dim()), x, a)
+
+    def bias(self, module: nn.Module) -> Tensor | None:
+        return batchnorm_affine(module, torch.float64)[1]
+
+    def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
+        return batchnorm_affine(module)
+
+    def own_neurons(self, module: nn.Module) -> bool:
+        return module.affine
+
+    def entry_channels(self, module: nn.Module) -> tuple[Tensor, Tensor]:
+        channels = torch.arange(module.num_features)
+        return channels, channels
+
+    def in_channels(self, module: nn.Module) -> int:
+        return module.num_features
+
+    def incoming_rows(self, module: nn.Module) -> Tensor:
+        return torch.stack(batchnorm_affine(module, torch.float64), dim=1)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x
+
+    def rescale_(self, module: nn.Module, grow: Tensor, shrink: Tensor) -> None:
+        """Input times s = 1/shrink, output times mu = grow: mean -> s mean, weight ->
+        weight mu / s, bias -> mu bias; for mu = s this is the thesis' Appendix E.1.2 rule
+        (running mean and bias times lambda). A dead input (shrink = 0) makes a = 0 and
+        keeps the constant c in the bias. Without affine parameters, grow = 1/shrink."""
+        mean = module.running_mean
+        if not module.affine:
+            _scale_(mean, torch.where(shrink > 0, 1 / shrink.clamp_min(1e-300),
+                                      torch.ones_like(shrink)))
+            return
+        dead = shrink == 0
+        c = batchnorm_affine(module, torch.float64)[1]
+        bias = param(module, "bias").to(torch.float64)
+        assign_(module, "bias", torch.where(dead, grow * c, grow * bias))
+        with torch.no_grad():
+            mean.copy_(torch.where(dead, mean.to(torch.float64),
+                                   mean.to(torch.float64) / shrink.clamp_min(1e-300)))
+        _scale_(stored(module, "weight"), grow * shrink)
+
+    def permute_(self, module: nn.Module, outputs: Tensor | None = None,
+                 inputs: Tensor | None = None) -> None:
+        """Its affine pair follows ``outputs``, its statistics (which read the input
+        channels) follow ``inputs``."""
+        if outputs is not None and module.affine:
+            super().permute_(module, outputs)
+        if inputs is not None:
+            with torch.no_grad():
+                for buf in (module.running_mean, module.running_var):
+                    buf.copy_(buf.index_select(0, inputs))
+
+    def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
+        a, c = batchnorm_affine(module)
+        return [("weight", a, None), ("bias", c, None)]
+
+    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None:
+        """The module becomes x * Q(a) + Q(c) exactly: running mean 0, variance 1, eps 0."""
+        with torch.no_grad():
+            module.running_mean.zero_()
+            module.running_var.fill_(1.0)
+        module.eps = 0.0
+        for name, value in values.items():
+            if param(module, name) is None:
+                setattr(module, name, nn.Parameter(value.clone()))
+            else:
+                assign_(module, name, value)
+        module.affine = True
+
+
+# --------------------------------------------------------------------------- activations
+
+
+register(LinearHandler("Linear"), modules=[nn.Linear])
+for _d in (1, 2, 3):
+    register(ConvHandler(f"Conv{_d}d"), modules=[getattr(nn, f"Conv{_d}d")])
+    register(ConvTransposeHandler(f"ConvTranspose{_d}d"),
+             modules=[getattr(nn, f"ConvTranspose{_d}d")])
+    register(BatchNormHandler(f"BatchNorm{_d}d"), modules=[getattr(nn, f"BatchNorm{_d}d")])

@@ -1,0 +1,185 @@
+"""What every operation of the op table shares: its kind, its traits, one concrete call,
+and the registry that maps torch modules, functions and methods to operations.
+
+An operation (a ``Handler``) says which kind of DAG neurons it makes (thesis Def. 2.2.2)
+and carries its traits as data; passes dispatch on the kind to one hook each
+(``pathlift.graph.walk.OpWalker``) and read the traits, never the class. The handler
+interface is split by concern into small protocols: validation (``problem``, ``resolve``)
+here; the pass hooks of each family in its module (``FixedLinear`` for pooling-like maps,
+``Activation`` for piecewise-linear activations, ``AffineHandler`` for layers with
+parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar
+
+from torch import fx, nn
+
+
+class Kind(Enum):
+    """How an op maps to the neurons of Def. 2.2.2; each kind is one hook of a pass."""
+
+    AFFINE = "affine"  # identity neurons with parameters: Linear, Conv, ConvTranspose, BatchNorm
+    RELU = "relu"  # the ReLU activation of the neurons it follows
+    ACTIVATION = "activation"  # a piecewise-linear activation, lowered to ReLU/identity neurons
+    MAXPOOL = "maxpool"  # 1-max-pool neurons, weights 1, bias 0
+    POOL = "pool"  # parameter-free identity neurons with fixed weights (pooling, resampling)
+    ADD = "add"  # residual sum: skip edges with weight 1
+    CAT = "cat"  # concatenation along a non-batch dim (U-Net skips)
+    RESHAPE = "reshape"  # relabelling or selection of neurons (view, permute, slicing, ...)
+    IDENTITY = "identity"  # no neuron at all (Identity, eval Dropout, contiguous)
+    SHAPE = "shape"  # python-level values (sizes, shape arithmetic, picking from a tuple)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One concrete call of a node: its fx node, submodule (if any), and unwrapped args."""
+
+    node: fx.Node
+    module: nn.Module | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def run(self, *args: Any) -> Any:
+        """Run the original op, with ``args`` replacing the leading positional arguments."""
+        new_args = tuple(args) + tuple(self.args[len(args) :])
+        if self.module is not None:
+            return self.module(*new_args, **self.kwargs)
+        if self.node.op == "call_method":
+            return getattr(new_args[0], self.node.target)(*new_args[1:], **self.kwargs)
+        return self.node.target(*new_args, **self.kwargs)
+
+    def replace(self, *args: Any) -> Call:
+        """The same call with ``args`` replacing its leading positional arguments."""
+        return Call(self.node, self.module, tuple(args) + tuple(self.args[len(args):]),
+                    self.kwargs)
+
+    def arg(self, index: int, name: str, default: Any = None) -> Any:
+        """A call argument given either positionally or by keyword."""
+        if len(self.args) > index:
+            return self.args[index]
+        return self.kwargs.get(name, default)
+
+    @property
+    def label(self) -> str:
+        """The node as errors name it: a module's qualified name, else the node name."""
+        return str(self.node.target) if self.node.op == "call_module" else self.node.name
+
+
+class Handler:
+    """One supported operation: its kind, its traits, and why a call is refused.
+
+    Traits (class attributes, data read by passes):
+    ``creates_neurons`` the op makes neurons of its own (Def. 2.2.2);
+    ``aliases_input`` its result may be a view of its input;
+    ``idempotent`` applying it twice equals applying it once (ReLU);
+    ``in_place`` it may overwrite its input (``inplace=True``, ``relu_``, ``add_``);
+    ``folds`` an affine neuron right after an affine layer (eval BatchNorm), merged into
+    it when layers are counted;
+    ``family`` the op family it is listed under in messages.
+    """
+
+    kind: ClassVar[Kind] = Kind.IDENTITY
+    creates_neurons: ClassVar[bool] = False
+    aliases_input: ClassVar[bool] = False
+    idempotent: ClassVar[bool] = False
+    in_place: ClassVar[bool] = False
+    folds: ClassVar[bool] = False
+    family: ClassVar[str] = "structure"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def problem(self, call: Call) -> str | None:
+        """Why this call is outside the supported model, or None. Decided from shapes,
+        module settings and non-tensor arguments only: ``call`` may hold meta tensors."""
+        return None
+
+    def resolve(self, call: Call) -> Handler:
+        """The handler of this concrete call (validation time): one torch callable can be
+        several operations (``x[:, 1:]`` slices neurons, ``sizes[1]`` picks a number)."""
+        return self
+
+    def mutates(self, node: fx.Node, module: nn.Module | None) -> bool:
+        """Whether this node overwrites its first input (only for ``in_place`` ops)."""
+        if not self.in_place:
+            return False
+        if node.op == "call_module":
+            return bool(getattr(module, "inplace", False))
+        if node.op == "call_method":
+            return str(node.target).endswith("_")
+        name = getattr(node.target, "__name__", "")
+        if "inplace" in node.kwargs:
+            return bool(node.kwargs["inplace"])
+        return name.endswith("_") or any(a is True for a in node.args[1:])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.kind.value})"
+
+
+class UnsupportedHandler(Handler):
+    """An op known to be outside Def. 2.2.2: ``cause`` groups ops refused for one reason,
+    ``advice`` says what is supported instead."""
+
+    family = "unsupported"
+
+    def __init__(self, name: str, cause: str, advice: str = ""):
+        super().__init__(name)
+        self.cause, self.advice = cause, advice
+
+    def problem(self, call: Call) -> str | None:
+        return self.cause + (f"; {self.advice}" if self.advice else "")
+
+
+# --------------------------------------------------------------------------- the registry
+
+MODULES: dict[type, Handler] = {}
+FUNCTIONS: dict[Callable[..., Any], Handler] = {}
+METHODS: dict[str, Handler] = {}
+
+
+def register(handler: Handler, modules: Iterable[type] = (),
+             functions: Iterable[Callable[..., Any]] = (), methods: Iterable[str] = ()
+             ) -> Handler:
+    """Make ``handler`` the operation of these module classes (and their subclasses that
+    inherit ``forward``), torch functions and tensor methods."""
+    for cls in modules:
+        MODULES[cls] = handler
+    for fn in functions:
+        FUNCTIONS[fn] = handler
+    for name in methods:
+        METHODS[name] = handler
+    return handler
+
+
+def handler_for(node: fx.Node, module: nn.Module | None) -> Handler | None:
+    """The registered handler of a node, or None when the op is unknown. A module whose
+    class is not registered takes the handler of the nearest registered base class whose
+    ``forward`` it inherits (a subclass that only changes ``__init__``)."""
+    if node.op == "call_module":
+        forward = type(module).forward
+        for cls in type(module).__mro__:
+            if cls in MODULES:
+                return MODULES[cls] if cls.forward is forward else None
+        return None
+    if node.op == "call_function":
+        return FUNCTIONS.get(node.target)
+    if node.op == "call_method":
+        return METHODS.get(node.target)
+    return None
+
+
+def supported_summary() -> str:
+    """The supported operations by family, generated from the registry (for messages)."""
+    families: dict[str, list[str]] = {}
+    for handler in (*MODULES.values(), *FUNCTIONS.values(), *METHODS.values()):
+        if handler.family in ("unsupported", "structure"):
+            continue
+        names = families.setdefault(handler.family, [])
+        if handler.name not in names:
+            names.append(handler.name)
+    return "; ".join(f"{family}: {', '.join(names)}" for family, names in families.items())

@@ -1,0 +1,180 @@
+"""Structure: residual sums, concatenation, relabelling and selection of neurons, and the
+Python-level values of a forward (sizes, shape arithmetic).
+
+A residual ``+`` (or ``-``) is a set of skip edges of weight +-1 into identity neurons
+(thesis Def. 2.2.2); ``cat``, views, permutes, slicing (``x[:, a:b]``, ``chunk``,
+``split``, ``narrow``, ``unbind``) only relabel or select neurons and create none; scaling
+by a constant is an identity neuron with one fixed weight. Shape arithmetic
+(``x.size(1) // 2``) runs as plain Python on the sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pathlift.graph.ops.base import Call, Handler, Kind, register
+from pathlift.graph.ops.pooling import FixedLinear
+
+
+def _tensors(values: Any) -> list[Tensor]:
+    return [v for v in (values if isinstance(values, (tuple, list)) else (values,))
+            if isinstance(v, Tensor)]
+
+
+class ShapeHandler(Handler):
+    """Python-level values: sizes, shape attributes, arithmetic on them, picking one."""
+
+    kind = Kind.SHAPE
+    aliases_input = True
+
+
+class ReshapeHandler(Handler):
+    """Relabels or selects neurons (views, permutes, slices, splits): creates none."""
+
+    kind = Kind.RESHAPE
+    aliases_input = True
+
+
+class IdentityHandler(Handler):
+    """No neuron at all: ``nn.Identity``, ``contiguous``."""
+
+    aliases_input = True
+
+
+class GetItemHandler(Handler):
+    """``operator.getitem``: slicing a tensor selects neurons, indexing a tuple of tensors
+    (the parts of a ``chunk``) picks one, indexing sizes picks a number."""
+
+    kind = Kind.SHAPE
+
+    def resolve(self, call: Call) -> Handler:
+        source = call.args[0]
+        if isinstance(source, Tensor) or _tensors(source):
+            return SLICE
+        return SHAPE
+
+
+class ArithmeticHandler(Handler):
+    """``*``, ``/``, ``//``, ``-`` and unary minus: shape arithmetic on sizes, or scaling
+    of a tensor by a constant; a product of two tensors is refused."""
+
+    kind = Kind.SHAPE
+    family = "structure"
+
+    def problem(self, call: Call) -> str | None:
+        if len(_tensors(call.args)) > 1:
+            return ("a product of two activations is not a neuron of Def. 2.2.2 (gating, "
+                    "squeeze-excitation, attention); supported: sums, constant scales")
+        if _tensors(call.args) and call.node.target in (operator.floordiv, operator.mod):
+            return "integer division of activations is not piecewise linear"
+        return None
+
+    def resolve(self, call: Call) -> Handler:
+        if self.problem(call) is None and _tensors(call.args):
+            return SCALE
+        return self
+
+
+class ScaleHandler(FixedLinear):
+    """x * c, x / c, -x for a constant c: identity neurons with the one fixed weight c."""
+
+    family = "structure"
+    elementwise = True
+
+    def factor(self, call: Call) -> float:
+        target = call.node.target
+        if target in (operator.neg, torch.neg) or (call.node.op == "call_method"
+                                                   and target == "neg"):
+            return -1.0
+        other = next(a for a in call.args if not isinstance(a, Tensor))
+        if target in (operator.truediv, torch.div, torch.true_divide, "div", "__truediv__"):
+            return 1.0 / float(other)
+        return float(other)
+
+    def abs_pow(self, x: Tensor, q: float, call: Call) -> tuple[Tensor, float]:
+        c = abs(self.factor(call))
+        return (x.clone() if c else torch.zeros_like(x)), (q * math.log(c) if c else 0.0)
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x
+
+
+class AddHandler(Handler):
+    """Residual sum (or difference) of two tensors of one shape: skip edges of weight +-1.
+    On sizes, it is shape arithmetic."""
+
+    kind = Kind.ADD
+    in_place = True
+
+    def problem(self, call: Call) -> str | None:
+        if len(call.args) < 2 or not all(isinstance(a, Tensor) for a in call.args[:2]):
+            return ("adding a constant is a bias outside any layer; put it in a layer's bias")
+        if call.kwargs.get("alpha", 1) != 1:
+            return "torch.add with alpha != 1 is not supported; scale inside a layer instead"
+        if call.args[0].shape != call.args[1].shape:
+            return "residual addition with broadcasting is not supported; shapes must match"
+        return None
+
+    def resolve(self, call: Call) -> Handler:
+        return self if _tensors(call.args) else SHAPE
+
+
+class CatHandler(Handler):
+    """Concatenation along a non-batch dim (U-Net skips): relabels, creates no neuron."""
+
+    kind = Kind.CAT
+
+    def problem(self, call: Call) -> str | None:
+        tensors = call.arg(0, "tensors")
+        dim = call.arg(1, "dim", 0)
+        if dim % tensors[0].dim() == 0:
+            return "concatenation along the batch dimension mixes samples"
+        return None
+
+
+class TrainingModeHandler(Handler):
+    """Identity in eval mode (Dropout); refused in training mode, where it is random."""
+
+    aliases_input = True
+
+    def problem(self, call: Call) -> str | None:
+        if call.module is not None and call.module.training:
+            return f"{type(call.module).__name__} in training mode is random; call model.eval()"
+        if call.module is None and call.arg(2, "training", True):
+            return "functional dropout with training=True is random; pass training=False"
+        return None
+
+
+SHAPE = ShapeHandler("shape")
+SLICE = ReshapeHandler("slice")
+SCALE = ScaleHandler("scale")
+_RESHAPE = ReshapeHandler("reshape")
+_ARITHMETIC = ArithmeticHandler("arithmetic")
+_ADD = AddHandler("add")
+
+register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten],
+         functions=[torch.flatten, torch.reshape, torch.permute, torch.transpose,
+                    torch.squeeze, torch.unsqueeze, torch.chunk, torch.split, torch.narrow,
+                    torch.unbind, torch.tensor_split, torch.movedim, torch.swapaxes],
+         methods=["view", "reshape", "flatten", "permute", "transpose", "squeeze",
+                  "unsqueeze", "chunk", "split", "narrow", "unbind", "tensor_split",
+                  "movedim", "swapaxes", "view_as", "reshape_as", "unflatten"])
+register(IdentityHandler("Identity"), modules=[nn.Identity], methods=["contiguous"])
+register(GetItemHandler("getitem"), functions=[operator.getitem])
+register(SHAPE, functions=[getattr, len], methods=["size", "dim"])
+register(_ARITHMETIC, functions=[operator.mul, operator.truediv, operator.floordiv,
+                                 operator.mod, operator.neg, torch.mul, torch.div, torch.neg,
+                                 torch.true_divide],
+         methods=["mul", "div", "neg", "__mul__", "__rmul__", "__truediv__"])
+register(_ADD, functions=[operator.add, operator.iadd, torch.add, operator.sub, torch.sub],
+         methods=["add", "add_", "__add__", "__radd__", "sub", "__sub__"])
+register(CatHandler("cat"), functions=[torch.cat, torch.concat, torch.concatenate])
+register(TrainingModeHandler("Dropout"),
+         modules=[getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d")],
+         functions=[F.dropout])

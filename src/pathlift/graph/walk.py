@@ -1,0 +1,72 @@
+"""One walker for every pass over a traced graph: torch.fx's ``Interpreter`` sending each
+operation node to the hook of its kind (``on_affine``, ``on_relu``, ``on_activation``,
+``on_maxpool``, ``on_pool``, ``on_add``, ``on_cat``, ``on_reshape``, ``on_identity``,
+``on_shape``), with the node's concrete ``Call`` and its handler. A pass overrides the
+hooks it needs and reads handler traits; it never lists kinds. Relabelling kinds (cat,
+identity) default to ``on_reshape``, which runs the op on the pass's values as they are
+(right for tensors of neuron ids); kinds that make neurons have no default: a pass that
+meets one it does not handle raises a typed error naming the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import fx
+
+from pathlift.errors import Problem, UnsupportedModelError
+from pathlift.graph.ops import Call, Handler, Kind
+from pathlift.graph.trace import HANDLER, GraphInterpreter
+
+_HOOKS = {kind: f"on_{kind.value}" for kind in Kind}
+
+
+class OpWalker(GraphInterpreter):
+    """Dispatch each operation node to ``on_<kind>(handler, call)``. ``purpose`` names
+    the pass in the error raised for a kind it does not handle."""
+
+    purpose = "this pass"
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in ("placeholder", "output"):
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        handler = n.meta[HANDLER]
+        call = Call(n, self.layer_graph.submodule(n), tuple(args), dict(kwargs))
+        return getattr(self, _HOOKS[handler.kind])(handler, call)
+
+    def unsupported(self, handler: Handler, call: Call, why: str = "") -> UnsupportedModelError:
+        """The error for a node this pass cannot handle."""
+        return UnsupportedModelError([Problem(
+            call.label, handler.name,
+            f"{self.purpose} is not implemented for this operation{why}")])
+
+    def on_affine(self, handler: Handler, call: Call) -> Any:
+        raise self.unsupported(handler, call)
+
+    def on_relu(self, handler: Handler, call: Call) -> Any:
+        raise self.unsupported(handler, call)
+
+    def on_activation(self, handler: Handler, call: Call) -> Any:
+        raise self.unsupported(handler, call)
+
+    def on_maxpool(self, handler: Handler, call: Call) -> Any:
+        raise self.unsupported(handler, call)
+
+    def on_pool(self, handler: Handler, call: Call) -> Any:
+        raise self.unsupported(handler, call)
+
+    def on_add(self, handler: Handler, call: Call) -> Any:
+        raise self.unsupported(handler, call)
+
+    def on_reshape(self, handler: Handler, call: Call) -> Any:
+        return call.run()
+
+    def on_cat(self, handler: Handler, call: Call) -> Any:
+        return self.on_reshape(handler, call)
+
+    def on_identity(self, handler: Handler, call: Call) -> Any:
+        return self.on_reshape(handler, call)
+
+    def on_shape(self, handler: Handler, call: Call) -> Any:
+        return call.run()
