@@ -63,7 +63,7 @@ def test_path_norms_equal_enumeration(slope):
 def test_rescaling_and_normalisation_keep_function_and_norms():
     net, shape = _net(0.1, 1), (2, 6, 6)
     x = torch.randn(5, *shape, dtype=torch.float64)
-    for other in (random_rescale(net, shape, seed=3), normalize(net, shape, q=2.0)):
+    for other in (random_rescale(net, seed=3, input_shape=shape), normalize(net, shape, q=2.0)):
         assert not torch.equal(other.c1.weight, net.c1.weight)
         torch.testing.assert_close(other(x), net(x), rtol=0, atol=1e-12)
         for q, r in PAIRS:

@@ -3,7 +3,9 @@
 from pathlift.errors import (
     ArchitectureMismatchError,
     InvalidParameterError,
+    LeadingDimensionWarning,
     PathliftError,
+    PrecisionError,
     ShapeError,
     UnsupportedModelError,
 )
@@ -13,7 +15,9 @@ __version__ = "0.1.0"
 __all__ = [
     "ArchitectureMismatchError",
     "InvalidParameterError",
+    "LeadingDimensionWarning",
     "PathliftError",
+    "PrecisionError",
     "ShapeError",
     "UnsupportedModelError",
     "__version__",

@@ -64,6 +64,11 @@ class DistributedError(PathliftError):
     must be identical on every rank are not)."""
 
 
+class LeadingDimensionWarning(UserWarning):
+    """An input shape whose leading dimensions a Linear-first model treats as separate
+    inputs: perhaps a batch size given by mistake."""
+
+
 class Problem:
     """One unsupported node: where it is, what op it is, why it is refused, what to do."""
 

@@ -184,13 +184,12 @@ def outputs_are_affine(graph: LayerGraph) -> bool:
 
 
 def dag_parameters(graph: LayerGraph) -> Iterator[tuple[str, Tensor, Tensor | None]]:
-    """(layer, weights, bias) of every affine node as DAG parameters (an eval BatchNorm is
+    """(layer, weights, bias) of every op with parameters (layers, PReLU slopes) as DAG
+    parameters (an eval BatchNorm is
     the identity neuron x*a + c: its parameters are (a, c), not its statistics)."""
-    for node in graph.nodes():
-        handler = graph.handler(node)
-        if handler.kind is Kind.AFFINE:
-            weight, bias = handler.dag_parameters(graph.submodule(node))
-            yield node.target, weight, bias
+    for node in graph.parametric_nodes():
+        weight, bias = graph.handler(node).dag_parameters(graph.submodule(node))
+        yield node.target, weight, bias
 
 
 def paired_parameters(graph_a: LayerGraph, graph_b: LayerGraph

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from torch.nn.utils import prune
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from pathlift.errors import Problem, ShapeError, UnsupportedModelError
+from pathlift.errors import LeadingDimensionWarning, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph.boundary import dtype_device, meta_clone, structure_key, unwrap
 from pathlift.graph.ops import (
     MODULES,
@@ -96,6 +97,10 @@ class LayerGraph:
         """The nodes of layers with parameters, in topological order."""
         return [n for n in self.nodes() if self.handler(n).kind is Kind.AFFINE]
 
+    def parametric_nodes(self) -> list[fx.Node]:
+        """The nodes of ops with parameters of their own (layers, PReLU), in order."""
+        return [n for n in self.nodes() if self.handler(n).parametric]
+
     def calls(self) -> dict[str, int]:
         """How many times each layer with parameters is called."""
         counts: dict[str, int] = {}
@@ -136,7 +141,7 @@ class LayerGraph:
         """Every layer whose values make it unusable: NaN or inf parameters, a BatchNorm
         whose running_var + eps is not positive. Reads every parameter once."""
         problems, seen = [], set()
-        for node in self.affine_nodes():
+        for node in self.parametric_nodes():
             module = self.submodule(node)
             if id(module) in seen:
                 continue
@@ -677,5 +682,29 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
     _validate(graph, model, shape, dtype)
+    _warn_leading_dimension(graph, model, shape)
     return LayerGraph(_holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
                       key)
+
+
+def _warn_leading_dimension(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...]) -> None:
+    """Warn when the input reaches a Linear layer (through views only) with more than one
+    dimension: the layer reads the last dimension only, so each row of the others is a
+    separate input of the network, and every result counts all of their outputs."""
+    if len(shape) < 2:
+        return
+    node = next(n for n in graph.nodes if n.op == "placeholder")
+    while len(node.users) == 1:
+        node = next(iter(node.users))
+        if node.op != "call_module" or node.meta[HANDLER].kind is not Kind.AFFINE:
+            return
+        module = model.get_submodule(node.target)
+        if isinstance(module, nn.Linear):
+            rows = math.prod(shape[:-1])
+            warnings.warn(LeadingDimensionWarning(
+                f"input_shape {shape}: the first layer '{node.target}' (Linear) reads the "
+                f"last dimension only, so pathlift computes for {rows} separate inputs of "
+                f"size {shape[-1]} at once (all their outputs count: the l1 path-norm is "
+                f"{rows} times that of one). If {shape[0]} is a batch size, pass input_shape="
+                f"{shape[1:]}"), stacklevel=4)
+        return

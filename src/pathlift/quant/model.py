@@ -73,7 +73,7 @@ def quantize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
     codes: dict[str, QuantizedTensor] = {}
     seen: set[str] = set()
     with torch.no_grad():
-        for node in graph.affine_nodes():
+        for node in graph.parametric_nodes():
             if node.target in seen:
                 continue
             seen.add(node.target)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pathlift.graph.boundary import param
-from pathlift.graph.ops.base import Call, Handler, Kind, register
+from pathlift.graph.ops.base import Call, Handler, Kind, Parametric, register
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class ClampHandler(Activation):
         return self if self.problem(call) else super().resolve(call)
 
 
-class PReLUHandler(Activation):
+class PReLUHandler(Parametric, Activation):
     """PReLU(z) = ReLU(z) - a ReLU(-z) with learnt slopes a (one, or one per channel):
     positively homogeneous; its slopes are parameters of theta (weights of the lowered DAG)."""
 

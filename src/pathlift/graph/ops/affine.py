@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.boundary import assign_, mask, param, stored
-from pathlift.graph.ops.base import Call, Handler, Kind, register
+from pathlift.graph.ops.base import Call, Handler, Kind, Parametric, register
 from pathlift.graph.ops.pooling import window_max
 
 
@@ -62,20 +62,11 @@ def abs_power(t: Tensor, q: float, dtype: torch.dtype, workspace: Workspace | No
     return magnitude if q == 1 else magnitude.pow_(q)
 
 
-def _all_finite(t: Tensor) -> bool:
-    """No NaN or inf in ``t``: its min and max propagate both, and need no mask of t's size
-    (allocating one costs more than reading t for large layers)."""
-    if not t.numel():
-        return True
-    low, high = torch.aminmax(t.detach())
-    return bool(torch.isfinite(low) & torch.isfinite(high))
-
-
 def channel_view(v: Tensor, ndim: int) -> Tensor:
     return v.reshape((1, -1) + (1,) * (ndim - 2)) if ndim > 1 else v
 
 
-class AffineHandler(Handler):
+class AffineHandler(Parametric, Handler):
     """Layers with parameters: y = W x + b, one output channel per neuron group.
 
     ``channel_dim`` is the activation dim holding channels (-1 for Linear), ``out_dim``
@@ -207,18 +198,6 @@ class AffineHandler(Handler):
         out = [("weight", param(module, "weight"), self.out_dim)]
         bias = param(module, "bias")
         return out + ([("bias", bias, None)] if bias is not None else [])
-
-    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None:
-        """Make the layer compute with the rounded ``values`` of ``quantizable``."""
-        for name, value in values.items():
-            assign_(module, name, value)
-
-    def value_problem(self, module: nn.Module) -> str | None:
-        """Why the layer's values make it unusable (NaN or inf), or None."""
-        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-            if tensor.is_floating_point() and not _all_finite(tensor):
-                return f"parameter '{name}' holds NaN or inf; fix or reload the weights"
-        return None
 
 
 def _scale_(tensor: Tensor, factor: Tensor) -> None:

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from torch import fx, nn
+import torch
+from torch import Tensor, fx, nn
+
+from pathlift.graph.boundary import assign_, param
 
 
 class Kind(Enum):
@@ -90,6 +93,7 @@ class Handler:
     in_place: ClassVar[bool] = False
     folds: ClassVar[bool] = False
     family: ClassVar[str] = "structure"
+    parametric: ClassVar[bool] = False
 
     def __init__(self, name: str):
         self.name = name
@@ -119,6 +123,46 @@ class Handler:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.kind.value})"
+
+
+class Parametric:
+    """Mixin of operations with parameters of their own (layers, PReLU's slopes): what
+    quantisation rounds, how the rounded values are written back, and whether the values
+    are usable. ``parametric`` is the trait passes read."""
+
+    parametric: ClassVar[bool] = True
+
+    def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
+        """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
+        return [(name, param(module, name), None) for name, _ in
+                module.named_parameters(recurse=False) if not name.endswith("_orig")] + [
+            (name[:-5], param(module, name[:-5]), None) for name, _ in
+            module.named_parameters(recurse=False) if name.endswith("_orig")]
+
+    def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
+        """(weights, bias) of the op's neurons in the DAG of Def. 2.2.2, up to sign."""
+        return param(module, "weight"), param(module, "bias")
+
+    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None:
+        """Make the op compute with the rounded ``values`` of ``quantizable``."""
+        for name, value in values.items():
+            assign_(module, name, value)
+
+    def value_problem(self, module: nn.Module) -> str | None:
+        """Why the op's values make it unusable (NaN or inf), or None."""
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if tensor.is_floating_point() and not all_finite(tensor):
+                return f"parameter '{name}' holds NaN or inf; fix or reload the weights"
+        return None
+
+
+def all_finite(t: Tensor) -> bool:
+    """No NaN or inf in ``t``: its min and max propagate both, and need no mask of t's size
+    (allocating one costs more than reading t for large layers)."""
+    if not t.numel():
+        return True
+    low, high = torch.aminmax(t.detach())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
 class UnsupportedHandler(Handler):
