@@ -17,7 +17,7 @@ from pathlift.graph.channels import analyse
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import lipschitz_input, path_norm
 from pathlift.quant import certified_error, quantize
-from pathlift.symmetry import random_rescale
+from pathlift.symmetry import canonicalize, equivalent, permute, random_rescale
 
 PAIRS = [(1.0, 1.0), (2.0, 2.0), (1.0, math.inf), (4.0, 1.0), (0.5, 2.0), (16.0, 16.0)]
 
@@ -137,3 +137,19 @@ def test_products_and_tensor_bounds_are_refused_with_one_line_per_cause():
     lines = str(info.value).splitlines()[1:]
     assert len(lines) == 3 and sum("2 nodes" in line for line in lines) == 1
     assert any("tensor bounds" in line for line in lines)
+
+
+@pytest.mark.parametrize("act", [nn.ReLU6(), nn.PReLU(6), nn.LeakyReLU(0.1)], ids=type)
+def test_permuted_copy_is_equivalent_and_canonical_form_keeps_function(act):
+    torch.manual_seed(4)
+    net = nn.Sequential(nn.Linear(3, 6), act, nn.Linear(6, 2)).double().eval()
+    with torch.no_grad():
+        if isinstance(act, nn.PReLU):
+            act.weight.uniform_(-1, 1)
+    perm = torch.tensor([3, 1, 0, 5, 4, 2])
+    other = permute(net, {"0": perm}, (3,))
+    x = torch.randn(9, 3, dtype=torch.float64)
+    torch.testing.assert_close(other(x), net(x), rtol=0, atol=1e-12)
+    assert not torch.equal(other[0].weight, net[0].weight)
+    assert equivalent(net, other, (3,)).equivalent
+    torch.testing.assert_close(canonicalize(net, (3,)).model(x), net(x), rtol=0, atol=1e-12)

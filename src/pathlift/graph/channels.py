@@ -74,6 +74,14 @@ class ChannelMap:
     group: Tensor
     num_groups: int
     outputs: Tensor
+    perm_group: Tensor | None = None
+    carriers: tuple[tuple[str, Tensor], ...] = ()
+
+    @property
+    def permutation_group(self) -> Tensor:
+        """``group`` without the ties that only fix scales (clipping activations): the
+        groups a permutation must respect. Group 0 is fixed (input, outputs)."""
+        return self.group if self.perm_group is None else self.perm_group
 
     def rebind(self, graph: LayerGraph) -> ChannelMap:
         """The same analysis for ``graph``, the graph of a copy of this one's model."""
@@ -151,6 +159,8 @@ class _Labeller(OpWalker):
         self.uf = _UnionFind()
         self.producers: dict[str, Producer] = {}
         self.outputs: list[Tensor] = []
+        self.clipped: list[Tensor] = []
+        self.carriers: list[tuple[str, Tensor]] = []
 
     def run_node(self, n: fx.Node):
         if n.op == "placeholder":
@@ -180,7 +190,9 @@ class _Labeller(OpWalker):
         fixes their scale (they join the fixed group 0)."""
         ids = call.args[0]
         if handler.fixes_scale(call):
-            self.uf.union(0, self.uf.union_all(ids.long()))
+            self.clipped.append(ids.long())
+        if any(isinstance(s, Tensor) and s.numel() > 1 for s in handler.pieces(call).slopes):
+            self.carriers.append((call.node.target, _per_channel(ids.long(), 1, self.uf)))
         return ids
 
     def on_pool(self, handler: FixedLinear, call: Call) -> Tensor:
@@ -239,12 +251,21 @@ def _channel_map(graph: LayerGraph) -> ChannelMap:
     with torch.no_grad():
         labeller.run()
     uf = labeller.uf
-    roots = torch.tensor([uf.find(i) for i in range(len(uf.parent))], dtype=torch.long)
-    unique, group = torch.unique(roots, return_inverse=True)  # root 0 -> group 0
+    perm_group = _groups(uf)[1] if labeller.clipped else None
+    for ids in labeller.clipped:  # clipping fixes the scale, not the order
+        uf.union(0, uf.union_all(ids))
+    count, group = _groups(uf)
     outputs = torch.unique(torch.cat(labeller.outputs)) if labeller.outputs else \
         torch.zeros(0, dtype=torch.long)
-    return ChannelMap(graph, tuple(labeller.producers.values()), group, int(unique.numel()),
-                      outputs)
+    return ChannelMap(graph, tuple(labeller.producers.values()), group, count, outputs,
+                      perm_group, tuple(labeller.carriers))
+
+
+def _groups(uf: _UnionFind) -> tuple[int, Tensor]:
+    """Number of groups and the group of every id (the group of id 0 is 0)."""
+    roots = torch.tensor([uf.find(i) for i in range(len(uf.parent))], dtype=torch.long)
+    unique, group = torch.unique(roots, return_inverse=True)
+    return int(unique.numel()), group
 
 
 def analyse(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, PrecisionError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, graph_of
-from pathlift.graph.boundary import output_leaves
+from pathlift.graph.boundary import copy_model, output_leaves
 from pathlift.graph.normalize import normalize
 from pathlift.logspace import LN10, format_log10, power10
 
@@ -75,7 +75,7 @@ def log_outputs(graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64)
     """ln o_v = ln ||Phi^{->v}||_q^q for every output neuron v, across every returned tensor
     in order (Thm 3.1.1: one |theta|^q pass on the all-ones input).
 
-    For q > ``LARGE_Q`` the pass runs on a copy normalised by Alg. 3.2.1 at exponent q
+    For q > ``LARGE_Q`` the pass runs on a float64 copy normalised by Alg. 3.2.1 at exponent q
     (Phi is invariant, Thm 2.4.1, and every hidden neuron's incoming (weights, bias) then
     has q-norm 1, so |w|^q stays in range), every layer divided by its largest parameter
     u and u^q carried in log space. An output that comes out zero although it is not
@@ -84,9 +84,11 @@ def log_outputs(graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64)
     name the layer (UnsupportedModelError), so a healthy network pays nothing for it.
     """
     large = q > LARGE_Q
-    if large:
+    if large:  # normalised in float64, so that rounding the factors loses nothing
         graph.check_values()
-        graph = graph_of(normalize(graph, None, q))
+        wide = copy_model(graph.model).to(torch.float64)
+        normalised = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
+        graph = graph_of(normalised)
     with torch.no_grad():
         out = AbsPowInterpreter(graph, q, dtype, unit_weights=large).run_all_ones()
     log_o = torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)])

@@ -70,10 +70,11 @@ class Unit:
 
 
 def _single_free(cmap: ChannelMap, p: Producer) -> bool:
-    groups = cmap.group[p.neurons]
+    group = cmap.permutation_group
+    groups = group[p.neurons]
     if (groups == 0).any():
         return False
-    counts = torch.bincount(cmap.group, minlength=cmap.num_groups)
+    counts = torch.bincount(group)
     return bool((counts[groups] == 1).all())
 
 
@@ -82,7 +83,8 @@ def permutable_units(cmap: ChannelMap) -> list[Unit]:
 
     Every channel must be a free, untied neuron, read only by Linear, Conv or ConvTranspose
     layers without groups, or by BatchNorms whose own channels satisfy the same (they are
-    permuted along). Channels tied by residual sums, depthwise convs and outputs are not.
+    permuted along, as are the slopes of a per-channel PReLU). Channels tied by residual
+    sums, depthwise convs and outputs are not.
     """
     readers: dict[int, list[Producer]] = {}
     for p in cmap.producers:
@@ -122,6 +124,13 @@ def _apply_permutation(model: nn.Module, cmap: ChannelMap, unit: Unit, perm: Ten
         id_map.update({old[c]: old[int(perm[c])] for c in range(len(old))})
         if p is unit.producer or not p.passthrough:
             p.handler.permute_(model.get_submodule(p.name), outputs=perm)
+    for name, ids in cmap.carriers:  # per-channel slopes follow their channels
+        labels = ids.tolist()
+        if any(i in id_map for i in labels):
+            slopes = stored(model.get_submodule(name), "weight")
+            src = torch.tensor([labels.index(id_map.get(i, i)) for i in labels])
+            with torch.no_grad():
+                slopes.copy_(slopes.index_select(0, src))
     for p in cmap.producers:  # readers: move input columns, BatchNorm statistics
         labels = p.inputs.tolist()
         if not any(i in id_map for i in labels):
