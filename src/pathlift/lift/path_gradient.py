@@ -13,6 +13,7 @@ their output (so the backward through the network computes input gradients only)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,8 +23,8 @@ from torch import Tensor
 from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
 from pathlift.graph.abs_pow import _align
-from pathlift.graph.boundary import output_leaves
-from pathlift.graph.ops import AffineHandler, Call, abs_power
+from pathlift.graph.boundary import output_leaves, param
+from pathlift.graph.ops import Activation, AffineHandler, Call, Kind, abs_power
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,10 @@ class _Tape(AbsPowInterpreter):
         super().__init__(graph, 1.0, dtype)
         handlers = {n.target: graph.handler(n) for n in graph.nodes() if n.op == "call_module"}
         module = graph.module.get_submodule
-        self.weights = {name: handlers[name].magnitude(module(name), 1.0, dtype).requires_grad_()
-                        for name in layers}
+        self.weights = {name: (handlers[name].magnitude(module(name), 1.0, dtype)
+                               if handlers[name].kind is Kind.AFFINE
+                               else abs_power(param(module(name), "weight"), 1.0, dtype)
+                               ).requires_grad_() for name in layers}
         self.biases = {name: abs_power(handlers[name].bias(module(name)), 1.0, dtype)
                        .requires_grad_() for name in biases}
         self.records: dict[str, tuple[AffineHandler, Tensor, Tensor]] = {}
@@ -62,11 +65,32 @@ class _Tape(AbsPowInterpreter):
         self.records[call.node.target] = (handler, x, y)
         return y
 
+    def on_activation(self, handler: Activation, call: Call) -> Scaled:
+        """A parametric activation (PReLU) whose slopes are chosen: the lowered neurons'
+        |theta| map y = (sum_j |c_j|) x + sum_j |c_j| |beta_j| + |f(t_1)| (Thm 3.1.1, q = 1)
+        with the slopes' magnitudes as the leaf."""
+        name = call.node.target
+        if name not in self.weights:
+            return super().on_activation(handler, call)
+        x = call.args[0]
+        pieces = handler.pieces_from(call.replace(x.mantissa), self.weights[name])
+        neurons = pieces.neurons()
+        gain = sum(_magnitude(c) for _, _, c in neurons)
+        offset = sum(_magnitude(c) * abs(beta) for _, beta, c in neurons) + abs(pieces.value)
+        y = x.mantissa * gain + offset * math.exp(-x.log_scale)
+        self.records[name] = (handler, x.mantissa, y)
+        return Scaled.normalised(y, x.log_scale)
+
     def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
                        ) -> Tensor | None:
         if call.node.target in self.biases:
             return self.biases[call.node.target]
         return super().bias_magnitude(handler, call, unit)
+
+
+def _magnitude(c: float | Tensor) -> float | Tensor:
+    """|c| of a coefficient whose magnitude is a non-negative leaf (or a plain float)."""
+    return c.abs() if isinstance(c, Tensor) else abs(c)
 
 
 def _l1_mantissa(out: object) -> tuple[Tensor, float]:
@@ -101,7 +125,7 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
         mantissa, log_scale = _l1_mantissa(tape.run_all_ones())
         # a layer whose weight gradient is g v^T gets g (its output's gradient) and is
         # never formed; the others get their weight gradient: one backward for all
-        rank_one = {name: handler.rank_one_input(x)
+        rank_one = {name: handler.rank_one_input(x) if handler.kind is Kind.AFFINE else None
                     for name, (handler, x, _) in tape.records.items()}
         wanted = [y if rank_one[name] is not None else tape.weights[name]
                   for name, (_, _, y) in tape.records.items()]

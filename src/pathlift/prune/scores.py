@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.graph import LayerGraph, graph_of, param
-from pathlift.graph.ops import AffineHandler
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
 
@@ -66,11 +65,12 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
                         ) -> list[tuple[str, nn.Module, str]]:
     """(module name, module, parameter name) of every prunable coordinate tensor: the
     weights (and biases) of the layers whose handler says they are scored (Linear, Conv,
-    ConvTranspose; not BatchNorm, see the module docstring), once per layer."""
+    ConvTranspose; not BatchNorm, see the module docstring) and PReLU slopes, once per
+    layer."""
     entries, seen = [], set()
-    for node in graph.affine_nodes():
+    for node in graph.parametric_nodes():
         handler, module = graph.handler(node), graph.submodule(node)
-        if not (isinstance(handler, AffineHandler) and handler.scored) or node.target in seen:
+        if not handler.scored or node.target in seen:
             continue
         seen.add(node.target)
         entries.append((node.target, module, "weight"))

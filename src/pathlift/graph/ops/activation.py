@@ -181,11 +181,13 @@ class PReLUHandler(Parametric, Activation):
     def pieces(self, call: Call) -> Pieces:
         weight = param(call.module, "weight") if call.module is not None else call.arg(1,
                                                                                        "weight")
+        return self.pieces_from(call, weight)
+
+    def pieces_from(self, call: Call, weight: Tensor) -> Pieces:
+        """The pieces with ``weight`` as the slopes (a tensor of the weight's shape)."""
         x = call.args[0]
-        if weight.numel() > 1:
-            weight = weight.reshape((1, -1) + (1,) * (x.dim() - 2))
-        return Pieces((0.0,), (weight.reshape(weight.shape if weight.numel() > 1 else ()), 1.0),
-                      0.0)
+        shape = (1, -1) + (1,) * (x.dim() - 2) if weight.numel() > 1 else ()
+        return Pieces((0.0,), (weight.reshape(shape), 1.0), 0.0)
 
     def problem(self, call: Call) -> str | None:
         weight = call.module.weight if call.module is not None else call.arg(1, "weight")
