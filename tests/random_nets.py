@@ -14,6 +14,19 @@ ceil_mode, divisor_override), AdaptiveAvgPool, ``mean`` over spatial dims, resid
 flatten/view/reshape/permute/transpose/unsqueeze, and one to three outputs. Weights and
 biases are random with mixed signs and scales; some layers have no bias.
 
+The operations of issue 21 are drawn only when asked for, each behind a flag of
+``NEW_OPS`` (``random_network(seed, new_ops={"leaky_relu", ...})``, or globally by adding
+flags to ``ENABLED_OPS``): LeakyReLU (module, functional, in-place; slopes negative, small,
+above 1), PReLU (one slope, one per channel), ReLU6, Hardtanh (random bounds), ``clamp`` /
+``clip`` with constant bounds (min only, max only, both), slicing along non-batch dims
+(``x[:, a:b]``, steps, ``chunk``, ``split``, ``narrow``, ``unbind``), shape arithmetic in
+``forward`` (``x.size(1) // 2``, a channel shuffle by view/transpose), interpolation
+(``F.interpolate`` linear/bilinear/bicubic/trilinear, both ``align_corners``, by size or
+scale factor, ``nn.Upsample``), padding (``F.pad`` constant 0/reflect/replicate,
+``ZeroPad*d``, ``ConstantPad*d(.., 0)``, ``ReflectionPad*d``, ``ReplicationPad*d``) and dict
+outputs. With no flag the networks (and the random stream) are exactly those of before.
+Each step records a ``tag`` naming the new op it draws, for coverage tests.
+
 Sizes are kept small: an upper bound of the number of paths (Def. 2.3.1) is tracked while
 the network grows, so that explicit enumeration (``pathlift.graph.neurons``) stays cheap.
 In-place ops only ever act on a tensor that nothing else has read and that autograd does
@@ -36,6 +49,15 @@ from torch import Tensor, nn
 
 MAX_PATHS = 20_000
 
+NEW_OPS = frozenset({
+    "leaky_relu", "prelu", "relu6", "hardtanh", "clamp",            # piecewise-linear
+    "slice", "chunk", "split", "narrow", "unbind", "size_arith",    # slicing, shape arithmetic
+    "interpolate", "pad", "dict_output",                            # fixed linear maps, outputs
+})
+# The flags every ``random_network`` call draws by default (``new_ops=None``): turn them on
+# here as the engine supports them, and the whole fuzz and exactness suite draws them.
+ENABLED_OPS: set[str] = set()
+
 
 @dataclass(frozen=True)
 class Step:
@@ -45,6 +67,7 @@ class Step:
     inputs: tuple[int, ...]
     view: bool = False
     in_place: bool = False
+    tag: str = ""  # the flag of NEW_OPS this step draws, "" for the original ops
 
 
 class RandomNet(nn.Module):
@@ -55,11 +78,14 @@ class RandomNet(nn.Module):
         self.layers = nn.ModuleList()
         self.steps: list[Step] = []
         self.outputs: tuple[int, ...] = ()
+        self.as_dict = False
 
-    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...] | dict[str, Tensor]:
         values = [x]
         for step in self.steps:
             values.append(step.fn(self, *(values[i] for i in step.inputs)))
+        if self.as_dict:
+            return {f"out{k}": values[i] for k, i in enumerate(self.outputs)}
         if len(self.outputs) == 1:
             return values[self.outputs[0]]
         return tuple(values[i] for i in self.outputs)
@@ -74,8 +100,8 @@ class _Value:
 
 
 class _Grower:
-    def __init__(self, rng: random.Random, max_paths: int):
-        self.rng, self.max_paths = rng, max_paths
+    def __init__(self, rng: random.Random, max_paths: int, new_ops: frozenset[str] = frozenset()):
+        self.rng, self.max_paths, self.new_ops = rng, max_paths, new_ops
         self.net = RandomNet()
         self.values: list[_Value] = []
 
@@ -98,7 +124,7 @@ class _Grower:
         try:
             with torch.no_grad():
                 out = fn(self.net, *args)
-        except (RuntimeError, ValueError):
+        except (RuntimeError, ValueError, NotImplementedError, IndexError):
             return None
         shape = tuple(out.shape[1:])
         if out.dim() < 2 or 0 in shape or math.prod(shape) > 64 or not out.isfinite().all():
@@ -107,7 +133,7 @@ class _Grower:
 
     def add(self, op: Callable[..., Tensor] | nn.Module, inputs: tuple[int, ...],
             fan_in: int, view: bool = False, in_place: bool = False,
-            paths: int | None = None) -> bool:
+            paths: int | None = None, tag: str = "") -> bool:
         """Append a step (a function of (net, *values), or a module to register) if it runs
         and keeps the path bound within budget; ``paths`` overrides the default bound."""
         fn = op
@@ -129,7 +155,7 @@ class _Grower:
             self.values[i].fresh = False
             if in_place:
                 self.values[i].alive = False
-        self.net.steps.append(Step(fn, inputs, view, in_place))
+        self.net.steps.append(Step(fn, inputs, view, in_place, tag))
         self.values.append(_Value(shape, paths, fresh=not view))
         return True
 
@@ -144,6 +170,15 @@ class _Grower:
         ops = [self.relu, self.affine, self.add_residual, self.cat, self.structure]
         if dims >= 1:
             ops += [self.conv, self.conv, self.pool, self.pool, self.spatial]
+        new = self.new_ops
+        if new & {"leaky_relu", "prelu", "relu6", "hardtanh", "clamp"}:
+            ops += [self.piecewise_linear, self.piecewise_linear]
+        if new & {"slice", "chunk", "split", "narrow", "unbind", "size_arith"}:
+            ops.append(self.slicing)
+        if dims >= 1 and "interpolate" in new:
+            ops.append(self.interpolate)
+        if dims >= 1 and "pad" in new:
+            ops.append(self.pad)
         return self.rng.choice(ops)(i, dims)
 
     def relu(self, i: int, dims: int) -> bool:
@@ -291,20 +326,171 @@ class _Grower:
             choices += [lambda net, x: x.permute(0, 1, 3, 2), lambda net, x: x.transpose(2, 3)]
         return self.add(r.choice(choices), (i,), 1, view=True)
 
+    # ------------------------------------------------------------------ issue 21 ops
+    def piecewise_linear(self, i: int, dims: int) -> bool:
+        """LeakyReLU, PReLU, ReLU6, Hardtanh, clamp/clip: two ReLU neurons per element once
+        lowered, so at most twice the paths (plus their biases)."""
+        r, v = self.rng, self.values[i]
+        tag = r.choice(sorted(self.new_ops & {"leaky_relu", "prelu", "relu6", "hardtanh",
+                                              "clamp"}))
+        in_place = False
+        if tag == "leaky_relu":
+            slope = r.choice((0.01, 0.2, -0.5, 1.5, 3.0, -2.0, r.uniform(-3.0, 3.0)))
+            if v.fresh and slope > 0 and r.random() < 0.3:  # autograd: in-place needs a > 0
+                in_place = True
+                fn = r.choice((nn.LeakyReLU(slope, inplace=True),
+                               lambda net, x: F.leaky_relu(x, slope, inplace=True),
+                               lambda net, x: F.leaky_relu_(x, slope)))
+            else:
+                fn = r.choice((nn.LeakyReLU(slope), lambda net, x: F.leaky_relu(x, slope)))
+        elif tag == "prelu":
+            channels = v.shape[0]  # PReLU's parameters index dim 1 (features or channels)
+            fn = nn.PReLU(r.choice((1, channels)))
+        elif tag == "relu6":
+            fn = r.choice((nn.ReLU6(), lambda net, x: F.relu6(x)))
+        elif tag == "hardtanh":
+            low = r.uniform(-3.0, 1.0)
+            high = low + r.uniform(0.2, 4.0)
+            fn = r.choice((nn.Hardtanh(low, high), lambda net, x: F.hardtanh(x, low, high)))
+        else:
+            low = r.uniform(-2.0, 1.0)
+            high = low + r.uniform(0.2, 3.0)
+            fn = r.choice((lambda net, x: x.clamp(min=low), lambda net, x: x.clamp(max=high),
+                           lambda net, x: torch.clamp(x, low, high),
+                           lambda net, x: x.clip(low, high),
+                           lambda net, x: torch.clip(x, min=low),
+                           lambda net, x: torch.clamp(x, max=high)))
+        paths = 2 * v.paths + 3
+        added = self.add(fn, (i,), 2, view=in_place, in_place=in_place, paths=paths, tag=tag)
+        if added and not in_place:  # autograd may keep the output: no in-place on it
+            self.values[-1].fresh = False
+        return added
 
-def random_network(seed: int, max_paths: int = MAX_PATHS) -> tuple[nn.Module, tuple[int, ...]]:
+    def slicing(self, i: int, dims: int) -> bool:
+        """Slices, chunk, split, narrow, unbind along non-batch dims, and shape arithmetic:
+        relabellings that create no neuron."""
+        r, shape = self.rng, self.values[i].shape
+        tag = r.choice(sorted(self.new_ops & {"slice", "chunk", "split", "narrow", "unbind",
+                                              "size_arith"}))
+        dim = r.randint(1, len(shape))
+        n = shape[dim - 1]
+        a = r.randint(0, n - 1)
+        b = r.randint(a + 1, n)
+        if tag == "slice":
+            index = [slice(None)] * (dim + 1)
+            index[dim] = slice(a, b, r.choice((1, 1, 2)))
+            index_t = tuple(index)
+            if dim == len(shape) and r.random() < 0.5:
+                index_t = (..., index[dim])
+            fn = lambda net, x: x[index_t]  # noqa: E731
+        elif tag == "chunk":
+            k = r.randint(2, 3)
+            j = r.randrange(k)
+            fn = r.choice((lambda net, x: x.chunk(k, dim=dim)[j],
+                           lambda net, x: torch.chunk(x, k, dim)[j],
+                           lambda net, x: _swap_halves(x, dim)))
+        elif tag == "split":
+            size = r.randint(1, max(1, n - 1))
+            j = r.randrange(math.ceil(n / size))
+            sizes = [a, n - a] if a > 0 else [n]
+            fn = r.choice((lambda net, x: x.split(size, dim)[j],
+                           lambda net, x: torch.split(x, size, dim=dim)[j],
+                           lambda net, x: x.split(sizes, dim)[-1]))
+        elif tag == "narrow":
+            fn = r.choice((lambda net, x: x.narrow(dim, a, b - a),
+                           lambda net, x: torch.narrow(x, dim, a, b - a)))
+        elif tag == "unbind":
+            fn = r.choice((lambda net, x: x.unbind(dim)[a], lambda net, x: torch.unbind(x, dim)[a]))
+        else:  # shape arithmetic evaluated in forward
+            if dims >= 1 and shape[0] % 2 == 0:
+                fn = r.choice((
+                    lambda net, x: x[:, : x.size(1) // 2],
+                    lambda net, x: x.narrow(1, x.shape[1] // 2, x.size(1) - x.size(1) // 2),
+                    lambda net, x: x.reshape(x.size(0), 2, x.size(1) // 2, -1).transpose(1, 2)
+                    .reshape(x.shape)))
+            else:
+                fn = r.choice((lambda net, x: x[:, : (x.size(1) + 1) // 2],
+                               lambda net, x: x.reshape(x.size(0), x.size(1) * 1, -1)))
+        return self.add(fn, (i,), 1, view=True, paths=self.values[i].paths, tag=tag)
+
+    def interpolate(self, i: int, dims: int) -> bool:
+        """Linear interpolation: identity neurons with fixed weights, 2 (bicubic: 4) inputs
+        per spatial dim."""
+        r, spatial = self.rng, self.values[i].shape[1:]
+        if dims > 3:
+            return False
+        mode = r.choice({1: ("linear",), 2: ("bilinear", "bicubic"), 3: ("trilinear",)}[dims])
+        align = r.random() < 0.5
+        if r.random() < 0.5:
+            size = tuple(max(1, m + r.randint(-1, 3)) for m in spatial)
+            kw: dict = {"size": size if dims > 1 else size[0]}
+        else:
+            kw = {"scale_factor": r.choice((2, 1.5, 0.5, 3))}
+        if r.random() < 0.3:
+            fn: Callable[..., Tensor] | nn.Module = nn.Upsample(mode=mode, align_corners=align,
+                                                                **kw)
+        else:
+            def fn(net, x):
+                return F.interpolate(x, mode=mode, align_corners=align, **kw)
+        fan_in = (4 if mode == "bicubic" else 2) ** dims
+        return self.add(fn, (i,), fan_in, tag="interpolate")
+
+    def pad(self, i: int, dims: int) -> bool:
+        """Zero, reflection and replication padding: a relabelling with zeros or repeats."""
+        r = self.rng
+        if dims > 3:
+            return False
+        k = r.randint(1, dims)  # trailing dims padded
+        pads = [r.randint(0, 2) for _ in range(2 * k)]
+        kind = r.choice(("F.pad", "zero", "constant", "reflect", "replicate"))
+        if kind == "F.pad":
+            mode = r.choice(("constant", "reflect", "replicate"))
+            if mode != "constant":
+                pads = [r.randint(0, 1) for _ in range(2 * dims)]
+
+            def fn(net, x):
+                return F.pad(x, pads, mode=mode) if mode != "constant" else F.pad(x, pads)
+        else:
+            full = [r.randint(0, 2) for _ in range(2 * dims)]
+            if kind in ("reflect", "replicate"):
+                full = [r.randint(0, 1) for _ in range(2 * dims)]
+            cls = {"zero": (getattr(nn, "ZeroPad1d", None), nn.ZeroPad2d,
+                            getattr(nn, "ZeroPad3d", None)),
+                   "constant": (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d),
+                   "reflect": (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d),
+                   "replicate": (nn.ReplicationPad1d, nn.ReplicationPad2d,
+                                 nn.ReplicationPad3d)}[kind][dims - 1]
+            if cls is None:
+                return False
+            fn = cls(tuple(full), 0.0) if kind == "constant" else cls(tuple(full))
+        return self.add(fn, (i,), 1, paths=self.values[i].paths, tag="pad")
+
+
+def _swap_halves(x: Tensor, dim: int) -> Tensor:
+    first, second = x.chunk(2, dim)
+    return torch.cat([second, first], dim)
+
+
+def random_network(seed: int, max_paths: int = MAX_PATHS,
+                   new_ops: set[str] | frozenset[str] | None = None
+                   ) -> tuple[nn.Module, tuple[int, ...]]:
     """A random small eval-mode ReLU network and its input shape (no batch), from ``seed``.
 
-    Deterministic in ``seed``. The number of paths stays below ``max_paths`` (an upper bound
-    is tracked while the network grows).
+    Deterministic in ``seed`` and ``new_ops`` (the flags of ``NEW_OPS`` to draw;
+    ``ENABLED_OPS`` when None). The number of paths stays below ``max_paths`` (an upper
+    bound is tracked while the network grows).
     """
+    flags = frozenset(ENABLED_OPS if new_ops is None else new_ops)
+    unknown = flags - NEW_OPS
+    if unknown:
+        raise ValueError(f"unknown new ops {sorted(unknown)}; known: {sorted(NEW_OPS)}")
     rng = random.Random(seed)
     kind = rng.choice(("vector", "signal", "image", "image") * 3 + ("volume",))
     shape = {"vector": (rng.randint(1, 5),),
              "signal": (rng.randint(1, 2), rng.randint(3, 8)),
              "image": (rng.randint(1, 2), rng.randint(2, 5), rng.randint(2, 5)),
              "volume": (1, rng.randint(2, 3), rng.randint(2, 3), rng.randint(2, 3))}[kind]
-    grower = _Grower(rng, max_paths)
+    grower = _Grower(rng, max_paths, flags)
     grower.values.append(_Value(shape, 1, fresh=False))
     target = rng.randint(2, 9)
     for _ in range(40 * target):
@@ -316,6 +502,8 @@ def random_network(seed: int, max_paths: int = MAX_PATHS) -> tuple[nn.Module, tu
     for _ in range(rng.choice((0, 0, 1, 2))):
         outputs.append(rng.choice(alive))
     grower.net.outputs = tuple(outputs)
+    if "dict_output" in flags:
+        grower.net.as_dict = rng.random() < 0.5
     return grower.net.eval(), shape
 
 
@@ -326,9 +514,10 @@ def random_input(shape: tuple[int, ...], seed: int, batch: int = 1,
     return torch.randn((batch, *shape), generator=g, dtype=dtype) * 2
 
 
-def networks(max_paths: int = MAX_PATHS) -> st.SearchStrategy[tuple[nn.Module, tuple[int, ...]]]:
+def networks(max_paths: int = MAX_PATHS, new_ops: set[str] | frozenset[str] | None = None
+             ) -> st.SearchStrategy[tuple[nn.Module, tuple[int, ...]]]:
     """Hypothesis strategy of ``random_network(seed)`` for random seeds."""
-    return st.integers(0, 2**31 - 1).map(lambda seed: random_network(seed, max_paths))
+    return st.integers(0, 2**31 - 1).map(lambda seed: random_network(seed, max_paths, new_ops))
 
 
 def randomise_batchnorm_(model: nn.Module) -> nn.Module:
