@@ -10,7 +10,9 @@
 - rescaling and normalisation keep the function and every path-norm of LeakyReLU/PReLU
   networks, and the function of ReLU6 networks;
 - the MobileNetV3-like model is refused by every function, in at most 10 lines naming each
-  cause once.
+  cause once;
+- random networks drawing the new ops (``random_nets.NEW_OPS``), one flag at a time and all
+  mixed: path-norms and outputs against enumeration, rescaling and normalisation.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from pathlift.symmetry import (
     random_rescale,
 )
 from pathlift.track import PathNormTracker
+from random_nets import NEW_OPS, random_network
 from test_path_norm import QS, RS
 
 LN10 = math.log(10.0)
@@ -494,3 +497,102 @@ def test_mobilenet_v3_like_error_reads_once(small):
     assert len(product) == 1, str(info.value)
     assert re.search(rf"\b{products}\b", product[0]), product[0]
     assert sum("hardsigmoid" in line.lower() for line in lines) <= 1, str(info.value)
+
+
+# --------------------------------------------------------------------------- random networks
+def _seeds_with(flag: str, count: int, new_ops: frozenset[str] | None = None) -> list[int]:
+    """The first ``count`` seeds whose network (drawing ``new_ops``, default {flag}) uses
+    ``flag``."""
+    ops = new_ops or frozenset({flag})
+    found = []
+    for seed in range(10_000):
+        model, _ = random_network(seed, new_ops=ops)
+        if model.as_dict if flag == "dict_output" else any(st.tag == flag for st in model.steps):
+            found.append(seed)
+            if len(found) == count:
+                return found
+    raise AssertionError(f"random_nets never draws {flag}")
+
+
+PER_FLAG = [(flag, seed) for flag in sorted(NEW_OPS) for seed in _seeds_with(flag, 3)]
+PIECEWISE = frozenset({"leaky_relu", "prelu", "relu6", "hardtanh", "clamp"})
+HOMOGENEOUS_OPS = NEW_OPS - {"relu6", "hardtanh", "clamp"}
+
+
+def test_random_networks_draw_every_new_op_and_trace():
+    """Over 200 seeds with every flag on, each flag is drawn at least 5 times and every
+    network is traced by torch.fx to a graph computing what the eager model computes."""
+    counts = dict.fromkeys(NEW_OPS, 0)
+    for seed in range(200):
+        model, shape = random_network(seed, new_ops=NEW_OPS)
+        for st in model.steps:
+            if st.tag:
+                counts[st.tag] += 1
+        counts["dict_output"] += model.as_dict
+        x = inputs(shape, seed, n=2)
+        model = model.double()
+        graph = torch.fx.symbolic_trace(model)
+        assert torch.equal(outputs(model, x), outputs(graph, x)), seed
+    assert min(counts.values()) >= 5, counts
+
+
+def check_against_enumeration(model: nn.Module, shape: tuple[int, ...]) -> NeuronDAG:
+    """Every (q, r) of the exactness suite at 1e-12 and the outputs (Thm 2.4.2)."""
+    model = model.double()
+    dag = NeuronDAG.from_module(model, shape)
+    graph = trace(model, shape)
+    for q in QS:
+        for r in RS:
+            assert_log10_close(path_norm(graph, None, q, r).log10, dag.path_norm_log10(q, r),
+                               1e-12)
+    for seed, scale in enumerate((0.5, 4.0)):
+        x = inputs(shape, seed, n=1, scale=scale)
+        y = outputs(model, x)[0].numpy()
+        assert abs(dag.output(x) - y).max() <= 1e-10 * max(abs(y).max(), 1.0)
+    return dag
+
+
+@pytest.mark.parametrize("flag, seed", PER_FLAG, ids=[f"{f}-{s}" for f, s in PER_FLAG])
+def test_each_new_op_equals_enumeration(flag, seed):
+    """One flag at a time (so a failure names the op): networks that draw it."""
+    model, shape = random_network(seed, new_ops={flag})
+    check_against_enumeration(model, shape)
+
+
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=[pytest.mark.slow] if s >= 20 else [])
+                                  for s in range(150)])
+def test_random_networks_mixing_every_new_op_equal_enumeration(seed):
+    model, shape = random_network(seed, new_ops=NEW_OPS)
+    check_against_enumeration(model, shape)
+
+
+@pytest.mark.parametrize("seed", _seeds_with("leaky_relu", 4, HOMOGENEOUS_OPS)
+                         + _seeds_with("prelu", 4, HOMOGENEOUS_OPS))
+def test_leaky_prelu_random_networks_rescale_and_normalise_exactly(seed):
+    """Positively homogeneous activations (and the relabelling/linear new ops): rescaling by
+    powers of two and normalisation keep the function and every path-norm at 1e-12."""
+    model, shape = random_network(seed, new_ops=HOMOGENEOUS_OPS)
+    model = model.double()
+    dag = NeuronDAG.from_module(model, shape)
+    rescaled = random_rescale(model, factors=(1.0, 128.0, 4096.0), seed=seed, input_shape=shape)
+    _powers_of_two_kept(model, shape, rescaled, dag)
+    normalised = normalize(model, shape, 1.0)
+    assert_same_function(model, normalised, shape, 1e-12)
+    graph = trace(normalised, shape)
+    for q in QS:
+        for r in RS:
+            assert_log10_close(path_norm(graph, None, q, r).log10, dag.path_norm_log10(q, r),
+                               1e-12)
+
+
+@pytest.mark.parametrize("seed", _seeds_with("relu6", 3, NEW_OPS)
+                         + _seeds_with("hardtanh", 3, NEW_OPS) + _seeds_with("clamp", 3, NEW_OPS))
+def test_clipping_random_networks_keep_their_function(seed):
+    """ReLU6, Hardtanh, clamp fix their neurons' scale: rescaling (any factors) and
+    normalisation keep the function."""
+    model, shape = random_network(seed, new_ops=NEW_OPS)
+    model = model.double()
+    for factors in ((1.0, 128.0, 4096.0), (0.37, 3.1, 250.0)):
+        rescaled = random_rescale(model, factors=factors, seed=seed, input_shape=shape)
+        assert_same_function(model, rescaled, shape, 1e-10)
+    assert_same_function(model, normalize(model, shape, 1.0), shape, 1e-10)
