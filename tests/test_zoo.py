@@ -44,6 +44,7 @@ from pathlift.lift import (
     path_norm,
     path_norms,
 )
+from pathlift.lift.path_metric import enumerated_path_metric
 from pathlift.prune import (
     channel_path_magnitude,
     global_magnitude,
@@ -127,6 +128,11 @@ def assert_same_function(a: nn.Module, b: nn.Module, shape: tuple[int, ...], rel
 def assert_log10_close(a: float, b: float, rel: float) -> None:
     """|a - b| in log10 within the given relative error of the values."""
     assert a == b or abs(a - b) * LN10 <= rel, (a, b)
+
+
+def clipping_ops(model: nn.Module) -> list[nn.Module]:
+    """The clipping activation modules of a zoo model (ReLU6, Hardtanh)."""
+    return [m for m in model.modules() if isinstance(m, (nn.ReLU6, nn.Hardtanh))]
 
 
 def shrunk(model: nn.Module, factor: float = 0.9) -> nn.Module:
@@ -284,17 +290,25 @@ def check_public_functions(model: nn.Module, shape: tuple[int, ...], dag: Neuron
     if product is not None:
         assert product.log10 >= lip.log10 - 1e-9
 
-    # Lipschitz in theta: the exact l1 path-metric (Lemma 3.4.1, Cor. 3.4.1)
+    # Lipschitz in theta: the l1 path-metric against its enumeration (Lemma 3.4.1 when
+    # |theta'| <= |theta| with the same signs in the lowered DAG: always for homogeneous
+    # networks; a clipping neuron's fixed bias (ReLU6's -6) may break it) and Cor. 3.4.1
     small = shrunk(model)
+    truth = enumerated_path_metric(model, small, shape)
     metric = call.required(path_metric, model, small, shape)
-    assert metric.exact
-    expected = dag.path_norm(1.0) - NeuronDAG.from_module(small, shape, zoo.SMALL_MAX_PATHS
-                                                          ).path_norm(1.0)
-    assert metric.value == pytest.approx(expected, rel=1e-9)
-    gap = (y - outputs(small, x)).abs().sum(1)
-    assert (gap <= metric.value * x.flatten(1).abs().amax(1).clamp(min=1) * (1 + 1e-9)).all()
+    clipping = bool(clipping_ops(model))
+    assert metric.exact or clipping
+    if metric.exact:
+        assert metric.value == pytest.approx(truth, rel=1e-9)
+    else:
+        assert metric.lower * (1 - 1e-9) <= truth <= metric.upper * (1 + 1e-9)
     bound = call.required(lipschitz_params, model, small, shape, x_inf=1.0)
-    assert bound.applies and bound.value == pytest.approx(metric.value, rel=1e-9)
+    assert bound.applies or clipping
+    if bound.applies:
+        assert bound.value >= truth * (1 - 1e-9)
+        gap = (y - outputs(small, x)).abs().sum(1)
+        radius = x.flatten(1).abs().amax(1).clamp(min=1)
+        assert (gap <= truth * radius * (1 + 1e-9)).all()
 
     # local affine map and average case (Sec. 7.2.2): E ||A^T Phi||_1 <= ||Phi||_1
     affine = call.required(local_affine, model, shape, x)
