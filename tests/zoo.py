@@ -722,7 +722,7 @@ ZOO: dict[str, ZooEntry] = {
     "r3d_18": ZooEntry(r3d_18, (3, 16, 112, 112), r3d_small, (1, 1, 4, 4), frozenset(),
                        heavy=True),
     "patchgan": ZooEntry(patchgan, (6, 256, 256), patchgan_small, (2, 6, 6),
-                         frozenset({"leaky_relu"}), heavy=True),
+                         frozenset({"leaky_relu"})),
     "srresnet": ZooEntry(srresnet, (3, 24, 24), srresnet_small, (1, 1, 1),
                          frozenset({"prelu"})),
     "unet": ZooEntry(unet, (3, 572, 572), unet_small, (1, 2, 3), frozenset(), heavy=True),
