@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,8 +56,13 @@ NEW_OPS = frozenset({
     "interpolate", "pad", "dict_output",                            # fixed linear maps, outputs
 })
 # The flags every ``random_network`` call draws by default (``new_ops=None``): turn them on
-# here as the engine supports them, and the whole fuzz and exactness suite draws them.
+# here as the engine supports them, and the whole fuzz and exactness suite draws them. The
+# environment variable RANDOM_NETS_NEW_OPS ("all", or flags separated by commas) turns them
+# on for one run without an edit.
 ENABLED_OPS: set[str] = set()
+_FROM_ENV = os.environ.get("RANDOM_NETS_NEW_OPS", "").strip()
+if _FROM_ENV:
+    ENABLED_OPS |= NEW_OPS if _FROM_ENV == "all" else {f.strip() for f in _FROM_ENV.split(",")}
 
 
 @dataclass(frozen=True)
