@@ -343,15 +343,16 @@ def check_public_functions(model: nn.Module, shape: tuple[int, ...], dag: Neuron
     # scores: |theta| and Path-Mag = ||Phi||_1 - ||Phi(theta_{-i})||_1 (Sec. 3.5)
     mags = call.required(magnitude_scores, model, shape)
     params = dict(model.named_parameters())
-    for key, score in mags.tensors.items():
-        assert torch.equal(score.double(), params[key].detach().abs().double()), key
+    for key in mags.tensors:
+        assert torch.equal(mags.value(key), params[key].detach().abs().double()), key
     path_mag = call.required(path_magnitude_scores, model, shape)
-    best_key, best = max(((k, v) for k, v in path_mag.tensors.items()),
-                         key=lambda kv: float(kv[1].max()))
+    values = {k: path_mag.value(k) for k in path_mag.tensors}  # mantissa x 10^scale
+    best_key, best = max(values.items(), key=lambda kv: float(kv[1].max()))
     assert all(float(v.min()) >= 0 and float(v.max()) <= l1 * (1 + 1e-9)
-               for v in path_mag.tensors.values())
+               for v in values.values())
 
     # pruning (on copies: the torch.nn.utils.prune methods modify their argument)
+    certificates = []
     for fn in (global_magnitude, global_path_magnitude, layerwise_magnitude,
                layerwise_path_magnitude):
         pruned = copy.deepcopy(model)
@@ -359,6 +360,7 @@ def check_public_functions(model: nn.Module, shape: tuple[int, ...], dag: Neuron
         gap = (y - outputs(pruned, x)).abs().sum(1)
         radius = x.flatten(1).abs().amax(1).clamp(min=1)
         assert (gap <= result.path_metric * radius * (1 + 1e-9)).all(), fn.__name__
+        certificates.append((fn.__name__, result))
     pruned = copy.deepcopy(model)
     result = call.required(prune_model, pruned, shape, 0.3, steps=2)
     assert result.pruned > 0
@@ -386,7 +388,12 @@ def check_public_functions(model: nn.Module, shape: tuple[int, ...], dag: Neuron
     call.optional(margins, model, loader)
 
     assert_same_state(model, before)
-    # Path-Mag of the largest-scored coordinate is the cost of pruning it (checked last)
+    # checked last: the pruning certificates (eq. 3.17: the exact path-metric never exceeds
+    # the sum of the pruned coordinates' Path-Mag) and Path-Mag of the largest-scored
+    # coordinate, which is the cost of pruning it
+    for fn_name, result in certificates:
+        assert result.log10_path_metric <= result.log10_bound + 1e-9, (
+            fn_name, result.log10_path_metric, result.log10_bound)
     index = int(best.argmax())
     zeroed = copy.deepcopy(model)
     with torch.no_grad():
@@ -653,7 +660,8 @@ def test_path_magnitude_is_the_cost_of_pruning_each_coordinate(name):
     params = dict(model.named_parameters())
     prelu = [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.PReLU)]
     assert set(prelu) <= set(scores.tensors), sorted(scores.tensors)
-    for key, score in scores.tensors.items():
+    for key in scores.tensors:
+        score = scores.value(key)  # mantissa x 10^log10_scale
         assert score.shape == params[key].shape, key
         for i in range(score.numel()):
             zeroed = copy.deepcopy(model)
