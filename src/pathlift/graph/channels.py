@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, fx, nn
+from torch.utils._pytree import tree_leaves
 
 from pathlift.graph.boundary import output_leaves
 from pathlift.graph.ops import Activation, AffineHandler, Call, FixedLinear, Handler
@@ -76,6 +77,7 @@ class ChannelMap:
     outputs: Tensor
     perm_group: Tensor | None = None
     carriers: tuple[tuple[str, Tensor], ...] = ()
+    split: frozenset[int] = frozenset()  # ids of which an op keeps only some (x[:, :k])
 
     @property
     def permutation_group(self) -> Tensor:
@@ -161,6 +163,7 @@ class _Labeller(OpWalker):
         self.outputs: list[Tensor] = []
         self.clipped: list[Tensor] = []
         self.carriers: list[tuple[str, Tensor]] = []
+        self.split: set[int] = set()
 
     def run_node(self, n: fx.Node):
         if n.op == "placeholder":
@@ -194,6 +197,19 @@ class _Labeller(OpWalker):
         if any(isinstance(s, Tensor) and s.numel() > 1 for s in handler.pieces(call).slopes):
             self.carriers.append((call.node.target, _per_channel(ids.long(), 1, self.uf)))
         return ids
+
+    def on_reshape(self, handler: Handler, call: Call) -> object:
+        """Relabelling moves ids; an op that keeps only some of its input's ids (slicing,
+        chunk) marks them: the order of those channels is then part of the structure."""
+        out = call.run()
+        inputs = [t for t in tree_leaves(call.args) if isinstance(t, Tensor)]
+        kept = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+        if inputs and kept:
+            before = torch.unique(torch.cat([t.reshape(-1) for t in inputs]).long())
+            after = torch.unique(torch.cat([t.reshape(-1) for t in kept]).long())
+            if after.numel() < before.numel():
+                self.split.update(before.tolist())
+        return out
 
     def on_pool(self, handler: FixedLinear, call: Call) -> Tensor:
         if handler.elementwise:
@@ -258,7 +274,7 @@ def _channel_map(graph: LayerGraph) -> ChannelMap:
     outputs = torch.unique(torch.cat(labeller.outputs)) if labeller.outputs else \
         torch.zeros(0, dtype=torch.long)
     return ChannelMap(graph, tuple(labeller.producers.values()), group, count, outputs,
-                      perm_group, tuple(labeller.carriers))
+                      perm_group, tuple(labeller.carriers), frozenset(labeller.split))
 
 
 def _groups(uf: _UnionFind) -> tuple[int, Tensor]:

@@ -38,10 +38,12 @@ def apply_all_(model: nn.Module, producers: Iterable[Producer], grow: Tensor,
 
 def incoming_norms(module: nn.Module, p: Producer, q: float) -> Tensor:
     """||(theta^{->v}, b_v)||_q of each output channel v (all kernel entries of a channel)."""
-    rows = p.handler.incoming_rows(module)
+    rows = p.handler.incoming_rows(module).abs()
+    top = rows.amax(dim=1)
     if q == float("inf"):
-        return rows.abs().amax(dim=1)
-    return rows.abs().pow(q).sum(dim=1).pow(1 / q)
+        return top
+    unit = torch.where(top > 0, top, torch.ones_like(top))[:, None]  # |row|^q never overflows
+    return (rows / unit).pow(q).sum(dim=1).pow(1 / q) * unit[:, 0]
 
 
 def refuse_shared_parameters(model: nn.Module, producers: Iterable[Producer]) -> None:

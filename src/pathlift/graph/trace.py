@@ -109,9 +109,10 @@ class LayerGraph:
         return counts
 
     def outputs(self) -> list[fx.Node]:
-        """The nodes of the returned tensors, in order, a tensor returned twice twice."""
+        """The nodes of the returned tensors, in order, a tensor returned twice twice (the
+        fields of a returned namedtuple opened)."""
         out = next(n for n in self.graph.nodes if n.op == "output")
-        return [a for a in tree_leaves(out.args[0]) if isinstance(a, fx.Node)]
+        return _tensor_nodes(out.args[0])
 
     @property
     def d_out(self) -> int:
@@ -184,6 +185,18 @@ class _ContiguousBatchNorm(GraphInterpreter):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             return self.call_module(n.target, (args[0].contiguous(), *args[1:]), kwargs)
         return super().run_node(n)
+
+
+def _tensor_nodes(value: Any) -> list[fx.Node]:
+    """The nodes of the tensors in ``value``; a node building a tuple of them (a
+    namedtuple) stands for its fields."""
+    nodes = []
+    for a in tree_leaves(value):
+        if isinstance(a, fx.Node) and "tensor_meta" not in a.meta and a.op != "placeholder":
+            nodes += _tensor_nodes((a.args, a.kwargs))
+        elif isinstance(a, fx.Node):
+            nodes.append(a)
+    return nodes
 
 
 def _holder(root: nn.Module, graph: fx.Graph) -> nn.Module:
@@ -699,8 +712,8 @@ def _warn_leading_dimension(graph: fx.Graph, model: nn.Module, shape: tuple[int,
         if node.op != "call_module" or node.meta[HANDLER].kind is not Kind.AFFINE:
             return
         module = model.get_submodule(node.target)
-        if isinstance(module, nn.Linear):
-            rows = math.prod(shape[:-1])
+        rows = math.prod(shape[:-1])
+        if isinstance(module, nn.Linear) and rows > 1:
             warnings.warn(LeadingDimensionWarning(
                 f"input_shape {shape}: the first layer '{node.target}' (Linear) reads the "
                 f"last dimension only, so pathlift computes for {rows} separate inputs of "

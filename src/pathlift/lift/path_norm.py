@@ -107,10 +107,10 @@ def _refuse_underflow(graph: LayerGraph, q: float, dtype: torch.dtype, log_o: Te
     log_1 = torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)])
     lost = (log_o == -math.inf) & (log_1 > -math.inf)
     if bool(lost.any()):
+        remedy = "a smaller q" if dtype == torch.float64 else "dtype=torch.float64 or a smaller q"
         raise PrecisionError(
             f"||Phi^(->v)||_q at q = {q:g} underflows {dtype} for {int(lost.sum())} output "
-            "neuron(s) even after normalising the parameters (Alg. 3.2.1); use "
-            "dtype=torch.float64 or a smaller q")
+            f"neuron(s) even after normalising the parameters (Alg. 3.2.1); use {remedy}")
 
 
 def mixed_norm_log(log_o: Tensor, q: float, r: float) -> tuple[float, Tensor]:

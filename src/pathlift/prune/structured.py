@@ -45,7 +45,8 @@ def channel_path_magnitude(model: nn.Module | LayerGraph, input_shape: Sequence[
         raise InvalidParameterError(f"amount must be a fraction in [0, 1), got {amount}")
     graph = graph_of(model, input_shape)
     scores = path_magnitude_scores(graph)
-    for name in list(scores.tensors)[:-1]:  # output neurons of the network are never removed
+    layers = [name for name in scores.tensors if name in scores.channel_dims]  # not slopes
+    for name in layers[:-1]:  # output neurons of the network are never removed
         prune.ln_structured(graph.module.get_submodule(name.rsplit(".", 1)[0]), "weight",
                             amount, n=1, dim=scores.channel_dims[name],
                             importance_scores=scores.tensors[name])

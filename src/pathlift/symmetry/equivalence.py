@@ -84,7 +84,8 @@ def permutable_units(cmap: ChannelMap) -> list[Unit]:
     Every channel must be a free, untied neuron, read only by Linear, Conv or ConvTranspose
     layers without groups, or by BatchNorms whose own channels satisfy the same (they are
     permuted along, as are the slopes of a per-channel PReLU). Channels tied by residual
-    sums, depthwise convs and outputs are not.
+    sums, depthwise convs and outputs are not, nor channels split by slicing or ``chunk``
+    (which positions go where is part of the structure).
     """
     readers: dict[int, list[Producer]] = {}
     for p in cmap.producers:
@@ -111,7 +112,7 @@ def permutable_units(cmap: ChannelMap) -> list[Unit]:
                         carried.append(r)
                 elif r.groups != 1:
                     ok = False
-        if ok:
+        if ok and not any(i in cmap.split for q in (p, *carried) for i in q.neurons.tolist()):
             units.append(Unit(p, tuple(carried)))
     return units
 
@@ -213,7 +214,9 @@ def _outgoing(weight: Tensor, inputs: Tensor, neurons: Tensor) -> Tensor:
     ids, counts = torch.unique_consecutive(inputs[order], return_counts=True)
     grouped = weight[order].reshape(len(order), -1).split(counts.tolist())
     by_id = dict(zip(ids.tolist(), grouped, strict=True))
-    rows = [by_id[i].reshape(-1).sort(descending=True).values for i in neurons.tolist()]
+    none = weight.new_zeros(0)  # a neuron this reader does not read
+    rows = [by_id.get(i, none).reshape(-1).sort(descending=True).values
+            for i in neurons.tolist()]
     return nn.utils.rnn.pad_sequence(rows, batch_first=True)  # unequal fan-outs: 0-padded
 
 

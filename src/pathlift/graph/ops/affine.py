@@ -51,14 +51,13 @@ def abs_power(t: Tensor, q: float, dtype: torch.dtype, workspace: Workspace | No
               unit: float = 1.0) -> Tensor:
     """|t / unit|^q in ``dtype``, detached: in the workspace if given, else in one fresh
     tensor (``unit`` keeps |t|^q in range for large q: the caller carries unit^q)."""
-    source = t.detach()
+    source = t.detach() if unit == 1.0 else t.detach() / unit  # divided before any cast
     if workspace is not None:
         magnitude = workspace.take(source.shape, dtype, source.device).copy_(source).abs_()
     else:
         magnitude = source.to(dtype)
-        magnitude = magnitude.abs() if magnitude is source else magnitude.abs_()
-    if unit != 1.0:
-        magnitude.div_(unit)
+        magnitude = magnitude.abs() if magnitude is source or unit != 1.0 else \
+            magnitude.abs_()
     return magnitude if q == 1 else magnitude.pow_(q)
 
 
@@ -225,9 +224,7 @@ class LinearHandler(AffineHandler):
         for start in range(0, weight.shape[0], rows):
             block = weight[start:start + rows]
             part = buffer[:len(block)]
-            part.copy_(block).abs_()
-            if unit != 1.0:
-                part.div_(unit)
+            part.copy_(block if unit == 1.0 else block / unit).abs_()
             if q != 1:
                 part.pow_(q)
             torch.matmul(x, part.t(), out=out[..., start:start + len(block)])

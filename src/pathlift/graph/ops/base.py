@@ -12,6 +12,7 @@ parameters).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -213,19 +214,28 @@ def handler_for(node: fx.Node, module: nn.Module | None) -> Handler | None:
                 return MODULES[cls] if cls.forward is forward else None
         return None
     if node.op == "call_function":
+        if _is_namedtuple(node.target):  # returning a namedtuple of tensors
+            return FUNCTIONS.get(tuple)
         return FUNCTIONS.get(node.target)
     if node.op == "call_method":
         return METHODS.get(node.target)
     return None
 
 
+def _is_namedtuple(target: object) -> bool:
+    return isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields")
+
+
 def supported_summary() -> str:
     """The supported operations by family, generated from the registry (for messages)."""
-    families: dict[str, list[str]] = {}
+    families: dict[str, dict[str, list[str]]] = {}
     for handler in (*MODULES.values(), *FUNCTIONS.values(), *METHODS.values()):
-        if handler.family in ("unsupported", "structure"):
+        if handler.family == "unsupported":
             continue
-        names = families.setdefault(handler.family, [])
-        if handler.name not in names:
-            names.append(handler.name)
-    return "; ".join(f"{family}: {', '.join(names)}" for family, names in families.items())
+        stem, dims = re.fullmatch(r"(.*?)([123]d)?", handler.name).groups()
+        names = families.setdefault(handler.family, {}).setdefault(stem, [])
+        if dims and dims not in names:
+            names.append(dims)
+    return "; ".join(f"{family}: " + ", ".join(stem + "/".join(sorted(dims)) for stem, dims
+                                                in names.items())
+                     for family, names in families.items())

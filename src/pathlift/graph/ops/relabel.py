@@ -151,22 +151,25 @@ class TrainingModeHandler(Handler):
         return None
 
 
-SHAPE = ShapeHandler("shape")
-SLICE = ReshapeHandler("slice")
-SCALE = ScaleHandler("scale")
-_RESHAPE = ReshapeHandler("reshape")
-_ARITHMETIC = ArithmeticHandler("arithmetic")
-_ADD = AddHandler("add")
+SHAPE = ShapeHandler("sizes")
+SLICE = ReshapeHandler("slicing")
+SCALE = ScaleHandler("constant scale")
+_RESHAPE = ReshapeHandler("views and splits")
+_ARITHMETIC = ArithmeticHandler("shape arithmetic")
+_ADD = AddHandler("+/-")
 
-register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten],
+register(ReshapeHandler("namedtuple outputs"), functions=[tuple])  # handler_for: namedtuple classes
+register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelUnshuffle,
+                            nn.ChannelShuffle],
          functions=[torch.flatten, torch.reshape, torch.permute, torch.transpose,
                     torch.squeeze, torch.unsqueeze, torch.chunk, torch.split, torch.narrow,
-                    torch.unbind, torch.tensor_split, torch.movedim, torch.swapaxes],
+                    torch.unbind, torch.tensor_split, torch.movedim, torch.swapaxes,
+                    F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle],
          methods=["view", "reshape", "flatten", "permute", "transpose", "squeeze",
                   "unsqueeze", "chunk", "split", "narrow", "unbind", "tensor_split",
                   "movedim", "swapaxes", "view_as", "reshape_as", "unflatten"])
 register(IdentityHandler("Identity"), modules=[nn.Identity], methods=["contiguous"])
-register(GetItemHandler("getitem"), functions=[operator.getitem])
+register(GetItemHandler("indexing"), functions=[operator.getitem])
 register(SHAPE, functions=[getattr, len], methods=["size", "dim"])
 register(_ARITHMETIC, functions=[operator.mul, operator.truediv, operator.floordiv,
                                  operator.mod, operator.neg, torch.mul, torch.div, torch.neg,
