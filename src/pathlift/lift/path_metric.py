@@ -168,11 +168,13 @@ def _upper_bound_log(graph_a: LayerGraph, graph_b: LayerGraph) -> tuple[float, s
     """
     graph = graph_a
     blocking = sorted({graph.handler(n).name for n in graph.nodes()
-                       if graph.handler(n).kind in (Kind.ADD, Kind.MAXPOOL)})
+                       if graph.handler(n).kind in (Kind.ADD, Kind.MAXPOOL, Kind.ACTIVATION)
+                       or (graph.handler(n).kind is Kind.POOL and _fixed_l1(graph, n) > 1.0)})
     if blocking:
         return math.inf, (
             f"Lemma F.3 needs every hidden neuron of N(theta) to have l1 norm <= 1, which "
-            f"{', '.join(blocking)} (fixed weights 1) rule out; no certified upper bound")
+            f"{', '.join(blocking)} (fixed weights and biases of their neurons) rule out; no "
+            "certified upper bound")
     if not outputs_are_affine(graph):
         return math.inf, ("the output neurons are not those of an affine layer (pooling "
                           "after the last layer has fixed weights); no certified upper bound")
@@ -194,6 +196,15 @@ def _upper_bound_log(graph_a: LayerGraph, graph_b: LayerGraph) -> tuple[float, s
     return math.log(factor) + math.log(gap) + (depth - 1) * math.log(excess), (
         f"Lemma F.3 of paper 002 (K = {k}, L = {depth - 1}, d_out = {d_out}, "
         f"S = {min(sums):.4g}, ||N(theta) - N(theta')||_inf = {gap:.3g})")
+
+
+def _fixed_l1(graph: LayerGraph, node) -> float:
+    """The largest l1 norm of the fixed incoming weights of a neuron the node creates."""
+    ones = torch.ones((1, *graph.output_shape(node.all_input_nodes[0])), dtype=torch.float64)
+    call = Call(node, graph.submodule(node), (ones, *node.args[1:]), dict(node.kwargs))
+    with torch.no_grad():
+        sums, log_gain = graph.handler(node).abs_pow(ones, 1.0, call)
+    return float(sums.max()) * math.exp(log_gain)
 
 
 _LAYERS = (Kind.AFFINE, Kind.POOL, Kind.MAXPOOL)  # each a layer of neurons on a path
