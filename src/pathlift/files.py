@@ -90,6 +90,14 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     return path
 
 
+def remove_temporaries(folder: str | os.PathLike[str]) -> None:
+    """Delete the temporary files that ``atomic_write`` calls killed in ``folder`` (and its
+    subfolders) left behind. Only for a folder no other process is writing (locked)."""
+    for tmp in Path(folder).rglob(".*.tmp"):
+        with os_errors(tmp, "remove"):
+            tmp.unlink(missing_ok=True)
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """``data`` written atomically to ``path``."""
     return atomic_write(path, lambda fh: fh.write(data))

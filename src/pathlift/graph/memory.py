@@ -138,18 +138,21 @@ def estimate(graph: LayerGraph) -> MemoryEstimate:
     """The peak memory of a pass over ``graph`` (see the module docstring), from the
     shapes recorded when it was traced: nothing is allocated."""
     parameters = sum(p.numel() for p in graph.module.parameters()) * 2 * _PASS_BYTES
-    activations, largest, largest_shape, largest_bytes = 0, "<input>", graph.input_shape, 0
+    activations, largest, largest_shape, largest_bytes = 0, "", (), -1
     for node in graph.graph.nodes:
         meta = node.meta.get("tensor_meta")
-        if not hasattr(meta, "shape"):
+        if node.op == "placeholder":
+            name, shape = "<input>", graph.input_shape
+        elif node.op != "output" and hasattr(meta, "shape"):
+            name, shape = str(node.target if node.op == "call_module" else node.name), \
+                tuple(meta.shape[1:])
+        else:
             continue
-        shape = tuple(meta.shape[1:])
         size = math.prod(shape) * _PASS_BYTES
         activations += size
         if size > largest_bytes:
-            largest, largest_shape, largest_bytes = str(node.target), shape, size
-    return MemoryEstimate(parameters, activations + math.prod(graph.input_shape) * _PASS_BYTES,
-                          largest, largest_shape, largest_bytes)
+            largest, largest_shape, largest_bytes = name, shape, size
+    return MemoryEstimate(parameters, activations, largest, largest_shape, largest_bytes)
 
 
 def check(graph: LayerGraph) -> MemoryEstimate:

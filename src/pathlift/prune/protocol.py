@@ -24,6 +24,7 @@ never modified.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -334,8 +335,9 @@ def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], trai
              config: PruneConfig, spread: Spread, world_size: int,
              settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every setting that defines a protocol's results, as a run folder records and checks
-    them on resume: the model (class and the digest of its weights as ``model_fn`` builds
-    them for the first seed, so given weights count), the input shape, the training's
+    them on resume: the model (class and a digest of its parameter names, shapes and
+    dtypes), its weights (a digest of them as ``model_fn`` builds them for the first seed,
+    so given weights count), the input shape, the training's
     ``settings()`` when ``train`` is a method of an object that has one (``SGDTraining``:
     data digest, batch size, SGD's hyper-parameters), your ``settings``, the grid and the
     protocol's settings, the world size, the spread and the pathlift and torch versions."""
@@ -343,8 +345,11 @@ def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], trai
         torch.manual_seed(config.seeds[0])
         model = model_fn()
     described = getattr(getattr(train, "__self__", None), "settings", None)
-    return {"model": type(unwrap(model)).__name__,
-            "weights": fingerprint(cpu_state(unwrap(model).state_dict()))[:16],
+    state = cpu_state(unwrap(model).state_dict())
+    layout = ";".join(f"{k}:{tuple(v.shape)}:{v.dtype}" for k, v in state.items())
+    return {"model": f"{type(unwrap(model)).__name__} "
+                     f"{hashlib.sha256(layout.encode()).hexdigest()[:16]}",
+            "weights": fingerprint(state)[:16],
             "input_shape": list(input_shape),
             **(described() if callable(described) else {}), **(settings or {}),
             **config.settings(), "world_size": world_size, "spread": spread,

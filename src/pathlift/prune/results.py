@@ -38,7 +38,14 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from pathlift.errors import InvalidParameterError
-from pathlift.files import csv_line, describe, os_errors, write_bytes, write_json
+from pathlift.files import (
+    csv_line,
+    describe,
+    os_errors,
+    remove_temporaries,
+    write_bytes,
+    write_json,
+)
 from pathlift.graph.boundary import cpu_state
 
 __all__ = ["COLUMNS", "DenseStates", "ResultsFileError", "RunFolder", "RunFolderBusyError",
@@ -198,6 +205,7 @@ class RunFolder:
             self.path.mkdir(parents=True, exist_ok=True)
         self._acquire()
         try:
+            remove_temporaries(self.path)  # left by writes that a kill interrupted
             manifest = json.loads(json.dumps(manifest))  # tuples -> lists, as read back
             if self.manifest.is_file():
                 _compare(self._read_manifest(), manifest, self.path)
