@@ -295,7 +295,7 @@ class RunFolder:
         for number, line in enumerate(lines[1:], start=2):
             record = self._parse(line, number)
             first = seen.setdefault(record.key, (number, record))
-            if first[1] != record:
+            if first[1].to_row() != record.to_row():  # as text: NaN equals NaN
                 raise ResultsFileError(
                     f"'{self.csv}' lines {first[0]} and {number} hold different results of "
                     f"one run ({record.key}); delete the wrong line")
