@@ -200,13 +200,17 @@ class RunFolder:
             ResultsFileError: the manifest or ``runs.csv`` is damaged.
             FileSystemError: the folder cannot be created or written.
         """
+        try:
+            manifest = json.loads(json.dumps(manifest))  # tuples -> lists, as read back
+        except (TypeError, ValueError) as err:
+            raise InvalidParameterError(f"the run's settings must be JSON values: {err}") \
+                from None
         self._created = not self.path.exists()
         with os_errors(self.path, "create"):
             self.path.mkdir(parents=True, exist_ok=True)
         self._acquire()
         try:
             remove_temporaries(self.path)  # left by writes that a kill interrupted
-            manifest = json.loads(json.dumps(manifest))  # tuples -> lists, as read back
             if self.manifest.is_file():
                 _compare(self._read_manifest(), manifest, self.path)
             elif self.csv.exists() or (self.path / "dense").exists():
