@@ -584,3 +584,21 @@ def test_the_collective_timeout(monkeypatch):
     for bad in (0, -5, float("nan"), "soon"):
         with pytest.raises(InvalidParameterError, match="positive number of seconds"):
             collective_timeout(bad)
+
+
+def test_the_prune_command_refuses_a_resume_with_another_learning_rate(tmp_path):
+    from typer.testing import CliRunner
+
+    from pathlift.cli import app
+
+    args = ["prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1", "--seeds", "1",
+            "--amount", "0.8", "--method", "magnitude-global", "--out", str(tmp_path)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    before = (tmp_path / "runs.csv").read_bytes()
+    again = CliRunner().invoke(app, [*args, "--lr", "0.5"])
+    assert again.exit_code == 2
+    assert "other settings: lr was 0.05, now 0.5" in " ".join(again.output.split())
+    assert (tmp_path / "runs.csv").read_bytes() == before
+    bad = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "other"), "--batch-size", "0"])
+    assert bad.exit_code == 2 and "batch_size must be a positive int" in bad.output
+    assert not (tmp_path / "other").exists()
