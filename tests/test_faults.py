@@ -161,6 +161,19 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
         assert (out / ".lock").read_text().startswith(f"pid {os.getpid()} ")
 
 
+def test_temporaries_of_killed_writes_are_removed_when_the_folder_is_opened(tmp_path):
+    with RunFolder(tmp_path) as folder:
+        folder.open({"setting": 1})
+    left = [tmp_path / ".runs.csv.k2j4x9ab.tmp", tmp_path / "dense" / ".seed0.a1b2c3d4.tmp"]
+    for p in left:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"half a file")
+    with RunFolder(tmp_path) as folder:
+        folder.open({"setting": 1})
+    assert not any(p.exists() for p in left)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == {"setting": 1}
+
+
 # ------------------------------------------------------------------ settings checked on resume
 
 
@@ -502,7 +515,8 @@ def test_a_checkpoint_asking_for_a_huge_model_is_refused_before_building(tmp_pat
     kind, grown_mb, message = _refused(f"pathlift.models.load_model({str(path)!r})", tmp_path)
     assert kind == "MemoryLimitError" and grown_mb < 100
     params = 64 * 200000 + 200000 + 200000 * 200000 + 200000 + 200000 * 10 + 10
-    assert f"needs about {params * 4 / 2**30:.1f} GB" in message
+    assert f"'mlp' {{'hidden': [200000, 200000]}} needs about {params * 4 / 2**30:.1f} GB" \
+        in message
 
 
 def test_the_estimate_counts_parameters_and_outputs(monkeypatch):

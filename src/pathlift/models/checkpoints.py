@@ -328,7 +328,7 @@ def _check_size(name: str, kwargs: dict[str, Any]) -> None:
     with torch.device("meta"):
         skeleton = get_model(name, **kwargs)
     size = sum(t.numel() * t.element_size() for t in skeleton.state_dict().values())
-    check_bytes(size, f"model '{name}' {kwargs}".rstrip(" {}"))
+    check_bytes(size, f"model '{name}'" + (f" {kwargs}" if kwargs else ""))
 
 
 def _is_path(spec: str | Path) -> bool:
