@@ -12,6 +12,15 @@ from pathlift.errors import (
 
 __version__ = "0.1.0"
 
+
+def set_memory_limit(limit: int | str | None) -> None:
+    """Refuse any pass or checkpoint estimated to need more than ``limit`` bytes (an int or
+    "8G"); None: ``PATHLIFT_MAX_MEMORY``, else the memory available (pathlift.graph.memory)."""
+    from pathlift.graph.memory import set_memory_limit as set_limit  # torch on first use
+
+    set_limit(limit)
+
+
 __all__ = [
     "ArchitectureMismatchError",
     "InvalidParameterError",
@@ -21,4 +30,5 @@ __all__ = [
     "ShapeError",
     "UnsupportedModelError",
     "__version__",
+    "set_memory_limit",
 ]

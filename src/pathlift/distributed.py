@@ -18,6 +18,7 @@ data. This module only wraps those for the prune-rewind-retrain protocol
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -34,7 +35,8 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 
 from pathlift.errors import DistributedError, InvalidParameterError
 
-__all__ = ["World", "ddp", "fingerprint", "launched", "shard"]
+__all__ = ["DEFAULT_TIMEOUT", "World", "collective_timeout", "ddp", "fingerprint", "launched",
+           "shard"]
 
 T = TypeVar("T")
 _TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -138,9 +140,36 @@ def fingerprint(value: Mapping[str, Tensor] | Tensor | float) -> str:
     return h.hexdigest()
 
 
+TIMEOUT_ENV = "PATHLIFT_TIMEOUT"
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+def collective_timeout(timeout: float | timedelta | None = None) -> timedelta:
+    """How long a collective waits for the other ranks: ``timeout`` (seconds or a
+    timedelta), else the ``PATHLIFT_TIMEOUT`` environment variable (seconds), else
+    ``DEFAULT_TIMEOUT``, 30 minutes. It must exceed the longest time one rank can work
+    alone: rank 0 choosing a mask while the others wait, or, with ``spread="runs"``, a
+    rank without a run of the last round waiting for the others' runs.
+
+    Raises InvalidParameterError for a timeout that is not a positive number."""
+    source = "timeout"
+    if timeout is None:
+        timeout, source = os.environ.get(TIMEOUT_ENV), TIMEOUT_ENV
+        if not timeout:
+            return DEFAULT_TIMEOUT
+    try:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidParameterError(
+            f"{source} must be a positive number of seconds, got {timeout!r}")
+    return timedelta(seconds=seconds)
+
+
 @contextmanager
 def launched(backend: str | None = None,
-             timeout: timedelta = timedelta(minutes=30)) -> Iterator[World]:
+             timeout: float | timedelta | None = None) -> Iterator[World]:
     """The world of this process: under ``torchrun``, the default process group.
 
     Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
@@ -152,7 +181,9 @@ def launched(backend: str | None = None,
 
     Args:
         backend: "gloo" or "nccl"; None picks as above.
-        timeout: how long a collective waits for the other ranks before failing.
+        timeout: how long a collective waits for the other ranks before failing, so that
+            a frozen rank ends the run (seconds or a timedelta); None reads
+            ``PATHLIFT_TIMEOUT`` (seconds), else 30 minutes (``collective_timeout``).
 
     Example::
 
@@ -160,6 +191,7 @@ def launched(backend: str | None = None,
         with launched() as world:
             model = ddp(model, world)
     """
+    wait = collective_timeout(timeout)
     if (dist.is_available() and dist.is_initialized()) or \
             not all(k in os.environ for k in _TORCHRUN):
         yield World.current()
@@ -168,7 +200,7 @@ def launched(backend: str | None = None,
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=timeout)
+    dist.init_process_group(backend, timeout=wait)
     try:
         yield World.current()
     finally:

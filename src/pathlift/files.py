@@ -10,11 +10,13 @@ to do (``os_errors``).
 
 from __future__ import annotations
 
+import csv
 import errno
+import io
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +43,7 @@ _ADVICE = {
     errno.EISDIR: "it is a folder, not a file; give a file name",
     errno.ENOENT: "no such file or folder; check the path",
     errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
+    errno.ENOLCK: "the file system does not support locks; use a folder on a local disk",
 }
 
 
@@ -87,6 +90,14 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     return path
 
 
+def remove_temporaries(folder: str | os.PathLike[str]) -> None:
+    """Delete the temporary files that ``atomic_write`` calls killed in ``folder`` (and its
+    subfolders) left behind. Only for a folder no other process is writing (locked)."""
+    for tmp in Path(folder).rglob(".*.tmp"):
+        with os_errors(tmp, "remove"):
+            tmp.unlink(missing_ok=True)
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """``data`` written atomically to ``path``."""
     return atomic_write(path, lambda fh: fh.write(data))
@@ -100,6 +111,28 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 def write_json(path: str | os.PathLike[str], value: Any, indent: int | None = 1) -> Path:
     """``value`` as JSON, written atomically to ``path``."""
     return write_text(path, json.dumps(value, indent=indent) + "\n")
+
+
+def csv_line(row: Sequence[object]) -> bytes:
+    """One CSV row (``csv.writer``'s quoting), UTF-8, ending in a newline."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow(row)
+    return out.getvalue().encode("utf-8")
+
+
+def append_rows(path: str | os.PathLike[str], header: Sequence[str],
+                rows: Iterable[Sequence[object]]) -> Path:
+    """Add CSV ``rows`` to ``path``, the ``header`` first when the file is new or empty.
+
+    The file is replaced whole (``atomic_write``), so a kill or a full disk leaves the
+    previous rows; fine for the few hundred rows of an experiment log."""
+    path = Path(path)
+    with os_errors(path, "read"):
+        old = path.read_bytes() if path.exists() else b""
+    if old and not old.endswith(b"\n"):
+        old += b"\n"
+    new = b"".join(csv_line(r) for r in rows)
+    return write_bytes(path, (old or csv_line(header)) + new)
 
 
 def _umask() -> int:

@@ -61,7 +61,11 @@ def synthetic(n_train: int = 512, n_test: int = 256, input_shape: tuple[int, ...
 
 def loaders(digits: Digits, batch_size: int = 64,
             seed: int = 0) -> tuple[DataLoader, DataLoader]:
-    """(train loader shuffled by a generator seeded with ``seed``, unshuffled test loader)."""
+    """(train loader shuffled by a generator seeded with ``seed``, unshuffled test loader).
+
+    Raises InvalidParameterError for a ``batch_size`` that is not a positive int."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidParameterError(f"batch_size must be a positive int, got {batch_size!r}")
     gen = torch.Generator().manual_seed(seed)
     train = DataLoader(digits.train, batch_size=batch_size, shuffle=True, generator=gen)
     test = DataLoader(digits.test, batch_size=max(batch_size, 256), shuffle=False)

@@ -16,7 +16,6 @@ C10k run here, whose weights keep their sign).
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlift.depth.model import DepthResNet
 from pathlift.depth.pvar import p_variation
 from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError
+from pathlift.files import append_rows, atomic_write
 
 __all__ = ["CSV_FIELDS", "DepthRun", "RhoFit", "append_csv", "c10k", "digits", "fit_rate",
            "grid", "maxima", "plot_trajectories", "run"]
@@ -120,20 +120,16 @@ def grid(model: str, depths: Iterable[int], seeds: int = 3, n_samples: int = 10_
 
 
 def append_csv(path: str | Path, runs: Iterable[DepthRun]) -> None:
-    """Append one row per run (CSV_FIELDS) to ``path``, writing the header to a new file."""
-    path = Path(path)
-    new = not path.exists() or path.stat().st_size == 0
-    with path.open("a", newline="") as f:
-        writer = csv.writer(f)
-        if new:
-            writer.writerow(CSV_FIELDS)
-        for r in runs:
-            fit = fit_rate(r.omega) if len(r.omega) >= 3 else None
-            writer.writerow([r.model, r.depth, r.seed, r.n_samples, r.dtype, r.steps,
-                             f"{r.learning_rate:.10g}", f"{r.one_var_norm:.10g}",
-                             f"{r.one_var_matrix:.10g}", f"{r.loss[0]:.10g}",
-                             f"{r.loss[-1]:.10g}", f"{fit.rho:.6g}" if fit else "",
-                             f"{fit.C:.6g}" if fit else ""])
+    """Append one row per run (CSV_FIELDS) to ``path``, writing the header to a new file
+    (the file replaced atomically: a kill leaves the previous rows)."""
+    rows = []
+    for r in runs:
+        fit = fit_rate(r.omega) if len(r.omega) >= 3 else None
+        rows.append([r.model, r.depth, r.seed, r.n_samples, r.dtype, r.steps,
+                     f"{r.learning_rate:.10g}", f"{r.one_var_norm:.10g}",
+                     f"{r.one_var_matrix:.10g}", f"{r.loss[0]:.10g}", f"{r.loss[-1]:.10g}",
+                     f"{fit.rho:.6g}" if fit else "", f"{fit.C:.6g}" if fit else ""])
+    append_rows(path, CSV_FIELDS, rows)
 
 
 def maxima(runs: Sequence[DepthRun], norm_path: bool = True) -> dict[tuple[str, int], float]:
@@ -179,5 +175,7 @@ def plot_trajectories(runs: Sequence[DepthRun], path: str) -> None:
     ax.set_ylabel(r"$\|L^\beta W_k\|$")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda fh: fig.savefig(fh, dpi=120, format="png"))
+    finally:
+        plt.close(fig)

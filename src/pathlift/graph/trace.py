@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from pathlift.errors import LeadingDimensionWarning, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph.boundary import dtype_device, meta_clone, structure_key, unwrap
+from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import (
     MODULES,
     BatchNormHandler,
@@ -276,6 +277,7 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
     if cached is not None and cached.key == key:
         return cached
     graph = _trace(model, shape, key)
+    check_memory(graph)  # MemoryLimitError before any pass allocates (graph/memory.py)
     _remember(model, graph)
     return graph
 

@@ -6,9 +6,12 @@ Nothing here unpickles arbitrary objects: ``.pt``/``.pth`` files are read with
 
 from __future__ import annotations
 
+import inspect
 import json
 import operator
 import pickle
+import typing
+from collections import abc
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -22,7 +25,9 @@ from torch import Tensor, nn
 from torch.nn.utils import prune
 
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
+from pathlift.files import atomic_write, os_errors, write_bytes
 from pathlift.graph.boundary import cpu_state, unwrap
+from pathlift.graph.memory import check_bytes
 from pathlift.models.registry import REFERENCE_MODELS, get_model
 
 __all__ = ["Checkpoint", "UnsafeCheckpointError", "load_model", "load_weights",
@@ -55,8 +60,9 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str, *,
     ``.safetensors`` stores them as JSON metadata; ``.pt``/``.pth`` as a weights-only
     dict {arch, kwargs, input_shape, state_dict}. ``input_shape`` (no batch dimension) is
     the shape the model is analysed at; ``load_model(path)`` returns it, and falls back to
-    the architecture's default when it was not given. The file mode follows the umask, as
-    for ``torch.save``.
+    the architecture's default when it was not given. The file is written whole or not at
+    all (``pathlift.files.atomic_write``: a kill or a full disk leaves the previous file);
+    its mode follows the umask, as for ``torch.save``. OS errors raise ``FileSystemError``.
 
     Example:
         >>> save_checkpoint(small_cnn(), "net.safetensors", "small_cnn", input_shape=(1, 8, 8))
@@ -73,15 +79,11 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str, *,
         meta[_SHAPE] = json.dumps(shape)
     state = cpu_state(unwrap(model).state_dict())
     if path.suffix in _SAFETENSORS:
-        # safetensors' save_file creates the file with mode 0600; bytes written through
-        # open() get the usual 0666 & ~umask
-        path.write_bytes(safetensors_bytes(state, metadata=meta))
-    elif path.suffix in _TORCH:
-        torch.save({"arch": arch, "kwargs": kwargs, "input_shape": shape, "state_dict": state},
-                   path)
-    else:
-        raise InvalidParameterError(f"checkpoint '{path}' must end in .safetensors, .pt or .pth")
-    return path
+        return write_bytes(path, safetensors_bytes(state, metadata=meta))
+    if path.suffix in _TORCH:
+        obj = {"arch": arch, "kwargs": kwargs, "input_shape": shape, "state_dict": state}
+        return atomic_write(path, lambda fh: torch.save(obj, fh))
+    raise InvalidParameterError(f"checkpoint '{path}' must end in .safetensors, .pt or .pth")
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
@@ -89,11 +91,17 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
         raise InvalidParameterError(f"no checkpoint file at '{path}'")
-    if path.suffix in _SAFETENSORS:
-        return _read_safetensors(path)
-    if path.suffix in _TORCH:
-        return _read_torch(path)
-    raise InvalidParameterError(f"checkpoint '{path}' must end in .safetensors, .pt or .pth")
+    if path.suffix not in _SAFETENSORS + _TORCH:
+        raise InvalidParameterError(
+            f"checkpoint '{path}' must end in .safetensors, .pt or .pth")
+    with os_errors(path, "read"):
+        empty = path.stat().st_size == 0
+        with path.open("rb"):  # unreadable files fail here, with the path
+            pass
+    if empty:
+        raise InvalidParameterError(f"checkpoint '{path}' is empty (0 bytes): was its writing "
+                                    "interrupted? Save it again")
+    return _read_safetensors(path) if path.suffix in _SAFETENSORS else _read_torch(path)
 
 
 def _read_safetensors(path: Path) -> Checkpoint:
@@ -106,7 +114,7 @@ def _read_safetensors(path: Path) -> Checkpoint:
     except Exception as err:  # safetensors raises its own SafetensorError on bad files
         raise InvalidParameterError(f"'{path}' is not a readable safetensors file: {err}") \
             from err
-    return Checkpoint(state, meta.get(_ARCH), kwargs, _stored_shape(shape, path))
+    return _checked(state, meta.get(_ARCH), kwargs, shape, path)
 
 
 def _read_torch(path: Path) -> Checkpoint:
@@ -121,11 +129,10 @@ def _read_torch(path: Path) -> Checkpoint:
         raise InvalidParameterError(f"'{path}' is not a readable torch checkpoint: {err}") \
             from err
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
-        return Checkpoint(_tensors(obj["state_dict"], path), obj.get("arch"),
-                          dict(obj.get("kwargs") or {}),
-                          _stored_shape(obj.get("input_shape"), path))
+        return _checked(obj["state_dict"], obj.get("arch"), obj.get("kwargs") or {},
+                        obj.get("input_shape"), path)
     if isinstance(obj, Mapping):
-        return Checkpoint(_tensors(obj, path))
+        return _checked(obj, None, {}, None, path)
     raise InvalidParameterError(
         f"'{path}' holds a {type(obj).__name__}; expected a state_dict or a dict with keys "
         "arch, kwargs, state_dict")
@@ -155,11 +162,59 @@ def _stored_shape(shape: Any, path: Path) -> tuple[int, ...] | None:
         raise InvalidParameterError(f"'{path}' stores an invalid input shape: {err}") from err
 
 
-def _tensors(state: Mapping, path: Path) -> dict[str, Tensor]:
+def _checked(state: Mapping, arch: Any, kwargs: Any, shape: Any, path: Path) -> Checkpoint:
+    """The checkpoint read from ``path``, after checking it against the schema: tensors,
+    an architecture name, keyword arguments its constructor takes (lists only where it
+    takes a sequence) and an input shape."""
     bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
     if bad:
         raise InvalidParameterError(f"'{path}': state_dict entries {bad[:3]} are not tensors")
-    return dict(state)
+    if arch is not None and not isinstance(arch, str):
+        raise InvalidParameterError(f"'{path}' names its architecture with a "
+                                    f"{type(arch).__name__}, not a string; save it again")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidParameterError(f"'{path}' stores constructor arguments as a "
+                                    f"{type(kwargs).__name__}, not a dict; save it again")
+    kwargs = dict(kwargs)
+    for name, value in kwargs.items():
+        problem = _kwarg_problem(arch, name, value)
+        if problem:
+            raise InvalidParameterError(f"'{path}' stores constructor argument {name}="
+                                        f"{value!r} for '{arch}': {problem}; save it again")
+    return Checkpoint(dict(state), arch, kwargs, _stored_shape(shape, path))
+
+
+def _kwarg_problem(arch: str | None, name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be argument ``name`` of ``arch``'s constructor, else None.
+    Reference architectures are checked against their signature's annotations; any other
+    name (torchvision) takes JSON scalars only."""
+    spec = REFERENCE_MODELS.get(arch) if arch is not None else None
+    if spec is None:
+        ok = value is None or isinstance(value, bool | int | float | str)
+        return None if ok else "only numbers, strings and booleans are allowed"
+    params = inspect.signature(spec.constructor).parameters
+    if name not in params:
+        return f"it takes only {', '.join(params)}"
+    hint = typing.get_type_hints(spec.constructor).get(name)
+    return None if hint is None or _fits(value, hint) else \
+        f"expected {getattr(hint, '__name__', hint)}"
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """``value`` (a JSON value) matches the annotation ``hint``: int (not bool), float (or
+    int), bool, str, or a sequence of such."""
+    if typing.get_origin(hint) in (Sequence, list, tuple, abc.Sequence):
+        items = typing.get_args(hint)[:1] or (Any,)
+        return isinstance(value, list | tuple) and all(_fits(v, items[0]) for v in value)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
 
 
 def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Module:
@@ -170,6 +225,15 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     model to it (never rounding the checkpoint). Raises ArchitectureMismatchError naming
     the first missing, unexpected and mis-shaped keys.
     """
+    expected_dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    cast = [f"{k} ({v.dtype})" for k, v in state_dict.items()
+            if k in expected_dtypes and expected_dtypes[k].is_floating_point
+            and not v.is_floating_point()]
+    if cast:
+        raise InvalidParameterError(
+            f"{', '.join(cast[:3])}: integer or boolean weights where {type(model).__name__} "
+            "holds floating-point ones; pathlift does not cast them silently: convert them "
+            "yourself (state_dict values .float()) and save again")
     float_dtypes = {v.dtype for v in state_dict.values() if v.is_floating_point()}
     if len(float_dtypes) == 1:
         model.to(float_dtypes.pop())
@@ -241,6 +305,7 @@ def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
                 raise ArchitectureMismatchError(
                     f"'{weights}' was saved from '{ckpt.arch}', not '{spec}'")
     name = str(ckpt.arch if ckpt.arch is not None else spec)
+    _check_size(name, ckpt.kwargs)
     with nullcontext() if seed is None else torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
@@ -255,6 +320,15 @@ def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
     spec_entry = REFERENCE_MODELS.get(name)
     shape = spec_entry.default_input_shape(**ckpt.kwargs) if spec_entry else _IMAGENET
     return model, shape
+
+
+def _check_size(name: str, kwargs: dict[str, Any]) -> None:
+    """Build ``name`` on the meta device (no memory) and refuse it, before it is built for
+    real, when its parameters and buffers exceed the memory limit (graph/memory.py)."""
+    with torch.device("meta"):
+        skeleton = get_model(name, **kwargs)
+    size = sum(t.numel() * t.element_size() for t in skeleton.state_dict().values())
+    check_bytes(size, f"model '{name}'" + (f" {kwargs}" if kwargs else ""))
 
 
 def _is_path(spec: str | Path) -> bool:

@@ -22,7 +22,7 @@ from pathlift.prune.protocol import (
     PruneConfig,
     prune_rewind_retrain,
 )
-from pathlift.prune.results import RunFolder, RunRecord
+from pathlift.prune.results import ResultsFileError, RunFolder, RunFolderBusyError, RunRecord
 from pathlift.prune.scores import (
     Scores,
     magnitude_scores,
@@ -39,7 +39,9 @@ __all__ = [
     "ProtocolResult",
     "PruneConfig",
     "PruningResult",
+    "ResultsFileError",
     "RunFolder",
+    "RunFolderBusyError",
     "RunRecord",
     "SGDTraining",
     "ScoreFunction",

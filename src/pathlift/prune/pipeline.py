@@ -11,14 +11,17 @@ scatter of the thesis' Figure 3.8 and the mask overlaps of its Table 3.1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from pathlift.data.training import evaluate, reproducible, train_classifier
+from pathlift.distributed import fingerprint
+from pathlift.files import atomic_write
 from pathlift.prune.protocol import Phase, ProtocolResult
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 
@@ -59,6 +62,23 @@ class SGDTraining:
     def evaluate(self, model: nn.Module) -> float:
         """Top-1 accuracy on the whole test loader."""
         return evaluate(model, self.test_loader)
+
+    def settings(self) -> dict[str, Any]:
+        """What defines the results besides the model and the grid: the data (a digest of
+        each loader's dataset), the batch size and SGD's hyper-parameters. A run folder
+        records them in its manifest and checks them on resume (``protocol.manifest``)."""
+        return {"data": [_data_digest(self.train_loader), _data_digest(self.test_loader)],
+                "batch_size": self.train_loader.batch_size, "lr": self.lr,
+                "momentum": self.momentum, "weight_decay": self.weight_decay}
+
+
+def _data_digest(loader: DataLoader) -> str:
+    """The sha256 start of a TensorDataset's tensors, else the dataset's type and size."""
+    data = loader.dataset
+    if isinstance(data, TensorDataset):
+        return fingerprint({str(i): t for i, t in enumerate(data.tensors)})[:16]
+    size = len(data) if isinstance(data, Sized) else "?"
+    return f"{type(data).__name__}[{size}]"
 
 
 def scatter(model: nn.Module, input_shape: Sequence[int]) -> tuple[Tensor, Tensor]:
@@ -109,7 +129,8 @@ def plot(result: ProtocolResult, path: Path, title: str,
                  title="mask overlap (Table 3.1)", ylim=(0, 100))
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda fh: fig.savefig(fh, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
     return path

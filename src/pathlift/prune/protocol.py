@@ -24,8 +24,9 @@ never modified.
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -33,16 +34,18 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pathlift.distributed import World, ddp, shard
+from pathlift import __version__
+from pathlift.distributed import World, ddp, fingerprint, shard
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import copy_model, unwrap
 from pathlift.graph.boundary import attach_masks_, cpu_state, prune_masks
+from pathlift.graph.trace import as_input_shape
 from pathlift.prune.methods import Criterion, PruningResult, Scope, ScoreFunction, prune_model
 from pathlift.prune.results import DenseStates, RunFolder, RunKey, RunRecord
 from pathlift.symmetry.rescale import random_rescale
 
-__all__ = ["METHODS", "Method", "Phase", "ProtocolResult", "PruneConfig", "mask_overlap",
-           "prune_rewind_retrain"]
+__all__ = ["METHODS", "Method", "Phase", "ProtocolResult", "PruneConfig", "manifest",
+           "mask_overlap", "prune_rewind_retrain"]
 
 METHODS = ("magnitude-global", "magnitude-layerwise", "path-magnitude-global",
            "path-magnitude-layerwise")
@@ -106,7 +109,8 @@ class PruneConfig:
     the prunable coordinates pruned in the end (over all ``rounds``); ``rescaled=(False,
     True)`` runs each also on the randomly rescaled trained network (factors
     ``rescale_factors``, thesis App. E.1.2). Methods are names of ``METHODS`` or
-    ``Method`` objects; strings are resolved to ``Method`` here.
+    ``Method`` objects; strings are resolved to ``Method`` here. A value repeated in
+    ``amounts``, ``seeds`` or ``rescaled`` is kept once (its runs are computed once).
     """
 
     amounts: tuple[float, ...] = (0.4, 0.6, 0.8)
@@ -122,6 +126,8 @@ class PruneConfig:
     def __post_init__(self) -> None:
         methods = tuple(Method.named(m) if isinstance(m, str) else m for m in self.methods)
         object.__setattr__(self, "methods", methods)
+        for name in ("amounts", "seeds", "rescaled"):  # a repeated value is one run
+            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
         names = [m.name for m in methods]
         if len(set(names)) != len(names) or not names:
             raise InvalidParameterError(f"need at least one method, with distinct names: {names}")
@@ -268,8 +274,8 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
                          train: Train, evaluate: Evaluate, config: PruneConfig = PruneConfig(),
                          *, spread: Spread = "data", folder: RunFolder | None = None,
                          save_models: bool = False,
-                         on_progress: Callable[[str, int, int], None] | None = None
-                         ) -> ProtocolResult:
+                         on_progress: Callable[[str, int, int], None] | None = None,
+                         settings: Mapping[str, Any] | None = None) -> ProtocolResult:
     """The prune-rewind-retrain protocol (thesis Sec. 3.5.2, App. E.1) for every run of
     ``config.grid()``, with your training, on this process or all of torchrun's.
 
@@ -284,17 +290,24 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
         config: the grid and the protocol's settings.
         spread: "data" (every training DDP over all ranks) or "runs" (one run per rank).
         folder: where rank 0 appends each finished run and keeps the dense weights; a
-            folder holding some runs of the same settings is resumed, not redone.
+            folder holding some runs of the same settings (``manifest``) is resumed, not
+            redone. It is locked while the protocol runs, and removed if this call created
+            it and fails before writing any result.
         save_models: also write each run's final network to ``folder``/models.
         on_progress: called on rank 0 after each dense training and each run with a short
             text, the number of these done and their total (progress bars).
+        settings: further JSON values that define your results (your dataset's name, your
+            optimiser's settings), recorded in the folder's manifest and checked on resume.
 
     Returns:
         ``ProtocolResult`` with one ``RunRecord`` per run, on every rank.
 
     Raises:
-        InvalidParameterError: bad settings, a folder of other settings, or a ``train``
-            that never reported the rewind epoch.
+        InvalidParameterError: bad settings, a folder of other settings (naming the first
+            difference), or a ``train`` that never reported the rewind epoch.
+        RunFolderBusyError: another process is running into ``folder``.
+        ResultsFileError: a file of ``folder`` is damaged (named, with line and column).
+        FileSystemError: ``folder`` cannot be written (full disk, read-only, ...).
         DistributedError: ranks disagree on masks, weights or accuracies.
 
     Example::
@@ -305,16 +318,58 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     """
     if spread not in ("data", "runs"):
         raise InvalidParameterError(f"spread must be 'data' or 'runs', got {spread!r}")
-    world, shape = World.current(), tuple(input_shape)
+    world, shape = World.current(), as_input_shape(input_shape)
+    if folder is None or not world.main:
+        return _protocol(model_fn, shape, train, evaluate, config, spread, None, {},
+                         save_models, on_progress, world)
+    try:
+        done = folder.open(manifest(model_fn, shape, train, config, spread, world.size,
+                                    settings))
+        return _protocol(model_fn, shape, train, evaluate, config, spread, folder, done,
+                         save_models, on_progress, world)
+    finally:
+        folder.close()
+
+
+def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], train: Train,
+             config: PruneConfig, spread: Spread, world_size: int,
+             settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every setting that defines a protocol's results, as a run folder records and checks
+    them on resume: the model (class and a digest of its parameter names, shapes and
+    dtypes), its weights (a digest of them as ``model_fn`` builds them for the first seed,
+    so given weights count), the input shape, the training's
+    ``settings()`` when ``train`` is a method of an object that has one (``SGDTraining``:
+    data digest, batch size, SGD's hyper-parameters), your ``settings``, the grid and the
+    protocol's settings, the world size, the spread and the pathlift and torch versions."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seeds[0])
+        model = model_fn()
+    described = getattr(getattr(train, "__self__", None), "settings", None)
+    state = cpu_state(unwrap(model).state_dict())
+    layout = ";".join(f"{k}:{tuple(v.shape)}:{v.dtype}" for k, v in state.items())
+    return {"model": f"{type(unwrap(model)).__name__} "
+                     f"{hashlib.sha256(layout.encode()).hexdigest()[:16]}",
+            "weights": fingerprint(state)[:16],
+            "input_shape": list(input_shape),
+            **(described() if callable(described) else {}), **(settings or {}),
+            **config.settings(), "world_size": world_size, "spread": spread,
+            "pathlift": __version__, "torch": torch.__version__}
+
+
+def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: Train,
+              evaluate: Evaluate, config: PruneConfig, spread: Spread,
+              folder: RunFolder | None, done: dict[RunKey, RunRecord], save_models: bool,
+              on_progress: Callable[[str, int, int], None] | None, world: World
+              ) -> ProtocolResult:
+    """``prune_rewind_retrain`` once ``folder`` (rank 0's, None elsewhere) is open."""
     worker = World(device=world.device) if spread == "runs" else world
     methods = {m.name: m for m in config.methods}  # type: ignore[union-attr]
-    done = world.broadcast(folder.open(config.settings())
-                           if folder is not None and world.main else {})
+    done = world.broadcast(done)
     pending = [k for k in config.grid() if k not in done]
     seeds = [s for s in config.seeds if any(k.seed == s for k in pending)]
 
     saved = world.broadcast({s: folder.load_dense(s) for s in seeds}
-                            if folder is not None and world.main else {})
+                            if folder is not None else {})
     dense = {s: d for s, d in saved.items() if d is not None}
     to_train = [s for s in seeds if s not in dense]
     tasks = iter(range(1, len(to_train) + len(pending) + 1))
@@ -326,7 +381,7 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     for states in _spread(to_train, lambda s: _train_dense(s, model_fn, train, evaluate,
                                                            config, worker), world, spread):
         dense[states.seed] = states
-        if world.main and folder is not None:
+        if folder is not None:
             folder.save_dense(states)
         note(f"seed {states.seed}: dense {100 * states.accuracy:.1f}%")
     trained = {s: _materialise(model_fn, d, world.device) for s, d in dense.items()}
@@ -339,7 +394,7 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     records = dict(done)
     for record, state in _spread(pending, run, world, spread):
         records[record.key] = record
-        if world.main and folder is not None:
+        if folder is not None:
             folder.append(record)
             if state is not None:
                 folder.save_model(state, record)

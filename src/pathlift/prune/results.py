@@ -1,29 +1,64 @@
 """Results of the prune-rewind-retrain protocol, and the folder a killed run resumes from.
 
-``RunFolder`` holds ``config.json`` (the settings, checked on resume), ``runs.csv`` (one
-row per finished run, appended as each run ends, never rewritten) and ``dense/`` (the
-trained and rewind weights of each seed's dense network, safetensors), and ``models/``
+``RunFolder`` holds ``manifest.json`` (every setting that defines the results, checked on
+resume), ``runs.csv`` (one row per finished run, added as each run ends), ``dense/`` (the
+trained and rewind weights of each seed's dense network, safetensors) and ``models/``
 when asked (each run's final pruned network). Only rank 0 of a distributed run touches it.
+
+What a folder guarantees:
+
+- one run at a time: ``open`` takes an exclusive lock (``.lock``, holding the pid and
+  host of its owner); a second run gets ``RunFolderBusyError`` naming them. The lock is
+  the operating system's (``flock``), so a killed run's lock is free again at once.
+- the same settings: ``open`` compares the manifest with the folder's and names the first
+  difference (``InvalidParameterError``).
+- whole files only: every file is written to a temporary file, fsynced and renamed
+  (``pathlift.files``), so a kill or a full disk leaves the previous file.
+- strict reading: anything in ``runs.csv`` that cannot be parsed raises
+  ``ResultsFileError`` naming the file, line and column; a last line without its newline
+  (a file cut by an older writer or by hand) is dropped and its run computed again; rows
+  repeated identically count once, conflicting repeats are an error.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import math
 import os
+import shutil
+import socket
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from pathlift.errors import InvalidParameterError
+from pathlift.files import (
+    csv_line,
+    describe,
+    os_errors,
+    remove_temporaries,
+    write_bytes,
+    write_json,
+)
 from pathlift.graph.boundary import cpu_state
 
-__all__ = ["DenseStates", "RunFolder", "RunKey", "RunRecord"]
+__all__ = ["COLUMNS", "DenseStates", "ResultsFileError", "RunFolder", "RunFolderBusyError",
+           "RunKey", "RunRecord"]
+
+
+class ResultsFileError(InvalidParameterError):
+    """A file of a run folder is damaged: the message names it (line and column for
+    ``runs.csv``) and says what to do."""
+
+
+class RunFolderBusyError(InvalidParameterError):
+    """Another process holds the run folder's lock."""
 
 
 class RunKey(NamedTuple):
@@ -70,10 +105,54 @@ class RunRecord:
         return RunKey(self.seed, self.rescaled, self.amount, self.method)
 
     @classmethod
-    def from_row(cls, row: dict[str, str]) -> RunRecord:
-        """Parse a CSV row (every field a string)."""
-        types = {"int": int, "float": float, "str": str, "bool": lambda v: v == "True"}
-        return cls(**{f.name: types[str(f.type)](row[f.name]) for f in fields(cls)})
+    def from_row(cls, row: list[str]) -> RunRecord:
+        """Parse a CSV row (the fields in ``COLUMNS`` order, every one a string).
+
+        Raises:
+            ValueError: with ``args`` (column index, message) for the first bad field.
+        """
+        values = []
+        for column, (f, text) in enumerate(zip(fields(cls), row, strict=True)):
+            try:
+                values.append(_PARSE[str(f.type)](text))
+            except ValueError as err:
+                raise ValueError(column, f"{f.name} {text!r}: {err}") from None
+        return cls(*values)
+
+    def to_row(self) -> list[str]:
+        """The CSV fields; floats written with ``repr`` (read back exactly)."""
+        return [repr(v) if isinstance(v, float) else str(v) for v in asdict(self).values()]
+
+
+COLUMNS = tuple(f.name for f in fields(RunRecord))
+
+
+def _parse_bool(text: str) -> bool:
+    if text not in ("True", "False"):
+        raise ValueError("not True or False")
+    return text == "True"
+
+
+def _parse_str(text: str) -> str:
+    if not text:
+        raise ValueError("empty")
+    return text
+
+
+def _parse_int(text: str) -> int:
+    if text.strip() != text:
+        raise ValueError("not an integer")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    if text.strip() != text or not text:
+        raise ValueError("not a number")
+    return float(text)
+
+
+_PARSE: dict[str, Any] = {"int": _parse_int, "float": _parse_float, "str": _parse_str,
+                          "bool": _parse_bool}
 
 
 @dataclass(frozen=True)
@@ -90,6 +169,10 @@ class DenseStates:
 class RunFolder:
     """A results folder that a killed run resumes from (rank 0 only).
 
+    ``open`` locks the folder, checks or writes its manifest and returns the runs done;
+    ``close`` releases the lock and, when this run created the folder and wrote no
+    result, removes it. ``prune_rewind_retrain`` does both.
+
     Example::
 
         folder = RunFolder("runs/prune-digits")
@@ -100,52 +183,155 @@ class RunFolder:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.csv = self.path / "runs.csv"
+        self.manifest = self.path / "manifest.json"
+        self._lock: int | None = None
+        self._created = False
+        self._wrote = False
+        self._text = b""  # runs.csv's complete lines, what the next row is added to
 
-    def open(self, settings: dict[str, Any]) -> dict[RunKey, RunRecord]:
-        """Create the folder, or check that it holds runs made with the same ``settings``;
-        returns the runs already finished there."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        config = self.path / "config.json"
-        settings = json.loads(json.dumps(settings))  # tuples -> lists, as read back
-        if config.is_file():
-            saved = json.loads(config.read_text())
-            changed = sorted(k for k in saved.keys() | settings.keys()
-                             if saved.get(k) != settings.get(k))
-            if changed:
+    def open(self, manifest: dict[str, Any]) -> dict[RunKey, RunRecord]:
+        """Lock the folder (creating it), then check that it holds runs made with the same
+        ``manifest`` (or write it); returns the runs already finished there.
+
+        Raises:
+            RunFolderBusyError: another process is running into this folder.
+            InvalidParameterError: the folder holds runs of other settings (the first
+                difference is named) or results without a manifest.
+            ResultsFileError: the manifest or ``runs.csv`` is damaged.
+            FileSystemError: the folder cannot be created or written.
+        """
+        try:
+            manifest = json.loads(json.dumps(manifest))  # tuples -> lists, as read back
+        except (TypeError, ValueError) as err:
+            raise InvalidParameterError(f"the run's settings must be JSON values: {err}") \
+                from None
+        self._created = not self.path.exists()
+        with os_errors(self.path, "create"):
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._acquire()
+        try:
+            remove_temporaries(self.path)  # left by writes that a kill interrupted
+            if self.manifest.is_file():
+                _compare(self._read_manifest(), manifest, self.path)
+            elif self.csv.exists() or (self.path / "dense").exists():
                 raise InvalidParameterError(
-                    f"'{self.path}' holds runs made with other settings ({', '.join(changed)}"
-                    f": {[saved.get(k) for k in changed]} there, "
-                    f"{[settings.get(k) for k in changed]} now); resume with the same "
-                    "options or choose another output folder")
-        else:
-            _atomic_write(config, lambda tmp: tmp.write_text(json.dumps(settings, indent=1)))
-        return {r.key: r for r in self.records()}
+                    f"'{self.path}' holds results but no manifest.json (written by an older "
+                    "pathlift?): choose another output folder")
+            else:
+                write_json(self.manifest, manifest)
+            return {r.key: r for r in self.records()}
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the lock; remove the folder if this run created it and wrote nothing."""
+        if self._lock is None:
+            return
+        if self._created and not self._wrote:
+            shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)  # closing the descriptor releases the flock
+        self._lock, self._created = None, False
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _acquire(self) -> None:
+        path = self.path / ".lock"
+        with os_errors(path, "lock"):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise RunFolderBusyError(
+                f"'{self.path}' is in use by another run ({holder}): wait for it to end or "
+                "choose another output folder") from None
+        except OSError as err:
+            os.close(fd)
+            raise describe(err, path, "lock") from err
+        with os_errors(path, "write"):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._lock = fd
+
+    def _read_manifest(self) -> dict[str, Any]:
+        with os_errors(self.manifest, "read"):
+            text = self.manifest.read_bytes()
+        try:
+            saved = json.loads(text)
+        except ValueError as err:
+            raise ResultsFileError(
+                f"'{self.manifest}' is damaged ({err}): restore it, or choose another output "
+                "folder") from None
+        if not isinstance(saved, dict):
+            raise ResultsFileError(f"'{self.manifest}' is damaged (not a JSON object): "
+                                   "restore it, or choose another output folder")
+        return saved
 
     def records(self) -> list[RunRecord]:
-        """Every run in ``runs.csv``, in the order they finished (a line cut short by a
-        kill is skipped)."""
+        """Every run in ``runs.csv``, in the order they finished (a last line without its
+        newline is dropped: that run is computed again).
+
+        Raises:
+            ResultsFileError: naming the file, line and column of anything unparsable, a
+                damaged header, or two different rows for one run.
+        """
         if not self.csv.is_file():
+            self._text = b""
             return []
-        names = [f.name for f in fields(RunRecord)]
-        with self.csv.open(newline="") as f:
-            return [RunRecord.from_row(row) for row in csv.DictReader(f)
-                    if list(row) == names and None not in row.values()
-                    and "" not in row.values()]
+        with os_errors(self.csv, "read"):
+            data = self.csv.read_bytes()
+        complete = data[:data.rfind(b"\n") + 1]
+        lines = _decode(complete, self.csv).splitlines()
+        if not lines:
+            self._text = b""
+            return []
+        if lines[0] != ",".join(COLUMNS):
+            raise ResultsFileError(
+                f"'{self.csv}' line 1: the header is damaged ({lines[0][:60]!r}); restore it "
+                f"as {','.join(COLUMNS)!r} or choose another output folder")
+        seen: dict[RunKey, tuple[int, RunRecord]] = {}
+        for number, line in enumerate(lines[1:], start=2):
+            record = self._parse(line, number)
+            first = seen.setdefault(record.key, (number, record))
+            if first[1].to_row() != record.to_row():  # as text: NaN equals NaN
+                raise ResultsFileError(
+                    f"'{self.csv}' lines {first[0]} and {number} hold different results of "
+                    f"one run ({record.key}); delete the wrong line")
+        self._text = complete
+        return [record for _, record in seen.values()]
+
+    def _parse(self, line: str, number: int) -> RunRecord:
+        where = f"'{self.csv}' line {number}"
+        try:
+            (row,) = list(csv.reader([line], strict=True))
+        except (csv.Error, ValueError) as err:
+            raise ResultsFileError(f"{where}: not a CSV row ({err}); delete the line to "
+                                   "compute that run again") from None
+        if len(row) != len(COLUMNS):
+            raise ResultsFileError(
+                f"{where}, column {min(len(row), len(COLUMNS)) + 1}: {len(row)} fields, the "
+                f"header has {len(COLUMNS)}; delete the line to compute that run again")
+        try:
+            return RunRecord.from_row(row)
+        except ValueError as err:
+            column, message = err.args
+            raise ResultsFileError(f"{where}, column {column + 1} ({message}); delete the "
+                                   "line to compute that run again") from None
 
     def append(self, record: RunRecord) -> None:
-        """Add one row to ``runs.csv`` (the header first if the file is new), flushed to
-        disk before returning."""
-        names = [f.name for f in fields(RunRecord)]
-        new = not self.csv.is_file()
-        with self.csv.open("a", newline="") as f:
-            if not new and self.csv.stat().st_size and not _ends_with_newline(self.csv):
-                f.write("\n")  # a row cut short by a kill stays alone on its line
-            writer = csv.DictWriter(f, names)
-            if new:
-                writer.writeheader()
-            writer.writerow(asdict(record))
-            f.flush()
-            os.fsync(f.fileno())
+        """Add one row to ``runs.csv`` (the header first if the file is new): the file is
+        replaced whole, so a kill or a full disk leaves the previous one."""
+        if not self._text:
+            self._text = csv_line(COLUMNS)
+        text = self._text + csv_line(record.to_row())
+        write_bytes(self.csv, text)
+        self._text, self._wrote = text, True
 
     def dense_path(self, seed: int, part: str = "trained") -> Path:
         return self.path / "dense" / f"seed{seed}-{part}.safetensors"
@@ -153,43 +339,72 @@ class RunFolder:
     def save_dense(self, states: DenseStates) -> None:
         """Write one seed's trained and rewind weights (plain state_dicts, loadable with
         ``pathlift.models.load_model(<arch>, weights=...)``); the accuracy goes in the
-        metadata. Each file is written whole or not at all."""
+        metadata. Each file is written whole or not at all, the trained one last."""
         for part, state in (("rewind", states.rewind), ("trained", states.trained)):
             meta = {"seed": str(states.seed), "accuracy": repr(states.accuracy)}
-            _atomic_write(self.dense_path(states.seed, part),
-                          lambda tmp, s=state, m=meta: save_file(cpu_state(s), str(tmp), m))
+            write_bytes(self.dense_path(states.seed, part),
+                        safetensors_bytes(cpu_state(state), metadata=meta))
+        self._wrote = True
 
     def load_dense(self, seed: int) -> DenseStates | None:
-        """The seed's dense states, or None when they were not saved (completely)."""
+        """The seed's dense states, or None when they were not saved (completely).
+
+        Raises:
+            ResultsFileError: a file is damaged or lacks its accuracy.
+        """
         paths = [self.dense_path(seed, part) for part in ("trained", "rewind")]
         if not all(p.is_file() for p in paths):
             return None
         states, accuracy = [], math.nan
         for p in paths:
-            with safe_open(str(p), framework="pt") as f:
-                states.append({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
-                accuracy = float((f.metadata() or {}).get("accuracy", accuracy))
+            try:
+                with safe_open(str(p), framework="pt") as f:
+                    states.append({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+                    accuracy = float((f.metadata() or {})["accuracy"])
+            except OSError as err:
+                raise describe(err, p, "read") from err
+            except Exception as err:  # safetensors' own error, a missing or bad accuracy
+                raise ResultsFileError(
+                    f"'{p}' is damaged ({type(err).__name__}: {str(err)[:80]}); delete it to "
+                    f"train seed {seed} again") from None
         return DenseStates(seed, states[0], states[1], accuracy)
+
+    def model_path(self, record: RunRecord) -> Path:
+        """Where ``save_model`` writes ``record``'s network: one name per run (the amount
+        written in full, so amounts that round alike never share a file)."""
+        tag = f"seed{record.seed}-{record.method}-{'rescaled-' if record.rescaled else ''}" \
+              f"{record.amount!r}"
+        return self.path / "models" / f"{tag}.safetensors"
 
     def save_model(self, state: dict[str, Tensor], record: RunRecord) -> Path:
         """A run's final (pruned) network: its state_dict with the masks
         (``weight_orig``/``weight_mask``; ``load_model`` re-attaches them)."""
-        tag = f"seed{record.seed}-{record.method}-{'rescaled-' if record.rescaled else ''}" \
-              f"{record.amount:g}"
-        path = self.path / "models" / f"{tag}.safetensors"
-        _atomic_write(path, lambda tmp: save_file(cpu_state(state), str(tmp)))
+        path = write_bytes(self.model_path(record), safetensors_bytes(cpu_state(state)))
+        self._wrote = True
         return path
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+def _decode(data: bytes, path: Path) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ResultsFileError(
+            f"'{path}' line {line}, column {column}: bytes that are not UTF-8 text; delete "
+            "the line to compute that run again") from None
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """``write(tmp)`` then rename onto ``path``: a kill leaves the old file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+def _compare(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:
+    """Raise naming the first setting (in ``now``'s order) that differs."""
+    for key in [*now, *(k for k in saved if k not in now)]:
+        if saved.get(key) != now.get(key):
+            raise InvalidParameterError(
+                f"'{path}' holds runs made with other settings: {key} was "
+                f"{_show(saved, key)}, now {_show(now, key)}; resume with the same options "
+                "or choose another output folder")
+
+
+def _show(settings: dict[str, Any], key: str) -> str:
+    return json.dumps(settings[key]) if key in settings else "not set"
+

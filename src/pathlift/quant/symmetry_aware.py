@@ -18,7 +18,6 @@ normalised weights (relative 1e-7 in float32).
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -28,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
+from pathlift.files import append_rows
 from pathlift.graph import LayerGraph, graph_of
 from pathlift.graph.boundary import flat_outputs
 from pathlift.quant.certify import CertifiedError, certified_error
@@ -106,16 +106,11 @@ def compare(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, bi
 
 
 def append_csv(path: str | Path, reports: Sequence[QuantReport], **context: object) -> None:
-    """Append one row per report (``context`` columns first) to a CSV, header if new."""
-    path = Path(path)
+    """Append one row per report (``context`` columns first) to a CSV, header if new (the
+    file replaced atomically: a kill leaves the previous rows)."""
     names = [*context, *(f.name for f in fields(QuantReport))]
-    new = not path.exists() or path.stat().st_size == 0
-    with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
-        if new:
-            writer.writeheader()
-        for report in reports:
-            writer.writerow({**context, **asdict(report)})
+    append_rows(path, names, ([*context.values(), *asdict(report).values()]
+                              for report in reports))
 
 
 def _measure(model: nn.Module, qmodel: nn.Module, inputs: Tensor, labels: Tensor | None
