@@ -6,11 +6,11 @@ measurement; the model's autograd state left alone."""
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
 import torch
-from random_nets import randomise_batchnorm_, random_network
 from torch import nn
 
 from pathlift.graph.neurons import Activation, NeuronDAG
@@ -18,6 +18,7 @@ from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models import mlp, small_cnn
 from pathlift.train import AverageCasePenalty, PathNormPenalty, make_penalty
+from random_nets import random_network, randomise_batchnorm_
 
 
 def _dag_coordinates(dag: NeuronDAG) -> tuple[list[tuple[int, int]], list[int]]:
@@ -66,7 +67,7 @@ def enumerated_log_norm_gradient(model: nn.Module, shape: tuple[int, ...], q: fl
     bias_index = {v: len(edges) + i for i, v in enumerate(biased)}
     terms = []
     for path in base.phi().paths:
-        factors = [values[edge_index[(u, v)]] for u, v in zip(path, path[1:], strict=False)]
+        factors = [values[edge_index[(u, v)]] for u, v in itertools.pairwise(path)]
         if path[0] in bias_index:
             factors.append(values[bias_index[path[0]]])
         terms.append(torch.stack(factors).prod() if factors else values.new_ones(()))

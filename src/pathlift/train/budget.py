@@ -13,7 +13,6 @@ meets the budget (found by bisection).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch

@@ -267,7 +267,8 @@ def _imp(dataset: str, model_name: str, config: FrontierConfig, cache: dict[tupl
 
     def train(model: nn.Module, epochs: int, phase: Phase) -> None:
         train_regularised(model, x, y, "none", 0.0, epochs, config.batch_size, config.lr,
-                          phase.rank_seed, on_epoch=lambda e: phase.end_epoch(phase.start_epoch + e))
+                          phase.rank_seed,
+                          on_epoch=lambda e: phase.end_epoch(phase.start_epoch + e))
 
     prune_config = PruneConfig(amounts=tuple(amounts), methods=("magnitude-global",),
                                seeds=(config.seed,), epochs=config.epochs, rewind_epoch=2,
