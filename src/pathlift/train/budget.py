@@ -1,13 +1,16 @@
 """Training under an l1 path-norm budget ||Phi(theta)||_1 <= B: normalise (thesis Alg. 3.2.1),
-then project the output layer (the Euclidean projection onto the weighted l1 ball that
-{||Phi||_1 <= B} is in its coordinates).
+then project onto the budget by scaling the output layer.
 
-After normalisation every hidden neuron's incoming (weights, bias) has l1 norm 0 or 1, the
-function unchanged (Lemma 3.2.1). ||Phi||_1 is then linear in the magnitudes of the output
-layer: ||Phi||_1 = sum_{v,u} |W_vu| N_u + sum_v |b_v| with N_u = d||Phi||_1 / d|W_vu| the l1
-path-norm reaching input u of that layer (one |theta| pass and its backward). Projecting
-(W, b) onto {sum N |W| + sum |b| <= B} is a soft threshold |w| - tau N at the tau that
-meets the budget (found by bisection).
+Normalisation (q = 2: every hidden neuron's incoming (weights, bias) gets l2 norm 0 or 1,
+the scale of a usual initialisation, so SGD steps keep their meaning) leaves the function
+and Phi unchanged (Lemma 3.2.1) and fixes the representative. Every path ends with one
+edge (or the bias) of the output layer, so ||Phi||_1 = sum_{v,u} |W_vu| N_u + sum_v |b_v|
+with N_u = d||Phi||_1 / d|W_vu| the l1 path-norm reaching input u of that layer (one
+|theta| pass and its backward, ``magnitude_gradients``), and scaling (W, b) by
+B / ||Phi||_1 puts the network on the sphere ||Phi||_1 = B: the radial projection, which
+keeps the classifier's decisions and margins up to that factor. (The Euclidean projection
+onto the weighted l1 ball, a soft threshold, zeroes much of the output layer at each step;
+it was tried first, at B = 3-30 on digits only, where both stay near chance.)
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import eval_mode, graph_of, unwrap
@@ -31,10 +34,12 @@ _BISECTIONS = 100
 @dataclass(frozen=True)
 class PathNormBudget:
     """``budget.project_(model)`` after each optimiser step keeps ||Phi(theta)||_1 <= ``budget``
-    (thesis Thm 3.1.1; normalisation of Alg. 3.2.1, then the projection of the module doc).
+    (thesis Thm 3.1.1; normalisation of Alg. 3.2.1 with q = 2, then the radial projection
+    of the module doc).
 
     It modifies ``model`` IN PLACE (it is a training step): the hidden layers are
-    normalised, which keeps the function, and the output layer is projected. The output
+    normalised, which keeps the function, and the output layer is scaled down when
+    ||Phi||_1 exceeds the budget. The output
     must be one ``nn.Linear`` layer read by nothing else (UnsupportedModelError otherwise).
     Optimiser states such as momentum refer to the weights before normalisation; plain SGD
     or Adam cope.
@@ -88,22 +93,3 @@ def _output_layer(graph) -> nn.Linear:
             "output of one nn.Linear layer, called once")
     return module
 
-
-def _project_weighted_l1_(weighted: list[tuple[Tensor, Tensor]], budget: float) -> float:
-    """Project the tensors onto {sum_i n_i |p_i| <= budget} (n_i >= 0, Euclidean), in place:
-    p <- sign(p) max(|p| - tau n, 0) at the least tau >= 0 that meets the budget."""
-    flat = [(p.detach().to(torch.float64), n) for p, n in weighted]
-
-    def norm(tau: float) -> float:
-        return sum(float(((v.abs() - tau * n).clamp_min(0) * n).sum()) for v, n in flat)
-
-    current = norm(0.0)
-    if current <= budget:
-        return current
-    low, high = 0.0, max(float(torch.where(n > 0, v.abs() / n, 0.0).max()) for v, n in flat)
-    for _ in range(_BISECTIONS):
-        mid = (low + high) / 2
-        low, high = (mid, high) if norm(mid) > budget else (low, mid)
-    for (p, n), (v, _) in zip(weighted, flat, strict=True):
-        p.copy_((v.sign() * (v.abs() - high * n).clamp_min(0)).to(p.dtype))
-    return norm(high)
