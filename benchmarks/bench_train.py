@@ -98,8 +98,9 @@ def main() -> None:
     rows = [measure(name, build, shape, args.repeats) for name, (build, shape) in CASES.items()]
     print(f"load average {os.getloadavg()[0]:.2f}, one thread")
     if args.out is not None:
-        from pathlift.files import write_text
         import io
+
+        from pathlift.files import write_text
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from pathlift.errors import UnsupportedModelError
 from pathlift.graph.neurons import Activation, NeuronDAG
 from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
@@ -185,3 +186,11 @@ def test_average_case_penalty():
             p.view(-1)[k] += h
         assert p.grad.view(-1)[k].item() == pytest.approx((up - down) / (2 * h), rel=1e-6,
                                                           abs=1e-9)
+
+
+def test_parametric_activations_are_refused():
+    """PReLU's slopes are parameters the |theta|^q pass reads as constants: refused, not a
+    gradient silently missing its terms."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2))
+    with pytest.raises(UnsupportedModelError, match="constants"):
+        differentiable_path_norm(model, (3,))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, eval_mode, graph_of
 from pathlift.graph.abs_pow import _align
 from pathlift.graph.boundary import output_leaves
@@ -80,7 +80,8 @@ class LivePass(AbsPowInterpreter):
 
     def _magnitudes(self, handler: AffineHandler, call: Call) -> tuple[Tensor, Tensor | None]:
         """|W|^q, |b|^q of the layer of ``call`` (computed once per call of the layer; with
-        leaves, once per layer)."""
+        leaves, once per layer). The pass runs without ``unit_weights``, so the hooks'
+        ``unit`` is always 1."""
         if self._current is not None and self._current[0] == call.node.name:
             return self._current[1]
         name = call.node.target if isinstance(call.node.target, str) else call.node.name
@@ -97,10 +98,11 @@ class LivePass(AbsPowInterpreter):
         return pair
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
-                    bias: Tensor | None = None) -> Tensor:
+                    bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
         return handler.apply(x, self._magnitudes(handler, call)[0], call, bias)
 
-    def bias_magnitude(self, handler: AffineHandler, call: Call) -> Tensor | None:
+    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+                       ) -> Tensor | None:
         return self._magnitudes(handler, call)[1]
 
 
@@ -110,10 +112,23 @@ def _log_outputs(out: object) -> Tensor:
 
 
 def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> LayerGraph:
+    """The traced graph (as in eval mode), refusing ops whose own parameters the pass would
+    read as constants (PReLU's slopes): their gradient would silently be missing."""
     if isinstance(model, LayerGraph):
-        return graph_of(model, input_shape)
-    with eval_mode(model):
-        return graph_of(model, input_shape)
+        graph = graph_of(model, input_shape)
+    else:
+        with eval_mode(model):
+            graph = graph_of(model, input_shape)
+    frozen = [Problem(str(n.target), type(graph.submodule(n)).__name__,
+                      "its parameters enter the |theta|^q pass as constants; differentiable "
+                      "path-norms and Path-SGD cover Linear, Conv and BatchNorm parameters")
+              for n in graph.nodes()
+              if getattr(graph.handler(n), "parametric", False)
+              and not isinstance(graph.handler(n), AffineHandler)
+              and any(True for _ in graph.submodule(n).parameters(recurse=False))]
+    if frozen:
+        raise UnsupportedModelError(frozen)
+    return graph
 
 
 def differentiable_path_norm(model: nn.Module | LayerGraph,
