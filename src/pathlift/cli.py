@@ -727,9 +727,11 @@ def frontier(
     sizes: list[int] = typer.Option([20_000, 100_000], "--mnist1d-size",
                                     help="extra MNIST-1D sample counts (the sqrt(n) term)"),
 ) -> None:
-    """Test accuracy against the certified top-1 bound (Thm 4.1.2 + 4.4.1) across
-    regularisation methods and strengths: frontier.csv, frontier_table.csv, frontier.png,
-    frontier.md. Runs under `torchrun --nproc_per_node N` to use N processes."""
+    """Test accuracy vs certified top-1 bound across path-norm training methods.
+
+    Trains MLPs and CNNs on digits and MNIST-1D under each method and strength, bounds each
+    with Thm 4.1.2 + Thm 4.4.1, and writes frontier.csv, frontier_table.csv, frontier.png
+    and frontier.md. Runs under `torchrun --nproc_per_node N` to use N processes."""
     from pathlift.distributed import launched
     from pathlift.train.frontier import FrontierConfig, run_frontier, with_sweep, write_frontier
 
