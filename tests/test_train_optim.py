@@ -14,7 +14,7 @@ from torch import nn
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import magnitude_gradients
-from pathlift.models import mlp, small_cnn
+from pathlift.models import mlp, small_cnn, unet
 from pathlift.symmetry.rescale import random_rescale
 from pathlift.train import PathNormBudget, PathSGD
 from pathlift.train.bound import certified_top1
@@ -124,3 +124,23 @@ def test_certified_bound_terms_add_up():
     assert b.log10 == pytest.approx(expected, rel=1e-12)
     assert b.path_norm_log10 == pytest.approx(path_norm(model, (6,)).log10, rel=1e-12)
     assert b.n == 200 and b.confidence == pytest.approx(3 * math.sqrt(math.log(40) / 400))
+
+
+def test_path_sgd_on_a_unet_commutes_with_rescaling():
+    """Skip connections over max-pooling, transposed convolutions or upsampling, eval
+    BatchNorm (fresh statistics: running_mean = 0, where the fold keeps the invariance)."""
+    torch.manual_seed(0)
+    shape = (1, 8, 8)
+    model = unet(1, 2, 4, 2).double().eval()
+    rescaled = random_rescale(model, (0.1, 1.0, 20.0), seed=1, input_shape=shape).eval()
+    x = torch.randn(3, *shape, dtype=torch.float64)
+    y = torch.randint(2, (3, 8, 8))
+    before = model(x).detach()
+    for net in (model, rescaled):
+        opt = PathSGD(net, shape, lr=0.1)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    after = model(x)
+    assert (after - before).abs().max() > 1e-3
+    assert torch.allclose(after, rescaled(x), rtol=0, atol=1e-10 * after.abs().max().item())
