@@ -84,3 +84,36 @@ def test_tracker_top1_bound():
                                     path_norm(model, SHAPE).log10)
     expected = margin_bound(rademacher, m, default_quantile(float((m <= 0).double().mean())))
     assert row["bound_top1_log10"] == pytest.approx(expected.log10, rel=1e-12)
+
+
+def test_lightning_callback_logs_the_top1_bound(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from pathlift.integrations.lightning import PathNormCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp(64, (16,), 10)
+
+        def training_step(self, batch, index):
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x, y = torch.rand(64, *SHAPE), torch.randint(10, (64,))
+    module = Module()
+    callback = PathNormCallback(SHAPE, network="net", qs=(1.0,), train_data=(x, y))
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                         callbacks=[callback], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=32))
+    rows = callback.tracker.history
+    assert [r["step"] for r in rows] == [1, 2]
+    m = margins(module.net, DataLoader(TensorDataset(x, y), batch_size=64))
+    rademacher = rademacher_peeling(architecture_constants(module.net, SHAPE),
+                                    sigma_of(x).peeling, path_norm(module.net, SHAPE).log10)
+    expected = margin_bound(rademacher, m, default_quantile(float((m <= 0).double().mean())))
+    assert rows[-1]["bound_top1_log10"] == pytest.approx(expected.log10, rel=1e-12)

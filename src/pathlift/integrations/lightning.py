@@ -45,6 +45,8 @@ class PathNormCallback(Callback):
     Args:
         input_shape: the network's input shape, no batch dimension.
         n_train, sigma: for the bound (see ``PathNormTracker``).
+        train_data: (x, y) of the training set, for the certified top-1 bound of Thm 4.1.2
+            (``bound_top1_log10``, see ``PathNormTracker``).
         qs: exponents of the path-norms.
         every_n_epochs: log at the end of every n-th epoch.
         prune_epoch, amount, scope, last_layer_factor: the pruning, if any.
@@ -62,11 +64,13 @@ class PathNormCallback(Callback):
                  sigma: float | None = None, qs: Sequence[float] = (1.0, 2.0, 4.0),
                  every_n_epochs: int = 1, prune_epoch: int | None = None, amount: float = 0.0,
                  scope: Scope = "global", last_layer_factor: float = 1.0,
-                 network: str | None = None, prefix: str = "pathlift/"):
+                 network: str | None = None, prefix: str = "pathlift/",
+                 train_data: tuple[Tensor, Tensor] | None = None):
         super().__init__()
         if every_n_epochs < 1 or (prune_epoch is not None and prune_epoch < 1):
             raise InvalidParameterError("every_n_epochs and prune_epoch count from 1")
-        self.tracker = PathNormTracker(input_shape, None, n_train, sigma, qs)
+        self.tracker = PathNormTracker(input_shape, None, n_train, sigma, qs,
+                                       train_data=train_data)
         self.every_n_epochs, self.prune_epoch = every_n_epochs, prune_epoch
         self.amount, self.scope, self.last_layer_factor = amount, scope, last_layer_factor
         self.network, self.prefix = network, prefix
