@@ -713,5 +713,41 @@ def equivalent_command(
                   f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})")
 
 
+
+@app.command()
+def frontier(
+    out: Path = typer.Option(None, "--out", help="output folder (default: runs/frontier-TIME)"),
+    dataset: list[str] = typer.Option(["digits", "mnist1d"], "--dataset",
+                                      help="digits and/or mnist1d"),
+    model: list[str] = typer.Option(["mlp", "cnn"], "--model", help="mlp and/or cnn"),
+    method: list[str] = typer.Option(None, "--method", help="methods to run (default: all: "
+                                     "none, weight-decay, l1, l2, log-l1, budget, path-sgd, "
+                                     "imp-rewind)"),
+    epochs: int = typer.Option(30, "--epochs", help="training epochs per run"),
+    sizes: list[int] = typer.Option([20_000, 100_000], "--mnist1d-size",
+                                    help="extra MNIST-1D sample counts (the sqrt(n) term)"),
+) -> None:
+    """Test accuracy vs certified top-1 bound across path-norm training methods.
+
+    Trains MLPs and CNNs on digits and MNIST-1D under each method and strength, bounds each
+    with Thm 4.1.2 + Thm 4.4.1, and writes frontier.csv, frontier_table.csv, frontier.png
+    and frontier.md. Runs under `torchrun --nproc_per_node N` to use N processes."""
+    from pathlift.distributed import launched
+    from pathlift.train.frontier import FrontierConfig, run_frontier, with_sweep, write_frontier
+
+    config = FrontierConfig(datasets=tuple(dataset), models=tuple(model), epochs=epochs,
+                            mnist1d_sizes=tuple(sizes))
+    if method:
+        config = with_sweep(config, method)
+    with launched() as world:
+        result = run_frontier(config, on_progress=lambda text, i, n: console.print(
+            f"[{i}/{n}] {text}") if world.main else None)
+        if world.main:
+            folder = default_out("frontier") if out is None else out
+            for path in write_frontier(result, folder):
+                console.print(f"wrote {path}")
+            console.print(Path(folder, "frontier.md").read_text())
+
+
 if __name__ == "__main__":
     app()

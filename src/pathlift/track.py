@@ -25,6 +25,7 @@ from pathlift.distributed import World
 from pathlift.graph import eval_mode, graph_of, param
 from pathlift.lift import average_case_path_norm, path_norms
 from pathlift.prune.scores import path_magnitude_scores, prunable_parameters
+from pathlift.train.bound import certified_top1
 
 __all__ = ["PathNormTracker"]
 
@@ -44,7 +45,10 @@ class PathNormTracker:
       weights crosses them: pruned, or cut off by pruning elsewhere; Sec. 3.5.1), one
       forward and one backward |theta| pass (``sparsity=False`` skips both);
     - ``average_case`` (given a ``probe`` batch): E_x ||A(theta, x)^T Phi(theta)||_1 (Sec.
-      7.2.2).
+      7.2.2);
+    - ``bound_top1_log10`` (given ``train_data`` = (x, y), the training set): log10 of the
+      certified top-1 error bound of Thm 4.1.2 with Thm 4.4.1
+      (``pathlift.train.bound.certified_top1``: one |theta| pass and a forward over x).
 
     The model is measured as in eval mode (its flags are restored; BatchNorm counts as its
     affine map with running statistics, Def. 2.2.2), never modified, its autograd state
@@ -62,6 +66,7 @@ class PathNormTracker:
         n_train, sigma: training-set size and sigma of Thm 4.4.1, for the bound.
         qs: exponents q of the path-norms.
         sparsity: measure the two sparsities.
+        train_data: the training inputs and labels, for ``bound_top1_log10``.
         dtype: mantissa precision of the passes (values are carried as mantissa and scale,
             so none overflows): float64 is exact to ~1e-13; float32 is ~1e-6 relative and
             about twice as fast on CPU convolutions (``benchmarks/bench_track.py``), but
@@ -81,8 +86,9 @@ class PathNormTracker:
     def __init__(self, input_shape: Sequence[int], probe: torch.Tensor | None = None,
                  n_train: int | None = None, sigma: float | None = None,
                  qs: Sequence[float] = (1.0, 2.0, 4.0), sparsity: bool = True,
-                 dtype: torch.dtype = torch.float64):
-        self.input_shape, self.dtype = tuple(input_shape), dtype
+                 dtype: torch.dtype = torch.float64,
+                 train_data: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.input_shape, self.dtype, self.train_data = tuple(input_shape), dtype, train_data
         self.probe, self.n_train, self.sigma = probe, n_train, sigma
         self.qs, self.sparsity = tuple(float(q) for q in qs), sparsity
         self.constants: ArchitectureConstants | None = None
@@ -128,6 +134,9 @@ class PathNormTracker:
                     self.constants = architecture_constants(graph)
                 row["bound_ce_log10"] = cross_entropy_gap_log10(
                     rademacher_peeling(self.constants, self.sigma, norms[1.0].log10), self.n_train)
+            if self.train_data is not None:
+                row["bound_top1_log10"] = certified_top1(model, self.input_shape,
+                                                         *self.train_data).log10
         return row
 
 

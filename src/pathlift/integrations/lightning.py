@@ -1,5 +1,7 @@
-"""Lightning: path-norms, the bound and the sparsity logged along training, and path-magnitude
-pruning at a chosen epoch (thesis Thm 3.1.1, Thm 4.4.1, Sec. 3.5.1).
+"""Lightning: path-norms, the bound and the sparsity logged along training, path-magnitude
+pruning at a chosen epoch (thesis Thm 3.1.1, Thm 4.4.1, Sec. 3.5.1), and path-norm
+regularisation: a penalty's gradient added after each backward, a path-norm budget kept
+after each step (Sec. 7.2.2, Alg. 3.2.1).
 
 Needs Lightning: ``pip install 'pathlift[lightning]'``.
 """
@@ -7,14 +9,17 @@ Needs Lightning: ``pip install 'pathlift[lightning]'``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError
 from pathlift.graph.boundary import attach_masks_, prune_masks
 from pathlift.prune.methods import PruningResult, Scope, prune_model
 from pathlift.track import PathNormTracker
+from pathlift.train.budget import PathNormBudget
+from pathlift.train.penalties import AverageCasePenalty, make_penalty
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
@@ -22,7 +27,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("pathlift.integrations.lightning needs Lightning: "
                       "pip install 'pathlift[lightning]'") from err
 
-__all__ = ["PathNormCallback"]
+__all__ = ["PathNormCallback", "PathNormRegularizer"]
 
 
 class PathNormCallback(Callback):
@@ -40,6 +45,8 @@ class PathNormCallback(Callback):
     Args:
         input_shape: the network's input shape, no batch dimension.
         n_train, sigma: for the bound (see ``PathNormTracker``).
+        train_data: (x, y) of the training set, for the certified top-1 bound of Thm 4.1.2
+            (``bound_top1_log10``, see ``PathNormTracker``).
         qs: exponents of the path-norms.
         every_n_epochs: log at the end of every n-th epoch.
         prune_epoch, amount, scope, last_layer_factor: the pruning, if any.
@@ -57,11 +64,13 @@ class PathNormCallback(Callback):
                  sigma: float | None = None, qs: Sequence[float] = (1.0, 2.0, 4.0),
                  every_n_epochs: int = 1, prune_epoch: int | None = None, amount: float = 0.0,
                  scope: Scope = "global", last_layer_factor: float = 1.0,
-                 network: str | None = None, prefix: str = "pathlift/"):
+                 network: str | None = None, prefix: str = "pathlift/",
+                 train_data: tuple[Tensor, Tensor] | None = None):
         super().__init__()
         if every_n_epochs < 1 or (prune_epoch is not None and prune_epoch < 1):
             raise InvalidParameterError("every_n_epochs and prune_epoch count from 1")
-        self.tracker = PathNormTracker(input_shape, None, n_train, sigma, qs)
+        self.tracker = PathNormTracker(input_shape, None, n_train, sigma, qs,
+                                       train_data=train_data)
         self.every_n_epochs, self.prune_epoch = every_n_epochs, prune_epoch
         self.amount, self.scope, self.last_layer_factor = amount, scope, last_layer_factor
         self.network, self.prefix = network, prefix
@@ -89,3 +98,66 @@ class PathNormCallback(Callback):
             attach_masks_(net, {k: v.to(world.device) for k, v in masks.items()})
         world.check_identical("pruning masks", prune_masks(net))
         return world.broadcast(result)
+
+
+class PathNormRegularizer(Callback):
+    """Path-norm regularisation of a LightningModule's training without touching its
+    ``training_step``: after each backward, the gradient of ``strength * penalty`` is added
+    to the parameters' ``.grad`` (so the optimiser steps on loss + strength * penalty);
+    after each optimiser step, an optional ``budget`` ||Phi||_1 <= B is restored
+    (``pathlift.train.PathNormBudget``: normalisation, Alg. 3.2.1, then projection).
+
+    Args:
+        input_shape: the network's input shape, no batch dimension.
+        penalty: None, or a name of ``pathlift.train.PENALTIES`` ("l1", "l2", "l4",
+            "log-l1", "average-case"; the last reads the batch's inputs).
+        strength: the penalty's weight.
+        budget: None, or B.
+        network: the attribute holding the network (None: the LightningModule itself).
+        prefix: put before the logged penalty value.
+
+    Under DDP the data-free penalties add the same gradient on every rank (the weights
+    are the same), so the ranks stay in step; the average-case penalty reads each rank's
+    own batch and is refused there (InvalidParameterError). The penalty value is logged
+    as ``{prefix}penalty`` at each step.
+
+    Example::
+
+        trainer = Trainer(max_epochs=10, callbacks=[
+            PathNormRegularizer((1, 8, 8), "log-l1", strength=0.1),
+            PathNormCallback((1, 8, 8), n_train=n, sigma=sigma)])
+    """
+
+    def __init__(self, input_shape: Sequence[int], penalty: str | None = "log-l1",
+                 strength: float = 0.0, budget: float | None = None,
+                 network: str | None = None, prefix: str = "pathlift/"):
+        super().__init__()
+        if not strength >= 0:
+            raise InvalidParameterError(f"strength must be >= 0, got {strength}")
+        self.penalty = None if penalty is None else make_penalty(penalty, input_shape)
+        self.strength = strength
+        self.budget = None if budget is None else PathNormBudget(tuple(input_shape), budget)
+        self.network, self.prefix = network, prefix
+        self._inputs: Tensor | None = None
+
+    def _net(self, pl_module: LightningModule) -> nn.Module:
+        return pl_module if self.network is None else pl_module.get_submodule(self.network)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._inputs = batch[0] if isinstance(batch, list | tuple) else batch
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.penalty is None or self.strength == 0:
+            return
+        if isinstance(self.penalty, AverageCasePenalty) and World.current().size > 1:
+            raise InvalidParameterError("the average-case penalty reads each rank's batch; "
+                                        "under DDP use a data-free penalty (l1, l2, l4, log-l1)")
+        value = self.penalty(self._net(pl_module), self._inputs)
+        (self.strength * value).backward()
+        pl_module.log(self.prefix + "penalty", value.detach(), rank_zero_only=True)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        if self.budget is not None:
+            self.budget.project_(self._net(pl_module))

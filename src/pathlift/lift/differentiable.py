@@ -1,0 +1,245 @@
+"""The |theta|^q pass of Thm 3.1.1 inside autograd: differentiable path-norms and the
+per-parameter scales of Path-SGD.
+
+``AbsPowInterpreter`` reads every parameter detached, so that measuring never disturbs a
+training step. ``LivePass`` substitutes, through the pass's two hooks (``weight_part`` and
+``bias_magnitude``), |W|^q and |b|^q computed from the model's own parameters (honouring
+torch.nn.utils.prune masks; eval BatchNorm folded with its running statistics as
+constants), so the outputs o_v = ||Phi^{->v}||_q^q carry the autograd graph of the
+parameters, and nothing else about them changes (no flag, no ``.grad``). Log scales are
+constants of the pass, so ln o_v = ln mantissa + scale is differentiable and exact far
+beyond float64. With ``leaves=True`` the pass instead takes fresh leaves A = |W|^q (one
+per layer) and ``magnitude_gradients`` maps dM/dA back to the parameters.
+
+This module is the only one of ``pathlift.train`` that talks to the graph engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
+from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, eval_mode, graph_of
+from pathlift.graph.abs_pow import _align
+from pathlift.graph.boundary import output_leaves
+from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call
+
+__all__ = ["LivePass", "MagnitudeGradients", "differentiable_path_norm", "magnitude_gradients"]
+
+
+def live_param(module: nn.Module, name: str) -> Tensor | None:
+    """The effective parameter ``name`` with its autograd history (``name_orig * mask`` for
+    a pruned module), unlike ``pathlift.graph.param`` which detaches it."""
+    orig = getattr(module, name + "_orig", None)
+    mask = getattr(module, name + "_mask", None)
+    if orig is not None and mask is not None:
+        return orig * mask
+    value = getattr(module, name, None)
+    return value if isinstance(value, Tensor) else None
+
+
+def _bn_fold(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """(s, m, (a, c)) of eval BatchNorm as x*a + c (Def. 2.2.2): s = 1/sqrt(var + eps) and
+    m = running_mean are constants, a = weight*s and c = bias - m*a follow the parameters."""
+    s = torch.rsqrt(bn.running_var.detach().to(dtype) + bn.eps)
+    m = bn.running_mean.detach().to(dtype)
+    weight, bias = live_param(bn, "weight"), live_param(bn, "bias")
+    a = s if weight is None else weight.to(dtype) * s
+    c = -m * a if bias is None else bias.to(dtype) - m * a
+    return s, m, torch.stack([a, c])
+
+
+def dag_parameters(handler: AffineHandler, module: nn.Module, dtype: torch.dtype
+                   ) -> tuple[Tensor, Tensor | None]:
+    """(W, b) of one layer as weights and biases of the DAG of Def. 2.2.2, in ``dtype``,
+    differentiable in the module's parameters."""
+    if isinstance(handler, BatchNormHandler):
+        a, c = _bn_fold(module, dtype)[2]
+        return a, c
+    weight, bias = live_param(module, "weight"), live_param(module, "bias")
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+class LivePass(AbsPowInterpreter):
+    """The |theta|^q network (Thm 3.1.1) whose |W|^q and |b|^q are computed from the live
+    parameters (``leaves=False``: the outputs are differentiable in them) or are fresh
+    autograd leaves, one pair per layer, kept in ``leaves`` (``leaves=True``)."""
+
+    def __init__(self, graph: LayerGraph, q: float, dtype: torch.dtype, leaves: bool = False):
+        super().__init__(graph, q, dtype)
+        self.make_leaves = leaves
+        self.leaves: dict[str, tuple[Tensor, Tensor | None]] = {}
+        self.handlers: dict[str, AffineHandler] = {}
+        self._current: tuple[str, tuple[Tensor, Tensor | None]] | None = None
+
+    def _magnitudes(self, handler: AffineHandler, call: Call) -> tuple[Tensor, Tensor | None]:
+        """|W|^q, |b|^q of the layer of ``call`` (computed once per call of the layer; with
+        leaves, once per layer). The pass runs without ``unit_weights``, so the hooks'
+        ``unit`` is always 1."""
+        if self._current is not None and self._current[0] == call.node.name:
+            return self._current[1]
+        name = call.node.target if isinstance(call.node.target, str) else call.node.name
+        if self.make_leaves and name in self.leaves:
+            pair = self.leaves[name]
+        else:
+            w, b = dag_parameters(handler, call.module, self.dtype)
+            pair = (w.abs().pow(self.q), None if b is None else b.abs().pow(self.q))
+            if self.make_leaves:
+                pair = (pair[0].detach().requires_grad_(),
+                        None if pair[1] is None else pair[1].detach().requires_grad_())
+                self.leaves[name], self.handlers[name] = pair, handler
+        self._current = (call.node.name, pair)
+        return pair
+
+    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
+                    bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
+        return handler.apply(x, self._magnitudes(handler, call)[0], call, bias)
+
+    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+                       ) -> Tensor | None:
+        return self._magnitudes(handler, call)[1]
+
+
+def _log_outputs(out: object) -> Tensor:
+    """ln o_v for every output neuron, in order (a tensor in the autograd graph)."""
+    return torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)])
+
+
+def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> LayerGraph:
+    """The traced graph (as in eval mode), refusing ops whose own parameters the pass would
+    read as constants (PReLU's slopes): their gradient would silently be missing."""
+    if isinstance(model, LayerGraph):
+        graph = graph_of(model, input_shape)
+    else:
+        with eval_mode(model):
+            graph = graph_of(model, input_shape)
+    frozen = [Problem(str(n.target), type(graph.submodule(n)).__name__,
+                      "its parameters enter the |theta|^q pass as constants; differentiable "
+                      "path-norms and Path-SGD cover Linear, Conv and BatchNorm parameters")
+              for n in graph.nodes()
+              if getattr(graph.handler(n), "parametric", False)
+              and not isinstance(graph.handler(n), AffineHandler)
+              and any(True for _ in graph.submodule(n).parameters(recurse=False))]
+    if frozen:
+        raise UnsupportedModelError(frozen)
+    return graph
+
+
+def differentiable_path_norm(model: nn.Module | LayerGraph,
+                             input_shape: Sequence[int] | None = None, q: float = 1.0,
+                             r: float | None = None, dtype: torch.dtype | None = None
+                             ) -> Tensor:
+    """ln ||Phi(theta)||_{q,r} as a 0-dim tensor in the autograd graph of the model's
+    parameters: one |theta|^q pass (thesis Thm 3.1.1) through autograd, in log space.
+
+    Args:
+        model: a supported ReLU network (or its ``LayerGraph``), in train or eval mode:
+            it is measured as in eval mode (BatchNorm = its affine map with running
+            statistics, Def. 2.2.2), its flags restored.
+        input_shape: input size without the batch dimension.
+        q: in [1, inf) (|w|^q is not differentiable at 0 for q < 1).
+        r: the outer exponent in (0, inf]; None takes r = q (the plain ||Phi||_q).
+        dtype: mantissa precision (default: the model's dtype).
+
+    Returns:
+        ln ||Phi||_{q,r} (natural log; exp() of it is the norm while it fits a float).
+        ``backward()`` on it accumulates d ln||Phi|| / d theta into the parameters'
+        ``.grad``; nothing else of the model changes. Under ``torch.no_grad()`` it is a
+        plain number.
+
+    Raises:
+        InvalidParameterError for q outside [1, inf) or r <= 0; UnsupportedModelError and
+        ShapeError as ``path_norm``.
+
+    Example::
+
+        loss = F.cross_entropy(model(x), y) + 1e-3 * differentiable_path_norm(model, (1, 8, 8))
+        loss.backward()
+    """
+    if not (q >= 1 and math.isfinite(q)):
+        raise InvalidParameterError(f"q must be in [1, inf) for a differentiable path-norm, "
+                                    f"got {q}")
+    r = q if r is None else r
+    if not r > 0:
+        raise InvalidParameterError(f"r must be in (0, inf], got {r}")
+    graph = _graph(model, input_shape)
+    per_output = _log_outputs(LivePass(graph, q, dtype or graph.dtype).run_all_ones()) / q
+    if math.isinf(r):
+        return per_output.max()
+    return torch.logsumexp(per_output * r, dim=0) / r
+
+
+@dataclass(frozen=True)
+class MagnitudeGradients:
+    """gamma_p = d||Phi||_q^q / d|p|^q for every parameter p of the DAG, as
+    ``mantissas[p] * e^log_scale`` (natural log, one scale for all, so nothing overflows).
+
+    For q = 2 these are the Path-SGD scales (Neyshabur, Salakhutdinov & Srebro 2015, eq. 5:
+    the coefficient of p^2 in the squared l2 path-norm); for q = 1 and an output layer,
+    d||Phi||_1/d|W_vu| is the l1 path-norm reaching its input u (thesis Thm 3.1.1).
+    """
+
+    q: float
+    mantissas: dict[nn.Parameter, Tensor]
+    log_scale: float
+
+
+def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
+                        q: float = 2.0, dtype: torch.dtype | None = None) -> MagnitudeGradients:
+    """gamma_p = d||Phi||_q^q / d|p|^q of every weight and bias on any supported DAG, by one
+    forward and one backward pass of the |theta|^q network (Thm 3.1.1) whose leaves are
+    A = |W|^q; a parameter shared by several DAG edges (a convolution kernel) gets the sum
+    over its edges. The model is not modified.
+
+    Each path crosses a Linear/Conv parameter at most once, so ||Phi||_q^q is
+    gamma_p |p|^q + (terms without p). For eval BatchNorm (x*a + c, a = w s, c = b - m a;
+    q = 2 only, where the fold stays a sum of squares per parameter) the chain rule gives
+    gamma_w = s^2 (gamma_a + m^2 gamma_c) and gamma_b = gamma_c: (1/2) d^2||Phi||_2^2/dp^2
+    exactly. Raises InvalidParameterError for BatchNorm with q != 2.
+    """
+    graph = _graph(model, input_shape)
+    tape = LivePass(graph, q, dtype or graph.dtype, leaves=True)
+    with torch.enable_grad():
+        mantissas, top = _align(output_leaves(tape.run_all_ones(), Scaled))
+        total = sum(m.sum() for m in mantissas)
+        flat = [t for pair in tape.leaves.values() for t in pair if t is not None]
+        grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
+                         strict=True))
+    scales: dict[nn.Parameter, Tensor] = {}
+    for name, (wq, bq) in tape.leaves.items():
+        module = graph.module.get_submodule(name)
+        g_w = _grad(grads, wq)
+        g_b = None if bq is None else _grad(grads, bq)
+        if isinstance(tape.handlers[name], BatchNormHandler):
+            if q != 2:
+                raise InvalidParameterError(
+                    f"'{name}': BatchNorm folds weight and bias into one bias; its "
+                    "magnitude gradients are defined for q = 2 (Path-SGD) only")
+            s, m, _ = _bn_fold(module, g_w.dtype)
+            pairs = [("weight", s.pow(2) * (g_w + m.pow(2) * g_b)), ("bias", g_b)]
+        else:
+            pairs = [("weight", g_w), ("bias", g_b)]
+        for pname, gamma in pairs:
+            p = _stored_parameter(module, pname)
+            if p is not None and gamma is not None:
+                scales[p] = gamma.detach()
+    return MagnitudeGradients(q, scales, top)
+
+
+def _grad(grads: dict[int, Tensor | None], leaf: Tensor) -> Tensor:
+    g = grads[id(leaf)]
+    return torch.zeros_like(leaf) if g is None else g
+
+
+def _stored_parameter(module: nn.Module, name: str) -> nn.Parameter | None:
+    """The ``nn.Parameter`` that holds ``name`` (``name_orig`` for a pruned module)."""
+    p = getattr(module, name + "_orig", None)
+    if p is None:
+        p = getattr(module, name, None)
+    return p if isinstance(p, nn.Parameter) else None

@@ -1,0 +1,11 @@
+"""Training toward informative bounds (thesis Sec. 7.2.1-7.2.2): differentiable path-norm
+penalties, training under a path-norm budget, Path-SGD on any ReLU DAG, the certified
+top-1 bound of a trained network, and the accuracy/bound frontier experiment."""
+
+from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
+from pathlift.train.budget import PathNormBudget
+from pathlift.train.path_sgd import PathSGD
+from pathlift.train.penalties import PENALTIES, AverageCasePenalty, PathNormPenalty, make_penalty
+
+__all__ = ["PENALTIES", "AverageCasePenalty", "PathNormBudget", "PathNormPenalty", "PathSGD",
+           "differentiable_path_norm", "magnitude_gradients", "make_penalty"]

@@ -1,0 +1,427 @@
+"""The accuracy / certified-bound frontier (thesis Sec. 7.2.1-7.2.2): train small MLPs and
+CNNs on digits and MNIST-1D under every regularisation method and strength, and place each
+trained network by its test accuracy and its certified top-1 bound (Thm 4.1.2 with Thm
+4.4.1). Methods: none, weight decay, l1 / l2 / log path-norm penalties, a path-norm budget,
+Path-SGD, and iterative magnitude pruning with rewinding (``pathlift.prune.protocol``).
+
+Under ``torchrun`` the runs are spread over the ranks (rank i trains runs i, i + size, ...;
+the pruning grid is spread by the protocol itself, ``spread="runs"``) and rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pathlift.data import Digits, load_digits
+from pathlift.distributed import World
+from pathlift.errors import InvalidParameterError
+from pathlift.files import atomic_write, write_text
+from pathlift.models import mlp, small_cnn
+from pathlift.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
+from pathlift.prune.results import RunFolder
+from pathlift.train.bound import certified_top1
+from pathlift.train.budget import PathNormBudget
+from pathlift.train.path_sgd import PathSGD
+from pathlift.train.penalties import make_penalty
+
+__all__ = ["DEFAULT_SWEEP", "FrontierConfig", "FrontierPoint", "FrontierResult", "run_frontier"]
+
+# method -> strengths (penalty weight, weight decay, budget B, Path-SGD step size)
+DEFAULT_SWEEP: dict[str, tuple[float, ...]] = {
+    "none": (0.0,),
+    "weight-decay": (1e-3, 1e-2, 3e-2),
+    "l1": (1e-6, 1e-5, 1e-4, 1e-3),
+    "l2": (1e-2, 1e-1, 1.0),
+    "log-l1": (0.01, 0.03, 0.1, 0.3),
+    "budget": (100.0, 300.0, 1000.0, 3000.0),
+    "path-sgd": (0.1, 0.3, 1.0),
+    "imp-rewind": (0.6, 0.9, 0.97),
+}
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """The experiment: datasets x models x methods x strengths (one seed each).
+
+    ``mnist1d_sizes`` adds runs of the "none" and "budget" (strength ``size_budget``)
+    methods of the MLP on MNIST-1D with more samples, to see the sqrt(n) term move.
+    """
+
+    datasets: tuple[str, ...] = ("digits", "mnist1d")
+    models: tuple[str, ...] = ("mlp", "cnn")
+    sweep: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_SWEEP))
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 0.05
+    seed: int = 0
+    mnist1d_sizes: tuple[int, ...] = (20_000, 100_000)
+    size_epochs: int = 8
+    size_budget: float = 1000.0
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One trained network: where it lands, and the terms of its bound (log10)."""
+
+    dataset: str
+    model: str
+    method: str
+    strength: float
+    n_train: int
+    test_accuracy: float
+    train_accuracy: float
+    bound_log10: float
+    path_norm_log10: float
+    constant: float
+    gamma: float
+    sigma_over_n_log10: float
+    train_margin_loss: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FrontierResult:
+    points: tuple[FrontierPoint, ...]
+
+    def reference(self, dataset: str, model: str) -> FrontierPoint:
+        """The unregularised network of the standard sample size."""
+        return next(p for p in self.points if (p.dataset, p.model, p.method) ==
+                    (dataset, model, "none") and p.n_train == self._standard_n(dataset))
+
+    def _standard_n(self, dataset: str) -> int:
+        return min(p.n_train for p in self.points if p.dataset == dataset)
+
+    def table(self) -> list[dict[str, Any]]:
+        """Per dataset, model and method: the best certified bound at test accuracy within 2
+        points of the unregularised network, and the best at any accuracy above 50%."""
+        rows = []
+        for dataset, model in dict.fromkeys((p.dataset, p.model) for p in self.points):
+            ref = self.reference(dataset, model)
+            n = self._standard_n(dataset)
+            for method in dict.fromkeys(p.method for p in self.points):
+                mine = [p for p in self.points if (p.dataset, p.model, p.method, p.n_train)
+                        == (dataset, model, method, n)]
+                if not mine:
+                    continue
+                close = _best([p for p in mine if p.test_accuracy >= ref.test_accuracy - 0.02])
+                above = _best([p for p in mine if p.test_accuracy > 0.5])
+                rows.append({"dataset": dataset, "model": model, "method": method,
+                             "reference_accuracy": ref.test_accuracy,
+                             "close_bound_log10": close.bound_log10 if close else math.nan,
+                             "close_accuracy": close.test_accuracy if close else math.nan,
+                             "close_strength": close.strength if close else math.nan,
+                             "above50_bound_log10": above.bound_log10 if above else math.nan,
+                             "above50_accuracy": above.test_accuracy if above else math.nan,
+                             "above50_strength": above.strength if above else math.nan})
+        return rows
+
+    def best(self) -> FrontierPoint | None:
+        """The lowest bound of any network above 50% test accuracy."""
+        return _best([p for p in self.points if p.test_accuracy > 0.5])
+
+
+def _best(points: list[FrontierPoint]) -> FrontierPoint | None:
+    return min(points, key=lambda p: p.bound_log10, default=None)
+
+
+# ------------------------------------------------------------------------ data and models
+
+def _load(name: str, num_samples: int | None = None) -> Digits:
+    if name == "digits":
+        return load_digits()
+    if name == "mnist1d":
+        from pathlift.data.mnist1d import load_mnist1d
+        return load_mnist1d() if num_samples is None else load_mnist1d(num_samples)
+    raise InvalidParameterError(f"unknown dataset {name!r}; choose digits or mnist1d")
+
+
+def _model_fn(name: str, shape: tuple[int, ...]) -> Callable[[], nn.Module]:
+    """The MLP (one hidden layer of 64) or CNN of the experiment for inputs of ``shape``."""
+    if name == "mlp":
+        return lambda: mlp(math.prod(shape), (64,), 10)
+    if name == "cnn" and len(shape) == 3:
+        return lambda: small_cnn(shape[0], 10)
+    if name == "cnn" and len(shape) == 2:
+        return lambda: nn.Sequential(
+            nn.Conv1d(shape[0], 16, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
+            nn.Conv1d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
+            nn.Flatten(), nn.Linear(32 * (shape[1] // 4), 64), nn.ReLU(), nn.Linear(64, 10))
+    raise InvalidParameterError(f"unknown model {name!r} for input shape {shape}")
+
+
+# ------------------------------------------------------------------------------ one run
+
+@dataclass(frozen=True)
+class _Run:
+    dataset: str
+    model: str
+    method: str
+    strength: float
+    num_samples: int | None = None
+    epochs: int | None = None
+
+
+def _tensors(data: Digits) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (*data.train.tensors, *data.test.tensors)
+
+
+def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    with torch.no_grad():
+        model.eval()
+        return float((model(x).argmax(1) == y).double().mean())
+
+
+def train_regularised(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: float,
+                      epochs: int, batch_size: int, lr: float, seed: int,
+                      on_epoch: Callable[[int], None] | None = None) -> None:
+    """Train ``model`` IN PLACE on (x, y) with one regularisation method: "none",
+    "weight-decay" (SGD's), a penalty of ``pathlift.train.PENALTIES`` times ``strength``,
+    "budget" (||Phi||_1 <= strength after every step) or "path-sgd" (step size strength).
+    SGD with momentum 0.9 and step ``lr`` otherwise; batches drawn with ``seed``."""
+    shape = tuple(x.shape[1:])
+    if method == "path-sgd":
+        opt: torch.optim.Optimizer = PathSGD(model, shape, lr=strength)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
+                              weight_decay=strength if method == "weight-decay" else 0.0)
+    penalty = make_penalty(method, shape) if method in ("l1", "l2", "l4", "log-l1",
+                                                        "average-case") else None
+    budget = PathNormBudget(shape, strength) if method == "budget" else None
+    if budget is not None:
+        budget.project_(model)
+    gen = torch.Generator().manual_seed(seed)
+    for epoch in range(epochs):
+        model.train()
+        for batch in torch.randperm(len(x), generator=gen).split(batch_size):
+            xb, yb = x[batch], y[batch]
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xb), yb)
+            if penalty is not None:
+                loss = loss + strength * penalty(model, xb)
+            if not torch.isfinite(loss):
+                raise InvalidParameterError(f"{method} (strength {strength:g}): the loss became "
+                                            f"{float(loss)} at epoch {epoch + 1}")
+            loss.backward()
+            opt.step()
+            if budget is not None:
+                budget.project_(model)
+        if on_epoch is not None:
+            on_epoch(epoch + 1)
+
+
+def _point(run: _Run, model: nn.Module, data: Digits, seconds: float) -> FrontierPoint:
+    x, y, xt, yt = _tensors(data)
+    b = certified_top1(model, data.input_shape, x, y)
+    return FrontierPoint(run.dataset, run.model, run.method, run.strength, len(x),
+                         _accuracy(model, xt, yt), _accuracy(model, x, y), b.log10,
+                         b.path_norm_log10, b.constant, b.gamma, b.terms_log10()["sigma/n"],
+                         b.train_margin_loss, seconds)
+
+
+def _one(run: _Run, config: FrontierConfig, cache: dict[tuple, Digits]) -> FrontierPoint:
+    key = (run.dataset, run.num_samples)
+    if key not in cache:
+        cache[key] = _load(run.dataset, run.num_samples)
+    data = cache[key]
+    x, y, _, _ = _tensors(data)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = _model_fn(run.model, data.input_shape)()
+    start = time.perf_counter()
+    try:
+        train_regularised(model, x, y, run.method, run.strength, run.epochs or config.epochs,
+                          config.batch_size, config.lr, config.seed)
+    except InvalidParameterError:  # diverged: the point is at chance with no bound
+        return FrontierPoint(run.dataset, run.model, run.method, run.strength, len(x), math.nan,
+                             math.nan, math.inf, math.nan, math.nan, math.nan, math.nan,
+                             math.nan, time.perf_counter() - start)
+    return _point(run, model, data, time.perf_counter() - start)
+
+
+def _imp(dataset: str, model_name: str, config: FrontierConfig, cache: dict[tuple, Digits],
+         world: World) -> list[FrontierPoint]:
+    """Iterative magnitude pruning with rewinding (2 rounds, rewind to epoch 2) at each
+    final sparsity of the sweep, through ``prune_rewind_retrain``; rank 0 measures."""
+    amounts = config.sweep.get("imp-rewind", ())
+    if not amounts:
+        return []
+    key = (dataset, None)
+    if key not in cache:
+        cache[key] = _load(dataset)
+    data = cache[key]
+    x, y, xt, yt = _tensors(data)
+    shape = data.input_shape
+    model_fn = _model_fn(model_name, shape)
+
+    def train(model: nn.Module, epochs: int, phase: Phase) -> None:
+        train_regularised(model, x, y, "none", 0.0, epochs, config.batch_size, config.lr,
+                          phase.rank_seed,
+                          on_epoch=lambda e: phase.end_epoch(phase.start_epoch + e))
+
+    prune_config = PruneConfig(amounts=tuple(amounts), methods=("magnitude-global",),
+                               seeds=(config.seed,), epochs=config.epochs, rewind_epoch=2,
+                               rounds=2, rescaled=(False,))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = RunFolder(world.broadcast(tmp if world.main else None))
+        start = time.perf_counter()
+        result = prune_rewind_retrain(model_fn, shape, train,
+                                      lambda m: _accuracy(m, xt, yt), prune_config,
+                                      spread="runs", folder=folder, save_models=True)
+        seconds = (time.perf_counter() - start) / max(len(result.runs), 1)
+        points = []
+        if world.main:
+            from safetensors.torch import load_file
+            for record in result.runs:
+                state = load_file(str(folder.path / "models" /
+                                      f"seed{record.seed}-{record.method}-{record.amount:g}"
+                                      ".safetensors"))
+                model = model_fn()
+                dense = {k.removesuffix("_orig"): v * state[k.removesuffix("_orig") + "_mask"]
+                         if k.endswith("_orig") else v
+                         for k, v in state.items() if not k.endswith("_mask")}
+                model.load_state_dict(dense)
+                points.append(_point(_Run(dataset, model_name, "imp-rewind", record.amount),
+                                     model, data, seconds))
+        world.gather(None)  # the folder outlives every rank's use of it
+    return points
+
+
+def run_frontier(config: FrontierConfig = FrontierConfig(),
+                 on_progress: Callable[[str, int, int], None] | None = None) -> FrontierResult:
+    """Train and measure every run of ``config`` (on this process or all of torchrun's);
+    the result on every rank."""
+    world = World.current()
+    runs = [_Run(d, m, method, s) for d in config.datasets for m in config.models
+            for method, strengths in config.sweep.items() if method != "imp-rewind"
+            for s in strengths]
+    if "mnist1d" in config.datasets and "mlp" in config.models:
+        runs += [_Run("mnist1d", "mlp", method, s, n, config.size_epochs)
+                 for n in config.mnist1d_sizes
+                 for method, s in (("none", 0.0), ("budget", config.size_budget))]
+    cache: dict[tuple, Digits] = {}
+    total = len(runs) + len(config.datasets) * len(config.models)
+    mine = []
+    for i, run in enumerate(runs[world.rank::world.size]):
+        mine.append(_one(run, config, cache))
+        if on_progress is not None and world.main:
+            p = mine[-1]
+            on_progress(f"{p.dataset} {p.model} {p.method} {p.strength:g}: "
+                        f"{100 * p.test_accuracy:.1f}%, bound 10^{p.bound_log10:.2f}",
+                        i * world.size + 1, total)
+    gathered = world.gather(mine)
+    points = [gathered[i % world.size][i // world.size] for i in range(len(runs))]
+    done = len(runs)
+    for d in config.datasets:
+        for m in config.models:
+            points += _imp(d, m, config, cache, world)
+            done += 1
+            if on_progress is not None and world.main:
+                on_progress(f"{d} {m} imp-rewind", done, total)
+    return FrontierResult(tuple(world.broadcast(points if world.main else None)))
+
+
+# --------------------------------------------------------------------------------- output
+
+def write_frontier(result: FrontierResult, out: str | Path) -> list[Path]:
+    """frontier.csv (every point), frontier_table.csv (the per-method table), frontier.png
+    (test accuracy against the certified bound, one panel per dataset and model) and
+    frontier.md (the table and the best point); the paths written."""
+    out = Path(out)
+    points = [asdict(p) for p in result.points]
+    paths = [write_text(out / "frontier.csv", _csv(points)),
+             write_text(out / "frontier_table.csv", _csv(result.table())),
+             _plot(result, out / "frontier.png"),
+             write_text(out / "frontier.md", summary_markdown(result))]
+    return paths
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _plot(result: FrontierResult, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys((p.dataset, p.model) for p in result.points))
+    methods = list(dict.fromkeys(p.method for p in result.points))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (dataset, model) in zip(axes[0], panels, strict=True):
+        for k, method in enumerate(methods):
+            mine = [p for p in result.points if (p.dataset, p.model, p.method) ==
+                    (dataset, model, method) and math.isfinite(p.bound_log10)]
+            ax.scatter([100 * p.test_accuracy for p in mine], [p.bound_log10 for p in mine],
+                       label=method, s=22, marker="os^vD<>px"[k % 9])
+        ax.axhline(0.0, color="k", lw=0.8, ls="--")
+        ax.set_title(f"{dataset}, {model}")
+        ax.set_xlabel("test accuracy (%)")
+        ax.set_ylabel("log10 certified top-1 bound (Thm 4.1.2)")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return atomic_write(path, lambda f: f.write(buffer.getvalue()))
+
+
+def summary_markdown(result: FrontierResult) -> str:
+    """The frontier table in markdown, the best point and the term that dominates it."""
+    lines = ["| dataset | model | method | unregularised acc. | best bound, acc. within 2 "
+             "points (acc., strength) | best bound, acc. > 50% (acc., strength) |",
+             "|---|---|---|---|---|---|"]
+    for r in result.table():
+        lines.append(
+            f"| {r['dataset']} | {r['model']} | {r['method']} | "
+            f"{100 * r['reference_accuracy']:.1f}% | "
+            f"{_fmt(r['close_bound_log10'])} ({_pct(r['close_accuracy'])}, "
+            f"{r['close_strength']:g}) | {_fmt(r['above50_bound_log10'])} "
+            f"({_pct(r['above50_accuracy'])}, {r['above50_strength']:g}) |")
+    best = result.best()
+    if best is not None:
+        terms = {"||Phi||_1": best.path_norm_log10, "C": math.log10(best.constant),
+                 "1/gamma": -math.log10(best.gamma) if best.gamma > 0 else math.inf,
+                 "sigma/n (~1/sqrt(n))": best.sigma_over_n_log10}
+        lines += ["", f"Best point: {best.dataset} {best.model} {best.method} "
+                  f"(strength {best.strength:g}, n = {best.n_train}): test accuracy "
+                  f"{100 * best.test_accuracy:.1f}%, certified top-1 bound "
+                  f"10^{best.bound_log10:.2f} "
+                  f"({'informative' if best.bound_log10 < 0 else 'not informative'}).",
+                  "Its complexity term 8 C ||Phi||_1 / gamma * sigma / n in log10: "
+                  + ", ".join(f"{k} {v:+.2f}" for k, v in terms.items())
+                  + f", training margin loss {best.train_margin_loss:.3f}."]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(log10: float) -> str:
+    return "n/a" if math.isnan(log10) else f"10^{log10:.2f}"
+
+
+def _pct(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{100 * v:.1f}%"
+
+
+def with_sweep(config: FrontierConfig, methods: Sequence[str]) -> FrontierConfig:
+    """``config`` restricted to ``methods`` (their default strengths)."""
+    unknown = [m for m in methods if m not in DEFAULT_SWEEP]
+    if unknown:
+        raise InvalidParameterError(f"unknown methods {unknown}; choose from "
+                                    f"{list(DEFAULT_SWEEP)}")
+    return replace(config, sweep={m: config.sweep[m] for m in methods})

@@ -1,0 +1,100 @@
+"""Path-SGD (Neyshabur, Salakhutdinov & Srebro 2015) on any supported ReLU DAG, as a
+``torch.optim.Optimizer``.
+
+The update is steepest descent with respect to the l2 path-regulariser's diagonal
+second-order term: p <- p - lr * (dL/dp) / gamma_p with gamma_p = d||Phi||_2^2 / d(p^2), the
+sum over the paths through p of the product of the other squared weights (their eq. 5-6).
+gamma comes from one forward and one backward pass of the squared network (the |theta|^2
+pass of thesis Thm 3.1.1, ``pathlift.lift.differentiable.magnitude_gradients``), so the
+update is defined for every network the engine supports (ResNets, U-Nets, max-pooling,
+eval BatchNorm), not only layered fully connected ones.
+
+Invariance: under a rescaling lambda (Def. 2.4.1) an edge u -> v has p' = p lambda_v /
+lambda_u, dL/dp' = dL/dp lambda_u / lambda_v and gamma' = gamma (lambda_u / lambda_v)^2, so
+the update of p' is the update of p times lambda_v / lambda_u: the step maps rescaled
+networks to rescaled networks, the function after the step does not depend on the
+representative (exactly for Linear/Conv layers; BatchNorm's folded bias c = b - m a breaks
+it when running_mean != 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from pathlift.errors import InvalidParameterError
+from pathlift.graph import unwrap
+from pathlift.lift.differentiable import magnitude_gradients
+
+__all__ = ["PathSGD"]
+
+
+class PathSGD(torch.optim.Optimizer):
+    """Path-SGD: p <- p - lr * grad / gamma_p, gamma_p = d||Phi(theta)||_2^2 / d(p^2)
+    (Neyshabur et al. 2015), with optional momentum on the scaled direction.
+
+    Args:
+        model: the network whose parameters are optimised (DDP/compiled wrappers are looked
+            through); every parameter must be a weight or bias of the traced DAG.
+        input_shape: input size without the batch dimension.
+        lr: the step size (in units of the rescaling-invariant geometry: gamma has the
+            scale of ||Phi||_2^2 / p^2, so lr is not comparable to SGD's).
+        momentum: heavy-ball momentum on the scaled direction (keeps the invariance).
+        dtype: precision of the squared pass (default: the model's dtype).
+
+    Where gamma_p = 0 no path of non-zero weights crosses p, so dL/dp = 0 too: p is left
+    unchanged. Each ``step`` costs one |theta|^2 forward and backward pass at batch 1
+    (``benchmarks/bench_train.py``). The gamma are recomputed at each step from the current
+    weights; the step reads the ``.grad`` that the user's backward left.
+
+    Example::
+
+        opt = PathSGD(model, (1, 8, 8), lr=0.05)
+        for x, y in loader:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    """
+
+    def __init__(self, model: nn.Module, input_shape: Sequence[int], lr: float,
+                 momentum: float = 0.0, dtype: torch.dtype | None = None):
+        if not lr > 0 or not 0 <= momentum < 1:
+            raise InvalidParameterError(f"need lr > 0 and momentum in [0, 1), got {lr}, "
+                                        f"{momentum}")
+        self.model, self.input_shape, self.dtype = unwrap(model), tuple(input_shape), dtype
+        super().__init__([p for p in self.model.parameters() if p.requires_grad],
+                         {"lr": lr, "momentum": momentum})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One Path-SGD step from the parameters' ``.grad`` (Neyshabur et al. 2015, eq. 6)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        gammas = magnitude_gradients(self.model, self.input_shape, 2.0, self.dtype)
+        unscale = math.exp(-gammas.log_scale)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                gamma = gammas.mantissas.get(p)
+                if gamma is None:
+                    raise InvalidParameterError(
+                        f"a parameter of shape {tuple(p.shape)} is not a weight or bias of "
+                        "the traced network; Path-SGD scales only those")
+                grad = p.grad.to(gamma.dtype)
+                direction = torch.where(gamma > 0, grad / gamma, torch.zeros_like(grad))
+                direction.mul_(unscale)
+                if group["momentum"]:
+                    buf = self.state[p].get("momentum_buffer")
+                    if buf is None:
+                        buf = self.state[p]["momentum_buffer"] = direction.clone()
+                    else:
+                        buf.mul_(group["momentum"]).add_(direction)
+                    direction = buf
+                p.add_(direction.to(p.dtype), alpha=-group["lr"])
+        return loss

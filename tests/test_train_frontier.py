@@ -1,0 +1,54 @@
+"""The frontier experiment on a tiny grid, and MNIST-1D generated offline."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+from pathlift.train.frontier import FrontierConfig, run_frontier, write_frontier
+
+
+def test_mnist1d_is_generated_offline():
+    pytest.importorskip("mnist1d")
+    from pathlift.data.mnist1d import load_mnist1d
+
+    data = load_mnist1d(200)
+    x, y = data.train.tensors
+    assert x.shape == (160, 1, 40) and data.test.tensors[0].shape == (40, 1, 40)
+    assert x.dtype == torch.float32 and set(y.tolist()) <= set(range(10))
+    assert torch.equal(load_mnist1d(200).train.tensors[0], x)  # deterministic in the seed
+
+
+def test_frontier_table_and_files(tmp_path):
+    config = FrontierConfig(datasets=("digits",), models=("mlp",),
+                            sweep={"none": (0.0,), "log-l1": (0.1, 1.0), "path-sgd": (0.3,),
+                                   "imp-rewind": (0.5,)}, epochs=3, mnist1d_sizes=(),
+                            batch_size=128)
+    result = run_frontier(config)
+    assert [p.method for p in result.points] == ["none", "log-l1", "log-l1", "path-sgd",
+                                                 "imp-rewind"]
+    rows = {r["method"]: r for r in result.table()}
+    ref = result.reference("digits", "mlp").test_accuracy
+    for method, row in rows.items():
+        mine = [p for p in result.points if p.method == method]
+        close = [p.bound_log10 for p in mine if p.test_accuracy >= ref - 0.02]
+        if close:
+            assert row["close_bound_log10"] == min(close)
+        else:
+            assert math.isnan(row["close_bound_log10"])
+        above = [p.bound_log10 for p in mine if p.test_accuracy > 0.5]
+        if above:
+            assert row["above50_bound_log10"] == min(above)
+    assert rows["none"]["close_bound_log10"] == result.reference("digits", "mlp").bound_log10
+    paths = write_frontier(result, tmp_path)
+    assert [p.name for p in paths] == ["frontier.csv", "frontier_table.csv", "frontier.png",
+                                       "frontier.md"]
+    with paths[0].open() as f:
+        written = list(csv.DictReader(f))
+    assert [float(r["bound_log10"]) for r in written] == \
+        pytest.approx([p.bound_log10 for p in result.points])
+    best = result.best()
+    assert best is None or math.isfinite(best.bound_log10)

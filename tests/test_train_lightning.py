@@ -1,0 +1,119 @@
+"""Regularised training through Lightning (PathNormRegularizer) against the same training
+written by hand, and the tracker's certified top-1 bound."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pathlift.bounds import (
+    architecture_constants,
+    default_quantile,
+    margin_bound,
+    margins,
+    rademacher_peeling,
+    sigma_of,
+)
+from pathlift.lift import path_norm
+from pathlift.models import mlp, small_cnn
+from pathlift.track import PathNormTracker
+from pathlift.train import PathNormBudget, make_penalty
+
+SHAPE = (1, 8, 8)
+
+
+@pytest.mark.parametrize("penalty, budget", [("log-l1", None), ("average-case", None),
+                                             (None, 500.0)])
+def test_lightning_regularizer_equals_the_hand_written_loop(tmp_path, penalty, budget):
+    pl = pytest.importorskip("lightning.pytorch")
+    from pathlift.integrations.lightning import PathNormRegularizer
+
+    class Module(pl.LightningModule):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, index):
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x, y = torch.rand(48, *SHAPE), torch.randint(10, (48,))
+    net = small_cnn()
+    mine = copy.deepcopy(net)
+    strength = 0.5
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False,
+                         callbacks=[PathNormRegularizer(SHAPE, penalty, strength, budget,
+                                                        network="net")],
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(Module(net), DataLoader(TensorDataset(x, y), batch_size=16))
+
+    opt = torch.optim.SGD(mine.parameters(), lr=0.1)
+    project = PathNormBudget(SHAPE, budget) if budget is not None else None
+    term = make_penalty(penalty, SHAPE) if penalty is not None else None
+    for xb, yb in zip(x.split(16), y.split(16), strict=True):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(mine(xb), yb)
+        if term is not None:
+            loss = loss + strength * term(mine, xb)
+        loss.backward()
+        opt.step()
+        if project is not None:
+            project.project_(mine)
+    for a, b in zip(net.parameters(), mine.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    if budget is not None:
+        assert path_norm(net, SHAPE).value == pytest.approx(budget, rel=1e-5)
+
+
+def test_tracker_top1_bound():
+    torch.manual_seed(0)
+    model = mlp(64, (16,), 10)
+    x, y = torch.rand(300, *SHAPE), torch.randint(10, (300,))
+    row = PathNormTracker(SHAPE, sparsity=False, train_data=(x, y))(model, 0)
+    m = margins(model, DataLoader(TensorDataset(x, y), batch_size=50))
+    rademacher = rademacher_peeling(architecture_constants(model, SHAPE), sigma_of(x).peeling,
+                                    path_norm(model, SHAPE).log10)
+    expected = margin_bound(rademacher, m, default_quantile(float((m <= 0).double().mean())))
+    assert row["bound_top1_log10"] == pytest.approx(expected.log10, rel=1e-12)
+
+
+def test_lightning_callback_logs_the_top1_bound(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from pathlift.integrations.lightning import PathNormCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp(64, (16,), 10)
+
+        def training_step(self, batch, index):
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x, y = torch.rand(64, *SHAPE), torch.randint(10, (64,))
+    module = Module()
+    callback = PathNormCallback(SHAPE, network="net", qs=(1.0,), train_data=(x, y))
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                         callbacks=[callback], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=32))
+    rows = callback.tracker.history
+    assert [r["step"] for r in rows] == [1, 2]
+    m = margins(module.net, DataLoader(TensorDataset(x, y), batch_size=64))
+    rademacher = rademacher_peeling(architecture_constants(module.net, SHAPE),
+                                    sigma_of(x).peeling, path_norm(module.net, SHAPE).log10)
+    expected = margin_bound(rademacher, m, default_quantile(float((m <= 0).double().mean())))
+    assert rows[-1]["bound_top1_log10"] == pytest.approx(expected.log10, rel=1e-12)
