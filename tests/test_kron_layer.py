@@ -85,8 +85,7 @@ def test_auto_picks_a_measured_algorithm_and_caches_it():
     choice = fastest_algorithm(p, 32, torch.float32)
     assert choice in ALGORITHMS
     assert fastest_algorithm(p, 32, torch.float32) == choice
-    layer = KSLinear([p], algorithm="auto")
-    assert layer.algorithms(32) == (choice,)
+    assert KSLinear([p], algorithm="auto", batch=32).algorithms() == (choice,)
 
 
 def test_fastest_algorithm_is_measured_once_per_machine(monkeypatch):

@@ -40,9 +40,8 @@ from pathlift.kron.pattern import KSPattern
 
 __all__ = ["ALGORITHMS", "LAYOUTS", "apply", "ks_multiply", "prepare"]
 
-ALGORITHMS = ("dense", "sparse", "bsr", "einsum", "bmm", "fused")
 LAYOUTS = ("bsf", "bsl")
-_HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
 
 
 def _check(algorithm: str, layout: str) -> None:
@@ -57,7 +56,7 @@ def _upcast_on_cpu(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
     """Run ``fn`` in float32 when x is a CPU half tensor, and cast the result back."""
 
     def run(x: torch.Tensor, op: Any, pattern: KSPattern, layout: str) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype in _HALF:
+        if x.device.type == "cpu" and x.dtype in HALF:
             op = {k: v.float() if torch.is_tensor(v) else v for k, v in op.items()}
             return fn(x.float(), op, pattern, layout).to(x.dtype)
         return fn(x, op, pattern, layout)
@@ -185,7 +184,7 @@ def _bmm(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
 def _prep_fused(w: torch.Tensor, p: KSPattern) -> dict:
     """The C kernel's packing of w for both layouts (so the layout can be chosen per call),
     when the kernel for w's dtype (float32 for half precision) can be built."""
-    kernel = cpu_kernel.load_kernel(torch.float32 if w.dtype in _HALF else w.dtype)
+    kernel = cpu_kernel.load_kernel(torch.float32 if w.dtype in HALF else w.dtype)
     if w.device.type != "cpu" or kernel is None:
         return {"w": w}
     return {"packed": cpu_kernel.pack(w.to(kernel.dtype), kernel), "w": w, "kernel": kernel}
@@ -229,7 +228,7 @@ def _fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor
     kernel = op.get("kernel")
     if kernel is None:
         return _einsum(x, op, p, layout)
-    if x.dtype in _HALF:
+    if x.dtype in HALF:
         return _fused(x.float(), op, p, layout).to(x.dtype)
     if x.dtype != kernel.dtype:
         raise InvalidParameterError(f"fused: input dtype {x.dtype} != factor dtype "
@@ -250,6 +249,7 @@ _REGISTRY: dict[str, tuple[Callable, Callable]] = {
     "bmm": (_prep_bmm, _bmm),
     "fused": (_prep_fused, _fused),
 }
+ALGORITHMS = tuple(_REGISTRY)  # the one list: ("dense", "sparse", "bsr", "einsum", "bmm", "fused")
 
 
 def prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict:

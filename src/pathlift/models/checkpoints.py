@@ -166,10 +166,16 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     """Load ``state_dict`` into ``model`` strictly, after checking every key and shape.
 
     Pruned checkpoints (``<name>_orig`` and ``<name>_mask``) re-attach their
-    torch.nn.utils.prune masks. A floating dtype differing from the model's converts the
-    model to it (never rounding the checkpoint). Raises ArchitectureMismatchError naming
-    the first missing, unexpected and mis-shaped keys.
+    torch.nn.utils.prune masks. Kronecker-sparse layers saved with their chain
+    (``<name>.chain``) are rebuilt in ``model`` first (``pathlift.kron.rebuild_layers``),
+    so a dense architecture loads its designed version. A floating dtype differing from
+    the model's converts the model to it (never rounding the checkpoint). Raises
+    ArchitectureMismatchError naming the first missing, unexpected and mis-shaped keys.
     """
+    if any(k == "chain" or k.endswith(".chain") for k in state_dict):
+        from pathlift.kron import rebuild_layers  # imported only for Kronecker-sparse models
+
+        model = rebuild_layers(model, state_dict)
     float_dtypes = {v.dtype for v in state_dict.values() if v.is_floating_point()}
     if len(float_dtypes) == 1:
         model.to(float_dtypes.pop())

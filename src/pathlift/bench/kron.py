@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pathlift.kron.designer import (
+from pathlift.kron.design import (
     Candidate,
     Design,
     design,
