@@ -109,7 +109,7 @@ def test_the_kernel_is_recorded_with_its_size_and_digest_and_reused(tmp_path, mo
         raise AssertionError("built again")
 
     monkeypatch.setattr(cpu_kernel, "_build", no_build)
-    assert cpu_kernel._compile("float", cpu_kernel._compiler(), cpu_kernel.build_flags()) \
+    assert cpu_kernel._compile(torch.float32, cpu_kernel._compiler(), cpu_kernel.build_flags()) \
         == (library, False)
 
 

@@ -30,6 +30,7 @@ import torch
 from pathlift import files
 from pathlift.kron import cpu_kernel, timing
 from pathlift.kron.machine import cache_dir, cpu_features, cpu_name, warn_unusable_cache
+from pathlift.kron.multiply import HALF
 
 __all__ = ["fingerprint", "lookup", "machine_description", "store"]
 
@@ -51,7 +52,8 @@ def fingerprint() -> str:
 def machine_description(dtype: torch.dtype = torch.float32) -> str:
     """One line naming what a figure was measured on: CPU, the fused kernel's instruction
     set and tile, torch version and thread count."""
-    kernel = cpu_kernel.load_kernel(dtype)
+    kernel = cpu_kernel.load_kernel(dtype) or cpu_kernel.load_kernel(
+        torch.float32 if dtype in HALF else dtype)  # half precision: on the float32 kernel
     build = kernel.describe() if kernel is not None else "no fused kernel (einsum fallback)"
     return (f"{cpu_name()}, {os.cpu_count()} cpus; fused kernel {build}; torch "
             f"{torch.__version__}, {torch.get_num_threads()} thread(s)")

@@ -66,7 +66,11 @@ __all__ = ["CpuKernel", "build_flags", "fused_bsf", "fused_bsl", "load_kernel", 
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
 
 _BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-_TYPES = {torch.float32: "float", torch.float64: "double"}
+# per dtype: the name of its build and its defines; bfloat16 is float32 arithmetic on
+# bf16 operands (ks_bsf_bf16), built where the instruction set has bf16 dot products
+_TYPES = {torch.float32: ("float", ("-Dreal=float",)),
+          torch.float64: ("double", ("-Dreal=double",)),
+          torch.bfloat16: ("bf16", ("-Dreal=float", "-DKS_BF16"))}
 _BSL_BATCH_TILE = 256  # batch columns per task (bsl): X block 256 x 256 in L2
 
 
@@ -139,13 +143,13 @@ def _verified(record: Path) -> Path | None:
         return None
 
 
-def _build(ctype: str, compiler: str, flags: tuple[str, ...]) -> bytes:
+def _build(defines: tuple[str, ...], compiler: str, flags: tuple[str, ...]) -> bytes:
     """The shared object's bytes, compiled in a private temporary folder."""
     with tempfile.TemporaryDirectory(prefix="pathlift-kron-") as tmp:
         src, out = Path(tmp) / "ks_fused.c", Path(tmp) / "ks_fused.so"
         src.write_text(SOURCE)
         try:
-            proc = subprocess.run([compiler, *flags, f"-Dreal={ctype}", str(src), "-o", str(out)],
+            proc = subprocess.run([compiler, *flags, *defines, str(src), "-o", str(out)],
                                   capture_output=True, text=True, check=False)
         except OSError as err:
             raise RuntimeError(f"cannot run the C compiler {compiler!r}: {err}") from err
@@ -154,16 +158,17 @@ def _build(ctype: str, compiler: str, flags: tuple[str, ...]) -> bytes:
         return out.read_bytes()
 
 
-def _compile(ctype: str, compiler: str, flags: tuple[str, ...]) -> tuple[Path, bool]:
+def _compile(dtype: torch.dtype, compiler: str, flags: tuple[str, ...]) -> tuple[Path, bool]:
     """The verified shared object of this build in the cache, built (and recorded with its
     size and digest) if missing or damaged, and False; where the cache cannot be written, a
     private copy in a temporary folder (one warning) and True: the caller loads it and
     removes the folder, and the next process builds it again."""
-    key = _key(ctype, compiler, flags)
+    ctype, defines = _TYPES[dtype]
+    key = _key(ctype, compiler, (*flags, *defines))
     record = cache_dir() / f"ks_fused_{ctype}_{key}.json"
     if (library := _verified(record)) is not None:
         return library, False
-    data = _build(ctype, compiler, flags)
+    data = _build(defines, compiler, flags)
     digest = _digest(data)
     # named by its digest: concurrent builders never replace a library another one loads
     target = record.with_name(f"ks_fused_{ctype}_{key}_{digest[:12]}.so")
@@ -183,7 +188,7 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
     try:
         if compiler is None:
             raise RuntimeError("no C compiler found (set CC or install gcc)")
-        library, private = _compile(_TYPES[dtype], compiler, flags)
+        library, private = _compile(dtype, compiler, flags)
         try:
             lib = ctypes.CDLL(str(library))
         finally:
@@ -193,8 +198,12 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
         warnings.warn(f"pathlift.kron: the fused CPU kernel could not be built ({err}); "
                       "falling back to the einsum algorithm", RuntimeWarning, stacklevel=4)
         return None
+    if dtype == torch.bfloat16 and not lib.ks_has_bf16():
+        return None  # no bf16 dot products: the caller runs the float32 kernel
     long, ptr = ctypes.c_long, ctypes.c_void_p
-    for fn in (lib.ks_bsf, lib.ks_bsf_d, lib.ks_bsl):
+    entries = (lib.ks_bsf_bf16,) if dtype == torch.bfloat16 else (lib.ks_bsf, lib.ks_bsf_d,
+                                                                    lib.ks_bsl)
+    for fn in entries:
         fn.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
         fn.restype = ctypes.c_int
     lib.ks_isa.restype = ctypes.c_char_p
@@ -205,7 +214,9 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
 
 def load_kernel(dtype: torch.dtype) -> CpuKernel | None:
     """The kernel for float32 or float64 built with the current ``build_flags()``, or None
-    (with a warning) if it cannot be built; other dtypes give None without a warning."""
+    (with a warning) if it cannot be built. For bfloat16 the batch-size-first kernel with
+    bf16 dot products and float32 accumulation, or None (no warning) where the instruction
+    set has none (AVX512-BF16); other dtypes give None without a warning."""
     if dtype not in _TYPES:
         return None
     return _load(dtype, _compiler(), build_flags())
@@ -221,7 +232,16 @@ def _slivers(w: torch.Tensor, width: int) -> torch.Tensor:
 def pack(w: torch.Tensor, kernel: CpuKernel) -> dict[str, torch.Tensor]:
     """The factor w (a, b, c, d) in the kernel's storage for each layout: output features in
     slivers of NR (batch-size-first) or MR (batch-size-last), zero-padded; and when d is a
-    multiple of the vector lanes, (a, d/LANES, ceil(b/DK), c, DK, LANES) for ``ks_bsf_d``."""
+    multiple of the vector lanes, (a, d/LANES, ceil(b/DK), c, DK, LANES) for ``ks_bsf_d``.
+    For the bfloat16 kernel (batch-size-first only) the slivers of NR hold pairs of the
+    inner dimension: (a, d, ceil(b/NR), ceil(c/2), NR, 2)."""
+    if kernel.dtype == torch.bfloat16:
+        a, b, c, d = w.shape
+        nr = kernel.nr
+        padded = F.pad(w.to(torch.bfloat16).permute(0, 3, 1, 2),
+                       (0, c % 2, 0, -(-b // nr) * nr - b))  # (a, d, bpad, cpad)
+        pairs = padded.reshape(a, d, -1, nr, (c + 1) // 2, 2).permute(0, 1, 2, 4, 3, 5)
+        return {"bsf_bf16": pairs.contiguous()}
     out = {"bsf": _slivers(w, kernel.nr), "bsl": _slivers(w, kernel.mr)}
     a, b, c, d = w.shape
     lanes, dk = kernel.lanes, kernel.dk
@@ -257,8 +277,15 @@ def fused_bsf(kernel: CpuKernel, x: torch.Tensor, packed: dict[str, torch.Tensor
     multiple of the vector lanes (``ks_bsf_d``), else the GEMM on packed rows."""
     a, b, c, d = shape
     batch = x.shape[0]
-    y = torch.empty(batch, a * b * d, dtype=x.dtype)
     threads = _threads(batch, shape)
+    if "bsf_bf16" in packed:  # float32 accumulation, rounded to bfloat16 once
+        y = torch.empty(batch, a * b * d, dtype=torch.float32)
+        rows = _tile(batch, max(kernel.mr, min(20 * kernel.mr, (512 * 1024) // max(
+            1, c * d * 2))), kernel.mr, a, threads)
+        _check(kernel.lib.ks_bsf_bf16(x.data_ptr(), packed["bsf_bf16"].data_ptr(),
+                                      y.data_ptr(), batch, a, b, c, d, rows, threads))
+        return y.to(torch.bfloat16)
+    y = torch.empty(batch, a * b * d, dtype=x.dtype)
     if "bsf_d" in packed:
         tile, tasks, fn, w = kernel.dr, a * d // kernel.lanes, kernel.lib.ks_bsf_d, "bsf_d"
         row_bytes = c * kernel.vector_bytes  # X[row, i, :, one vector of j]

@@ -280,3 +280,117 @@ int ks_bsl(const real *x, const real *wr, real *y, long B, long a, long b, long 
     }
     return failed;
 }
+
+/* Batch-size-first in bfloat16 with float32 accumulation, where the instruction set has
+   bf16 dot products (AVX512-BF16: vdpbf16ps adds the products of a pair of bf16 values of
+   each operand to a float32 lane). The inner dimension runs in pairs: the weights are
+   packed (a, d, ceil(b/NR), ceil(c/2), NR, 2), wp[i, j, s, l, t, e] = w[i, s*NR + t,
+   2l + e, j] (zero-padded), and the MR-row slivers of X hold pairs (x[2l], x[2l+1]) as one
+   32-bit word to broadcast. y is float32 (the caller rounds it to bfloat16 once, after
+   the last block of the inner dimension). Built with -Dreal=float -DKS_BF16. */
+#if defined(KS_BF16) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#include <stdint.h>
+
+int ks_has_bf16(void) { return 1; }
+
+static inline void micro_bf16(long kp, const uint32_t *restrict Ap, const uint16_t *restrict Bp,
+                              float *C, long cr, long cc, long mr, long nr, int accumulate)
+{
+    __m512 acc[MR][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (long l = 0; l < kp; l++) {
+        __m512bh bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            bv[v] = (__m512bh)_mm512_loadu_si512((const void *)(Bp + (l * NR + v * LANES) * 2));
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            const __m512bh s = (__m512bh)_mm512_set1_epi32((int)Ap[l * MR + r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], s, bv[v]);
+        }
+    }
+    if (cc == 1 && nr == NR) {
+        for (long r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                float *dst = C + r * cr + v * LANES;
+                _mm512_storeu_ps(dst, accumulate ? _mm512_add_ps(_mm512_loadu_ps(dst),
+                                                                 acc[r][v]) : acc[r][v]);
+            }
+        return;
+    }
+    for (long r = 0; r < mr; r++)
+        for (long t = 0; t < nr; t++) {
+            const float v = ((const float *)&acc[r][t / LANES])[t % LANES];
+            float *dst = C + r * cr + t * cc;
+            *dst = accumulate ? *dst + v : v;
+        }
+}
+
+/* Ap[m0 * kp + l * MR + r] = (A[(m0 + r) * ar + 2l * ak], A[... (2l + 1) * ak]) as one
+   32-bit word, zero-padded past m rows and kc columns. */
+static void pack_rows_bf16(long m, long kc, const uint16_t *A, long ar, long ak,
+                           uint32_t *Ap)
+{
+    const long kp = (kc + 1) / 2;
+    for (long m0 = 0; m0 < m; m0 += MR) {
+        const long mr = lmin(MR, m - m0);
+        uint32_t *dst = Ap + m0 * kp;
+        for (long l = 0; l < kp; l++) {
+            long r = 0;
+            for (; r < mr; r++) {
+                const uint16_t *src = A + (m0 + r) * ar + 2 * l * ak;
+                const uint32_t hi = 2 * l + 1 < kc ? src[ak] : 0;
+                dst[l * MR + r] = (uint32_t)src[0] | hi << 16;
+            }
+            for (; r < MR; r++) dst[l * MR + r] = 0;
+        }
+    }
+}
+
+int ks_bsf_bf16(const uint16_t *x, const uint16_t *wp, float *y, long B, long a, long b,
+                long c, long d, long mc, int threads)
+{
+    const long N = a * c * d, M = a * b * d, nb = (B + mc - 1) / mc, nsl = (b + NR - 1) / NR;
+    const long cp = (c + 1) / 2;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        uint32_t *Ap = malloc(sizeof(uint32_t) * ((mc + MR - 1) / MR) * MR * (KC / 2));
+        if (!Ap) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (long t = 0; t < nb; t++)
+            for (long i = 0; i < a; i++) {
+                if (!Ap) continue;
+                const long n0 = t * mc, rows = lmin(mc, B - n0);
+                for (long j = 0; j < d; j++) {
+                    const uint16_t *A = x + n0 * N + i * c * d + j;
+                    const uint16_t *W = wp + (i * d + j) * nsl * cp * NR * 2;
+                    float *C = y + n0 * M + i * b * d + j;
+                    for (long k0 = 0; k0 < c; k0 += KC) {  /* KC even: pairs never split */
+                        const long kc = lmin(KC, c - k0), kp = (kc + 1) / 2;
+                        pack_rows_bf16(rows, kc, A + k0 * d, N, d, Ap);
+                        for (long s = 0; s < nsl; s++)
+                            for (long m0 = 0; m0 < rows; m0 += MR)
+                                micro_bf16(kp, Ap + m0 * kp,
+                                           W + (s * cp + k0 / 2) * NR * 2,
+                                           C + m0 * M + s * NR * d, M, d, lmin(MR, rows - m0),
+                                           lmin(NR, b - s * NR), k0 > 0);
+                    }
+                }
+            }
+        free(Ap);
+    }
+    return failed;
+}
+#else
+int ks_has_bf16(void) { return 0; }
+#endif
