@@ -210,8 +210,9 @@ class KSLinear(nn.Module):
 
     def _prepared(self, idx: int, algorithm: str) -> dict:
         w = self.factors[idx]
-        if torch.is_grad_enabled() and w.requires_grad:
-            return prepare(w, self.patterns[idx], algorithm)  # differentiable every call
+        if (torch.is_grad_enabled() and w.requires_grad) or w.device.type == "meta":
+            # differentiable every call; shape-only tensors: every call does the same work
+            return prepare(w, self.patterns[idx], algorithm)
         key = (idx, algorithm, w.data_ptr(), w.dtype, w.device)
         hit = self._cache.get(key)
         if hit is None or hit[0] != w._version:
