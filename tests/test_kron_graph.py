@@ -6,19 +6,32 @@ handler (dense products, not the factors' (a, b, c, d) storage). For a chain who
 reaches each entry by one path (Monarch) they also equal those of the single dense layer
 K_1 ⋯ K_L. Checked at 1e-12 in float64, q = 1, 2 and q = 9 (which normalises the
 network first, through the op's rescaling), and against a direct sampled check of the
-Lipschitz bound."""
+Lipschitz bound. Path-magnitude pruning of factor entries through torch prune masks and
+quantisation of the factors: scores against the path-norm lost by zeroing an entry,
+certificates (Cor. 3.4.1) against sampled inputs."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
-from pathlift.errors import UnsupportedModelError
-from pathlift.kron import KSLinear, KSPattern, design, monarch, replace_linears, to_dense
-from pathlift.lift import lipschitz_input, path_norm
+from pathlift.kron import (
+    KSLinear,
+    KSPattern,
+    design,
+    factor_scores,
+    monarch,
+    prune_factors,
+    replace_linears,
+    to_dense,
+)
+from pathlift.lift import lipschitz_input, path_metric, path_norm
 from pathlift.models import mlp
+from pathlift.quant import certified_error, quantize
 from pathlift.symmetry import random_rescale
 
 OVERLAPPING = [KSPattern(1, 8, 8, 2), KSPattern(2, 8, 8, 1)]  # several paths per entry
@@ -120,9 +133,63 @@ def test_the_lipschitz_bound_holds_on_samples_and_equals_the_densified_one():
     assert float(ratio.max()) <= bound.path_norm.value
 
 
-def test_what_the_op_does_not_do_is_refused_naming_the_layer():
-    from pathlift.quant import quantize
-
+def test_factor_scores_are_the_path_norm_lost_by_zeroing_each_entry():
+    """Path-Mag(theta, i) = ||Phi(theta)||_1 - ||Phi(theta_{-i})||_1 (paper 002 eq. 11):
+    the scores read off the densified network against the path-norm recomputed with one
+    factor entry zeroed, for a few entries of each factor."""
     net = designed_network()
-    with pytest.raises(UnsupportedModelError, match="KSLinear.*quantis"):
-        quantize(net, (16,), bits=8)
+    scores = factor_scores(net, (16,))
+    base = path_norm(net, (16,)).value
+    scale = None
+    g = torch.Generator().manual_seed(5)
+    for name in ("1", "3"):
+        for idx, s in enumerate(scores[name]):
+            for flat in torch.randint(s.numel(), (3,), generator=g).tolist():
+                other = copy.deepcopy(net)
+                with torch.no_grad():
+                    other.get_submodule(name).factors[idx].view(-1)[flat] = 0
+                lost = base - path_norm(other, (16,)).value
+                score = float(s.reshape(-1)[flat])
+                scale = scale or lost / score  # the common scale of the mantissas
+                assert lost == pytest.approx(score * scale, rel=1e-9, abs=1e-12 * base)
+
+
+def test_pruned_factors_keep_their_mask_and_the_certificate_holds_on_samples():
+    net = designed_network()
+    pruned = prune_factors(net, 0.5, (16,))
+    layers = [m for m in pruned.modules() if isinstance(m, KSLinear)]
+    zeros = sum(int((m.factor(i) == 0).sum()) for m in layers for i in range(len(m.patterns)))
+    total = sum(f.numel() for m in layers for f in m.factors.parameters())
+    assert zeros == round(0.5 * total)
+    assert all(hasattr(m.factors, "0_mask") for m in layers)
+    # the smallest scores went: every pruned entry scored at most every kept one
+    scores = factor_scores(net, (16,))
+    cut = [(s, m.factor(i) == 0) for name, m in pruned.named_modules()
+           if isinstance(m, KSLinear) for i, s in enumerate(scores[name])]
+    assert max(float(s[z].max()) for s, z in cut) <= min(float(s[~z].min()) for s, z in cut)
+    # |R_theta(x) - R_theta'(x)|_1 <= max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1)
+    metric = path_metric(net, pruned, (16,))
+    assert metric.exact
+    x = 3 * torch.randn(512, 16, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    with torch.no_grad():
+        gap = (net(x) - pruned(x)).abs().sum(1)
+    assert bool((gap <= x.abs().amax(1).clamp_min(1) * metric.value).all())
+    # the mask holds through training: the factor is orig * mask, zeros stay zero
+    optimizer = torch.optim.SGD(pruned.parameters(), lr=0.1)
+    pruned(x).square().mean().backward()
+    optimizer.step()
+    assert sum(int((m.factor(i) == 0).sum()) for m in layers
+               for i in range(len(m.patterns))) >= zeros
+
+
+def test_quantised_factors_come_with_a_certified_error_that_holds_on_samples():
+    net = designed_network()
+    quantized = quantize(net, (16,), bits=6)
+    layer = quantized.model.get_submodule("3")
+    assert len(torch.unique(layer.factors[0].detach())) <= 2**6
+    bound = certified_error(net, quantized, (16,))
+    x = 3 * torch.randn(512, 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    with torch.no_grad():
+        gap = (net(x) - quantized.model(x)).abs().sum(1)
+    assert float(gap.max()) > 0
+    assert bool((gap <= x.abs().amax(1).clamp_min(1) * bound.metric.value).all())

@@ -29,6 +29,7 @@ from pathlift.kron.pattern import (
     monarch,
     square_dyadic_butterfly,
 )
+from pathlift.kron.prune import densify, factor_scores, prune_factors
 from pathlift.kron.replace import (
     LayerChoice,
     Replacement,
@@ -56,8 +57,10 @@ __all__ = [
     "deformable_butterfly",
     "dense",
     "dense_support",
+    "densify",
     "design",
     "dft_butterfly",
+    "factor_scores",
     "fastest_algorithm",
     "from_dense",
     "hadamard_butterfly",
@@ -70,6 +73,7 @@ __all__ = [
     "monarch",
     "prepare",
     "project",
+    "prune_factors",
     "random_factor",
     "rebuild_layers",
     "replace_linears",

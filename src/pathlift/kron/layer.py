@@ -208,8 +208,17 @@ class KSLinear(nn.Module):
         if saved is None and prefix + "chain" in missing_keys:  # saved before the buffer
             missing_keys.remove(prefix + "chain")
 
+    def factor(self, idx: int) -> torch.Tensor:
+        """Factor ``idx`` as the layer computes with it: ``<idx>_orig * <idx>_mask`` of
+        ``self.factors`` where torch.nn.utils.prune masks it (differentiable in the
+        original), else the parameter. (The pruning hook sits on ``self.factors``, which is
+        never called, so the layer applies the mask itself.)"""
+        orig = getattr(self.factors, f"{idx}_orig", None)
+        return orig * getattr(self.factors, f"{idx}_mask") if orig is not None \
+            else self.factors[idx]
+
     def _prepared(self, idx: int, algorithm: str) -> dict:
-        w = self.factors[idx]
+        w = self.factor(idx)
         if (torch.is_grad_enabled() and w.requires_grad) or w.device.type == "meta":
             # differentiable every call; shape-only tensors: every call does the same work
             return prepare(w, self.patterns[idx], algorithm)
@@ -236,7 +245,7 @@ class KSLinear(nn.Module):
 
     def to_dense(self) -> torch.Tensor:
         """The dense M × N weight K_1 ⋯ K_L."""
-        return chain_to_dense(list(self.factors), self.patterns)
+        return chain_to_dense([self.factor(i) for i in range(len(self.patterns))], self.patterns)
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, patterns: Sequence[KSPattern | Sequence[int]],

@@ -9,9 +9,12 @@ holding the factors (``pathlift.kron.to_dense``), which equals the dense layer K
 where each entry of the product is reached by one path (Monarch, butterflies).
 
 Supported: the |theta|^q pass (path-norms at every q, the path-lifting bound), the
-Lipschitz bound, and rescaling of the layer's output and input neurons (normalisation;
-the identity neurons between factors are left as they are). Permutation, quantisation,
-pruning scores and the neuron oracle refuse the layer with a typed error naming it.
+Lipschitz bound, rescaling of the layer's output and input neurons (normalisation; the
+identity neurons between factors are left as they are), the path-metric (its
+coordinates: every factor entry and the bias) and so quantisation of the factors with a
+certified error, and torch.nn.utils.prune masks on the factors
+(``pathlift.kron.prune_factors`` scores them by path-magnitude). Permutation and the
+neuron oracle refuse the layer with a typed error naming it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import UnsupportedModelError
-from pathlift.graph.boundary import param, stored
+from pathlift.graph.boundary import assign_, param, stored
 from pathlift.graph.ops.affine import AffineHandler, Workspace, abs_power
 from pathlift.graph.ops.base import Call, register
 from pathlift.kron.factor import to_dense
@@ -87,7 +90,9 @@ class KSLinearHandler(AffineHandler):
         return x.amax(dim=-1, keepdim=True)  # a dense-support chain reads every input
 
     def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
-        raise self._refuse(module, "its parameters are several layers of the DAG")
+        """Every factor's entries (output factor first, flattened: several layers of the
+        DAG, compared coordinate by coordinate) and the bias."""
+        return torch.cat([f.reshape(-1) for f in _factors(module)]), param(module, "bias")
 
     def rescale_(self, module: nn.Module, grow: Tensor, shrink: Tensor) -> None:
         """Output neuron v's incoming weights (row v of K_1, nonzeros only) and bias times
@@ -110,7 +115,16 @@ class KSLinearHandler(AffineHandler):
         raise self._refuse(module, "permuting its neurons is not implemented")
 
     def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
-        raise self._refuse(module, "quantising its factors is not implemented")
+        """Each factor ("factors.<i>", one step per factor) and the bias."""
+        out: list[tuple[str, Tensor, int | None]] = [
+            (f"factors.{i}", f, None) for i, f in enumerate(_factors(module))]
+        return out + ([("bias", module.bias.detach(), None)] if module.bias is not None
+                      else [])
+
+    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None:
+        for name, value in values.items():
+            owner, _, leaf = name.rpartition(".")
+            assign_(module.get_submodule(owner) if owner else module, leaf, value)
 
     def incoming_rows(self, module: nn.Module) -> Tensor:
         """Per output neuron its incoming weights (row of K_1, zeros where no edge) and
