@@ -156,3 +156,18 @@ def test_round_robin_times_short_calls_in_samples_of_several():
     times = round_robin({"spin": spin}, 3, min_sample=2e-3)["spin"]
     assert count[0] >= 2 + 3 * 5  # about ten calls per sample
     assert all(2e-4 <= t < 1e-3 for t in times)
+
+
+def test_a_used_fused_layer_can_be_copied_and_pickled():
+    """The operands a layer keeps hold the loaded kernel (a ctypes library): a deep copy
+    shares it, a pickle carries its build and loads it again."""
+    import copy
+    import pickle
+
+    layer = KSLinear(monarch(16, 16, 4), algorithm="fused")
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        y = layer(x)
+        clone = copy.deepcopy(layer)
+        again = pickle.loads(pickle.dumps(layer))
+        assert torch.equal(clone(x), y) and torch.equal(again(x), y)

@@ -111,6 +111,13 @@ class CpuKernel:
     compiler: str
     flags: tuple[str, ...]
 
+    def __deepcopy__(self, memo: dict) -> CpuKernel:
+        return self  # one loaded library per process, shared by every copy of a layer
+
+    def __reduce__(self) -> tuple:
+        # pickled as its build: another process loads (or builds) its own library
+        return _load, (self.dtype, self.compiler, self.flags)
+
     def describe(self) -> str:
         """E.g. 'avx2, 32-byte vectors, 6 x 16 torch.float32 tile (gcc -O3 ...)'."""
         return (f"{self.isa}, {self.vector_bytes}-byte vectors, {self.mr} x {self.nr} "

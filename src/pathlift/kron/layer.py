@@ -208,24 +208,35 @@ class KSLinear(nn.Module):
         if saved is None and prefix + "chain" in missing_keys:  # saved before the buffer
             missing_keys.remove(prefix + "chain")
 
+    def _sources(self, idx: int) -> tuple[torch.Tensor, ...]:
+        """What factor ``idx`` is made of: (``<idx>_orig``, ``<idx>_mask``) under a
+        torch.nn.utils.prune mask, else (the parameter,)."""
+        orig = getattr(self.factors, f"{idx}_orig", None)
+        return (self.factors[idx],) if orig is None else \
+            (orig, getattr(self.factors, f"{idx}_mask"))
+
     def factor(self, idx: int) -> torch.Tensor:
         """Factor ``idx`` as the layer computes with it: ``<idx>_orig * <idx>_mask`` of
         ``self.factors`` where torch.nn.utils.prune masks it (differentiable in the
         original), else the parameter. (The pruning hook sits on ``self.factors``, which is
         never called, so the layer applies the mask itself.)"""
-        orig = getattr(self.factors, f"{idx}_orig", None)
-        return orig * getattr(self.factors, f"{idx}_mask") if orig is not None \
-            else self.factors[idx]
+        sources = self._sources(idx)
+        return sources[0] if len(sources) == 1 else sources[0] * sources[1]
 
     def _prepared(self, idx: int, algorithm: str) -> dict:
-        w = self.factor(idx)
-        if (torch.is_grad_enabled() and w.requires_grad) or w.device.type == "meta":
-            # differentiable every call; shape-only tensors: every call does the same work
-            return prepare(w, self.patterns[idx], algorithm)
-        key = (idx, algorithm, w.data_ptr(), w.dtype, w.device)
+        """The factor in the algorithm's storage: converted on every call where autograd
+        needs it (or on shape-only tensors), else kept until the factor (or its pruning
+        mask) changes in place or is replaced."""
+        sources = self._sources(idx)
+        if (torch.is_grad_enabled() and sources[0].requires_grad) or \
+                sources[0].device.type == "meta":
+            return prepare(self.factor(idx), self.patterns[idx], algorithm)
+        key = (idx, algorithm, *(t.data_ptr() for t in sources), sources[0].dtype,
+               sources[0].device)
+        version = tuple(t._version for t in sources)
         hit = self._cache.get(key)
-        if hit is None or hit[0] != w._version:
-            hit = (w._version, prepare(w.detach(), self.patterns[idx], algorithm))
+        if hit is None or hit[0] != version:
+            hit = (version, prepare(self.factor(idx).detach(), self.patterns[idx], algorithm))
             self._cache = {k: v for k, v in self._cache.items() if k[0] != idx} | {key: hit}
         return hit[1]
 
