@@ -5,8 +5,8 @@ too), then one summary: the median t(bmm)/t(fused) per build, dtype and thread c
 and the patterns where the default algorithm (what ``KSLinear.tune`` picks) is more than
 10% slower than bmm.
 
-    python benchmarks/bench_kron_final.py                     # the figures (about 2 hours)
-    python benchmarks/bench_kron_final.py --every 8 --repeats 3 --no-vit   # quick (25 min)
+    python benchmarks/bench_kron_final.py                     # the figures (2-2.5 h, est.)
+    python benchmarks/bench_kron_final.py --every 8 --repeats 3 --no-vit   # quick look
 
 Run it on an otherwise idle machine: on a loaded one the 2-thread timings are not
 reliable. Writes every CSV, plot and log under --out (default
