@@ -4,7 +4,8 @@ W = K_1 ⋯ K_L (thesis Ch. 5, Table 5.1), y = x W^T + bias."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -129,7 +130,7 @@ class KSLinear(nn.Module):
             self.bias = nn.Parameter(init)
         else:
             self.register_parameter("bias", None)
-        self._cache: dict[tuple, tuple[int, dict]] = {}
+        self._cache: dict[tuple, tuple[tuple[int, ...], dict]] = {}
         self._chosen = self._known(batch)
         self._build_kernels()
 
@@ -171,7 +172,8 @@ class KSLinear(nn.Module):
         if "fused" in self._chosen and w.device.type == "cpu":
             cpu_kernel.load_kernel(torch.float32 if w.dtype in HALF else w.dtype)
 
-    def _apply(self, fn, recurse: bool = True):
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+               ) -> KSLinear:
         out = super()._apply(fn, recurse)
         self._build_kernels()  # a new dtype or device: its kernel before the next forward
         return out
@@ -192,8 +194,10 @@ class KSLinear(nn.Module):
         """Algorithm each factor runs (``tune`` changes it for ``"auto"``)."""
         return self._chosen
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
-                              missing_keys, unexpected_keys, error_msgs) -> None:
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
+                              local_metadata: dict[str, Any], strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
         saved = state_dict.get(prefix + "chain")
         if torch.is_tensor(saved) and (saved.shape != self.chain.shape
                                        or not torch.equal(saved.cpu(), self.chain.cpu())):

@@ -48,8 +48,8 @@ class Candidate:
 
     def pace(self) -> str:
         """The measured speed against dense as a factor >= 1: "2.31x faster" or "1.43x
-        slower" ("-" if not timed)."""
-        if self.speedup is None:
+        slower" ("-" if not timed, or for the dense layer itself)."""
+        if self.speedup is None or self.is_dense:
             return "-"
         if self.speedup >= 1:
             return f"{self.speedup:.2f}x faster"
