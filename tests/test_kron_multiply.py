@@ -157,11 +157,13 @@ def test_each_instruction_set_build_has_its_tile_and_matches_dense(extra, isa, v
 
 
 @pytest.mark.parametrize("pattern,batch", [((1, 40, 300, 1), 13), ((2, 33, 17, 5), 601),
-                                           ((3, 64, 16, 2), 7), ((2, 7, 301, 16), 9)])
+                                           ((3, 64, 16, 2), 7), ((2, 7, 301, 16), 9),
+                                           ((4, 64, 64, 1), 37)])
 def test_bfloat16_runs_the_bf16_kernel_with_float32_accumulation(pattern, batch):
     """bf16 operands, float32 accumulation, one rounding to bf16: every entry within half a
     bf16 unit (at most 2^-8 relative) of the float64 product of the same bf16 values (plus the
-    float32 accumulation's error), c odd and over the inner block, b past the tile, d > 1;
+    float32 accumulation's error), c odd and over the inner block (float32 output rounded
+    after the last block) or within it (rounded as stored), b past the tile, d > 1;
     the bf16 kernel (bf16 dot products) where the CPU has AVX512-BF16, the float32 kernel
     elsewhere; gradients through it match the dense product."""
     p = KSPattern(*pattern)

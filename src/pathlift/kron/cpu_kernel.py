@@ -72,6 +72,7 @@ _TYPES = {torch.float32: ("float", ("-Dreal=float",)),
           torch.float64: ("double", ("-Dreal=double",)),
           torch.bfloat16: ("bf16", ("-Dreal=float", "-DKS_BF16"))}
 _BSL_BATCH_TILE = 256  # batch columns per task (bsl): X block 256 x 256 in L2
+_BF16_INNER_BLOCK = 256  # KC of ks_fused.c: ks_bsf_bf16 writes bf16 when c fits one block
 
 
 def build_flags() -> tuple[str, ...]:
@@ -286,12 +287,14 @@ def fused_bsf(kernel: CpuKernel, x: torch.Tensor, packed: dict[str, torch.Tensor
     batch = x.shape[0]
     threads = _threads(batch, shape)
     if "bsf_bf16" in packed:  # float32 accumulation, rounded to bfloat16 once
-        y = torch.empty(batch, a * b * d, dtype=torch.float32)
+        # one block of the inner dimension: the kernel rounds as it stores
+        single = c <= _BF16_INNER_BLOCK
+        y = torch.empty(batch, a * b * d, dtype=torch.bfloat16 if single else torch.float32)
         rows = _tile(batch, max(kernel.mr, min(20 * kernel.mr, (512 * 1024) // max(
             1, c * d * 2))), kernel.mr, a, threads)
         _check(kernel.lib.ks_bsf_bf16(x.data_ptr(), packed["bsf_bf16"].data_ptr(),
                                       y.data_ptr(), batch, a, b, c, d, rows, threads))
-        return y.to(torch.bfloat16)
+        return y if single else y.to(torch.bfloat16)
     y = torch.empty(batch, a * b * d, dtype=x.dtype)
     if "bsf_d" in packed:
         tile, tasks, fn, w = kernel.dr, a * d // kernel.lanes, kernel.lib.ks_bsf_d, "bsf_d"

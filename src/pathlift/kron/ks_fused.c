@@ -286,16 +286,19 @@ int ks_bsl(const real *x, const real *wr, real *y, long B, long a, long b, long 
    each operand to a float32 lane). The inner dimension runs in pairs: the weights are
    packed (a, d, ceil(b/NR), ceil(c/2), NR, 2), wp[i, j, s, l, t, e] = w[i, s*NR + t,
    2l + e, j] (zero-padded), and the MR-row slivers of X hold pairs (x[2l], x[2l+1]) as one
-   32-bit word to broadcast. y is float32 (the caller rounds it to bfloat16 once, after
-   the last block of the inner dimension). Built with -Dreal=float -DKS_BF16. */
+   32-bit word to broadcast. Built with -Dreal=float -DKS_BF16. */
 #if defined(KS_BF16) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <stdint.h>
 
 int ks_has_bf16(void) { return 1; }
 
+/* C[r*cr + t*cc] (+)= the tile in float32 (C is float*), or = the tile rounded to bf16
+   (round to nearest even) when Cb is given (C is then unused: one block of the inner
+   dimension, nothing to accumulate). */
 static inline void micro_bf16(long kp, const uint32_t *restrict Ap, const uint16_t *restrict Bp,
-                              float *C, long cr, long cc, long mr, long nr, int accumulate)
+                              float *C, uint16_t *Cb, long cr, long cc, long mr, long nr,
+                              int accumulate)
 {
     __m512 acc[MR][NV];
 #pragma GCC unroll 16
@@ -313,6 +316,22 @@ static inline void micro_bf16(long kp, const uint32_t *restrict Ap, const uint16
 #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], s, bv[v]);
         }
+    }
+    if (Cb) {
+        for (long r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                const __m256i h = (__m256i)_mm512_cvtneps_pbh(acc[r][v]);
+                if (cc == 1 && nr == NR) {
+                    _mm256_storeu_si256((__m256i *)(Cb + r * cr + v * LANES), h);
+                } else {
+                    uint16_t lanes[LANES];
+                    _mm256_storeu_si256((__m256i *)lanes, h);
+                    for (long t = v * LANES; t < nr && t < (v + 1) * LANES; t++)
+                        Cb[r * cr + t * cc] = lanes[t - v * LANES];
+                }
+            }
+        return;
     }
     if (cc == 1 && nr == NR) {
         for (long r = 0; r < mr; r++)
@@ -353,9 +372,12 @@ static void pack_rows_bf16(long m, long kc, const uint16_t *A, long ar, long ak,
     }
 }
 
-int ks_bsf_bf16(const uint16_t *x, const uint16_t *wp, float *y, long B, long a, long b,
+/* y is bf16 (uint16) when c <= KC (one block of the inner dimension: rounded once, as it
+   is stored), else float32 (the caller rounds it after the last block). */
+int ks_bsf_bf16(const uint16_t *x, const uint16_t *wp, void *y, long B, long a, long b,
                 long c, long d, long mc, int threads)
 {
+    const int out_bf16 = c <= KC;
     const long N = a * c * d, M = a * b * d, nb = (B + mc - 1) / mc, nsl = (b + NR - 1) / NR;
     const long cp = (c + 1) / 2;
     int failed = 0;
@@ -374,7 +396,9 @@ int ks_bsf_bf16(const uint16_t *x, const uint16_t *wp, float *y, long B, long a,
                 for (long j = 0; j < d; j++) {
                     const uint16_t *A = x + n0 * N + i * c * d + j;
                     const uint16_t *W = wp + (i * d + j) * nsl * cp * NR * 2;
-                    float *C = y + n0 * M + i * b * d + j;
+                    const long at = n0 * M + i * b * d + j;
+                    float *C = out_bf16 ? 0 : (float *)y + at;
+                    uint16_t *Cb = out_bf16 ? (uint16_t *)y + at : 0;
                     for (long k0 = 0; k0 < c; k0 += KC) {  /* KC even: pairs never split */
                         const long kc = lmin(KC, c - k0), kp = (kc + 1) / 2;
                         pack_rows_bf16(rows, kc, A + k0 * d, N, d, Ap);
@@ -382,8 +406,9 @@ int ks_bsf_bf16(const uint16_t *x, const uint16_t *wp, float *y, long B, long a,
                             for (long m0 = 0; m0 < rows; m0 += MR)
                                 micro_bf16(kp, Ap + m0 * kp,
                                            W + (s * cp + k0 / 2) * NR * 2,
-                                           C + m0 * M + s * NR * d, M, d, lmin(MR, rows - m0),
-                                           lmin(NR, b - s * NR), k0 > 0);
+                                           C ? C + m0 * M + s * NR * d : 0,
+                                           Cb ? Cb + m0 * M + s * NR * d : 0, M, d,
+                                           lmin(MR, rows - m0), lmin(NR, b - s * NR), k0 > 0);
                     }
                 }
             }
