@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.optimize
 import torch
 
 from pathlift.kron import cpu_kernel
@@ -138,6 +137,8 @@ def fit_cost_model(times: dict[KSPattern, dict[str, float]], batch: int, lanes: 
     fused path of each pattern (``fused_d`` when d is a multiple of ``lanes``), theta >= 0
     minimising sum over its patterns of (features·theta / seconds - 1)^2. ``times`` maps
     patterns to {"bmm", "fused" and optionally "dense": seconds}."""
+    from scipy.optimize import nnls  # imported here: `import pathlift` stays light
+
     coefficients = {}
     for alg in ("dense", "bmm", "fused", "fused_d"):
         fitted = [p for p in times if (alg in times[p] if alg in ("dense", "bmm")
@@ -146,7 +147,7 @@ def fit_cost_model(times: dict[KSPattern, dict[str, float]], batch: int, lanes: 
             continue
         t = np.array([times[p]["fused" if alg.startswith("fused") else alg] for p in fitted])
         x = _features(fitted, batch, lanes, tile)[:, _COLUMNS[alg]]
-        theta, _ = scipy.optimize.nnls(x / t[:, None], np.ones_like(t))
+        theta, _ = nnls(x / t[:, None], np.ones_like(t))
         coefficients[alg] = tuple(float(v) for v in theta)
     return CostModel(batch, lanes, coefficients, tile)
 

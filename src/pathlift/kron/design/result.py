@@ -7,7 +7,6 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import scipy.stats
 import torch
 from torch import nn
 
@@ -67,7 +66,9 @@ def spearman(timed: Sequence[Candidate]) -> float | None:
     if len(timed) < 3 or len(set(predicted)) < 2:
         return None
     measured = [c.measured_s / c.dense_s for c in timed]
-    return float(scipy.stats.spearmanr(predicted, measured).statistic)
+    from scipy.stats import spearmanr  # imported here: `import pathlift` stays light
+
+    return float(spearmanr(predicted, measured).statistic)
 
 
 @dataclass(frozen=True)
