@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import sys
 from collections.abc import Callable
 
@@ -92,7 +93,8 @@ def main() -> None:
         model = MODELS[name]().eval()
         path_norm(model, SHAPE, dtype=torch.float32)  # the repeated call's graph
         with torch.no_grad():
-            times = round_robin(cases(model, authors), args.rounds)
+            times = {label: statistics.median(t) for label, t in round_robin(
+                cases(model, authors), args.rounds, min_sample=0, setup=True).items()}
         base = times.pop("forward")
         row = "  ".join(f"{label} {t / base:5.2f}x" for label, t in times.items())
         print(f"{name:<9} forward {base * 1e3:6.1f} ms  {row}")

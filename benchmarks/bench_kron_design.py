@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from pathlift.kron import bench
+from pathlift.bench import kron as bench
 from pathlift.kron.cache import machine_description
 from pathlift.kron.timing import steady_allocator
 
@@ -60,7 +60,7 @@ def main() -> None:
         in_budget = {k: v for k, v in check.speedups.items()
                      if k != "designed" and check.density[k] <= args.budget}
         hand = max(in_budget, key=in_budget.get) if in_budget else None
-        chosen = check.design.chosen
+        chosen = check.design.best_chain  # the designed chain (dense or not faster)
         dense_ms = 1e3 * chosen.dense_s
         table.add_row(f"{n_in} x {n_out}", str(len(check.candidates)),
                       "-" if check.spearman is None else f"{check.spearman:.2f}",
@@ -78,7 +78,7 @@ def main() -> None:
 
         designed = {k: (checks[shape].design if shape in checks else
                         design(*shape, args.budget, args.tokens, repeats=args.repeats)
-                        ).chosen.patterns for k, shape in vit.items()}
+                        ).best_chain.patterns for k, shape in vit.items()}
         ratios = bench.time_vit_mlp(args.tokens, ("bmm", "fused"), repeats=max(args.repeats, 10),
                                     designed=designed)
         console.print(bench.vit_table(ratios, args.tokens, "bmm and fused run the thesis "
@@ -96,7 +96,7 @@ def _write(check: bench.DesignCheck, stem: Path) -> None:
     rho = "-" if check.spearman is None else f"{check.spearman:.2f}"
     bench.plot_design(check.candidates, stem.with_suffix(".png"),
                       f"{d.n_out} x {d.n_in}, batch {d.batch}, Spearman {rho}: {d.machine}",
-                      chosen=d.chosen.patterns)
+                      chosen=d.best_chain.patterns)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
-"""Shared timing helpers of the benchmarks: median wall time of repeated calls, and the
-minimum over interleaved rounds of several functions."""
+"""Timing helpers of the benchmarks: the library's one round-robin timer
+(``pathlift.kron.timing.round_robin``, re-exported here) and the statistics the scripts
+report: the median of repeated calls of one function, the minimum over interleaved
+rounds of several."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
+
+from pathlift.kron.timing import round_robin, steady_allocator
+
+__all__ = ["interleaved_min", "median_seconds", "round_robin", "steady_allocator"]
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
@@ -20,29 +26,7 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
     return statistics.median(times)
 
 
-def round_robin(cases: dict[str, Callable[[], Callable[[], object]]], rounds: int = 5,
-                warmup: int = 1, statistic: Callable[[list[float]], float] = statistics.median
-                ) -> dict[str, float]:
-    """``statistic`` (the median; ``min`` is steadier on a loaded machine) of the wall-clock
-    seconds of every case, measured in turns: each round runs every case once, so a load
-    change on a shared machine hits all of them alike.
-
-    A case is a setup function returning the call to time: the setup (a fresh copy of a
-    model, an in-place weight update) runs untimed just before its call.
-    """
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for round_ in range(warmup + rounds):
-        for name, setup in cases.items():
-            fn = setup()
-            start = time.perf_counter()
-            fn()
-            if round_ >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistic(t) for name, t in times.items()}
-
-
 def interleaved_min(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Minimum wall time of each function over ``repeats`` rounds that call every function
-    once in turn (after one warm-up round)."""
-    return round_robin({name: (lambda fn=fn: fn) for name, fn in fns.items()}, repeats,
-                       statistic=min)
+    """Minimum wall time of each function's single calls over ``repeats`` rounds that call
+    every function once, in a new order each round (after one warm-up call each)."""
+    return {name: min(t) for name, t in round_robin(fns, repeats, min_sample=0).items()}

@@ -10,8 +10,9 @@ import torch
 from typer.testing import CliRunner
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from pathlift.bench import kron as bench
 from pathlift.cli import app
-from pathlift.kron import KSPattern, bench, cpu_kernel
+from pathlift.kron import KSPattern, cpu_kernel
 
 
 def fake_rows() -> list[bench.Timing]:

@@ -22,8 +22,10 @@ from pathlift.kron import (
     ALGORITHMS,
     LAYOUTS,
     KSPattern,
+    apply,
     cpu_kernel,
     ks_multiply,
+    prepare,
     random_factor,
     to_dense,
 )
@@ -110,17 +112,6 @@ def test_fused_kernel_tiles(pattern, batch, dtype, layout):
     assert torch.equal(x, before)
 
 
-def test_fused_kernel_is_built_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(tmp_path))
-    flags = cpu_kernel.build_flags()
-    kernel = cpu_kernel._load.__wrapped__(torch.float32, cpu_kernel._compiler(), flags)
-    assert kernel is not None
-    built = list((tmp_path / "kron").glob("ks_fused_float_*.so"))
-    assert len(built) == 1
-    # a second call reuses the cached file
-    assert cpu_kernel._compile("float", cpu_kernel._compiler(), flags) == built[0]
-
-
 def cpu_flags() -> set[str]:
     lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     return {f for line in lines if line.startswith("flags") for f in line.split(":")[1].split()}
@@ -163,6 +154,34 @@ def test_each_instruction_set_build_has_its_tile_and_matches_dense(extra, isa, v
         w, x = random_factor(p, generator=g), torch.randn(batch, p.in_features, generator=g)
         for layout in LAYOUTS:
             assert rel_err(run(x, w, p, "fused", layout), reference(x, w, p)) <= 1e-5
+
+
+@pytest.mark.parametrize("pattern,batch", [((1, 40, 300, 1), 13), ((2, 33, 17, 5), 601),
+                                           ((3, 64, 16, 2), 7), ((2, 7, 301, 16), 9),
+                                           ((4, 64, 64, 1), 37)])
+def test_bfloat16_runs_the_bf16_kernel_with_float32_accumulation(pattern, batch):
+    """bf16 operands, float32 accumulation, one rounding to bf16: every entry within half a
+    bf16 unit (at most 2^-8 relative) of the float64 product of the same bf16 values (plus the
+    float32 accumulation's error), c odd and over the inner block (float32 output rounded
+    after the last block) or within it (rounded as stored), b past the tile, d > 1;
+    the bf16 kernel (bf16 dot products) where the CPU has AVX512-BF16, the float32 kernel
+    elsewhere; gradients through it match the dense product."""
+    p = KSPattern(*pattern)
+    g = torch.Generator().manual_seed(6)
+    w = random_factor(p, generator=g).to(torch.bfloat16).requires_grad_()
+    x = torch.randn(batch, p.in_features, generator=g).to(torch.bfloat16)
+    op = prepare(w, p, "fused")
+    assert ("bf16" in op) == ("avx512_bf16" in cpu_flags() and platform.machine() == "x86_64")
+    y = apply(x, op, p, "fused")
+    ref = x.double() @ to_dense(w.detach().double(), p).T
+    assert y.dtype == torch.bfloat16
+    bound = 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()
+    assert ((y.double() - ref).abs() <= bound).all()
+    gy = torch.randn(y.shape, generator=g).to(torch.bfloat16)
+    (y.float() * gy.float()).sum().backward()
+    leaf = w.detach().double().requires_grad_()
+    ((x.double() @ to_dense(leaf, p).T) * gy.double()).sum().backward()
+    assert rel_err(w.grad, leaf.grad) <= 2e-2
 
 
 def test_fused_falls_back_with_a_warning_without_compiler(tmp_path, monkeypatch):

@@ -373,7 +373,8 @@ def kron_bench(
     import torch
     from rich.progress import Progress
 
-    from pathlift.kron import ALGORITHMS, bench, benchmark_patterns
+    from pathlift.bench import kron as bench
+    from pathlift.kron import ALGORITHMS, benchmark_patterns
     from pathlift.kron.cache import machine_description
     from pathlift.kron.timing import steady_allocator
 
@@ -464,7 +465,8 @@ def kron_design(
     import torch
     from rich.progress import Progress
 
-    from pathlift.kron import bench, design
+    from pathlift.bench import kron as bench
+    from pathlift.kron import design
     from pathlift.kron.timing import steady_allocator
 
     if threads:
@@ -479,21 +481,18 @@ def kron_design(
     table = Table(title=f"Kronecker-sparse chains for a {n_out} x {n_in} weight "
                   f"({len(result.candidates)} candidates; timed ones first)")
     for col in ("#", "chain (a,b,c,d)", "params", "of dense", "predicted ms", "measured ms",
-                "dense/chain"):
+                "vs dense"):
         table.add_column(col, justify="left" if col.startswith("chain") else "right")
     for rank, c in enumerate(result.candidates[:rows], 1):
         chain = c.chain() if len(c.patterns) <= 3 else f"{len(c.patterns)} factors"
-        table.add_row(str(rank), f"{c.family}: {chain}" if c.family else chain,
+        table.add_row(str(rank), f"{c.family}: {chain}" if c.family and c.patterns else chain,
                       f"{c.params:,}", f"{c.density:.3f}", f"{c.predicted_s * 1e3:.3f}",
                       "-" if c.measured_s is None else f"{c.measured_s * 1e3:.3f}",
-                      "-" if c.speedup is None else f"{c.speedup:.2f}x")
+                      "-" if c.speedup is None else c.pace())
     console.print(table)
-    chosen = result.chosen
     rho = "undefined" if result.spearman is None else f"{result.spearman:.2f}"
-    console.print(f"chosen: {chosen.chain()} ({chosen.params:,} parameters, "
-                  f"{chosen.speedup:.2f}x faster than dense; algorithms "
-                  f"{' '.join(chosen.algorithms or ())}); Spearman rank correlation of "
-                  f"predicted and measured time over the timed candidates: {rho}")
+    console.print(f"chosen: {result.summary()}; Spearman rank correlation of predicted and "
+                  f"measured time over the timed candidates: {rho}")
     folder = Path(out or default_out("kron-design"))
     folder.mkdir(parents=True, exist_ok=True)
     bench.write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)

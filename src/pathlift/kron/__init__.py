@@ -1,8 +1,9 @@
 """Kronecker-sparse matrices (thesis Ch. 5): patterns, factors, the six multiplication
-algorithms (dense, sparse, bsr, einsum, bmm, fused), the ``KSLinear`` layer, and chains
-designed for this machine (``design``, ``replace_linears``; thesis Sec. 7.4.1)."""
+algorithms (dense, sparse, bsr, einsum, bmm, fused), the ``KSLinear`` layer, chains
+designed for this machine (``design``, ``replace_linears``; thesis Sec. 7.4.1), and models
+saved with their chains (``load_state``)."""
 
-from pathlift.kron.designer import Candidate, CostModel, Design, design, hand_families
+from pathlift.kron.design import Candidate, CostModel, Design, design, hand_families
 from pathlift.kron.factor import (
     ButterflyFactorization,
     chain_to_dense,
@@ -13,7 +14,7 @@ from pathlift.kron.factor import (
     random_factor,
     to_dense,
 )
-from pathlift.kron.layer import KSLinear, fastest_algorithm
+from pathlift.kron.layer import KSLinear, fastest_algorithm, known_algorithm
 from pathlift.kron.multiply import ALGORITHMS, LAYOUTS, apply, ks_multiply, prepare
 from pathlift.kron.pattern import (
     KSPattern,
@@ -28,7 +29,14 @@ from pathlift.kron.pattern import (
     monarch,
     square_dyadic_butterfly,
 )
-from pathlift.kron.replace import replace_linears
+from pathlift.kron.prune import densify, factor_scores, prune_factors
+from pathlift.kron.replace import (
+    LayerChoice,
+    Replacement,
+    load_state,
+    rebuild_layers,
+    replace_linears,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -39,6 +47,8 @@ __all__ = [
     "Design",
     "KSLinear",
     "KSPattern",
+    "LayerChoice",
+    "Replacement",
     "apply",
     "benchmark_patterns",
     "block_butterfly",
@@ -47,19 +57,25 @@ __all__ = [
     "deformable_butterfly",
     "dense",
     "dense_support",
+    "densify",
     "design",
     "dft_butterfly",
+    "factor_scores",
     "fastest_algorithm",
     "from_dense",
     "hadamard_butterfly",
     "hand_families",
     "kaleidoscope",
+    "known_algorithm",
     "ks_multiply",
+    "load_state",
     "low_rank",
     "monarch",
     "prepare",
     "project",
+    "prune_factors",
     "random_factor",
+    "rebuild_layers",
     "replace_linears",
     "square_dyadic_butterfly",
     "to_dense",

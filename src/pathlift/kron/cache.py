@@ -5,8 +5,13 @@ The fingerprint hashes the CPU (model name and instruction-set flags), the machi
 the torch version, torch's intra-op thread count, the fused kernel's build (compiler,
 flags, source) and the source of the timing procedure (``timing.round_robin``), so a
 measurement is reused only where it would come out the same. One JSON file per
-fingerprint lives in ``pathlift.kron.machine.cache_dir()``; writes are atomic (a
-concurrent writer may drop the other's newest entry, never corrupt the file).
+fingerprint lives in ``pathlift.kron.machine.cache_dir()``; writes are atomic
+(``pathlift.files.atomic_write``: a concurrent writer may drop the other's newest entry,
+never corrupt the file). A file that is not a JSON object reads as empty and a malformed
+entry is the caller's to ignore (it measures again); where the folder cannot be written
+(read-only, full, a file in its place) the entries are kept in memory for the process,
+with one warning. Only explicit measurements (``tune``, ``design``) store: a forward pass
+never writes.
 """
 
 from __future__ import annotations
@@ -17,14 +22,15 @@ import inspect
 import json
 import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pathlift import files
 from pathlift.kron import cpu_kernel, timing
-from pathlift.kron.machine import cache_dir, cpu_features, cpu_name
+from pathlift.kron.machine import cache_dir, cpu_features, cpu_name, warn_unusable_cache
+from pathlift.kron.multiply import HALF
 
 __all__ = ["fingerprint", "lookup", "machine_description", "store"]
 
@@ -46,7 +52,8 @@ def fingerprint() -> str:
 def machine_description(dtype: torch.dtype = torch.float32) -> str:
     """One line naming what a figure was measured on: CPU, the fused kernel's instruction
     set and tile, torch version and thread count."""
-    kernel = cpu_kernel.load_kernel(dtype)
+    kernel = cpu_kernel.load_kernel(dtype) or cpu_kernel.load_kernel(
+        torch.float32 if dtype in HALF else dtype)  # half precision: on the float32 kernel
     build = kernel.describe() if kernel is not None else "no fused kernel (einsum fallback)"
     return (f"{cpu_name()}, {os.cpu_count()} cpus; fused kernel {build}; torch "
             f"{torch.__version__}, {torch.get_num_threads()} thread(s)")
@@ -56,23 +63,29 @@ def _path(kind: str) -> Path:
     return cache_dir() / f"{kind}-{fingerprint()}.json"
 
 
+# entries this process measured but could not write: (kind, fingerprint) -> {key: value}
+_MEMORY: dict[tuple[str, str], dict[str, Any]] = {}
+
+
 def _read(kind: str) -> dict[str, Any]:
     try:
-        return json.loads(_path(kind).read_text())
+        data = json.loads(_path(kind).read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def lookup(kind: str, key: str) -> Any | None:
     """The value stored under ``key`` for this machine, or None."""
-    return _read(kind).get(key)
+    memory = _MEMORY.get((kind, fingerprint()), {})
+    return memory[key] if key in memory else _read(kind).get(key)
 
 
 def store(kind: str, key: str, value: Any) -> None:
-    """Store a JSON-serialisable value under ``key`` for this machine."""
-    path = _path(kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _read(kind) | {key: value}
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as fh:
-        json.dump(data, fh)
-    os.replace(fh.name, path)
+    """Store a JSON-serialisable value under ``key`` for this machine: on disk, or for this
+    process only (one warning) where the cache folder cannot be written."""
+    try:
+        files.write_json(_path(kind), _read(kind) | {key: value}, indent=None)
+    except files.FileSystemError as err:
+        warn_unusable_cache(err)
+        _MEMORY.setdefault((kind, fingerprint()), {})[key] = value

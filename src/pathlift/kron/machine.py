@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import platform
+import warnings
 from pathlib import Path
 
-__all__ = ["cache_dir", "cpu_features", "cpu_name"]
+__all__ = ["cache_dir", "cpu_features", "cpu_name", "warn_unusable_cache"]
+
+_WARNED: set[str] = set()
 
 
 def cache_dir() -> Path:
@@ -15,6 +18,18 @@ def cache_dir() -> Path:
     default ~/.cache/pathlift/kron."""
     root = os.environ.get("PATHLIFT_CACHE_DIR") or Path.home() / ".cache" / "pathlift"
     return Path(root) / "kron"
+
+
+def warn_unusable_cache(err: OSError) -> None:
+    """One warning per process and cache folder that it cannot be written (``err``): the
+    kernels and measurements are then kept in memory and made again by the next process."""
+    folder = str(cache_dir())
+    if folder not in _WARNED:
+        _WARNED.add(folder)
+        warnings.warn(f"pathlift.kron: the cache folder is unusable ({err}); kernels and "
+                      "measurements are kept in memory for this process only (set "
+                      "PATHLIFT_CACHE_DIR to a writable folder to keep them)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _cpuinfo_lines() -> list[str]:

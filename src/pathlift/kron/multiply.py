@@ -40,9 +40,8 @@ from pathlift.kron.pattern import KSPattern
 
 __all__ = ["ALGORITHMS", "LAYOUTS", "apply", "ks_multiply", "prepare"]
 
-ALGORITHMS = ("dense", "sparse", "bsr", "einsum", "bmm", "fused")
 LAYOUTS = ("bsf", "bsl")
-_HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
 
 
 def _check(algorithm: str, layout: str) -> None:
@@ -57,7 +56,7 @@ def _upcast_on_cpu(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
     """Run ``fn`` in float32 when x is a CPU half tensor, and cast the result back."""
 
     def run(x: torch.Tensor, op: Any, pattern: KSPattern, layout: str) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype in _HALF:
+        if x.device.type == "cpu" and x.dtype in HALF:
             op = {k: v.float() if torch.is_tensor(v) else v for k, v in op.items()}
             return fn(x.float(), op, pattern, layout).to(x.dtype)
         return fn(x, op, pattern, layout)
@@ -184,11 +183,16 @@ def _bmm(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
 # --- fused (Alg. 5.1.1 in one pass) ------------------------------------------------------
 def _prep_fused(w: torch.Tensor, p: KSPattern) -> dict:
     """The C kernel's packing of w for both layouts (so the layout can be chosen per call),
-    when the kernel for w's dtype (float32 for half precision) can be built."""
-    kernel = cpu_kernel.load_kernel(torch.float32 if w.dtype in _HALF else w.dtype)
+    when the kernel for w's dtype (float32 for half precision) can be built; for bfloat16
+    also the packing of the bf16 kernel (batch-size-first, bf16 dot products) where the
+    instruction set has one."""
+    kernel = cpu_kernel.load_kernel(torch.float32 if w.dtype in HALF else w.dtype)
     if w.device.type != "cpu" or kernel is None:
         return {"w": w}
-    return {"packed": cpu_kernel.pack(w.to(kernel.dtype), kernel), "w": w, "kernel": kernel}
+    op = {"packed": cpu_kernel.pack(w.to(kernel.dtype), kernel), "w": w, "kernel": kernel}
+    if w.dtype == torch.bfloat16 and (bf16 := cpu_kernel.load_kernel(torch.bfloat16)):
+        op["bf16"] = (bf16, cpu_kernel.pack(w, bf16))
+    return op
 
 
 class _KernelProduct(torch.autograd.Function):
@@ -229,13 +233,16 @@ def _fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor
     kernel = op.get("kernel")
     if kernel is None:
         return _einsum(x, op, p, layout)
-    if x.dtype in _HALF:
+    if x.dtype == torch.bfloat16 and layout == "bsf" and "bf16" in op:
+        kernel, packed = op["bf16"]
+    elif x.dtype in HALF:
         return _fused(x.float(), op, p, layout).to(x.dtype)
+    else:
+        packed = op["packed"]
     if x.dtype != kernel.dtype:
         raise InvalidParameterError(f"fused: input dtype {x.dtype} != factor dtype "
                                     f"{op['w'].dtype}; cast one of them")
     run = cpu_kernel.fused_bsf if layout == "bsf" else cpu_kernel.fused_bsl
-    packed = op["packed"]
     if not (torch.is_grad_enabled() and (x.requires_grad or op["w"].requires_grad)):
         return run(kernel, x.contiguous(), packed, p.as_tuple())  # no autograd node to build
     return _KernelProduct.apply(x, op["w"], lambda v: run(kernel, v.contiguous(), packed,
@@ -250,6 +257,7 @@ _REGISTRY: dict[str, tuple[Callable, Callable]] = {
     "bmm": (_prep_bmm, _bmm),
     "fused": (_prep_fused, _fused),
 }
+ALGORITHMS = tuple(_REGISTRY)  # the one list: ("dense", "sparse", "bsr", "einsum", "bmm", "fused")
 
 
 def prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict:

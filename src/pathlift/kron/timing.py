@@ -1,4 +1,6 @@
-"""Round-robin timing shared by the benchmark and KSLinear's "auto" algorithm choice."""
+"""The one round-robin timer of pathlift: KSLinear's algorithm choice (``tune``), the design
+search, the Kronecker benchmark and the scripts of ``benchmarks/`` (through
+``benchmarks/timing.py``)."""
 
 from __future__ import annotations
 
@@ -6,14 +8,15 @@ import ctypes
 import math
 import random
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
 
 import torch
 
 
-def round_robin(fns: dict[Hashable, Callable[[], object]], repeats: int,
-                device: torch.device | str = "cpu", min_sample: float = 2e-3
-                ) -> dict[Hashable, list[float]]:
+def round_robin(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
+                device: torch.device | str = "cpu", min_sample: float = 2e-3,
+                setup: bool = False) -> dict[Hashable, list[float]]:
     """Seconds per call of each function over ``repeats`` rounds, each round timing every
     function once; interleaving makes a change of machine load hit all functions alike.
 
@@ -25,6 +28,10 @@ def round_robin(fns: dict[Hashable, Callable[[], object]], repeats: int,
     matters on CPU (a dense layer writing a 10 MB output leaves the next call cache misses
     and write-backs to pay, measured at 10-25% of a small chain's time), and a fixed
     order would charge it to the same function every round.
+
+    With ``setup=True`` each value is a setup returning the call to time: the setup (a
+    fresh copy of a model, an in-place weight update) runs untimed before every timed
+    call, and a sample is that one call. ``min_sample=0`` times single calls.
     """
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -37,17 +44,21 @@ def round_robin(fns: dict[Hashable, Callable[[], object]], repeats: int,
         sync()
         return (time.perf_counter() - start) / n
 
+    def call(name: Hashable) -> Callable[[], object]:
+        return fns[name]() if setup else fns[name]
+
     calls = {}
-    for name, fn in fns.items():
-        fn()
-        calls[name] = max(1, math.ceil(min_sample / max(seconds(fn, 1), 1e-9)))
+    for name in fns:
+        call(name)()
+        first = seconds(call(name), 1)
+        calls[name] = 1 if setup else max(1, math.ceil(min_sample / max(first, 1e-9)))
     times: dict[Hashable, list[float]] = {name: [] for name in fns}
     order = list(fns)
     shuffle = random.Random(0).shuffle
     for _ in range(repeats):
         shuffle(order)
         for name in order:
-            times[name].append(seconds(fns[name], calls[name]))
+            times[name].append(seconds(call(name), calls[name]))
     return times
 
 

@@ -221,10 +221,16 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     """Load ``state_dict`` into ``model`` strictly, after checking every key and shape.
 
     Pruned checkpoints (``<name>_orig`` and ``<name>_mask``) re-attach their
-    torch.nn.utils.prune masks. A floating dtype differing from the model's converts the
-    model to it (never rounding the checkpoint). Raises ArchitectureMismatchError naming
-    the first missing, unexpected and mis-shaped keys.
+    torch.nn.utils.prune masks. Kronecker-sparse layers saved with their chain
+    (``<name>.chain``) are rebuilt in ``model`` first (``pathlift.kron.rebuild_layers``),
+    so a dense architecture loads its designed version. A floating dtype differing from
+    the model's converts the model to it (never rounding the checkpoint). Raises
+    ArchitectureMismatchError naming the first missing, unexpected and mis-shaped keys.
     """
+    if any(k == "chain" or k.endswith(".chain") for k in state_dict):
+        from pathlift.kron import rebuild_layers  # imported only for Kronecker-sparse models
+
+        model = rebuild_layers(model, state_dict)
     expected_dtypes = {k: v.dtype for k, v in model.state_dict().items()}
     cast = [f"{k} ({v.dtype})" for k, v in state_dict.items()
             if k in expected_dtypes and expected_dtypes[k].is_floating_point

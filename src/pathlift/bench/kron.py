@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import io
 import random
 import statistics
 import textwrap
@@ -22,7 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pathlift.kron.designer import (
+from pathlift import files
+from pathlift.kron.design import (
     Candidate,
     Design,
     design,
@@ -137,15 +139,15 @@ def time_grid(patterns: Iterable[KSPattern], batch: int,
 
 @contextlib.contextmanager
 def _csv_rows(path: str | Path, comment: str, columns: Sequence[str]) -> Iterator:
-    """A csv.writer on ``path`` (folder created) after a '# comment' line and the header."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        if comment:
-            fh.write(f"# {comment}\n")
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        yield writer
+    """A csv.writer whose rows, after a '# comment' line and the header, are written to
+    ``path`` atomically when the block ends (``pathlift.files``)."""
+    buffer = io.StringIO(newline="")
+    if comment:
+        buffer.write(f"# {comment}\n")
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    yield writer
+    files.write_text(path, buffer.getvalue())
 
 
 def write_csv(rows: Sequence[Timing], path: str | Path, machine: str = "") -> Path:
@@ -253,11 +255,10 @@ def _save(fig, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    try:
+        return files.atomic_write(path, lambda fh: fig.savefig(fh, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def plot_speedups(rows: Sequence[Timing], path: str | Path, title: str = "") -> Path:
@@ -314,9 +315,11 @@ def time_vit_mlp(batch: int, algorithms: Sequence[str] = ("bmm", "fused"),
     if designed is not None:
         chains["designed"] = (designed["nn"], designed["up"], designed["down"], "auto")
     for name, (nn_chain, up, down, alg) in chains.items():
-        modules["linear N x N"][name] = KSLinear(nn_chain, algorithm=alg)
-        modules["feed-forward"][name] = _mlp(KSLinear(up, algorithm=alg),
-                                             KSLinear(down, algorithm=alg))
+        layers = [KSLinear(chain, algorithm=alg) for chain in (nn_chain, up, down)]
+        for layer in layers:
+            layer.tune(batch)  # "auto": the fastest algorithm per factor at this batch
+        modules["linear N x N"][name] = layers[0]
+        modules["feed-forward"][name] = _mlp(layers[1], layers[2])
     x = torch.randn(batch, n, device=device)
     out: dict[str, dict[str, float]] = {}
     with torch.no_grad():
@@ -407,20 +410,21 @@ def check_design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 1568,
     import dataclasses
 
     d = design(n_in, n_out, budget, batch, dtype, repeats=repeats)
+    chains = [c for c in d.candidates if not c.is_dense]
     best: dict[int, tuple[float, float, tuple[str, ...]]] = {}
     for seed in range(contexts):
-        order = list(range(len(d.candidates)))
+        order = list(range(len(chains)))
         random.Random(seed).shuffle(order)
-        runs = measure([d.candidates[i].patterns for i in order], batch, dtype, repeats,
+        runs = measure([chains[i].patterns for i in order], batch, dtype, repeats,
                        on_group=on_progress)
         for i, s, ds, a in zip(order, *runs, strict=True):
             if i not in best or s / ds < best[i][0] / best[i][1]:
                 best[i] = (s, ds, a)
     timed = tuple(dataclasses.replace(c, measured_s=best[i][0], dense_s=best[i][1],
                                       algorithms=best[i][2])
-                  for i, c in enumerate(d.candidates))
+                  for i, c in enumerate(chains))
     rho = spearman(timed)
-    final = {"designed": d.chosen.patterns} | hand_families(n_in, n_out)
+    final = {"designed": d.best_chain.patterns} | hand_families(n_in, n_out)
     seconds, dense_s, _ = measure(list(final.values()), batch, dtype, repeats,
                                   group=len(final))
     speedups = {name: ds / s for name, s, ds in zip(final, seconds, dense_s, strict=True)}
@@ -434,7 +438,7 @@ def plot_design(candidates: Sequence[Candidate], path: str | Path, title: str = 
     longer chains and the named families apart, the chosen chain (default: the first
     candidate) circled, the dense layer's time as a horizontal line."""
     plt = _pyplot()
-    timed = [c for c in candidates if c.measured_s is not None]
+    timed = [c for c in candidates if c.measured_s is not None and not c.is_dense]
     fig, ax = plt.subplots(figsize=(6.5, 5))
     groups = {"2 factors": [c for c in timed if not c.family and len(c.patterns) == 2],
               "3+ factors": [c for c in timed if not c.family and len(c.patterns) > 2],

@@ -1,0 +1,153 @@
+"""The cost model of ``design`` (step 2 of ``pathlift.kron.design``): predicted seconds of a
+factor from the Chapter 5 ratios and the fused kernel's register tile, fitted to factors
+timed on this machine (``calibrate``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pathlift.kron import cpu_kernel
+from pathlift.kron.design.measure import time_factors
+from pathlift.kron.pattern import KSPattern
+
+__all__ = ["CostModel", "calibrate", "fit_cost_model", "geometry"]
+
+
+def _features(patterns: Sequence[KSPattern], batch: int, lanes: int = 0,
+              tile: tuple[int, int, int, int] = (1, 1, 1, 1)) -> np.ndarray:
+    """Rows (1, a·d, B·abcd, B·abcd·(b+c)/bc, B·abcd·d(b+c)/bc, B·abd·acd, padded
+    multiplications, micro-kernel calls) per pattern. The last two are the fused kernel's
+    register tile ``tile`` = (MR, NR, DR, DK) on the path that runs the pattern: the GEMM
+    computes b rounded up to NR (tiles of MR batch rows), the path along d b rounded up to
+    DK (tiles of DR rows, LANES of d each)."""
+    def up(n: int, k: int) -> int:
+        return -(-n // k)
+
+    mr, nr, dr, dk = tile
+    rows = []
+    for p in patterns:
+        along_d = _fused_variant(p, lanes) == "fused_d"
+        width = dk if along_d else nr
+        calls = (up(batch, dr) * p.a * (p.d // lanes) * up(p.b, dk) if along_d
+                 else up(batch, mr) * p.a * p.d * up(p.b, nr))
+        nnz = batch * p.nnz
+        rows.append((1.0, p.a * p.d, nnz, nnz * p.rewrite_ratio, nnz * p.rewrite_ratio * p.d,
+                     batch * p.out_features * p.in_features,
+                     batch * p.a * up(p.b, width) * width * p.c * p.d, calls))
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 8)
+
+
+_TILED = [0, 1, 2, 3, 4, 6, 7]  # both paths of the fused kernel
+_COLUMNS = {"dense": [0, 5], "bmm": [0, 1, 2, 3, 4], "fused": _TILED, "fused_d": _TILED}
+
+
+def _fused_variant(pattern: KSPattern, lanes: int) -> str:
+    """Which path of the fused CPU kernel runs this pattern: along d (``fused_d``) when d is
+    a multiple of the vector lanes, else the GEMM on packed rows (``fused``)."""
+    return "fused_d" if lanes and pattern.d % lanes == 0 else "fused"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Predicted seconds of one factor per algorithm (module docstring, step 2):
+    ``coefficients[alg]`` are the theta of the columns ``_COLUMNS[alg]`` of the features
+    (1, a·d, B·abcd, B·abcd·(b+c)/bc, B·abcd·d(b+c)/bc, B·abd·acd, padded multiplications,
+    micro-kernel calls): a call, the a·d dense blocks of Algorithm 5.1.1, multiplications,
+    rewrites (eq. 5.2), strided rewrites, the dense product; and for the fused kernel the
+    waste of its register ``tile`` (MR, NR, DR, DK). The kernel's two paths are separate
+    entries (``fused_d`` runs along d, for d a multiple of ``lanes``)."""
+
+    batch: int
+    lanes: int
+    coefficients: dict[str, tuple[float, ...]]
+    tile: tuple[int, int, int, int] = (1, 1, 1, 1)
+
+    def factor_times(self, patterns: Sequence[KSPattern]) -> np.ndarray:
+        """Predicted seconds per pattern: the fastest modelled algorithm that runs it."""
+        x = _features(patterns, self.batch, self.lanes, self.tile)
+        variant = np.array([_fused_variant(p, self.lanes) for p in patterns])
+        per = []
+        for alg, theta in self.coefficients.items():
+            t = x[:, _COLUMNS[alg]] @ np.asarray(theta)
+            if alg.startswith("fused"):
+                t = np.where(variant == alg, t, np.inf)
+            per.append(t)
+        return np.min(per, axis=0)
+
+    def chain_time(self, patterns: Sequence[KSPattern]) -> float:
+        return float(self.factor_times(patterns).sum())
+
+    def dense_time(self, n_in: int, n_out: int) -> float:
+        """Predicted seconds of the dense n_out × n_in layer (inf if dense was not fitted)."""
+        theta = self.coefficients.get("dense")
+        if theta is None:
+            return float("inf")
+        return float(theta[0] + theta[1] * self.batch * n_in * n_out)
+
+
+def _spread(patterns: Sequence[KSPattern], count: int) -> list[KSPattern]:
+    """About ``count`` patterns spread evenly over the range of each of (b+c)/bc, d·(b+c)/bc
+    and abcd among ``patterns``."""
+    unique = sorted(set(patterns), key=KSPattern.as_tuple)
+    if len(unique) <= count:
+        return unique
+    chosen: dict[KSPattern, None] = {}
+    for key in (lambda p: p.rewrite_ratio, lambda p: p.energy_ratio, lambda p: p.nnz):
+        ordered = sorted(unique, key=key)
+        for i in np.linspace(0, len(ordered) - 1, -(-count // 3)).round().astype(int):
+            chosen[ordered[i]] = None
+    return list(chosen)
+
+
+
+def geometry(dtype: torch.dtype) -> tuple[int, tuple[int, int, int, int]]:
+    """The fused kernel's vector lanes and register tile (MR, NR, DR, DK) for ``dtype``."""
+    kernel = cpu_kernel.load_kernel(dtype)
+    if kernel is None:
+        return 0, (1, 1, 1, 1)
+    return kernel.lanes, (kernel.mr, kernel.nr, kernel.dr, kernel.dk)
+
+
+def _calibration_set(patterns: Sequence[KSPattern], lanes: int, count: int
+                     ) -> list[KSPattern]:
+    groups: dict[str, list[KSPattern]] = {}
+    for p in patterns:
+        groups.setdefault(_fused_variant(p, lanes), []).append(p)
+    return [p for group in groups.values() for p in _spread(group, count)]
+
+
+def calibrate(patterns: Sequence[KSPattern], batch: int, dtype: torch.dtype = torch.float32,
+              repeats: int = 5, count: int = 24,
+              on_step: Callable[[], None] | None = None) -> CostModel:
+    """Fit the cost model on about ``count`` of ``patterns`` for each path of the fused
+    kernel (spread over their (b+c)/bc, d(b+c)/bc and sizes), timed by ``time_factors``."""
+    lanes, tile = geometry(dtype)
+    times = time_factors(_calibration_set(patterns, lanes, count), batch, dtype, repeats,
+                         on_step)
+    return fit_cost_model(times, batch, lanes, tile)
+
+
+def fit_cost_model(times: dict[KSPattern, dict[str, float]], batch: int, lanes: int,
+                   tile: tuple[int, int, int, int] = (1, 1, 1, 1)) -> CostModel:
+    """Non-negative least squares on relative errors: for each of dense, bmm and the
+    fused path of each pattern (``fused_d`` when d is a multiple of ``lanes``), theta >= 0
+    minimising sum over its patterns of (features·theta / seconds - 1)^2. ``times`` maps
+    patterns to {"bmm", "fused" and optionally "dense": seconds}."""
+    from scipy.optimize import nnls  # imported here: `import pathlift` stays light
+
+    coefficients = {}
+    for alg in ("dense", "bmm", "fused", "fused_d"):
+        fitted = [p for p in times if (alg in times[p] if alg in ("dense", "bmm")
+                                       else _fused_variant(p, lanes) == alg)]
+        if not fitted:
+            continue
+        t = np.array([times[p]["fused" if alg.startswith("fused") else alg] for p in fitted])
+        x = _features(fitted, batch, lanes, tile)[:, _COLUMNS[alg]]
+        theta, _ = nnls(x / t[:, None], np.ones_like(t))
+        coefficients[alg] = tuple(float(v) for v in theta)
+    return CostModel(batch, lanes, coefficients, tile)
+

@@ -1,0 +1,421 @@
+#include <stdlib.h>
+#include <string.h>
+
+/* real is float or double (-Dreal=...). The vector width, the register file and thus the
+   micro-tile MR x NR come from the instruction set the compiler targets. */
+#if defined(__AVX512F__)
+#define VBYTES 64
+#define MR 12
+#define DR 4
+#define DK 6
+#define ISA "avx512"
+#elif defined(__AVX2__)
+#define VBYTES 32
+#define MR 6
+#define DR 2
+#define DK 6
+#define ISA "avx2"
+#elif defined(__AVX__)
+#define VBYTES 32
+#define MR 6
+#define DR 2
+#define DK 6
+#define ISA "avx"
+#elif defined(__ARM_NEON) || defined(__aarch64__)
+#define VBYTES 16
+#define MR 12
+#define DR 4
+#define DK 6
+#define ISA "neon"
+#elif defined(__SSE2__)
+#define VBYTES 16
+#define MR 6
+#define DR 2
+#define DK 6
+#define ISA "sse2"
+#else
+#define VBYTES 16
+#define MR 6
+#define DR 2
+#define DK 6
+#define ISA "generic"
+#endif
+
+typedef real vec __attribute__((vector_size(VBYTES), aligned(sizeof(real))));
+
+/* Keep a loaded vector in a register: without it GCC folds the load into each of the DR
+   multiply-adds that use it, which makes the loop load-bound. */
+#if defined(__x86_64__) || defined(__i386__)
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+#elif defined(__aarch64__)
+#define IN_REGISTER(v) __asm__("" : "+w"(v))
+#else
+#define IN_REGISTER(v) (void)0
+#endif
+#define LANES ((long)(VBYTES / sizeof(real)))
+#define NV 2
+#define NR (NV * LANES)
+#ifndef KC
+#define KC 256
+#endif
+
+static inline long lmin(long x, long y) { return x < y ? x : y; }
+
+const char *ks_isa(void) { return ISA; }
+
+void ks_tile(long *out) { out[0] = VBYTES; out[1] = MR; out[2] = NR; out[3] = DR; out[4] = DK; }
+
+/* C[r*cr + t*cc] (+)= sum_{l < kc} Ap[l*MR + r] * Bp[l*bk + t] for r < mr, t < nr; the
+   operands hold a full MR x NR tile (zero-padded). */
+static inline void micro(long kc, const real *restrict Ap, const real *restrict Bp, long bk,
+                         real *C, long cr, long cc, long mr, long nr, int accumulate)
+{
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[r][v] = (vec){0};
+    for (long l = 0; l < kc; l++) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) bv[v] = *(const vec *)(Bp + l * bk + v * LANES);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            const real s = Ap[l * MR + r];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
+        }
+    }
+    if (cc == 1 && nr == NR) {
+        for (long r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                vec *cv = (vec *)(C + r * cr + v * LANES);
+                if (accumulate) *cv += acc[r][v]; else *cv = acc[r][v];
+            }
+        return;
+    }
+    for (long r = 0; r < mr; r++)
+        for (long t = 0; t < nr; t++) {
+            const real v = acc[r][t / LANES][t % LANES];
+            real *dst = C + r * cr + t * cc;
+            *dst = accumulate ? *dst + v : v;
+        }
+}
+
+/* Ap[m0 * kc + l * MR + r] = A[(m0 + r) * ar + l * ak]: MR-row slivers, zero-padded. */
+static void pack_rows(long m, long kc, const real *A, long ar, long ak, real *Ap)
+{
+    for (long m0 = 0; m0 < m; m0 += MR) {
+        const long mr = lmin(MR, m - m0);
+        real *dst = Ap + m0 * kc;
+        for (long l = 0; l < kc; l++) {
+            long r = 0;
+            for (; r < mr; r++) dst[l * MR + r] = A[(m0 + r) * ar + l * ak];
+            for (; r < MR; r++) dst[l * MR + r] = 0;
+        }
+    }
+}
+
+/* Bp[n0 * kc + l * NR + t] = B[l * bk + n0 + t]: NR-column slivers, zero-padded. */
+static void pack_cols(long n, long kc, const real *B, long bk, real *Bp)
+{
+    for (long n0 = 0; n0 < n; n0 += NR) {
+        const long nr = lmin(NR, n - n0);
+        real *dst = Bp + n0 * kc;
+        for (long l = 0; l < kc; l++) {
+            const real *src = B + l * bk + n0;
+            if (nr == NR) {
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; v++)
+                    *(vec *)(dst + l * NR + v * LANES) = *(const vec *)(src + v * LANES);
+            } else {
+                long t = 0;
+                for (; t < nr; t++) dst[l * NR + t] = src[t];
+                for (; t < NR; t++) dst[l * NR + t] = 0;
+            }
+        }
+    }
+}
+
+/* Batch-size-first: x (B, a, c, d), y (B, a, b, d); ws (a, d, ceil(b/NR), c, NR) with
+   ws[i, j, s, l, t] = w[i, s*NR + t, l, j]. Tasks: blocks of mc rows of the batch x a. */
+int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long c, long d,
+           long mc, int threads)
+{
+    const long N = a * c * d, M = a * b * d, nb = (B + mc - 1) / mc, nsl = (b + NR - 1) / NR;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        real *Ap = malloc(sizeof(real) * ((mc + MR - 1) / MR) * MR * KC);
+        if (!Ap) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (long t = 0; t < nb; t++)
+            for (long i = 0; i < a; i++) {
+                if (!Ap) continue;
+                const long n0 = t * mc, rows = lmin(mc, B - n0);
+                for (long j = 0; j < d; j++) {
+                    const real *A = x + n0 * N + i * c * d + j;
+                    const real *W = ws + (i * d + j) * nsl * c * NR;
+                    real *C = y + n0 * M + i * b * d + j;
+                    for (long k0 = 0; k0 < c; k0 += KC) {
+                        const long kc = lmin(KC, c - k0);
+                        pack_rows(rows, kc, A + k0 * d, N, d, Ap);
+                        for (long s = 0; s < nsl; s++)
+                            for (long m0 = 0; m0 < rows; m0 += MR)
+                                micro(kc, Ap + m0 * kc, W + (s * c + k0) * NR, NR,
+                                      C + m0 * M + s * NR * d, M, d, lmin(MR, rows - m0),
+                                      lmin(NR, b - s * NR), k0 > 0);
+                    }
+                }
+            }
+        free(Ap);
+    }
+    return failed;
+}
+
+/* Y[r*yn + q*yk + t] (+)= sum_{l < kc} X[r*xn + l*xl + t] * W[l*wl + q*LANES + t] for
+   r < nr, q < kr, t < LANES: a DR x DK tile of vectors along the contiguous index j. */
+static inline void micro_d(long kc, const real *X, long xn, long xl, const real *restrict W,
+                           long wl, real *Y, long yn, long yk, long nr, long kr,
+                           int accumulate)
+{
+    vec acc[DR][DK];
+    const real *rows[DR];
+#pragma GCC unroll 8
+    for (int r = 0; r < DR; r++) {
+        rows[r] = X + (r < nr ? r : 0) * xn;
+#pragma GCC unroll 8
+        for (int q = 0; q < DK; q++) acc[r][q] = (vec){0};
+    }
+    for (long l = 0; l < kc; l++) {
+        vec xv[DR];
+#pragma GCC unroll 8
+        for (int r = 0; r < DR; r++) xv[r] = *(const vec *)(rows[r] + l * xl);
+#pragma GCC unroll 8
+        for (int q = 0; q < DK; q++) {
+            vec wq = *(const vec *)(W + l * wl + q * LANES);
+            IN_REGISTER(wq);
+#pragma GCC unroll 8
+            for (int r = 0; r < DR; r++) acc[r][q] += xv[r] * wq;
+        }
+    }
+    for (long r = 0; r < nr; r++)
+        for (long q = 0; q < kr; q++) {
+            vec *dst = (vec *)(Y + r * yn + q * yk);
+            if (accumulate) *dst += acc[r][q]; else *dst = acc[r][q];
+        }
+}
+
+/* Batch-size-first with d a multiple of LANES: the vectors run along j, the contiguous
+   index of both X and Y, so nothing is gathered or scattered. wv (a, d/LANES,
+   ceil(b/DK), c, DK, LANES) zero-padded, wv[i, v, s, l, q, t] = w[i, s*DK + q, l,
+   v*LANES + t]: the weights of one tile step are contiguous. KCD steps of the inner
+   dimension keep a tile's weights (KCD x DK vectors) in the L1 cache. Tasks: blocks of
+   mc batch rows x a x d/LANES. */
+#define KCD (24576 / (DK * VBYTES))
+int ks_bsf_d(const real *x, const real *wv, real *y, long B, long a, long b, long c, long d,
+             long mc, int threads)
+{
+    const long N = a * c * d, M = a * b * d, nv = d / LANES, nb = (B + mc - 1) / mc;
+    const long nks = (b + DK - 1) / DK;
+    #pragma omp parallel for collapse(3) schedule(dynamic) num_threads(threads)
+    for (long t = 0; t < nb; t++)
+        for (long i = 0; i < a; i++)
+            for (long v = 0; v < nv; v++) {
+                const long n0 = t * mc, rows = lmin(mc, B - n0);
+                const real *W = wv + (i * nv + v) * nks * c * DK * LANES;
+                const real *X = x + n0 * N + i * c * d + v * LANES;
+                real *Y = y + n0 * M + i * b * d + v * LANES;
+                for (long l0 = 0; l0 < c; l0 += KCD)
+                    for (long s = 0; s < nks; s++)
+                        for (long m0 = 0; m0 < rows; m0 += DR)
+                            micro_d(lmin(KCD, c - l0), X + m0 * N + l0 * d, N, d,
+                                    W + (s * c + l0) * DK * LANES, DK * LANES,
+                                    Y + m0 * M + s * DK * d, M, d, lmin(DR, rows - m0),
+                                    lmin(DK, b - s * DK), l0 > 0);
+            }
+    return 0;
+}
+
+/* Batch-size-last: x (a, c, d, B), y (a, b, d, B); wr (a, d, ceil(b/MR), c, MR) with
+   wr[i, j, s, l, r] = w[i, s*MR + r, l, j]. Tasks: (i, j) x blocks of nc batch columns;
+   the block X[col, batch block] is packed into NR-column slivers (rows of X are d*B apart,
+   a stride that maps them to few cache sets). */
+int ks_bsl(const real *x, const real *wr, real *y, long B, long a, long b, long c, long d,
+           long nc, int threads)
+{
+    const long nb = (B + nc - 1) / nc, msl = (b + MR - 1) / MR;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        real *Bp = malloc(sizeof(real) * ((nc + NR - 1) / NR) * NR * KC);
+        if (!Bp) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(3) schedule(dynamic)
+        for (long i = 0; i < a; i++)
+            for (long j = 0; j < d; j++)
+                for (long t = 0; t < nb; t++) {
+                    if (!Bp) continue;
+                    const long n0 = t * nc, cols = lmin(nc, B - n0);
+                    const real *X = x + (i * c * d + j) * B + n0;
+                    const real *W = wr + (i * d + j) * msl * c * MR;
+                    real *C = y + (i * b * d + j) * B + n0;
+                    for (long k0 = 0; k0 < c; k0 += KC) {
+                        const long kc = lmin(KC, c - k0);
+                        pack_cols(cols, kc, X + k0 * d * B, d * B, Bp);
+                        for (long s0 = 0; s0 < cols; s0 += NR)
+                            for (long m0 = 0; m0 < b; m0 += MR)
+                                micro(kc, W + (m0 / MR * c + k0) * MR, Bp + s0 * kc, NR,
+                                      C + m0 * d * B + s0, d * B, 1, lmin(MR, b - m0),
+                                      lmin(NR, cols - s0), k0 > 0);
+                    }
+                }
+        free(Bp);
+    }
+    return failed;
+}
+
+/* Batch-size-first in bfloat16 with float32 accumulation, where the instruction set has
+   bf16 dot products (AVX512-BF16: vdpbf16ps adds the products of a pair of bf16 values of
+   each operand to a float32 lane). The inner dimension runs in pairs: the weights are
+   packed (a, d, ceil(b/NR), ceil(c/2), NR, 2), wp[i, j, s, l, t, e] = w[i, s*NR + t,
+   2l + e, j] (zero-padded), and the MR-row slivers of X hold pairs (x[2l], x[2l+1]) as one
+   32-bit word to broadcast. Built with -Dreal=float -DKS_BF16. */
+#if defined(KS_BF16) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#include <stdint.h>
+
+int ks_has_bf16(void) { return 1; }
+
+/* C[r*cr + t*cc] (+)= the tile in float32 (C is float*), or = the tile rounded to bf16
+   (round to nearest even) when Cb is given (C is then unused: one block of the inner
+   dimension, nothing to accumulate). */
+static inline void micro_bf16(long kp, const uint32_t *restrict Ap, const uint16_t *restrict Bp,
+                              float *C, uint16_t *Cb, long cr, long cc, long mr, long nr,
+                              int accumulate)
+{
+    __m512 acc[MR][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (long l = 0; l < kp; l++) {
+        __m512bh bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            bv[v] = (__m512bh)_mm512_loadu_si512((const void *)(Bp + (l * NR + v * LANES) * 2));
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            const __m512bh s = (__m512bh)_mm512_set1_epi32((int)Ap[l * MR + r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], s, bv[v]);
+        }
+    }
+    if (Cb) {
+        for (long r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                const __m256i h = (__m256i)_mm512_cvtneps_pbh(acc[r][v]);
+                if (cc == 1 && nr == NR) {
+                    _mm256_storeu_si256((__m256i *)(Cb + r * cr + v * LANES), h);
+                } else {
+                    uint16_t lanes[LANES];
+                    _mm256_storeu_si256((__m256i *)lanes, h);
+                    for (long t = v * LANES; t < nr && t < (v + 1) * LANES; t++)
+                        Cb[r * cr + t * cc] = lanes[t - v * LANES];
+                }
+            }
+        return;
+    }
+    if (cc == 1 && nr == NR) {
+        for (long r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                float *dst = C + r * cr + v * LANES;
+                _mm512_storeu_ps(dst, accumulate ? _mm512_add_ps(_mm512_loadu_ps(dst),
+                                                                 acc[r][v]) : acc[r][v]);
+            }
+        return;
+    }
+    for (long r = 0; r < mr; r++)
+        for (long t = 0; t < nr; t++) {
+            const float v = ((const float *)&acc[r][t / LANES])[t % LANES];
+            float *dst = C + r * cr + t * cc;
+            *dst = accumulate ? *dst + v : v;
+        }
+}
+
+/* Ap[m0 * kp + l * MR + r] = (A[(m0 + r) * ar + 2l * ak], A[... (2l + 1) * ak]) as one
+   32-bit word, zero-padded past m rows and kc columns. */
+static void pack_rows_bf16(long m, long kc, const uint16_t *A, long ar, long ak,
+                           uint32_t *Ap)
+{
+    const long kp = (kc + 1) / 2;
+    for (long m0 = 0; m0 < m; m0 += MR) {
+        const long mr = lmin(MR, m - m0);
+        uint32_t *dst = Ap + m0 * kp;
+        for (long l = 0; l < kp; l++) {
+            long r = 0;
+            for (; r < mr; r++) {
+                const uint16_t *src = A + (m0 + r) * ar + 2 * l * ak;
+                const uint32_t hi = 2 * l + 1 < kc ? src[ak] : 0;
+                dst[l * MR + r] = (uint32_t)src[0] | hi << 16;
+            }
+            for (; r < MR; r++) dst[l * MR + r] = 0;
+        }
+    }
+}
+
+/* y is bf16 (uint16) when c <= KC (one block of the inner dimension: rounded once, as it
+   is stored), else float32 (the caller rounds it after the last block). */
+int ks_bsf_bf16(const uint16_t *x, const uint16_t *wp, void *y, long B, long a, long b,
+                long c, long d, long mc, int threads)
+{
+    const int out_bf16 = c <= KC;
+    const long N = a * c * d, M = a * b * d, nb = (B + mc - 1) / mc, nsl = (b + NR - 1) / NR;
+    const long cp = (c + 1) / 2;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        uint32_t *Ap = malloc(sizeof(uint32_t) * ((mc + MR - 1) / MR) * MR * (KC / 2));
+        if (!Ap) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (long t = 0; t < nb; t++)
+            for (long i = 0; i < a; i++) {
+                if (!Ap) continue;
+                const long n0 = t * mc, rows = lmin(mc, B - n0);
+                for (long j = 0; j < d; j++) {
+                    const uint16_t *A = x + n0 * N + i * c * d + j;
+                    const uint16_t *W = wp + (i * d + j) * nsl * cp * NR * 2;
+                    const long at = n0 * M + i * b * d + j;
+                    float *C = out_bf16 ? 0 : (float *)y + at;
+                    uint16_t *Cb = out_bf16 ? (uint16_t *)y + at : 0;
+                    for (long k0 = 0; k0 < c; k0 += KC) {  /* KC even: pairs never split */
+                        const long kc = lmin(KC, c - k0), kp = (kc + 1) / 2;
+                        pack_rows_bf16(rows, kc, A + k0 * d, N, d, Ap);
+                        for (long s = 0; s < nsl; s++)
+                            for (long m0 = 0; m0 < rows; m0 += MR)
+                                micro_bf16(kp, Ap + m0 * kp,
+                                           W + (s * cp + k0 / 2) * NR * 2,
+                                           C ? C + m0 * M + s * NR * d : 0,
+                                           Cb ? Cb + m0 * M + s * NR * d : 0, M, d,
+                                           lmin(MR, rows - m0), lmin(NR, b - s * NR), k0 > 0);
+                    }
+                }
+            }
+        free(Ap);
+    }
+    return failed;
+}
+#else
+int ks_has_bf16(void) { return 0; }
+#endif
