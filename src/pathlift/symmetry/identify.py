@@ -35,6 +35,7 @@ from pathlift.symmetry.jacobian import Parameterized, activation_patterns
 from pathlift.symmetry.obstructions import Obstructions, obstructions
 from pathlift.symmetry.rank import Rank, dense_jacobian, exact_rank, randomized_rank
 
+DOMAIN = 4096  # Gaussian inputs standing for the input domain (dead / always-active neurons)
 EXACT_MAX = 4096  # "auto" computes dense Jacobians and full SVDs up to this many parameters
 _INVOLVED = 0.1  # a layer is named when it carries this share of a missing direction
 
@@ -147,34 +148,34 @@ def _involved(par: Parameterized, null: Tensor, known: Tensor | None, missing: i
 
 
 def symmetry_dimension(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
-                       inputs: Tensor | int = 1024, method: str = "auto", seed: int = 0,
+                       domain: Tensor | int = DOMAIN, method: str = "auto", seed: int = 0,
                        exact_max: int = EXACT_MAX) -> SymmetryDimension:
     """The dimension of the symmetries of ``model`` at its parameters (thesis Sec. 7.1.1).
 
-    Predicted by the obstructions (rescalings per free tie group, dead neurons — off on
-    every one of ``inputs`` —, twins, bias shifts: ``pathlift.symmetry.obstructions``) and
-    compared with dim theta - rank dPhi/dtheta (Stock & Gribonval 2023, Thm 1), exact up to
-    ``exact_max`` parameters, randomized (Jacobian-vector products) above. The model is not
-    modified.
+    Predicted by the obstructions (``pathlift.symmetry.obstructions``: rescalings per free
+    tie group, dead and always-active neurons over the inputs ``domain`` that stand for the
+    input domain — a batch, or a number of standard Gaussian inputs —, twins, bias shifts)
+    and compared with dim theta - rank dPhi/dtheta (Stock & Gribonval 2023, Thm 1), exact
+    up to ``exact_max`` parameters, randomized (Jacobian-vector products) above. The model
+    is not modified.
     """
     par = Parameterized.of(model, None if input_shape is None else tuple(input_shape))
-    return _symmetry(par, _inputs(par, inputs, seed), _method(method, par.size, exact_max),
+    return _symmetry(par, _inputs(par, domain, seed), _method(method, par.size, exact_max),
                      seed)[0]
 
 
-def _symmetry(par: Parameterized, x: Tensor, method: str, seed: int
-              ) -> tuple[SymmetryDimension, Tensor | None, int]:
+def _symmetry(par: Parameterized, domain: Tensor, method: str, seed: int
+              ) -> tuple[SymmetryDimension, Tensor | None]:
     cmap = analyse(par.graph)
-    patterns = activation_patterns(par.graph, x)
+    on = activation_patterns(par.graph, domain).on
     phi, known = _phi_rank(par, method, seed)
-    found = obstructions(par.graph, cmap, patterns.on)
-    return SymmetryDimension(par.size, found, phi), known, patterns.count_regions()
+    return SymmetryDimension(par.size, obstructions(par.graph, cmap, on), phi), known
 
 
 def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
              input_shape: Sequence[int] | None = None, method: str = "auto",
-             rtol: float | None = None, seed: int = 0, exact_max: int = EXACT_MAX
-             ) -> Identifiability:
+             rtol: float | None = None, seed: int = 0, exact_max: int = EXACT_MAX,
+             domain: Tensor | None = None) -> Identifiability:
     """Is ``model`` locally identifiable, up to its symmetries, from its outputs on ``inputs``?
 
     Bona-Pellissier, Bachoc & Malgouyres 2022 ("Local identifiability of deep ReLU neural
@@ -191,6 +192,9 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
             "auto" (exact up to ``exact_max`` parameters).
         rtol: singular values below rtol * sigma_max count as zero (default
             max(m, P) * eps64, as numpy's matrix_rank).
+        domain: inputs standing for the input domain, on which dead and always-active
+            neurons are symmetries of the function (not gaps of the samples); default
+            4096 Gaussian inputs with the standard deviation of ``inputs`` (at least 1).
 
     Returns:
         An ``Identifiability``: verdict, missing directions and the layers they involve,
@@ -211,7 +215,10 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
     par = Parameterized.of(model, None if input_shape is None else tuple(input_shape))
     x = _inputs(par, inputs, seed)
     method = _method(method, par.size, exact_max)
-    symmetry, known, regions = _symmetry(par, x, method, seed)
+    if domain is None:
+        domain = _inputs(par, DOMAIN, seed + 2) * max(1.0, float(x.std()) if x.numel() > 1 else 1.0)
+    symmetry, known = _symmetry(par, _inputs(par, domain, seed), method, seed)
+    regions = activation_patterns(par.graph, x).count_regions()
     f = par.outputs(x)
     rows = x.shape[0] * par.graph.d_out
     if method == "exact":

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, fx, nn
 from torch.func import functional_call, jvp
 
+from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.ops import Call, Kind
@@ -58,8 +59,11 @@ class Parameterized:
         copy = copy_model(source.model).to("cpu", torch.float64).eval()
         graph = source.bind(copy)
         named = [(n, p) for n, p in copy.named_parameters() if p.is_floating_point()]
-        theta = torch.cat([p.detach().reshape(-1) for _, p in named]) if named else \
-            torch.zeros(0, dtype=torch.float64)
+        if not named:
+            raise InvalidParameterError(
+                f"{type(copy).__name__} has no floating-point parameters: there is nothing to "
+                "identify")
+        theta = torch.cat([p.detach().reshape(-1) for _, p in named])
         return Parameterized(copy, graph, tuple(n for n, _ in named),
                              tuple(tuple(p.shape) for _, p in named), theta)
 

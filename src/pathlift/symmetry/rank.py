@@ -81,7 +81,8 @@ def exact_rank(jacobian: Tensor, rtol: float | None = None) -> tuple[Rank, Tenso
     of its numerical kernel (P x (P - rank))."""
     jacobian = jacobian.to(torch.float64)
     rows, columns = jacobian.shape
-    _, singular, vh = torch.linalg.svd(jacobian, full_matrices=True)
+    # every right singular vector, but never a full m x m U when m > P
+    _, singular, vh = torch.linalg.svd(jacobian, full_matrices=rows < columns)
     rank = _rank_of(singular, rows, columns, "exact", rtol)
     return rank, vh[rank.rank:].T
 
