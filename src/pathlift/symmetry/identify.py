@@ -164,18 +164,18 @@ def symmetry_dimension(model: nn.Module | LayerGraph, input_shape: Sequence[int]
                      seed)[0]
 
 
-def _symmetry(par: Parameterized, domain: Tensor, method: str, seed: int
+def _symmetry(par: Parameterized, domain: Tensor, method: str, seed: int, with_phi: bool = True
               ) -> tuple[SymmetryDimension, Tensor | None]:
     cmap = analyse(par.graph)
     on = activation_patterns(par.graph, domain).on
-    phi, known = _phi_rank(par, method, seed)
+    phi, known = _phi_rank(par, method, seed) if with_phi else (None, None)
     return SymmetryDimension(par.size, obstructions(par.graph, cmap, on), phi), known
 
 
 def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
              input_shape: Sequence[int] | None = None, method: str = "auto",
              rtol: float | None = None, seed: int = 0, exact_max: int = EXACT_MAX,
-             domain: Tensor | None = None) -> Identifiability:
+             domain: Tensor | None = None, phi: bool | None = None) -> Identifiability:
     """Is ``model`` locally identifiable, up to its symmetries, from its outputs on ``inputs``?
 
     Bona-Pellissier, Bachoc & Malgouyres 2022 ("Local identifiability of deep ReLU neural
@@ -195,6 +195,8 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
         domain: inputs standing for the input domain, on which dead and always-active
             neurons are symmetries of the function (not gaps of the samples); default
             4096 Gaussian inputs with the standard deviation of ``inputs`` (at least 1).
+        phi: also compute the rank of dPhi/dtheta (default: with the exact method only;
+            it needs about dim theta / d_out evaluations of the gated path network).
 
     Returns:
         An ``Identifiability``: verdict, missing directions and the layers they involve,
@@ -217,7 +219,8 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
     method = _method(method, par.size, exact_max)
     if domain is None:
         domain = _inputs(par, DOMAIN, seed + 2) * max(1.0, float(x.std()) if x.numel() > 1 else 1.0)
-    symmetry, known = _symmetry(par, _inputs(par, domain, seed), method, seed)
+    with_phi = method == "exact" if phi is None else phi
+    symmetry, known = _symmetry(par, _inputs(par, domain, seed), method, seed, with_phi)
     regions = activation_patterns(par.graph, x).count_regions()
     f = par.outputs(x)
     rows = x.shape[0] * par.graph.d_out
