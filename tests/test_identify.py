@@ -184,6 +184,26 @@ def test_regions_bound_distinct_path_activations_with_max_pool():
     assert patterns == 60 >= paths == 58
 
 
+@pytest.mark.parametrize(("activation", "rescaling", "unclipped"), [
+    (nn.LeakyReLU(0.1), 9, 0),  # positively homogeneous: every hidden neuron rescales
+    (nn.Hardtanh(), 4, 0),  # clips (+-1 reached): the 5 neurons it reads keep their scale
+    (nn.ReLU6(), 4, 4),  # 6 is reached by one of the 5 only: 4 rescale on this domain
+])
+def test_piecewise_linear_activations(activation, rescaling, unclipped):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), activation, nn.Linear(5, 4), nn.ReLU(),
+                          nn.Linear(4, 2)).double().eval()
+    x = inputs(1500)
+    result = identify(model, x)
+    par = Parameterized.of(model, (3,))
+    jac = torch.autograd.functional.jacobian(par.outputs(x), par.theta).numpy()
+    obstructions = result.symmetry.obstructions
+    assert (obstructions.rescaling, obstructions.unclipped) == (rescaling, unclipped)
+    assert result.symmetry.phi_kernel == rescaling
+    assert result.deficiency == rescaling + unclipped == 54 - int(np.linalg.matrix_rank(jac))
+    assert result.identified
+
+
 CASES = {
     "lfcn": (lambda: lfcn(), (3,), 300),
     "tied": (tied_mlp, (5,), 200),

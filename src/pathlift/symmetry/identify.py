@@ -167,9 +167,9 @@ def symmetry_dimension(model: nn.Module | LayerGraph, input_shape: Sequence[int]
 def _symmetry(par: Parameterized, domain: Tensor, method: str, seed: int, with_phi: bool = True
               ) -> tuple[SymmetryDimension, Tensor | None]:
     cmap = analyse(par.graph)
-    on = activation_patterns(par.graph, domain).on
+    patterns = activation_patterns(par.graph, domain)
     phi, known = _phi_rank(par, method, seed) if with_phi else (None, None)
-    return SymmetryDimension(par.size, obstructions(par.graph, cmap, on), phi), known
+    return SymmetryDimension(par.size, obstructions(par.graph, cmap, patterns), phi), known
 
 
 def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,

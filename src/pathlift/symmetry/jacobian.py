@@ -28,15 +28,18 @@ import torch
 from torch import Tensor, fx, nn
 from torch.func import functional_call, jvp
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.ops import Call, Kind
 from pathlift.graph.trace import GraphInterpreter
 
 # Ops whose outputs are neurons of Def. 2.2.2 (a ReLU either merges into the neuron it
-# follows or creates one; both get a gate, a product of gates is still one monomial).
-_NEURON_KINDS = (Kind.AFFINE, Kind.POOL, Kind.ADD, Kind.MAXPOOL, Kind.RELU)
+# follows or creates one; both get a gate, a product of gates is still one monomial). A
+# piecewise-linear activation is lowered to ReLU neurons n_j = ReLU(sigma_j z + beta_j) and
+# one identity neuron y = f(t_1) + sum_j c_j n_j (``pathlift.graph.ops.activation``): each
+# gets a gate of its own.
+_NEURON_KINDS = (Kind.AFFINE, Kind.POOL, Kind.ADD, Kind.MAXPOOL, Kind.RELU, Kind.ACTIVATION)
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,13 +128,28 @@ class _Gated(GraphInterpreter):
         super().__init__(graph)
         self.gates: dict[str, Tensor] = {}
         self.choices: dict[str, Tensor] = {}
+        self.lowered: dict[str, tuple[list[tuple[float, float, float]], float, list[Tensor]]] = {}
+
+        def gate(shape: tuple[int, ...]) -> Tensor:  # away from 0: a well-scaled Jacobian
+            sign = torch.randint(0, 2, shape, generator=generator) * 2 - 1
+            return sign * (0.5 + torch.rand(shape, generator=generator, dtype=torch.float64))
+
         for n in graph.nodes():
-            kind = graph.handler(n).kind
+            handler = graph.handler(n)
+            kind = handler.kind
             shape = (batch, *graph.output_shape(n))
-            if kind in _NEURON_KINDS:  # gates away from 0 keep the Jacobian well scaled
-                sign = torch.randint(0, 2, shape, generator=generator) * 2 - 1
-                self.gates[n.name] = sign * (0.5 + torch.rand(shape, generator=generator,
-                                                              dtype=torch.float64))
+            if kind is Kind.ACTIVATION:
+                if handler.parametric:
+                    raise UnsupportedModelError(
+                        f"node '{n.name}' ({handler.name}) has trainable slopes; the rank of "
+                        "dPhi/dtheta does not cover them yet: pass phi=False")
+                call = Call(n, graph.submodule(n), tuple(n.args), dict(n.kwargs))
+                pieces = handler.pieces(call)
+                neurons = [(float(a), float(b), float(c)) for a, b, c in pieces.neurons()]
+                self.lowered[n.name] = (neurons, float(pieces.value),
+                                        [gate(shape) for _ in neurons])
+            if kind in _NEURON_KINDS:
+                self.gates[n.name] = gate(shape)
             if kind is Kind.MAXPOOL:
                 arg = n.args[0]
                 self.choices[n.name] = torch.rand((batch, *graph.output_shape(arg)),
@@ -144,6 +162,12 @@ class _Gated(GraphInterpreter):
         if kind is Kind.RELU:
             args, _ = self.fetch_args_kwargs_from_env(n)
             return args[0] * self.gates[n.name]
+        if kind is Kind.ACTIVATION:  # y = f(t_1) + sum_j c_j g_j (sigma_j z + beta_j)
+            z = self.fetch_args_kwargs_from_env(n)[0][0]
+            neurons, value, gates = self.lowered[n.name]
+            y = sum(c * g * (sigma * z + beta) for (sigma, beta, c), g in
+                    zip(neurons, gates, strict=True)) + value
+            return y * self.gates[n.name]
         if kind is Kind.MAXPOOL:  # the pool linearised at a random point: one winner each
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             call = Call(n, self.layer_graph.submodule(n), tuple(args), kwargs)
@@ -154,19 +178,32 @@ class _Gated(GraphInterpreter):
 
 
 class _Patterns(GraphInterpreter):
-    """Records, per input, the on/off bit of every ReLU output and the winner of every
-    max-pool output (the index of the antecedent it reads, as the tangent of a jvp)."""
+    """Records, per input, the on/off bit of every ReLU output, the linear piece of every
+    piecewise-linear activation's input (the on/off bits of its lowered ReLU neurons) and
+    the winner of every max-pool output (the antecedent it reads, as a jvp's tangent)."""
 
     def __init__(self, graph: LayerGraph):
         super().__init__(graph)
         self.parts: list[Tensor] = []
         self.relu_inputs: dict[str, Tensor] = {}
+        self.clipped: dict[str, Tensor] = {}
 
     def run_node(self, n: fx.Node) -> Any:
+        kind = None if n.op in ("placeholder", "output") else self.layer_graph.handler(n).kind
+        if kind is Kind.ACTIVATION:  # before the op: it may overwrite its input
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            handler = self.layer_graph.handler(n)
+            pieces = handler.pieces(Call(n, self.layer_graph.submodule(n), tuple(args), kwargs))
+            z = args[0]
+            self.parts += [(z > t).reshape(z.shape[0], -1).to(torch.float64)
+                           for t in pieces.breakpoints]
+            if not pieces.homogeneous:  # it fixes scales where a breakpoint is passed
+                crossed = torch.zeros(z.shape, dtype=torch.bool)
+                for t in pieces.breakpoints:
+                    if t != 0:
+                        crossed |= z > t if t > 0 else z < t
+                self.clipped[n.name] = crossed
         out = super().run_node(n)
-        if n.op in ("placeholder", "output"):
-            return out
-        kind = self.layer_graph.handler(n).kind
         if kind is Kind.RELU:
             self.parts.append((out > 0).reshape(out.shape[0], -1).to(torch.float64))
             self.relu_inputs[n.name] = out > 0
@@ -183,10 +220,12 @@ class _Patterns(GraphInterpreter):
 @dataclass(frozen=True, eq=False)
 class Patterns:
     """``codes[i]``: the activation pattern of input i as one row; ``on[node]``: the on/off
-    tensor of each ReLU node's output (batch first)."""
+    tensor of each ReLU node's output, ``clipped[node]``: where the input of each
+    piecewise-linear activation passes a breakpoint other than 0 (batch first)."""
 
     codes: Tensor
     on: dict[str, Tensor]
+    clipped: dict[str, Tensor]
 
     def count_regions(self) -> int:
         """Number of distinct patterns among the inputs.
@@ -211,4 +250,4 @@ def activation_patterns(graph: LayerGraph, x: Tensor) -> Patterns:
         recorder.run(x)
     codes = torch.cat(recorder.parts, dim=1) if recorder.parts else \
         torch.zeros((x.shape[0], 0), dtype=torch.float64)
-    return Patterns(codes, recorder.relu_inputs)
+    return Patterns(codes, recorder.relu_inputs, recorder.clipped)

@@ -5,9 +5,10 @@ embedding of ReLU networks and an analysis of their identifiability", Sec. 3).
 - rescaling (Def. 2.4.1): one direction per free tie group of the channel analysis
   (``pathlift.graph.channels``): a hidden channel, or channels tied by a residual addition
   or by a layer called twice (tied weights share one factor, so ties lower the count).
-  Only positively homogeneous activations are in the op table today; an op that fixes the
-  scale of the neurons it reads (ReLU6, Hardtanh: a clipping threshold) will remove their
-  groups from this count: see ``_rescalable_groups``.
+  A clipping activation (ReLU6, Hardtanh: a breakpoint other than 0) fixes the scale of
+  the neurons it reads (the channel analysis puts them in the fixed group), unless no
+  input of the domain reaches that breakpoint: there it acts as a homogeneous activation
+  and the rescaling is back, one direction per such channel ("unclipped").
 - dead neurons: a channel whose ReLU is off on every input (an input-dead neuron of
   Def. 2.4.2 is one) has zero derivative in its incoming weights and bias (n_in of them)
   and in the weights that read it (n_out): n_in + n_out null directions, one of them its
@@ -43,6 +44,7 @@ from pathlift.graph.boundary import param
 from pathlift.graph.channels import ChannelMap, Producer
 from pathlift.graph.ops import AffineHandler, Kind
 from pathlift.graph.trace import LayerGraph
+from pathlift.symmetry.jacobian import Patterns
 
 _TWIN_COSINE = 1 - 1e-12  # incoming rows this aligned are twins (up to rounding)
 
@@ -58,6 +60,7 @@ class Obstructions:
     """
 
     rescaling: int
+    unclipped: int
     dead: int
     always_on: int
     twins: int
@@ -69,19 +72,19 @@ class Obstructions:
 
     @property
     def total(self) -> int:
-        return self.rescaling + self.dead + self.always_on + self.twins + self.bias_shift
+        return (self.rescaling + self.unclipped + self.dead + self.always_on + self.twins
+                + self.bias_shift)
 
     def __repr__(self) -> str:
-        return (f"Obstructions(total={self.total}: rescaling {self.rescaling}, dead "
+        return (f"Obstructions(total={self.total}: rescaling {self.rescaling}, unclipped "
+                f"{self.unclipped}, dead "
                 f"{self.dead}, always on {self.always_on}, twins {self.twins}, bias shift "
                 f"{self.bias_shift})")
 
 
 def _rescalable_groups(cmap: ChannelMap) -> int:
-    """One rescaling per free tie group (Def. 2.4.1). The hook for clipping activations:
-    once the op table gives ops a "fixes the scale of its input" trait, every group whose
-    channels reach such an op joins the fixed group 0 in the channel analysis (or is
-    subtracted here), and this count follows."""
+    """One rescaling per free tie group (Def. 2.4.1); channels read by an activation that
+    fixes their scale (the op trait ``fixes_scale``) are in the fixed group 0."""
     return cmap.num_groups - 1
 
 
@@ -145,8 +148,8 @@ class _Counter:
 
 def _relu_channels(graph: LayerGraph, on: dict[str, Tensor], value: bool
                    ) -> dict[str, Tensor]:
-    """For each layer read directly (and only) by a ReLU node: whether each of its output
-    channels is ``value`` (on or off) for some input and position."""
+    """For each layer read directly (and only) by a ReLU (or activation) node of ``on``:
+    whether each of its output channels is ``value`` for some input and position."""
     out: dict[str, Tensor] = {}
     for n in graph.nodes():
         if n.name not in on or not isinstance(n.args[0], fx.Node):
@@ -177,6 +180,16 @@ def _dead(counter: _Counter, on: dict[str, Tensor]) -> tuple[int, list[str]]:
             extra += counter.incoming(p, c) + n_out - 1
             names.append(f"{name}[{c}]")
     return extra, names
+
+
+def _unclipped(counter: _Counter, clipped: dict[str, Tensor]) -> int:
+    """Channels of a simple layer read by a clipping activation that never clips them."""
+    count = 0
+    for name, ever in _relu_channels(counter.graph, clipped, True).items():
+        p = counter.cmap.producer(name)
+        if counter.simple(p):
+            count += int((~ever).sum())
+    return count
 
 
 def _always_on(counter: _Counter, on: dict[str, Tensor]) -> tuple[int, list[str]]:
@@ -252,16 +265,18 @@ def _bias_shifts(graph: LayerGraph, counter: _Counter) -> int:
     return count
 
 
-def obstructions(graph: LayerGraph, cmap: ChannelMap, on: dict[str, Tensor]) -> Obstructions:
-    """The obstructions of this module's docstring at the graph's current parameters;
-    ``on`` holds each ReLU node's on/off tensor over the inputs (``activation_patterns``)."""
+def obstructions(graph: LayerGraph, cmap: ChannelMap, patterns: Patterns) -> Obstructions:
+    """The obstructions of this module's docstring at the graph's current parameters, with
+    dead, always-active and unclipped neurons read from the ``patterns`` of the domain."""
     counter = _Counter(graph, cmap)
+    on = patterns.on
     dead, dead_names = _dead(counter, on)
     always_on, linear = _always_on(counter, on)
     twins, twin_groups = _twins(counter, set(dead_names) | set(linear))
     hidden = cmap.group[1:]
     sizes = torch.bincount(cmap.group, minlength=cmap.num_groups)
     tied = int(((hidden > 0) & (sizes[hidden] > 1)).sum())
-    return Obstructions(_rescalable_groups(cmap), dead, always_on, twins,
+    return Obstructions(_rescalable_groups(cmap), _unclipped(counter, patterns.clipped),
+                        dead, always_on, twins,
                         _bias_shifts(graph, counter), tied, tuple(dead_names), tuple(linear),
                         tuple(twin_groups))
