@@ -115,10 +115,10 @@ class _Run(nn.Module):
     def __init__(self, interpreter: GraphInterpreter):
         super().__init__()
         self.net = interpreter.layer_graph.model
-        self.interpreter = [interpreter]  # a list: not registered as a submodule
+        self.interpreter = interpreter
 
     def forward(self, x: Tensor) -> Any:
-        return self.interpreter[0].run(x)
+        return self.interpreter.run(x)
 
 
 class _Gated(GraphInterpreter):
