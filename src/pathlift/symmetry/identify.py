@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import LayerGraph
 from pathlift.graph.channels import analyse
+from pathlift.graph.ops import Kind
 from pathlift.symmetry.jacobian import Parameterized, activation_patterns
 from pathlift.symmetry.obstructions import Obstructions, obstructions
 from pathlift.symmetry.rank import Rank, dense_jacobian, exact_rank, randomized_rank
@@ -132,6 +133,12 @@ def _phi_rank(par: Parameterized, method: str, seed: int) -> tuple[Rank, Tensor 
     return randomized_rank(f, par.theta, points * d_out, generator), None
 
 
+def _phi_supported(graph: LayerGraph) -> bool:
+    """The gated path network covers every op but activations with trainable slopes."""
+    return not any(graph.handler(n).kind is Kind.ACTIVATION and graph.handler(n).parametric
+                   for n in graph.nodes())
+
+
 def _involved(par: Parameterized, null: Tensor, known: Tensor | None, missing: int
               ) -> tuple[str, ...]:
     """Layers carrying the null directions of J that the known symmetry directions (the
@@ -195,8 +202,9 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
         domain: inputs standing for the input domain, on which dead and always-active
             neurons are symmetries of the function (not gaps of the samples); default
             4096 Gaussian inputs with the standard deviation of ``inputs`` (at least 1).
-        phi: also compute the rank of dPhi/dtheta (default: with the exact method only;
-            it needs about dim theta / d_out evaluations of the gated path network).
+        phi: also compute the rank of dPhi/dtheta (default: with the exact method only,
+            and not for PReLU's trainable slopes; it needs about dim theta / d_out
+            evaluations of the gated path network).
 
     Returns:
         An ``Identifiability``: verdict, missing directions and the layers they involve,
@@ -219,7 +227,7 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
     method = _method(method, par.size, exact_max)
     if domain is None:
         domain = _inputs(par, DOMAIN, seed + 2) * max(1.0, float(x.std()) if x.numel() > 1 else 1.0)
-    with_phi = method == "exact" if phi is None else phi
+    with_phi = method == "exact" and _phi_supported(par.graph) if phi is None else phi
     symmetry, known = _symmetry(par, _inputs(par, domain, seed), method, seed, with_phi)
     regions = activation_patterns(par.graph, x).count_regions()
     f = par.outputs(x)

@@ -137,6 +137,8 @@ class _Gated(GraphInterpreter):
         for n in graph.nodes():
             handler = graph.handler(n)
             kind = handler.kind
+            if kind not in _NEURON_KINDS:
+                continue
             shape = (batch, *graph.output_shape(n))
             if kind is Kind.ACTIVATION:
                 if handler.parametric:
@@ -148,8 +150,7 @@ class _Gated(GraphInterpreter):
                 neurons = [(float(a), float(b), float(c)) for a, b, c in pieces.neurons()]
                 self.lowered[n.name] = (neurons, float(pieces.value),
                                         [gate(shape) for _ in neurons])
-            if kind in _NEURON_KINDS:
-                self.gates[n.name] = gate(shape)
+            self.gates[n.name] = gate(shape)
             if kind is Kind.MAXPOOL:
                 arg = n.args[0]
                 self.choices[n.name] = torch.rand((batch, *graph.output_shape(arg)),

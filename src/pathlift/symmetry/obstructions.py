@@ -253,7 +253,7 @@ def _bias_shifts(graph: LayerGraph, counter: _Counter) -> int:
         if not handler.own_neurons(module) or counter.calls.get(n.target, 0) != 1:
             continue
         src = n.args[0]
-        while isinstance(src, fx.Node) and len(src.users) == 1 \
+        while isinstance(src, fx.Node) and len(src.users) == 1 and src.op != "placeholder" \
                 and graph.handler(src).kind in (Kind.IDENTITY, Kind.RESHAPE):
             src = src.args[0]
         if not (isinstance(src, fx.Node) and src.op == "call_module" and len(src.users) == 1):
