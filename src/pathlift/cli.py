@@ -712,7 +712,6 @@ def equivalent_command(
                   f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})")
 
 
-
 @app.command()
 def frontier(
     out: Path = typer.Option(None, "--out", help="output folder (default: runs/frontier-TIME)"),
@@ -746,6 +745,34 @@ def frontier(
             for path in write_frontier(result, folder):
                 console.print(f"wrote {path}")
             console.print(Path(folder, "frontier.md").read_text())
+
+
+@app.command("identify")
+def identify_command(
+    model: Model,
+    samples: int = typer.Option(256, "--samples", help="number of Gaussian inputs N"),
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    seed: Seed = 0,
+    scale: float = typer.Option(1.0, "--scale", help="standard deviation of the inputs"),
+    method: str = typer.Option("auto", "--method", help="auto, exact or randomized"),
+) -> None:
+    """Is MODEL identifiable, up to its symmetries, from its outputs on N random inputs?
+
+    Rank of the Jacobian of theta -> (R(x_i))_i against dim theta - symmetry dimension
+    (Bona-Pellissier, Bachoc & Malgouyres 2022; Stock & Gribonval 2023; thesis Sec. 7.1.1).
+    """
+    import torch
+
+    from pathlift.models import load_model
+    from pathlift.symmetry import identify
+
+    with working(console, f"identifying {model} from {samples} inputs"):
+        net, shape = load_model(model, input_shape, weights, seed=seed)
+        generator = torch.Generator().manual_seed(seed)
+        x = scale * torch.randn((samples, *shape), generator=generator, dtype=torch.float64)
+        result = identify(net, x, method=method, seed=seed)
+    console.print(f"{model}: {result!r}\n  {result.symmetry.obstructions!r}\n  {result.rank!r}")
 
 
 if __name__ == "__main__":

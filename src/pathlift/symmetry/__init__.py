@@ -19,11 +19,18 @@ from pathlift.symmetry.equivalence import (
     permute,
     symmetries,
 )
+from pathlift.symmetry.identify import (
+    Identifiability,
+    SymmetryDimension,
+    identify,
+    symmetry_dimension,
+)
 from pathlift.symmetry.rescale import random_rescale, rescale
 
 __all__ = [
-    "Canonical", "ConservedQuantities", "Equivalence", "Normalized", "Symmetries",
-    "adversarial_rescale", "analyse", "canonicalize", "conserved_quantities", "equivalent",
-    "magnitude_prune", "normalize", "normalize_report", "permutable_units", "permute",
-    "random_rescale", "rescale", "symmetries",
+    "Canonical", "ConservedQuantities", "Equivalence", "Identifiability", "Normalized",
+    "Symmetries", "SymmetryDimension", "adversarial_rescale", "analyse", "canonicalize",
+    "conserved_quantities", "equivalent", "identify", "magnitude_prune", "normalize",
+    "normalize_report", "permutable_units", "permute", "random_rescale", "rescale",
+    "symmetries", "symmetry_dimension",
 ]
