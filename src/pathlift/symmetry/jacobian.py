@@ -25,21 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import flat_outputs
-from pathlift.graph.ops import Call, Kind
+from pathlift.graph.ops import Call, Handler
 from pathlift.graph.trace import GraphInterpreter
-
-# Ops whose outputs are neurons of Def. 2.2.2 (a ReLU either merges into the neuron it
-# follows or creates one; both get a gate, a product of gates is still one monomial). A
-# piecewise-linear activation is lowered to ReLU neurons n_j = ReLU(sigma_j z + beta_j) and
-# one identity neuron y = f(t_1) + sum_j c_j n_j (``pathlift.graph.ops.activation``): each
-# gets a gate of its own.
-_NEURON_KINDS = (Kind.AFFINE, Kind.POOL, Kind.ADD, Kind.MAXPOOL, Kind.RELU, Kind.ACTIVATION)
+from pathlift.graph.walk import OpWalker
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,67 +115,77 @@ class _Run(nn.Module):
         return self.interpreter.run(x)
 
 
-class _Gated(GraphInterpreter):
-    """The gated path network R~ of this module's docstring, batch ``batch``."""
+class _Gated(OpWalker):
+    """The gated path network R~ of this module's docstring: every op that makes (or
+    activates) neurons multiplies its output by a fixed random gate, drawn at its first
+    run and kept, so that every run of the walker computes the same network."""
+
+    purpose = "the gated path network"
 
     def __init__(self, graph: LayerGraph, batch: int, generator: torch.Generator):
         super().__init__(graph)
+        self.batch, self.generator = batch, generator
         self.gates: dict[str, Tensor] = {}
         self.choices: dict[str, Tensor] = {}
         self.lowered: dict[str, tuple[list[tuple[float, float, float]], float, list[Tensor]]] = {}
+        with torch.no_grad():  # draw every gate now, outside any functorch transform
+            self.run(torch.zeros((batch, *graph.input_shape), dtype=torch.float64))
 
-        def gate(shape: tuple[int, ...]) -> Tensor:  # away from 0: a well-scaled Jacobian
-            sign = torch.randint(0, 2, shape, generator=generator) * 2 - 1
-            return sign * (0.5 + torch.rand(shape, generator=generator, dtype=torch.float64))
+    def _draw(self, shape: tuple[int, ...]) -> Tensor:  # away from 0: a well-scaled Jacobian
+        sign = torch.randint(0, 2, shape, generator=self.generator) * 2 - 1
+        return sign * (0.5 + torch.rand(shape, generator=self.generator, dtype=torch.float64))
 
-        for n in graph.nodes():
-            handler = graph.handler(n)
-            kind = handler.kind
-            if kind not in _NEURON_KINDS:
-                continue
-            shape = (batch, *graph.output_shape(n))
-            if kind is Kind.ACTIVATION:
-                if handler.parametric:
-                    raise UnsupportedModelError(
-                        f"node '{n.name}' ({handler.name}) has trainable slopes; the rank of "
-                        "dPhi/dtheta does not cover them yet: pass phi=False")
-                call = Call(n, graph.submodule(n), tuple(n.args), dict(n.kwargs))
-                pieces = handler.pieces(call)
-                neurons = [(float(a), float(b), float(c)) for a, b, c in pieces.neurons()]
-                self.lowered[n.name] = (neurons, float(pieces.value),
-                                        [gate(shape) for _ in neurons])
-            self.gates[n.name] = gate(shape)
-            if kind is Kind.MAXPOOL:
-                arg = n.args[0]
-                self.choices[n.name] = torch.rand((batch, *graph.output_shape(arg)),
-                                                  generator=generator, dtype=torch.float64)
+    def _gate(self, call: Call) -> Tensor:
+        name = call.node.name
+        if name not in self.gates:
+            self.gates[name] = self._draw((self.batch, *self.layer_graph.output_shape(
+                call.node)))
+        return self.gates[name]
 
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op in ("placeholder", "output"):
-            return super().run_node(n)
-        kind = self.layer_graph.handler(n).kind
-        if kind is Kind.RELU:
-            args, _ = self.fetch_args_kwargs_from_env(n)
-            return args[0] * self.gates[n.name]
-        if kind is Kind.ACTIVATION:  # y = f(t_1) + sum_j c_j g_j (sigma_j z + beta_j)
-            z = self.fetch_args_kwargs_from_env(n)[0][0]
-            neurons, value, gates = self.lowered[n.name]
-            y = sum(c * g * (sigma * z + beta) for (sigma, beta, c), g in
-                    zip(neurons, gates, strict=True)) + value
-            return y * self.gates[n.name]
-        if kind is Kind.MAXPOOL:  # the pool linearised at a random point: one winner each
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            call = Call(n, self.layer_graph.submodule(n), tuple(args), kwargs)
-            _, picked = jvp(call.run, (self.choices[n.name],), (args[0],))
-            return picked * self.gates[n.name]
-        out = super().run_node(n)
-        return out * self.gates[n.name] if n.name in self.gates else out
+    def _gated(self, handler: Handler, call: Call) -> Tensor:
+        return call.run() * self._gate(call)
+
+    on_affine = on_pool = on_add = _gated
+
+    def on_relu(self, handler: Handler, call: Call) -> Tensor:
+        return call.args[0] * self._gate(call)
+
+    def on_activation(self, handler: Handler, call: Call) -> Tensor:
+        """y = f(t_1) + sum_j c_j g_j (sigma_j z + beta_j), each lowered neuron gated."""
+        name = call.node.name
+        if name not in self.lowered:
+            if handler.parametric:
+                raise UnsupportedModelError(
+                    f"node '{name}' ({handler.name}) has trainable slopes; the rank of "
+                    "dPhi/dtheta does not cover them yet: pass phi=False")
+            pieces = handler.pieces(call)
+            neurons = [(float(a), float(b), float(c)) for a, b, c in pieces.neurons()]
+            shape = (self.batch, *self.layer_graph.output_shape(call.node))
+            self.lowered[name] = (neurons, float(pieces.value),
+                                  [self._draw(shape) for _ in neurons])
+        neurons, value, gates = self.lowered[name]
+        z = call.args[0]
+        y = sum(c * g * (sigma * z + beta) for (sigma, beta, c), g in
+                zip(neurons, gates, strict=True)) + value
+        return y * self._gate(call)
+
+    def on_maxpool(self, handler: Handler, call: Call) -> Tensor:
+        """The pool linearised at a random point: one winner for each output."""
+        name = call.node.name
+        if name not in self.choices:
+            self.choices[name] = torch.rand(
+                (self.batch, *self.layer_graph.output_shape(call.node.args[0])),
+                generator=self.generator, dtype=torch.float64)
+        _, picked = jvp(call.run, (self.choices[name],), (call.args[0],))
+        return picked * self._gate(call)
 
 
-class _Patterns(GraphInterpreter):
+class _Patterns(OpWalker):
     """Records, per input, the on/off bit of every ReLU output, the linear piece of every
     piecewise-linear activation's input (the on/off bits of its lowered ReLU neurons) and
     the winner of every max-pool output (the antecedent it reads, as a jvp's tangent)."""
+
+    purpose = "activation patterns"
 
     def __init__(self, graph: LayerGraph):
         super().__init__(graph)
@@ -189,33 +193,36 @@ class _Patterns(GraphInterpreter):
         self.relu_inputs: dict[str, Tensor] = {}
         self.clipped: dict[str, Tensor] = {}
 
-    def run_node(self, n: fx.Node) -> Any:
-        kind = None if n.op in ("placeholder", "output") else self.layer_graph.handler(n).kind
-        if kind is Kind.ACTIVATION:  # before the op: it may overwrite its input
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            handler = self.layer_graph.handler(n)
-            pieces = handler.pieces(Call(n, self.layer_graph.submodule(n), tuple(args), kwargs))
-            z = args[0]
-            self.parts += [(z > t).reshape(z.shape[0], -1).to(torch.float64)
-                           for t in pieces.breakpoints]
-            if not pieces.homogeneous:  # it fixes scales where a breakpoint is passed
-                crossed = torch.zeros(z.shape, dtype=torch.bool)
-                for t in pieces.breakpoints:
-                    if t != 0:
-                        crossed |= z > t if t > 0 else z < t
-                self.clipped[n.name] = crossed
-        out = super().run_node(n)
-        if kind is Kind.RELU:
-            self.parts.append((out > 0).reshape(out.shape[0], -1).to(torch.float64))
-            self.relu_inputs[n.name] = out > 0
-        elif kind is Kind.MAXPOOL:
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            call = Call(n, self.layer_graph.submodule(n), tuple(args), kwargs)
-            x = args[0]
-            index = torch.arange(x[0].numel(), dtype=x.dtype).reshape(x.shape[1:]).expand_as(x)
-            _, winner = jvp(call.run, (x,), (index.contiguous(),))
-            self.parts.append(winner.reshape(x.shape[0], -1))
+    def _run(self, handler: Handler, call: Call) -> Tensor:
+        return call.run()
+
+    on_affine = on_pool = on_add = _run
+
+    def on_activation(self, handler: Handler, call: Call) -> Tensor:
+        pieces = handler.pieces(call)  # before the op: it may overwrite its input
+        z = call.args[0]
+        self.parts += [(z > t).reshape(z.shape[0], -1).to(torch.float64)
+                       for t in pieces.breakpoints]
+        if not pieces.homogeneous:  # it fixes scales where a breakpoint is passed
+            crossed = torch.zeros(z.shape, dtype=torch.bool)
+            for t in pieces.breakpoints:
+                if t != 0:
+                    crossed |= z > t if t > 0 else z < t
+            self.clipped[call.node.name] = crossed
+        return call.run()
+
+    def on_relu(self, handler: Handler, call: Call) -> Tensor:
+        out = call.run()
+        self.parts.append((out > 0).reshape(out.shape[0], -1).to(torch.float64))
+        self.relu_inputs[call.node.name] = out > 0
         return out
+
+    def on_maxpool(self, handler: Handler, call: Call) -> Tensor:
+        x = call.args[0]
+        index = torch.arange(x[0].numel(), dtype=x.dtype).reshape(x.shape[1:]).expand_as(x)
+        _, winner = jvp(call.run, (x,), (index.contiguous(),))
+        self.parts.append(winner.reshape(x.shape[0], -1))
+        return call.run()
 
 
 @dataclass(frozen=True, eq=False)
