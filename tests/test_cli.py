@@ -107,7 +107,7 @@ def test_every_model_argument_has_the_same_help():
     model_help = ("a reference architecture (see 'pathlift models'), a checkpoint file "
                   "(.safetensors, .pt, .pth), module:callable or path/to/file.py:callable")
     takes_model = {c for c, text in helps.items() if "MODEL" in text or "--model" in text}
-    takes_model.discard("depth")  # its --model is a class of the depth lab's tables
+    takes_model -= {"depth", "frontier"}  # their --model names a class of their own tables
     assert takes_model == {"norm", "summary", "bounds", "report", "prune", "quantize",
                            "rescale", "normalize", "metric", "lipschitz", "equivalent"}
     for command in takes_model:
@@ -276,9 +276,9 @@ def test_default_out_never_reuses_a_folder(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------- a thin CLI
 
 CLI_SOURCE = ROOT / "src" / "pathlift" / "cli.py"
-#: kron/ is another engineer's package: these two helpers still wait for a public export
-#: (pathlift.kron); everything else is imported from the library's public packages.
-KRON_PENDING = {"pathlift.kron.cache", "pathlift.kron.timing"}
+#: Other engineers' packages: these still wait for a public export (pathlift.kron,
+#: pathlift.train); everything else is imported from the library's public packages.
+PENDING = {"pathlift.kron.cache", "pathlift.kron.timing", "pathlift.train.frontier"}
 
 
 def _commands() -> dict[str, ast.FunctionDef]:
@@ -299,8 +299,8 @@ def test_the_cli_imports_only_the_public_api() -> None:
     imported = {node.module for node in ast.walk(ast.parse(CLI_SOURCE.read_text()))
                 if isinstance(node, ast.ImportFrom) and node.module.startswith("pathlift")}
     below = {m for m in imported if m.count(".") > 1 or m.startswith("pathlift._")}
-    assert below == KRON_PENDING
+    assert below == PENDING
     assert imported - below - {"pathlift.cli_support"} <= {
-        f"pathlift.{package}" for package in ("bounds", "data", "depth", "kron", "lift",
-                                              "models", "plots", "prune", "quant", "report",
-                                              "summary", "symmetry")}
+        f"pathlift.{package}" for package in ("bench", "bounds", "data", "depth", "distributed",
+                                              "kron", "lift", "models", "plots", "prune",
+                                              "quant", "report", "summary", "symmetry")}
