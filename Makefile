@@ -1,20 +1,23 @@
 # Two commands set up a fresh machine and do the work (see README):
 #   make report   -> virtual environment, install, run `pathlift report` on its embedded default
-#   make test     -> virtual environment, install, ruff, the default test selection
+#   make test     -> virtual environment, install, ruff, the docs (warnings as errors), the
+#                    default test selection
 PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 
-.PHONY: install report test test-slow lint bench clean
+.PHONY: install report test test-slow lint docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch pinned here, not in pyproject.toml (which asks for torch>=2.3): 2.13.0 is the
 	# local CPU build, and an unpinned torch pulls CUDA.
-	$(BIN)/pip install -q -e '.[dev,lightning]' '$(TORCH)'
+	$(BIN)/pip install -q -e '.[all,dev,docs,lightning]' '$(TORCH)'
+	# Torch-Pruning without its dependencies, so that torch stays the pinned build
+	$(BIN)/pip install -q --no-deps 'torch-pruning>=1.5'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,7 +28,10 @@ report: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-test: $(STAMP) lint
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+test: $(STAMP) lint docs
 	$(BIN)/pytest
 
 test-slow: $(STAMP)
@@ -35,4 +41,4 @@ bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) report build *.egg-info src/*.egg-info
+	rm -rf $(VENV) report build site *.egg-info src/*.egg-info

@@ -1,31 +1,29 @@
 """The ``pathlift`` command's plumbing: list options, help, --version, --seed, --weights,
-one-line errors with exit status 2, and output folders outside the source tree."""
+one-line errors with exit status 2, start-up time, and output folders outside the source
+tree."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
+from cli_runner import invoke
 from pathlift.cli import app
-from pathlift.cli_support import default_out, spread_list_values
+from pathlift.cli_support import default_out, run, spread_list_values
 from pathlift.errors import InvalidParameterError
 from pathlift.lift import path_metric, path_norms
 from pathlift.models import load_model, mlp, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDE = {"COLUMNS": "200"}
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), env=WIDE)
 
 
 def norm_rows(output: str) -> dict[float, float]:
@@ -84,23 +82,63 @@ def test_help_reads_like_a_well_kept_cli(command):
     assert result.exit_code == 0, result.output
     assert "<bool>" not in result.output  # flags take no value
     usage = next(line for line in result.output.splitlines() if "Usage:" in line)
-    assert "{" not in usage and re.search(r"\[OPTIONS\]", usage)
-    if "<int>..." in result.output or "<float>..." in result.output or \
-            "<str>..." in result.output:
-        assert "--input-shape 3 224 224" in result.output  # how to pass several values
+    assert re.search(r"\[OPTIONS\]", usage)
+    if "<int>..." in result.output or "<float>..." in result.output:
+        assert "separated by spaces" in " ".join(result.output.split())
 
 
 def test_usage_names_the_arguments_in_upper_case():
     result = invoke("metric", "--help")
-    assert re.search(r"Usage: \S+ metric \[OPTIONS\] MODEL MODEL_B\s", result.output)
+    assert re.search(r"Usage: \S+ metric \[OPTIONS\] \{MODEL\} \{MODEL_B\}", result.output)
 
 
-def test_every_command_summary_is_one_line_in_the_command_list():
+def test_every_command_summary_is_in_the_command_list():
     result = invoke("--help")
+    listed = " ".join(result.output.split())
     for command, callback in CALLBACKS.items():
         summary = " ".join(callback.__doc__.split("\n\n")[0].split())
-        assert re.search(rf"│ {re.escape(command)}\s+{re.escape(summary)}\s+│", result.output), \
-            command
+        assert f"{command} {summary[:20]}" in listed, command  # click shortens at "Alg."
+
+
+def test_every_model_argument_has_the_same_help():
+    """One way to name a model: every MODEL argument and --model option says the same."""
+    helps = {command: " ".join(invoke(command, "--help").output.split())
+             for command in COMMANDS}
+    model_help = ("a reference architecture (see 'pathlift models'), a checkpoint file "
+                  "(.safetensors, .pt, .pth), module:callable or path/to/file.py:callable")
+    takes_model = {c for c, text in helps.items() if "MODEL" in text or "--model" in text}
+    takes_model -= {"depth", "frontier"}  # their --model names a class of their own tables
+    assert takes_model == {"norm", "summary", "bounds", "report", "prune", "quantize",
+                           "rescale", "normalize", "metric", "lipschitz", "equivalent"}
+    for command in takes_model:
+        assert model_help in helps[command], command
+
+
+def _best_of_three(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    times, done = [], None
+    for _ in range(3):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pathlift.cli", *args],
+                              capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+    return min(times), done
+
+
+@pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["norm", "--help"], 0),
+                                            (["norm", "mlp", "--no-such-option"], 2)])
+def test_help_and_usage_errors_start_in_under_a_second(args, code):
+    """The one absolute time the tests assert (issue 22): best of three runs."""
+    seconds, done = _best_of_three(args)
+    assert done.returncode == code, done.stderr
+    assert seconds < 1.0, f"pathlift {' '.join(args)} took {seconds:.2f} s"
+
+
+def test_help_imports_no_torch():
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "pathlift.cli", "--help"],
+                          capture_output=True, text=True, check=True)
+    modules = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+               if line.startswith("import time:")}
+    assert "typer" in modules and not {m for m in modules if m.split(".")[0] == "torch"}
 
 
 def test_version_prints_the_installed_version():
@@ -147,9 +185,8 @@ def test_two_models_with_different_input_shapes_need_input_shape(tmp_path):
 
 
 def test_debug_shows_the_error_itself(tmp_path):
-    result = CliRunner().invoke(app, ["--debug", "norm", str(tmp_path / "missing.pt")])
-    assert isinstance(result.exception, InvalidParameterError)
-    assert result.exit_code == 1
+    with pytest.raises(InvalidParameterError, match="no checkpoint file"):
+        run(app, ["--debug", "norm", str(tmp_path / "missing.pt")])
 
 
 # -------------------------------------------------------------------- seeds and weights
@@ -234,3 +271,36 @@ def test_default_out_never_reuses_a_folder(tmp_path, monkeypatch):
     folders = [default_out("x") for _ in range(3)]
     assert len(set(folders)) == 3 and all(f.is_dir() for f in folders)
     assert all(f.parent == Path("runs") for f in folders)
+
+
+# ---------------------------------------------------------------------- a thin CLI
+
+CLI_SOURCE = ROOT / "src" / "pathlift" / "cli.py"
+#: Other engineers' packages: these still wait for a public export (pathlift.kron,
+#: pathlift.train); everything else is imported from the library's public packages.
+PENDING = {"pathlift.kron.cache", "pathlift.kron.timing", "pathlift.train.frontier"}
+
+
+def _commands() -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(CLI_SOURCE.read_text())
+    return {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef) and any(
+        "app." in ast.unparse(d) for d in f.decorator_list)}
+
+
+def test_every_command_body_is_at_most_40_lines() -> None:
+    commands = _commands()
+    assert len(commands) == len(COMMANDS) + 1  # and the group's callback
+    for name, function in commands.items():
+        body = function.body[0].end_lineno + 1, function.end_lineno  # after the docstring
+        assert body[1] - body[0] + 1 <= 40, f"{name}: {body[1] - body[0] + 1} lines"
+
+
+def test_the_cli_imports_only_the_public_api() -> None:
+    imported = {node.module for node in ast.walk(ast.parse(CLI_SOURCE.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.module.startswith("pathlift")}
+    below = {m for m in imported if m.count(".") > 1 or m.startswith("pathlift._")}
+    assert below == PENDING
+    assert imported - below - {"pathlift.cli_support"} <= {
+        f"pathlift.{package}" for package in ("bench", "bounds", "data", "depth", "distributed",
+                                              "kron", "lift", "models", "plots", "prune",
+                                              "quant", "report", "summary", "symmetry")}

@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from pathlift.cli import app
+from cli_runner import invoke
 from pathlift.depth.classes import CLASSES, parse_model
 from pathlift.depth.experiments import append_csv, c10k, fit_rate, grid, maxima, run
 from pathlift.depth.model import DepthResNet
@@ -76,12 +75,13 @@ def test_digits_class_trains_with_cross_entropy() -> None:
 
 
 def test_cli_depth_prints_the_table(tmp_path) -> None:
-    out = CliRunner().invoke(app, ["depth", "--model", "C10k-B12c", "--depths", "16", "32",
-                                   "--seeds", "1", "--samples", "200",
-                                   "--csv", str(tmp_path / "r.csv")])
+    out = invoke("depth", "--model", "C10k-B12c", "--depths", "16", "32", "--seeds", "1",
+                 "--samples", "200", "--csv", str(tmp_path / "r.csv"),
+                 "--plot", str(tmp_path / "paths.png"))
     assert out.exit_code == 0, out.output
     assert "published" in out.output and "32" in out.output
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 3
+    assert (tmp_path / "paths.png").read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.slow

@@ -26,10 +26,12 @@ from torch import nn
 
 import pathlift.files
 from pathlift.data import load_digits, loaders, synthetic
-from pathlift.depth.experiments import DepthRun, append_csv, plot_trajectories
+from pathlift.depth.experiments import DepthRun, append_csv
 from pathlift.errors import InvalidParameterError
 from pathlift.files import FileSystemError
 from pathlift.models import load_model, mlp, save_checkpoint
+from pathlift.plots import depth_trajectories
+from pathlift.plots import pruning_experiment as plot
 from pathlift.prune import (
     PruneConfig,
     ResultsFileError,
@@ -38,7 +40,6 @@ from pathlift.prune import (
     SGDTraining,
     prune_rewind_retrain,
 )
-from pathlift.prune.pipeline import plot
 from pathlift.prune.protocol import manifest
 from pathlift.prune.results import COLUMNS, RunRecord
 from pathlift.quant.symmetry_aware import QuantReport
@@ -420,7 +421,7 @@ def _writers(tmp_path: Path) -> dict[str, tuple[Path, Callable[[int], object]]]:
                        lambda i: plot(result, tmp_path / "summary.png", f"try {i}")),
         "depth csv": (tmp_path / "depth.csv", lambda i: append_csv(tmp_path / "depth.csv",
                                                                     [_depth_run(i)])),
-        "depth plot": (tmp_path / "paths.png", lambda i: plot_trajectories(
+        "depth plot": (tmp_path / "paths.png", lambda i: depth_trajectories(
             [_depth_run(i)], str(tmp_path / "paths.png"))),
         "quant csv": (tmp_path / "quant.csv", lambda i: append_quant_csv(
             tmp_path / "quant.csv", [QuantReport("plain", 8, 1.0, 0.1, 0.5, 2.0, None)],
@@ -601,18 +602,16 @@ def test_the_collective_timeout(monkeypatch):
 
 
 def test_the_prune_command_refuses_a_resume_with_another_learning_rate(tmp_path):
-    from typer.testing import CliRunner
-
-    from pathlift.cli import app
+    from cli_runner import invoke
 
     args = ["prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1", "--seeds", "1",
             "--amount", "0.8", "--method", "magnitude-global", "--out", str(tmp_path)]
-    assert CliRunner().invoke(app, args).exit_code == 0
+    assert invoke(*args).exit_code == 0
     before = (tmp_path / "runs.csv").read_bytes()
-    again = CliRunner().invoke(app, [*args, "--lr", "0.5"])
+    again = invoke(*args, "--lr", "0.5")
     assert again.exit_code == 2
     assert "other settings: lr was 0.05, now 0.5" in " ".join(again.output.split())
     assert (tmp_path / "runs.csv").read_bytes() == before
-    bad = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "other"), "--batch-size", "0"])
+    bad = invoke(*args[:-1], str(tmp_path / "other"), "--batch-size", "0")
     assert bad.exit_code == 2 and "batch_size must be a positive int" in bad.output
     assert not (tmp_path / "other").exists()

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from typer.testing import CliRunner
 
-from pathlift.cli import app
+from cli_runner import invoke
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import train_classifier
 from pathlift.distributed import fingerprint
@@ -41,8 +40,8 @@ def _small_mlp() -> nn.Module:
 
 
 def test_prune_command_short_run(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, [
-        "prune", "--dataset", "digits", "--model", "mlp", "--epochs", "2", "--rewind-epoch",
+    result = invoke(*[
+        "prune", "--data", "digits", "--model", "mlp", "--epochs", "2", "--rewind-epoch",
         "1", "--seeds", "1", "--amount", "0.8", "--method", "path-magnitude-global",
         "--method", "magnitude-layerwise", "--method", "path-magnitude-layerwise",
         "--out", str(tmp_path)])
@@ -182,8 +181,8 @@ def test_killed_run_resumes_from_its_last_finished_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("model", ["small_cnn", "mlp"])
 def test_digits_experiment_meets_the_issue_targets(tmp_path: Path, model: str) -> None:
     """The README experiment: 3 seeds, 40/60/80% pruned (minutes on 2 CPU cores)."""
-    result = CliRunner().invoke(app, [
-        "prune", "--dataset", "digits", "--model", model, "--epochs", "20", "--out",
+    result = invoke(*[
+        "prune", "--data", "digits", "--model", model, "--epochs", "20", "--out",
         str(tmp_path)])
     assert result.exit_code == 0, result.output
     runs = _rows(tmp_path / "runs.csv")
@@ -244,14 +243,14 @@ def test_prune_command_takes_your_factory_and_synthetic_data(tmp_path: Path,
         "def ten():\n"
         "    return nn.Sequential(nn.Flatten(), nn.Linear(12, 10))\n")
     monkeypatch.chdir(tmp_path)
-    common = ["prune", "--dataset", "synthetic", "--input-shape", "3", "--input-shape", "4",
+    common = ["prune", "--data", "synthetic", "--input-shape", "3", "--input-shape", "4",
               "--epochs", "2", "--rewind-epoch", "1", "--seeds", "1", "--amount", "0.5",
               "--method", "path-magnitude-layerwise"]
-    result = CliRunner().invoke(app, [*common, "--model", "cli_nets:four", "--out", "out"])
+    result = invoke(*[*common, "--model", "cli_nets:four", "--out", "out"])
     assert result.exit_code == 0, result.output
     (row, rescaled) = _rows(tmp_path / "out" / "runs.csv")
     assert row["accuracy"] == rescaled["accuracy"] and float(row["accuracy"]) > 0.5
-    result = CliRunner().invoke(app, [*common, "--model", "cli_nets:ten"])
+    result = invoke(*[*common, "--model", "cli_nets:ten"])
     assert result.exit_code == 2 and "10 outputs, synthetic has 4 classes" in result.output
     assert not (tmp_path / "runs").exists()
 

@@ -1,13 +1,16 @@
-"""Every code block of README.md runs as written: a README that drifts fails CI.
+"""Every code block of README.md and of docs/*.md runs as written: documentation that
+drifts fails CI.
 
-The blocks run in README order in one temporary working directory where ``.venv`` links
-to the environment running the tests, so ``.venv/bin/pathlift ...`` is the literal text a
-user pastes from the repository root, and what a block writes stays out of the
-repository. ``python`` blocks run in a fresh namespace each (no block relies on another's
-variables); ``bash`` blocks run with ``bash -e -o pipefail``. The HTML comment on the line
-before a fence marks it: ``<!-- readme-test: slow -->`` (the ``slow`` selection) or
-``<!-- readme-test: skip REASON -->``. A block may use files written by earlier blocks that
-are not slow: those run first when they have not run yet, so any one block runs alone.
+The blocks of one page run in page order in one temporary working directory (one per
+page) where ``.venv`` links to the environment running the tests, so
+``.venv/bin/pathlift ...`` is the literal text a user pastes from the repository root, and
+what a block writes stays out of the repository. ``python`` blocks run in a fresh
+namespace each (no block relies on another's variables); ``bash`` blocks run with
+``bash -e -o pipefail``. The HTML comment on the line before a fence marks it:
+``<!-- readme-test: slow -->`` (the ``slow`` selection) or
+``<!-- readme-test: skip REASON -->``. A block may use files written by earlier blocks of
+its page that are not slow: those run first when they have not run yet, so any one block
+runs alone.
 """
 
 from __future__ import annotations
@@ -23,15 +26,16 @@ import pytest
 from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARK = re.compile(r"<!--\s*readme-test:\s*(slow|skip)\s*(.*?)\s*-->", re.S)
 LANGUAGES = ("python", "bash")
 
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block: where it starts, its language, its text and its mark."""
+    """One fenced code block: its page, where it starts, its language, its text and mark."""
 
+    page: str
     line: int
     language: str
     text: str
@@ -39,9 +43,10 @@ class Block:
     reason: str
 
 
-def readme_blocks() -> list[Block]:
-    """The fenced code blocks of README.md, with the readme-test mark before each."""
-    tokens = MarkdownIt().parse(README.read_text())
+def page_blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of one page, with the readme-test mark before each."""
+    tokens = MarkdownIt().parse(path.read_text())
+    page = str(path.relative_to(ROOT))
     blocks = []
     for before, token in zip([None, *tokens], tokens, strict=False):
         if token.type not in ("fence", "code_block"):
@@ -49,17 +54,18 @@ def readme_blocks() -> list[Block]:
         mark = MARK.search(before.content) if before is not None and \
             before.type == "html_block" else None
         kind, reason = (mark.group(1), " ".join(mark.group(2).split())) if mark else (None, "")
-        blocks.append(Block(token.map[0] + 1, token.info.strip(), token.content, kind, reason))
+        blocks.append(Block(page, token.map[0] + 1, token.info.strip(), token.content, kind,
+                            reason))
     return blocks
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [block for page in PAGES for block in page_blocks(page)]
 
 
 def _param(block: Block) -> pytest.param:
     marks = {"slow": [pytest.mark.slow],
-             "skip": [pytest.mark.skip(reason=block.reason or "marked skip in README")]}
-    return pytest.param(block, id=f"README.md:{block.line}-{block.language or 'text'}",
+             "skip": [pytest.mark.skip(reason=block.reason or "marked skip in the page")]}
+    return pytest.param(block, id=f"{block.page}:{block.line}-{block.language or 'text'}",
                         marks=marks.get(block.mark, []))
 
 
@@ -73,59 +79,70 @@ def _repository_state() -> tuple[str, list[str]]:
 
 
 class Runner:
-    """Runs blocks in one working directory, each at most once, earlier fast ones first."""
+    """Runs the blocks of every page, each page in its own working directory, each block at
+    most once, the earlier fast ones of its page first."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.outcome: dict[int, str | None] = {}  # line -> None (passed) or the failure
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.outcome: dict[tuple[str, int], str | None] = {}  # None (passed) or the failure
+
+    def workdir(self, block: Block) -> Path:
+        folder = self.root / block.page.replace("/", "_")
+        if not folder.exists():
+            folder.mkdir()
+            (folder / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+        return folder
 
     def run_with_prerequisites(self, block: Block) -> None:
         for earlier in BLOCKS:
+            if earlier.page != block.page:
+                continue
             if earlier.line >= block.line:
                 break
-            if earlier.mark is None and earlier.line not in self.outcome:
+            key = (earlier.page, earlier.line)
+            if earlier.mark is None and key not in self.outcome:
                 self._record(earlier)
-            if self.outcome.get(earlier.line):
-                pytest.fail(f"README.md:{earlier.line}, which this block may need, failed")
+            if self.outcome.get(key):
+                pytest.fail(f"{earlier.page}:{earlier.line}, which this block may need, failed")
         self._record(block)
-        if self.outcome[block.line]:
-            pytest.fail(self.outcome[block.line], pytrace=False)
+        if self.outcome[block.page, block.line]:
+            pytest.fail(self.outcome[block.page, block.line], pytrace=False)
 
     def _record(self, block: Block) -> None:
+        key = (block.page, block.line)
         try:
-            self.outcome[block.line] = self._run(block)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.chdir(self.workdir(block))
+                self.outcome[key] = self._run(block)
         except Exception as err:
-            self.outcome[block.line] = f"README.md:{block.line}: {type(err).__name__}: {err}"
+            self.outcome[key] = f"{block.page}:{block.line}: {type(err).__name__}: {err}"
             raise
 
     def _run(self, block: Block) -> str | None:
         """None when the block ran cleanly, else what went wrong."""
         if block.language == "python":
-            code = compile(block.text, f"README.md:{block.line}", "exec")
+            code = compile(block.text, f"{block.page}:{block.line}", "exec")
             exec(code, {"__name__": "__main__"})
             return None
         done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.text],
-                              cwd=self.workdir, capture_output=True, text=True, timeout=1800)
+                              cwd=self.workdir(block), capture_output=True, text=True,
+                              timeout=1800)
         if done.returncode == 0:
             return None
-        return (f"README.md:{block.line}: exit status {done.returncode}\n"
+        return (f"{block.page}:{block.line}: exit status {done.returncode}\n"
                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
-    workdir = tmp_path_factory.mktemp("readme")
-    (workdir / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
-    yield Runner(workdir)
+    yield Runner(tmp_path_factory.mktemp("docs"))
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
-def test_readme_block_runs_as_written(block: Block, runner: Runner,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_code_block_runs_as_written(block: Block, runner: Runner) -> None:
     assert block.language in LANGUAGES, (
-        f"README.md:{block.line}: a code block must be one of {LANGUAGES} (or marked "
+        f"{block.page}:{block.line}: a code block must be one of {LANGUAGES} (or marked "
         f"'<!-- readme-test: skip REASON -->'), got {block.language!r}")
-    monkeypatch.chdir(runner.workdir)
     before = _repository_state()
     runner.run_with_prerequisites(block)
     assert _repository_state() == before, "the block wrote into the repository"
@@ -133,6 +150,20 @@ def test_readme_block_runs_as_written(block: Block, runner: Runner,
 
 def test_every_mark_stands_before_a_code_block() -> None:
     """A misplaced mark would leave a long block in the default selection."""
-    assert len(MARK.findall(README.read_text())) == sum(b.mark is not None for b in BLOCKS)
+    marks = sum(len(MARK.findall(page.read_text())) for page in PAGES)
+    assert marks == sum(b.mark is not None for b in BLOCKS)
     assert all(b.reason for b in BLOCKS if b.mark == "skip")
-    assert sum(b.language == "python" for b in BLOCKS) >= 8  # the parser sees the blocks
+    assert sum(b.language == "python" for b in BLOCKS) >= 20  # the parser sees the blocks
+    assert {b.page for b in BLOCKS} >= {"README.md", "docs/your-model-and-data.md"}
+
+
+def test_readme_is_short_and_cites_the_research_by_name() -> None:
+    """The README is a pitch, the set-up, a tour and links (issue 22); no page cites the
+    research by file or nickname."""
+    readme = PAGES[0].read_text()
+    assert len(readme.splitlines()) <= 250
+    for page in PAGES:
+        text = page.read_text()
+        for nickname in ("paper 00", "../shared", "the slides"):
+            assert nickname not in text, (page.name, nickname)
+        assert not re.search(r"\b[Tt]he thesis\b", text), page.name

@@ -1,41 +1,70 @@
-"""The ``pathlift`` command: parses arguments, calls the library, prints. Nothing else."""
+"""The ``pathlift`` command: parses arguments, calls the library, prints. Nothing else.
+
+Each command is one small function that imports the library inside its body (so --help
+and argument errors never import torch), resolves its model and data specs, calls one
+library function returning a result object, and prints it.
+"""
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-import typer
-from rich.console import Console
-from rich.table import Table
+try:
+    import typer
+    from rich.console import Console
+    from rich.table import Table
+except ImportError as err:  # the library installed without its command line
+    raise SystemExit(f"pathlift's command line needs {err.name}: pip install "
+                     "'pathlift[cli]'") from err
 
-from pathlift.cli_support import PathliftTyper, default_out, version_callback, working
+from pathlift.cli_support import default_out, run, version_callback, working
 
-app = PathliftTyper(no_args_is_help=True, add_completion=False,
-                    pretty_exceptions_show_locals=False,
-                    help="Path-lifting analysis of ReLU networks.")
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  pretty_exceptions_enable=False, help="Path-lifting analysis of ReLU networks.")
 console = Console()
 
-Model = Annotated[str, typer.Argument(
-    help="reference architecture name (see 'pathlift models') or checkpoint file")]
-ModelB = Annotated[str, typer.Argument(help="second model: architecture name or checkpoint "
-                                            "file, same architecture")]
+MODEL_HELP = ("a reference architecture (see 'pathlift models'), a checkpoint file "
+              "(.safetensors, .pt, .pth), module:callable or path/to/file.py:callable (a class "
+              "or factory returning an nn.Module)")
+DATA_HELP = ("digits, synthetic, a .npz file (arrays x, y), a .csv file (label column 'label', "
+             "'y' or the last), a folder of class sub-folders of images, or module:callable "
+             "returning (train, test) datasets")
+Model = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP, show_default=False)]
+ModelB = Annotated[str, typer.Argument(metavar="MODEL_B", help="the second model: "
+                                       + MODEL_HELP, show_default=False)]
 InputShape = Annotated[list[int] | None, typer.Option(
-    "--input-shape", help="input shape without the batch dimension, as in 3 224 224 "
-    "(default: the one stored in the checkpoint, else the architecture's)")]
+    "--input-shape", metavar="<int>...", help="input shape without the batch dimension, "
+    "values separated by spaces as in --input-shape 3 224 224 (default: the checkpoint's, "
+    "else the factory's input_shape attribute, else the data's)")]
 Weights = Annotated[str | None, typer.Option(
-    "--weights", help="state_dict file (.safetensors, .pt, .pth; weights only) for the "
-    "architecture MODEL")]
+    "--weights", help="state_dict file (.safetensors, .pt, .pth; weights only) for MODEL")]
 WeightsB = Annotated[str | None, typer.Option(
-    "--weights-b", help="state_dict file for the architecture MODEL_B")]
+    "--weights-b", help="state_dict file for MODEL_B")]
 Seed = Annotated[int, typer.Option(
-    "--seed", help="seed of the random initialisation when a model is an architecture name")]
+    "--seed", help="seed of the random initialisation of a model given by name, and of the "
+    "data's train/test split")]
+Data = Annotated[str | None, typer.Option("--data", help=DATA_HELP)]
+TestFraction = Annotated[float, typer.Option(
+    "--test-fraction", help="fraction of the samples held out for testing (data without a "
+    "split of its own)")]
+Normalize = Annotated[str, typer.Option(
+    "--normalize", help="none, or standard: subtract the training mean and divide by the "
+    "training standard deviation per input value")]
+BatchSize = Annotated[int, typer.Option("--batch-size", help="batch size")]
+Out = Annotated[str | None, typer.Option(
+    "--out", help="output folder (default: a new runs/COMMAND-TIMESTAMP)")]
+
+
+def main() -> None:
+    """The ``pathlift`` console script: one-line errors with exit status 2 (see
+    ``pathlift.cli_support.run``)."""
+    run(app)
 
 
 @app.callback()
-def main(
+def _group(
     version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=version_callback,
         help="Print the versions of pathlift, torch and Python, then exit.")] = False,
@@ -45,19 +74,32 @@ def main(
 ) -> None:
     """Path-lifting analysis of ReLU networks.
 
+    A model is a reference name, a checkpoint, module:callable or path/to/file.py:callable.
     Errors print one line and exit with status 2; 'pathlift --debug COMMAND ...' shows the
     traceback. Commands that write files default to a new folder runs/COMMAND-TIMESTAMP
     under the current directory.
     """
 
 
+def _table(title: str, columns: list[str], rows: list[list[Any]],
+           caption: str | None = None, left: tuple[int, ...] = (0,)) -> Table:
+    """A rich table; the columns numbered in ``left`` are left-aligned, the others right."""
+    table = Table(title=title, caption=caption)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i in left else "right")
+    for row in rows:
+        table.add_row(*map(str, row))
+    return table
+
+
 @app.command()
 def norm(
     model: Model,
     input_shape: InputShape = None,
-    q: list[float] = typer.Option([1.0, 2.0, 4.0], "-q", help="exponents q"),
-    r: float = typer.Option(None, "-r", help="outer exponent r (inf for max); default r = q, "
-                            "the plain l^q norm of Phi as in thesis Table 7.2"),
+    q: Annotated[list[float], typer.Option("-q", metavar="<float>...", help="exponents q, "
+                                           "separated by spaces")] = [1.0, 2.0, 4.0],  # noqa: B006
+    r: Annotated[float | None, typer.Option("-r", help="outer exponent r (inf for max); "
+                                            "default r = q, the plain l^q norm of Phi")] = None,
     weights: Weights = None,
     seed: Seed = 0,
 ) -> None:
@@ -68,277 +110,305 @@ def norm(
     with working(console, f"path-norms of {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
         norms = path_norms(net, shape, q, r)
-    outer = "q" if r is None else f"{r:g}"
-    table = Table(title=f"path-norms of {model}, input {tuple(shape)}, r={outer}")
-    table.add_column("q", justify="right")
-    table.add_column("value", justify="right")
-    table.add_column("log10", justify="right")
-    for qq, result in norms.items():
-        table.add_row(f"{qq:g}", f"{result.value:.6g}", f"{result.log10:.6f}")
-    console.print(table)
+    console.print(_table(f"path-norms of {model}, input {tuple(shape)}, "
+                         f"r={'q' if r is None else f'{r:g}'}", ["q", "value", "log10"],
+                         [[f"{k:g}", f"{n.value:.6g}", f"{n.log10:.6f}"]
+                          for k, n in norms.items()]))
+
+
+@app.command()
+def summary(
+    model: Model,
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    seed: Seed = 0,
+) -> None:
+    """Constants, path-norms, Lipschitz bound and what is unsupported, in one screen."""
+    from pathlift.models import load_model
+    from pathlift.summary import summary as summarize
+
+    with working(console, f"summary of {model}"):
+        net, shape = load_model(model, input_shape, weights, seed=seed)
+        s = summarize(net, shape, name=model)
+    if not s.supported:
+        console.print(f"{model} ({s.parameters:,} parameters) is outside the ReLU DAG model "
+                      "(thesis Def. 2.2.2):")
+        for problem in s.unsupported:
+            console.print(f"  - {problem}")
+        raise typer.Exit(1)
+    c = s.constants
+    rows = [["parameters", f"{s.parameters:,}"], ["D, depth (Thm 4.4.1)", c.depth],
+            ["K, largest max-pool kernel", c.kernel], ["d_in, d_out", f"{c.d_in}, {c.d_out}"],
+            *([f"log10 ||Phi||_{q:g} (Thm 3.1.1)", f"{v:.6f}"]
+              for q, v in s.path_norm_log10.items()),
+            ["log10 Lipschitz in x, l_inf -> l_1 (Thm 3.3.1)", f"{s.lipschitz_log10:.6f}"],
+            ["log10 product of layer norms (Thm 3.3.2)", "n/a (residual sums)"
+             if s.layer_product_log10 is None else f"{s.layer_product_log10:.6f}"]]
+    console.print(_table(f"{model}, input {shape}", ["quantity", "value"], rows))
+
+
+@app.command()
+def bounds(
+    model: Model,
+    data: Annotated[str, typer.Option("--data", help=DATA_HELP)],
+    input_shape: InputShape = None,
+    weights: Weights = None,
+    seed: Seed = 0,
+    test_fraction: TestFraction = 0.25,
+    normalize: Normalize = "none",
+    batch_size: BatchSize = 256,
+) -> None:
+    """Generalisation bounds of a trained model on its training data, with the measured gap.
+
+    Thm 4.4.1 and 4.3.1 (with Thm 4.1.1) bound the expected cross-entropy gap, Thm 4.1.2 the
+    top-1 error; the model is measured in eval mode. Use the data and --seed it was
+    trained with, so that the training split is the same.
+    """
+    from pathlift.bounds import generalization_bounds
+    from pathlift.data import load_data, loaders
+    from pathlift.models import load_model
+
+    with working(console, f"bounds of {model} on {data}"):
+        split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
+                          normalize=normalize, seed=seed)
+        net, shape = load_model(model, input_shape or split.input_shape, weights, seed=seed)
+        b = generalization_bounds(net, shape, *loaders(split, batch_size, seed))
+    m = b.measured
+    rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}", f"{o:.1f}"] for r, v, o in
+            zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]
+    rows.append([f"Thm 4.1.2 top-1 error (gamma {b.top1.gamma:.3g})", "",
+                 f"{b.top1.log10:.3f}", f"{b.top1_orders_above_measured:.1f}"])
+    console.print(_table(
+        f"{model} on {data}: n = {b.n_train}, log10 ||Phi||_1 = {b.path_norm_log10:.3f}",
+        ["bound", "log10 Rademacher", "log10 bound", "orders above measured"], rows,
+        caption=f"measured: cross-entropy gap {m.cross_entropy_gap:.4f} (train "
+        f"{m.train_loss:.4f}, test {m.test_loss:.4f}); top-1 error train "
+        f"{1 - m.train_accuracy:.4f}, test {m.test_error:.4f}"))
 
 
 @app.command()
 def models() -> None:
     """Reference architectures: default input shape and parameter count."""
-    import torch
+    from pathlift.models import reference_models
 
-    from pathlift.models import REFERENCE_MODELS
-
-    table = Table(title="pathlift reference architectures (torchvision names where one exists)")
-    table.add_column("name")
-    table.add_column("input shape", justify="right")
-    table.add_column("parameters", justify="right")
-    for name, spec in REFERENCE_MODELS.items():
-        with torch.device("meta"):  # shapes only: no memory, no initialisation
-            count = sum(p.numel() for p in spec.constructor().parameters())
-        table.add_row(name, " ".join(map(str, spec.input_shape)), f"{count:,}")
-    console.print(table)
+    console.print(_table("pathlift reference architectures (torchvision names where one "
+                         "exists)", ["name", "input shape", "parameters"],
+                         [[m.name, " ".join(map(str, m.input_shape)), f"{m.parameters:,}"]
+                          for m in reference_models()]))
 
 
 @app.command()
 def report(
-    model: str = typer.Option(None, "--model", help="reference name or checkpoint; default: "
-                              "small_cnn trained on the embedded digits"),
+    model: Annotated[str | None, typer.Option(
+        "--model", help=MODEL_HELP + " (default: small_cnn trained on the digits)")] = None,
+    data: Data = None,
     input_shape: InputShape = None,
-    data: str = typer.Option(None, "--data", help="data for the data-dependent sections: digits"),
-    out: str = typer.Option(None, "--out", help="output folder (default: a new "
-                            "runs/report-TIMESTAMP)"),
-    epochs: int = typer.Option(None, "--epochs", help="training epochs (default 30 for the "
-                               "default model, 0 with --model)"),
-    seed: int = typer.Option(0, "--seed", help="seed of initialisation, split and shuffling"),
+    weights: Weights = None,
+    out: Out = None,
+    epochs: Annotated[int | None, typer.Option(
+        "--epochs", help="training epochs before measuring (default 30 for the default "
+        "model, 0 with --model: a trained checkpoint is measured as it is)")] = None,
+    seed: Seed = 0,
+    test_fraction: TestFraction = 0.25,
+    normalize: Normalize = "none",
+    batch_size: BatchSize = 64,
 ) -> None:
-    """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md and .html."""
+    """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md, .html, .json."""
     from pathlift.report import run_report
 
-    result = run_report(out or default_out("report"), model, input_shape or None, data, epochs,
-                        seed)
-    table = Table(title=f"pathlift report -> {result.markdown} ({result.seconds:.1f} s)")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    for q, log10 in result.path_norm_log10.items():
-        table.add_row(f"log10 ||Phi||_{q:g}", f"{log10:.3f}")
+    result = run_report(out or default_out("report"), model, input_shape, data, epochs, seed,
+                        weights=weights, test_fraction=test_fraction, normalize=normalize,
+                        batch_size=batch_size)
+    for note in result.report.notes:
+        console.print(f"note: {note}")
+    rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]
     if result.test_accuracy is not None:
-        table.add_row("test accuracy", f"{result.test_accuracy:.4f}")
-        table.add_row("log10 bound on E cross-entropy gap (Thm 4.4.1)",
-                      f"{result.bound_ce_log10:.2f}")
-        table.add_row("measured cross-entropy gap", f"{result.measured_ce_gap:.4f}")
-    table.add_row("plots", str(len(result.plots)))
-    console.print(table)
+        rows += [["test accuracy", f"{result.test_accuracy:.4f}"],
+                 ["log10 bound on E cross-entropy gap (Thm 4.4.1)",
+                  f"{result.bound_ce_log10:.2f}"],
+                 ["measured cross-entropy gap", f"{result.measured_ce_gap:.4f}"]]
+    rows.append(["plots", len(result.plots)])
+    console.print(_table(f"pathlift report -> {result.markdown} ({result.seconds:.1f} s)",
+                         ["quantity", "value"], rows))
 
 
 @app.command()
 def prune(
-    model: str = typer.Option("small_cnn", "--model", help="registered name (pathlift models), "
-                              "module:callable factory, or checkpoint file"),
-    weights: str = typer.Option(None, "--weights", help="state_dict file for the architecture "
-                                "MODEL: every run starts from these weights"),
-    dataset: str = typer.Option("digits", "--dataset", help="embedded dataset: digits or "
-                                "synthetic (Gaussian clusters, 4 classes)"),
-    input_shape: list[int] = typer.Option(None, "--input-shape", help="synthetic inputs' "
-                                          "shape, no batch (default: the model's)"),
-    amount: list[float] = typer.Option([0.4, 0.6, 0.8], "--amount", help="fraction pruned"),
-    method: list[str] = typer.Option(None, "--method", help="magnitude-global, "
-                                     "magnitude-layerwise, path-magnitude-global, "
-                                     "path-magnitude-layerwise (default: all four)"),
-    seeds: int = typer.Option(3, "--seeds", help="number of seeds (0, 1, ...)"),
-    epochs: int = typer.Option(30, "--epochs", help="dense training epochs"),
-    rewind_epoch: int = typer.Option(2, "--rewind-epoch", help="epoch to rewind weights to"),
-    rounds: int = typer.Option(1, "--rounds", help="prune-rewind-retrain rounds (lottery)"),
-    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (momentum 0.9)"),
-    batch_size: int = typer.Option(64, "--batch-size", help="batch size per process"),
-    spread: str = typer.Option("data", "--spread", help="under torchrun: 'data' trains each "
-                               "network with DDP over all processes, 'runs' gives each "
-                               "process its own runs of the grid (small models)"),
-    out: str = typer.Option(None, "--out", help="folder for runs.csv, dense weights and plot "
-                            "(default runs/prune-<time>); a folder of the same settings is "
-                            "resumed"),
-    save_models: bool = typer.Option(False, "--save-models", help="also write each run's "
-                                     "final network to OUT/models"),
+    model: Annotated[str, typer.Option("--model", help=MODEL_HELP)] = "small_cnn",
+    data: Annotated[str, typer.Option("--data", help=DATA_HELP)] = "digits",
+    weights: Annotated[str | None, typer.Option(
+        "--weights", help="state_dict file for MODEL: every run starts from these weights")
+    ] = None,
+    input_shape: InputShape = None,
+    amount: Annotated[list[float], typer.Option(
+        "--amount", metavar="<float>...", help="fractions pruned, separated by spaces")
+    ] = [0.4, 0.6, 0.8],  # noqa: B006
+    method: Annotated[list[str] | None, typer.Option(
+        "--method", metavar="<str>...", help="methods separated by spaces: "
+        "magnitude-global, magnitude-layerwise, path-magnitude-global, "
+        "path-magnitude-layerwise (default: all)")] = None,
+    seeds: Annotated[int, typer.Option("--seeds", help="number of seeds (0, 1, ...)")] = 3,
+    epochs: Annotated[int, typer.Option("--epochs", help="dense training epochs")] = 30,
+    rewind_epoch: Annotated[int, typer.Option("--rewind-epoch", help="epoch to rewind "
+                                              "weights to")] = 2,
+    rounds: Annotated[int, typer.Option("--rounds", help="prune-rewind-retrain rounds")] = 1,
+    lr: Annotated[float, typer.Option("--lr", help="SGD learning rate (momentum 0.9)")] = 0.05,
+    batch_size: BatchSize = 64,
+    test_fraction: TestFraction = 0.25,
+    normalize: Normalize = "none",
+    spread: Annotated[str, typer.Option("--spread", help="under torchrun: 'data' trains each "
+                                        "network with DDP over all processes, 'runs' gives "
+                                        "each process its own runs")] = "data",
+    out: Annotated[str | None, typer.Option(
+        "--out", help="folder for runs.csv, dense weights and plot (default runs/prune-TIME);"
+        " a folder of the same settings is resumed")] = None,
+    save_models: Annotated[bool, typer.Option("--save-models", help="also write each run's "
+                                              "final network to OUT/models")] = False,
 ) -> None:
     """Train, rescale at random or not, prune, rewind, retrain (thesis Sec. 3.5.2); run it
     under `torchrun --nproc_per_node N` to use N processes."""
+    import os
 
     from rich.progress import Progress
 
-    from pathlift.data import load_digits, loaders, synthetic
-    from pathlift.data.training import reproducible
-    from pathlift.distributed import launched
-    from pathlift.graph import graph_of
-    from pathlift.models import REFERENCE_MODELS, model_factory
-    from pathlift.prune import (
-        METHODS,
-        PruneConfig,
-        RunFolder,
-        SGDTraining,
-        prune_rewind_retrain,
-    )
-    from pathlift.prune.pipeline import plot, scatter
-    from pathlift.symmetry import random_rescale
+    from pathlift.prune import METHODS, PruneConfig, prune_experiment
 
-    if dataset not in ("digits", "synthetic") or spread not in ("data", "runs"):
-        raise typer.BadParameter("use --dataset digits|synthetic and --spread data|runs")
-    with launched() as world:
-        if dataset == "digits":
-            data = load_digits()
-        else:
-            spec = REFERENCE_MODELS.get(model)
-            shape = tuple(input_shape or (spec.input_shape if spec else (1, 8, 8)))
-            data = synthetic(input_shape=shape)
-        make = model_factory(model, data.num_classes, weights)
-        d_out = graph_of(make(), data.input_shape).d_out
-        if d_out != data.num_classes:
-            raise typer.BadParameter(f"{model} has {d_out} outputs, {dataset} has "
-                                     f"{data.num_classes} classes")
-        config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
-                             epochs, rewind_epoch, rounds)
-        train, test = loaders(data, batch_size=batch_size, seed=0)
-        training = SGDTraining(train, test, lr)
-        folder = RunFolder(out or default_out("prune")) if world.main else None  # rank 0 writes
-        with Progress(console=console, disable=not world.main) as bar, reproducible():
-            task = bar.add_task(f"prune {model} on {dataset}", total=None)
-            result = prune_rewind_retrain(
-                make, data.input_shape, training.train, training.evaluate, config,
-                spread=spread, folder=folder, save_models=save_models,
-                on_progress=lambda text, done, total: bar.update(
-                    task, completed=done, total=total, description=text))
-        if not world.main:
-            return
-        first = folder.load_dense(config.seeds[0])
-        trained = make()
-        trained.load_state_dict(first.trained)
-        scatters = {False: scatter(trained, data.input_shape),
-                    True: scatter(random_rescale(trained, config.rescale_factors, 0,
-                                                 data.input_shape), data.input_shape)}
-    png = plot(result, folder.path / "summary.png",
-               f"{model} on {dataset}, {seeds} seeds, {world.size} process(es)", scatters)
-    table = Table(title=f"test accuracy (%) after prune-rewind-retrain, mean ± std over "
-                        f"{seeds} seeds ({world.size} process(es), --spread {spread})")
-    table.add_column("method")
-    for a in config.amounts:
-        table.add_column(f"{100 * a:g}%", justify="right")
-    dense, dense_std = result.dense_accuracy()
-    table.add_row("dense (not pruned)", *[f"{100 * dense:.1f} ± {100 * dense_std:.1f}"] *
-                  len(config.amounts))
+    config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
+                         epochs, rewind_epoch, rounds)
+    with Progress(console=console, disable=os.environ.get("RANK", "0") != "0") as bar:
+        task = bar.add_task(f"prune {model} on {data}", total=None)
+        done = prune_experiment(
+            model, data, config, out or (lambda: default_out("prune")), weights=weights,
+            input_shape=input_shape, test_fraction=test_fraction, normalize=normalize,
+            batch_size=batch_size, lr=lr, spread=spread, save_models=save_models,
+            on_progress=lambda text, n, total: bar.update(task, completed=n, total=total,
+                                                          description=text))
+    if done.result is None:
+        return  # not rank 0
+    if done.eval_note:
+        console.print(f"note: {done.eval_note}")
+    console.print(_prune_table(done.result, f"{seeds} seeds ({done.world_size} process(es), "
+                                            f"--spread {spread})"))
+    console.print(f"wrote {done.csv}, {done.plot}")
+
+
+def _prune_table(result: Any, runs: str) -> Table:
+    """Accuracy mean ± std per method and level, and the mask overlaps with magnitude."""
+    config, overlaps = result.config, result.overlaps()
     summary = {(r["method"], r["rescaled"], r["amount"]): r for r in result.summary()}
-    for m in config.methods:
-        for rescaled in config.rescaled:
-            cells = [f"{100 * summary[m.name, rescaled, a]['mean']:.1f} ± "
-                     f"{100 * summary[m.name, rescaled, a]['std']:.1f}" for a in config.amounts]
-            table.add_row(m.name + (" + random rescale" if rescaled else ""), *cells)
-    overlaps = result.overlaps()
-    for m in config.methods:
-        if (m.name, config.amounts[0]) in overlaps:
-            table.add_row(f"mask overlap with magnitude, {m.name}",
-                          *(f"{overlaps[m.name, a]:.0f}%" for a in config.amounts))
-    console.print(table)
-    console.print(f"wrote {folder.csv}, {png}")
+    dense, dense_std = result.dense_accuracy()
+    rows = [["dense (not pruned)", *[f"{100 * dense:.1f} ± {100 * dense_std:.1f}"] *
+             len(config.amounts)]]
+    rows += [[m.name + (" + random rescale" if rescaled else ""),
+              *(f"{100 * summary[m.name, rescaled, a]['mean']:.1f} ± "
+                f"{100 * summary[m.name, rescaled, a]['std']:.1f}" for a in config.amounts)]
+             for m in config.methods for rescaled in config.rescaled]
+    rows += [[f"mask overlap with magnitude, {m.name}",
+              *(f"{overlaps[m.name, a]:.0f}%" for a in config.amounts)]
+             for m in config.methods if (m.name, config.amounts[0]) in overlaps]
+    return _table(f"test accuracy (%) after prune-rewind-retrain, mean ± std over {runs}",
+                  ["method", *(f"{100 * a:g}%" for a in config.amounts)], rows)
 
 
 @app.command()
 def depth(
-    model: str = typer.Option("C10k-B12c", "--model", help="class of Tables 4.1/4.2 + c|t"),
-    depths: list[int] = typer.Option(None, "--depths", help="depths (default 128 256 512)"),
-    seeds: int = typer.Option(3, "--seeds", help="seeds per depth; the table reports the max"),
-    samples: int = typer.Option(10_000, "--samples", help="C10k size N (the thesis' text: 1e4)"),
-    dtype: str = typer.Option("float64", "--dtype", help="float64, or float32 as the thesis' code"),
-    csv: str = typer.Option(None, "--csv", help="append one row per run to this CSV"),
-    plot: str = typer.Option(None, "--plot", help="PNG of ||L^beta W_k|| against k/L"),
+    model: Annotated[str, typer.Option("--model", help="class of Tables 4.1/4.2 + c|t")
+                     ] = "C10k-B12c",
+    depths: Annotated[list[int] | None, typer.Option(
+        "--depths", metavar="<int>...", help="depths, separated by spaces (default 128 256 "
+        "512)")] = None,
+    seeds: Annotated[int, typer.Option("--seeds", help="seeds per depth; the table reports "
+                                       "the max")] = 3,
+    samples: Annotated[int, typer.Option("--samples", help="C10k size N")] = 10_000,
+    dtype: Annotated[str, typer.Option("--dtype", help="float64, or float32 as the thesis' "
+                                       "code")] = "float64",
+    csv: Annotated[str | None, typer.Option("--csv", help="append one row per run to this "
+                                            "CSV")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="PNG of ||L^beta W_k|| against "
+                                             "k/L")] = None,
 ) -> None:
-    """Depth-limit ResNet lab (master's thesis eq. 4.1): 1-variation of L^beta W across depths."""
+    """Depth-limit ResNet lab (Susanna's master's thesis, eq. 4.1): 1-variation of L^beta W."""
     import torch
     from rich.progress import Progress
 
-    from pathlift.depth.experiments import (
-        DepthRun,
-        append_csv,
-        fit_rate,
-        grid,
-        maxima,
-        plot_trajectories,
-    )
-    from pathlift.depth.published import PUBLISHED_C10K
+    from pathlift.depth import append_csv, depth_table, grid
 
+    if dtype not in ("float64", "float32"):
+        raise typer.BadParameter("--dtype must be one of ['float32', 'float64']")
     all_depths = depths or [128, 256, 512]
-    types = {"float64": torch.float64, "float32": torch.float32}
-    if dtype not in types:
-        raise typer.BadParameter(f"--dtype must be one of {sorted(types)}")
-
-    def on_run(r: DepthRun) -> None:
-        progress.update(task, advance=1, description=f"{model} L={r.depth}")
-        if csv is not None:
-            append_csv(csv, [r])
-
     with Progress(console=console) as progress:
-        task = progress.add_task(f"{model}", total=len(all_depths) * seeds)
-        runs = grid(model, all_depths, seeds, samples, types[dtype], on_run)
+        task = progress.add_task(model, total=len(all_depths) * seeds)
+
+        def on_run(r: Any) -> None:
+            progress.update(task, advance=1, description=f"{model} L={r.depth}")
+            if csv is not None:
+                append_csv(csv, [r])
+
+        runs = grid(model, all_depths, seeds, samples, getattr(torch, dtype), on_run)
     if plot is not None:
-        plot_trajectories([r for r in runs if r.seed == 0], plot)
-    norm_max, matrix_max = maxima(runs), maxima(runs, norm_path=False)
-    table = Table(title=f"{model}: ||L^beta W||_1-var, max over {seeds} seeds ({dtype})")
-    for column in ("L", "T_L", "eta", "norm path", "matrix path", "published", "mean rho"):
-        table.add_column(column, justify="right")
-    for L in all_depths:
-        of_L = [r for r in runs if r.depth == L]
-        rhos = [fit_rate(r.omega).rho for r in of_L]
-        published = PUBLISHED_C10K.get(model, {}).get(L)
-        table.add_row(str(L), str(of_L[0].steps), f"{of_L[0].learning_rate:.4g}",
-                      f"{norm_max[model, L]:.4g}", f"{matrix_max[model, L]:.4g}",
-                      "-" if published is None else f"{published:.4g}",
-                      f"{sum(rhos) / len(rhos):.3g}")
-    console.print(table)
+        from pathlift.plots import depth_trajectories
+
+        depth_trajectories([r for r in runs if r.seed == 0], plot)
+    console.print(_table(
+        f"{model}: ||L^beta W||_1-var, max over {seeds} seeds ({dtype})",
+        ["L", "T_L", "eta", "norm path", "matrix path", "published", "mean rho"],
+        [[r.depth, r.steps, f"{r.learning_rate:.4g}", f"{r.norm_path_max:.4g}",
+          f"{r.matrix_path_max:.4g}", "-" if r.published is None else f"{r.published:.4g}",
+          f"{r.mean_rho:.3g}"] for r in depth_table(runs)]))
 
 
 @app.command()
 def quantize(
     model: Model,
-    bits: list[int] = typer.Option([8], "--bits", help="bit widths"),
-    symmetry_aware: bool = typer.Option(False, "--symmetry-aware",
-                                        help="also normalise before quantising and compare"),
-    per_channel: bool = typer.Option(False, "--per-channel", help="one step per out channel"),
+    bits: Annotated[list[int], typer.Option("--bits", metavar="<int>...", help="bit widths, "
+                                            "separated by spaces")] = [8],  # noqa: B006
+    symmetry_aware: Annotated[bool, typer.Option(
+        "--symmetry-aware", help="also normalise before quantising and compare")] = False,
+    per_channel: Annotated[bool, typer.Option("--per-channel", help="one step per out "
+                                              "channel")] = False,
     input_shape: InputShape = None,
     weights: Weights = None,
     seed: Seed = 0,
-    data: str = typer.Option(None, "--data", help="'digits': measure on the digits test set"),
-    samples: int = typer.Option(64, "--samples", help="N(0,1) inputs when no --data"),
-    rescale_seed: int = typer.Option(None, "--random-rescale",
-                                     help="first apply random_rescale with this seed"),
-    csv: str = typer.Option(None, "--csv", help="append one row per table row to this CSV"),
+    data: Annotated[str | None, typer.Option("--data", help="measure on the test split of "
+                                             "this data: " + DATA_HELP)] = None,
+    test_fraction: TestFraction = 0.25,
+    normalize: Normalize = "none",
+    samples: Annotated[int, typer.Option("--samples", help="N(0,1) inputs when no --data")
+                       ] = 64,
+    rescale_seed: Annotated[int | None, typer.Option(
+        "--random-rescale", help="first apply random_rescale with this seed")] = None,
+    csv: Annotated[str | None, typer.Option("--csv", help="append one row per table row to "
+                                            "this CSV")] = None,
 ) -> None:
     """Quantisation towards zero with its certified error (thesis Lemma 3.4.1, Cor. 3.4.1)."""
     import torch
-    from rich.progress import track
 
+    from pathlift.data import load_data
     from pathlift.models import load_model
     from pathlift.quant import append_csv, compare
+    from pathlift.symmetry import random_rescale
 
-    net, shape = load_model(model, input_shape, weights, seed=seed)
-    labels = None
-    if data == "digits":
-        from pathlift.data import load_digits
-
-        inputs, labels = load_digits().test.tensors
-    elif data is not None:
-        raise typer.BadParameter("--data must be 'digits' (or left out)")
-    else:
-        inputs = torch.randn((samples, *shape), generator=torch.Generator().manual_seed(0))
-    if rescale_seed is not None:
-        from pathlift.symmetry import random_rescale
-
-        net = random_rescale(net, seed=rescale_seed, input_shape=shape)
-    reports = [r for b in track(bits, description="quantising", console=console)
-               for r in compare(net, shape, b, inputs, labels, per_channel=per_channel,
-                                symmetry_aware=symmetry_aware)]
-    table = Table(title=f"{model} quantised towards zero, {len(inputs)} inputs",
-                  caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over "
-                  "inputs of max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)")
-    for column in ("bits", "method", "d", "d/||Phi||_1", "max ||dR||_1", "bound", "acc"):
-        table.add_column(column, justify="right")
-    for r in reports:
-        table.add_row(str(r.bits), r.method, f"{r.certified:.4g}", f"{r.relative:.4f}",
-                      f"{r.measured:.4g}", f"{r.bound:.4g}",
-                      "-" if r.accuracy is None else f"{r.accuracy:.4f}")
-    console.print(table)
+    with working(console, f"quantising {model}"):
+        split = None if data is None else load_data(data, input_shape=input_shape,
+                                                    test_fraction=test_fraction,
+                                                    normalize=normalize, seed=seed)
+        net, shape = load_model(model, input_shape or (split and split.input_shape), weights,
+                                seed=seed)
+        inputs, labels = split.test.tensors if split else (torch.randn(
+            (samples, *shape), generator=torch.Generator().manual_seed(0)), None)
+        if rescale_seed is not None:
+            net = random_rescale(net, seed=rescale_seed, input_shape=shape)
+        reports = [r for b in bits for r in compare(net, shape, b, inputs, labels,
+                                                    per_channel=per_channel,
+                                                    symmetry_aware=symmetry_aware)]
+    console.print(_table(
+        f"{model} quantised towards zero, {len(inputs)} inputs",
+        ["bits", "method", "d", "d/||Phi||_1", "max ||dR||_1", "bound", "acc"],
+        [[r.bits, r.method, f"{r.certified:.4g}", f"{r.relative:.4f}", f"{r.measured:.4g}",
+          f"{r.bound:.4g}", "-" if r.accuracy is None else f"{r.accuracy:.4f}"]
+         for r in reports], left=(),
+        caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over inputs of "
+        "max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)"))
     if csv is not None:
         append_csv(csv, reports, model=model, random_rescale=rescale_seed,
                    per_channel=per_channel)
@@ -346,22 +416,30 @@ def quantize(
 
 @app.command("kron-bench")
 def kron_bench(
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-    full: bool = typer.Option(False, "--full", help="all 627 patterns of App. D.2.1 (default on"
-                              " CPU: those with M*N <= --max-dense)"),
-    max_dense: int = typer.Option(2**22, "--max-dense", help="CPU subset: largest M*N"),
-    every: int = typer.Option(1, "--every", help="keep every k-th pattern of the grid"),
-    batch: int = typer.Option(None, "--batch", help="default 25,088 on cuda, 256 on cpu"),
-    algorithms: list[str] = typer.Option(None, "--algorithm", help="repeatable; default all"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, float16 or bfloat16"),
-    repeats: int = typer.Option(5, "--repeats", help="timed runs per algorithm (median)"),
-    threads: list[int] = typer.Option(None, "--threads", help="intra-op threads, repeatable "
-                                      "(one run each); default torch's current count"),
-    vit: bool = typer.Option(True, "--vit/--no-vit", help="also time the ViT-S/16 MLP"),
-    vit_batch: int = typer.Option(None, "--vit-batch", help="tokens; default 8*196 on cpu, "
-                                  "128*196 on cuda"),
-    out: str = typer.Option(None, "--out", help="folder for CSV and plots; default "
-                            "runs/kron-bench-<timestamp>"),
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    full: Annotated[bool, typer.Option("--full", help="all 627 patterns of App. D.2.1 "
+                                       "(default on CPU: those with M*N <= --max-dense)")
+                    ] = False,
+    max_dense: Annotated[int, typer.Option("--max-dense", help="CPU subset: largest M*N")
+                         ] = 2**22,
+    every: Annotated[int, typer.Option("--every", help="keep every k-th pattern")] = 1,
+    batch: Annotated[int | None, typer.Option("--batch", help="default 25,088 on cuda, 256 "
+                                              "on cpu")] = None,
+    algorithms: Annotated[list[str] | None, typer.Option(
+        "--algorithm", metavar="<str>...", help="algorithms, separated by spaces (default "
+        "all)")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, float16 or bfloat16")
+                     ] = "float32",
+    repeats: Annotated[int, typer.Option("--repeats", help="timed runs per algorithm "
+                                         "(median)")] = 5,
+    threads: Annotated[list[int] | None, typer.Option(
+        "--threads", metavar="<int>...", help="intra-op thread counts separated by spaces, one "
+        "run each (default torch's current count)")] = None,
+    vit: Annotated[bool, typer.Option("--vit/--no-vit", help="also time the ViT-S/16 MLP")
+                   ] = True,
+    vit_batch: Annotated[int | None, typer.Option("--vit-batch", help="tokens; default "
+                                                  "8*196 on cpu, 128*196 on cuda")] = None,
+    out: Out = None,
 ) -> None:
     """Kronecker-sparse multiplication benchmark (thesis Sec. 5.4-5.5, App. D.2.1).
 
@@ -371,66 +449,75 @@ def kron_bench(
     picks (fastest_algorithm) is never more than 10% slower than bmm.
     """
     import torch
+
+    from pathlift.bench import kron as bench
+    from pathlift.kron import benchmark_patterns
+
+    dev, torch_dtype = torch.device(device), getattr(torch, dtype)
+    patterns = benchmark_patterns()[::every] if full else bench.cpu_patterns(max_dense, every)
+    batch = batch or bench.thesis_batch(dev)
+    folder = Path(out or default_out("kron-bench"))
+    for count in threads or [torch.get_num_threads()]:
+        torch.set_num_threads(count)
+        _kron_bench_threads(dev, torch_dtype, dtype, patterns, batch, algorithms, repeats,
+                            count, vit, vit_batch, folder, full, max_dense)
+
+
+def _kron_bench_threads(dev: Any, torch_dtype: Any, dtype: str, patterns: Any, batch: int,
+                        algorithms: list[str] | None, repeats: int, count: int, vit: bool,
+                        vit_batch: int | None, folder: Path, full: bool,
+                        max_dense: int) -> None:
+    """One thread count of ``kron-bench``: time the grid, write CSV and plot, print."""
+    import os
+
+    import torch
     from rich.progress import Progress
 
     from pathlift.bench import kron as bench
-    from pathlift.kron import ALGORITHMS, benchmark_patterns
+    from pathlift.kron import ALGORITHMS
     from pathlift.kron.cache import machine_description
     from pathlift.kron.timing import steady_allocator
 
-    dev = torch.device(device)
-    patterns = benchmark_patterns()[::every] if full else bench.cpu_patterns(max_dense, every)
-    batch = batch or bench.thesis_batch(dev)
     algs = tuple(algorithms or ALGORITHMS)
-    torch_dtype = getattr(torch, dtype)
     steady = steady_allocator()
-    out = out or default_out("kron-bench")
-    for count in threads or [torch.get_num_threads()]:
-        torch.set_num_threads(count)
-        machine = (f"{machine_description(torch_dtype)}, "
-                   f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
-                   f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, {len(patterns)} "
-                   f"patterns{' (full grid)' if full else f', M*N <= {max_dense}'}"
-                   f"{', steady allocator' if steady else ''}")
-        console.print(machine)
-        with Progress(console=console) as progress:
-            task = progress.add_task(f"patterns, {count} thread(s)", total=len(patterns))
-            rows = bench.time_grid(patterns, batch, algs, dtype=torch_dtype, device=dev,
-                                   repeats=repeats,
-                                   on_pattern=lambda _, task=task: progress.advance(task))
-        stem = Path(out) / f"kron_{dev.type}_{dtype}_t{count}"
-        console.print(f"wrote {bench.write_csv(rows, stem.with_suffix('.csv'), machine)}")
-        if {"fused", "bmm", "dense"} <= set(algs):
-            defaults = (bench.fastest_choices(patterns, batch, torch_dtype)
-                        if dev.type == "cpu" and set(ALGORITHMS) <= set(algs) else None)
-            s = bench.summarize(rows, defaults)
-            console.print(f"wrote {bench.plot_speedups(rows, stem.with_suffix('.png'), machine)}")
-            _kron_grid_table(s, count)
-        if vit:
-            tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
-            ratios = bench.time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs],
-                                        device=dev, repeats=max(repeats, 10))
-            vit_path = bench.write_vit_csv(ratios, f"{stem}_vit.csv",
-                                           f"{machine}, {tokens} tokens")
-            console.print(f"wrote {vit_path}")
-            console.print(bench.vit_table(ratios, tokens))
+    machine = (f"{machine_description(torch_dtype)}, "
+               f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
+               f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, {len(patterns)} "
+               f"patterns{' (full grid)' if full else f', M*N <= {max_dense}'}"
+               f"{', steady allocator' if steady else ''}")
+    console.print(machine)
+    with Progress(console=console) as progress:
+        task = progress.add_task(f"patterns, {count} thread(s)", total=len(patterns))
+        rows = bench.time_grid(patterns, batch, algs, dtype=torch_dtype, device=dev,
+                               repeats=repeats,
+                               on_pattern=lambda _, task=task: progress.advance(task))
+    stem = folder / f"kron_{dev.type}_{dtype}_t{count}"
+    console.print(f"wrote {bench.write_csv(rows, stem.with_suffix('.csv'), machine)}")
+    if {"fused", "bmm", "dense"} <= set(algs):
+        defaults = (bench.fastest_choices(patterns, batch, torch_dtype)
+                    if dev.type == "cpu" and set(ALGORITHMS) <= set(algs) else None)
+        console.print(f"wrote {bench.plot_speedups(rows, stem.with_suffix('.png'), machine)}")
+        _kron_grid_table(bench.summarize(rows, defaults), count)
+    if vit:
+        tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
+        ratios = bench.time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs],
+                                    device=dev, repeats=max(repeats, 10))
+        console.print(f"wrote {bench.write_vit_csv(ratios, f'{stem}_vit.csv', machine)}")
+        console.print(bench.vit_table(ratios, tokens))
 
 
-def _kron_grid_table(s, threads: int) -> None:
-    table = Table(title=f"fused vs baselines, same run ({s.patterns} patterns, {threads} "
-                  "thread(s))")
+def _kron_grid_table(s: Any, threads: int) -> None:
     console.print("ratios t(baseline)/t(fused), medians over patterns; 'best' = each "
                   f"algorithm at its faster layout; {s.sparse_patterns} patterns have "
                   "density <= 1/8")
-    for col in ("layout", "vs bmm", "fused fastest", "vs best other",
-                "fused < dense (density <= 1/8)", "worst vs dense"):
-        table.add_column(col, justify="right")
-    for key in s.speedup_vs_bmm:
-        table.add_row(key, f"{s.speedup_vs_bmm[key]:.2f}x", f"{s.fused_fastest[key]:.0%}",
-                      f"{s.speedup_vs_best_other[key]:.2f}x",
-                      f"{s.fused_beats_dense[key]}/{s.sparse_patterns}",
-                      f"{s.worst_vs_dense[key]:.2f}x")
-    console.print(table)
+    console.print(_table(
+        f"fused vs baselines, same run ({s.patterns} patterns, {threads} thread(s))",
+        ["layout", "vs bmm", "fused fastest", "vs best other",
+         "fused < dense (density <= 1/8)", "worst vs dense"],
+        [[key, f"{s.speedup_vs_bmm[key]:.2f}x", f"{s.fused_fastest[key]:.0%}",
+          f"{s.speedup_vs_best_other[key]:.2f}x",
+          f"{s.fused_beats_dense[key]}/{s.sparse_patterns}", f"{s.worst_vs_dense[key]:.2f}x"]
+         for key in s.speedup_vs_bmm]))
     if not math.isnan(s.default_vs_bmm):
         loses = ", ".join(map(str, s.default_loses)) or "none"
         console.print(f"default algorithm (fastest_algorithm, batch-size-first) vs bmm: median "
@@ -441,20 +528,26 @@ def _kron_grid_table(s, threads: int) -> None:
 
 @app.command("kron-design")
 def kron_design(
-    n_in: int = typer.Argument(..., help="input features of the dense layer"),
-    n_out: int = typer.Argument(..., help="output features of the dense layer"),
-    budget: float = typer.Option(0.25, "--budget", help="largest parameter count, as a "
-                                 "fraction of n_in*n_out"),
-    batch: int = typer.Option(256, "--batch", help="rows per forward (tokens x sequences)"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 or float64"),
-    lengths: list[int] = typer.Option([2, 3], "--factors", help="numbers of factors to search "
-                                      "(repeatable)"),
-    top_k: int = typer.Option(8, "--top-k", help="best predicted chains timed for real"),
-    repeats: int = typer.Option(5, "--repeats", help="round-robin runs per timing"),
-    threads: int = typer.Option(None, "--threads", help="intra-op threads; default torch's"),
-    rows: int = typer.Option(20, "--rows", help="candidates shown"),
-    out: str = typer.Option(None, "--out", help="folder for the CSV and the plot; default "
-                            "runs/kron-design-<timestamp>"),
+    n_in: Annotated[int, typer.Argument(metavar="N_IN", help="input features of the dense "
+                                        "layer")],
+    n_out: Annotated[int, typer.Argument(metavar="N_OUT", help="output features of the dense "
+                                         "layer")],
+    budget: Annotated[float, typer.Option("--budget", help="largest parameter count, as a "
+                                          "fraction of n_in*n_out")] = 0.25,
+    batch: Annotated[int, typer.Option("--batch", help="rows per forward (tokens x "
+                                       "sequences)")] = 256,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 or float64")] = "float32",
+    lengths: Annotated[list[int], typer.Option(
+        "--factors", metavar="<int>...", help="numbers of factors to search, separated by spaces")
+    ] = [2, 3],  # noqa: B006
+    top_k: Annotated[int, typer.Option("--top-k", help="best predicted chains timed for "
+                                       "real")] = 8,
+    repeats: Annotated[int, typer.Option("--repeats", help="round-robin runs per timing")
+                       ] = 5,
+    threads: Annotated[int | None, typer.Option("--threads", help="intra-op threads; "
+                                                "default torch's")] = None,
+    rows: Annotated[int, typer.Option("--rows", help="candidates shown")] = 20,
+    out: Out = None,
 ) -> None:
     """Fastest Kronecker-sparse chain for an N_OUT x N_IN weight (thesis Sec. 7.4.1).
 
@@ -478,21 +571,7 @@ def kron_design(
                         repeats=repeats, progress=lambda stage, n: progress.update(
                             task, description=stage, advance=n))
     console.print(f"{result.machine}; batch {batch}, {dtype}, budget {budget:g}")
-    table = Table(title=f"Kronecker-sparse chains for a {n_out} x {n_in} weight "
-                  f"({len(result.candidates)} candidates; timed ones first)")
-    for col in ("#", "chain (a,b,c,d)", "params", "of dense", "predicted ms", "measured ms",
-                "vs dense"):
-        table.add_column(col, justify="left" if col.startswith("chain") else "right")
-    for rank, c in enumerate(result.candidates[:rows], 1):
-        chain = c.chain() if len(c.patterns) <= 3 else f"{len(c.patterns)} factors"
-        table.add_row(str(rank), f"{c.family}: {chain}" if c.family and c.patterns else chain,
-                      f"{c.params:,}", f"{c.density:.3f}", f"{c.predicted_s * 1e3:.3f}",
-                      "-" if c.measured_s is None else f"{c.measured_s * 1e3:.3f}",
-                      "-" if c.speedup is None else c.pace())
-    console.print(table)
-    rho = "undefined" if result.spearman is None else f"{result.spearman:.2f}"
-    console.print(f"chosen: {result.summary()}; Spearman rank correlation of predicted and "
-                  f"measured time over the timed candidates: {rho}")
+    console.print(_kron_design_table(result, n_in, n_out, rows))
     folder = Path(out or default_out("kron-design"))
     folder.mkdir(parents=True, exist_ok=True)
     bench.write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
@@ -501,38 +580,30 @@ def kron_design(
     console.print(f"wrote {folder / 'candidates.csv'} and {plot}")
 
 
-def _symmetry_table(title: str, net, other, shape, samples: int) -> Table:
+def _kron_design_table(result: Any, n_in: int, n_out: int, rows: int) -> Table:
+    """The ranked candidates, with the chosen chain and the rank correlation as caption."""
+    rho = "undefined" if result.spearman is None else f"{result.spearman:.2f}"
+    return _table(
+        f"Kronecker-sparse chains for a {n_out} x {n_in} weight ({len(result.candidates)} "
+        "candidates; timed ones first)",
+        ["#", "chain (a,b,c,d)", "params", "of dense", "predicted ms", "measured ms",
+         "vs dense"],
+        [[rank, (f"{c.family}: " if c.family and c.patterns else "")
+          + (c.chain() if len(c.patterns) <= 3 else f"{len(c.patterns)} factors"),
+          f"{c.params:,}", f"{c.density:.3f}", f"{c.predicted_s * 1e3:.3f}",
+          "-" if c.measured_s is None else f"{c.measured_s * 1e3:.3f}",
+          "-" if c.speedup is None else c.pace()]
+         for rank, c in enumerate(result.candidates[:rows], 1)], left=(1,),
+        caption=f"chosen: {result.summary()}; Spearman rank correlation of predicted and "
+        f"measured time over the timed candidates: {rho}")
+
+
+def _comparison_table(title: str, c: Any) -> Table:
     """Parameter norm, l1 path-norm and output gap of a model and its transformed copy."""
-    import torch
-
-    from pathlift.lift import path_norm
-
-    x = torch.randn((samples, *shape), generator=torch.Generator().manual_seed(0))
-    x = x.to(next(net.parameters()).dtype)
-    with torch.no_grad():
-        y, y2 = net(x), other(x)
-    table = Table(title=title)
-    for column in ("", "original", "transformed"):
-        table.add_column(column, justify="right")
-    norms = [sum(float(p.detach().double().pow(2).sum()) for p in m.parameters()) ** 0.5
-             for m in (net, other)]
-    table.add_row("||theta||_2", *(f"{v:.6g}" for v in norms))
-    table.add_row("log10 ||Phi||_1", *(f"{path_norm(m, shape).log10:.10f}" for m in (net, other)))
-    gap = float((y - y2).abs().max() / y.abs().max().clamp_min(1e-300))
-    table.add_row("max |R - R'| / max |R|", "", f"{gap:.3g}")
-    return table
-
-
-def _save_like(net, spec: str, out: str, shape: tuple[int, ...]) -> None:
-    """Write ``net`` as a checkpoint of the architecture (and kwargs) of ``spec``, with
-    the input shape it was analysed at."""
-    from pathlift.models.checkpoints import read_checkpoint, save_checkpoint
-
-    arch, kwargs = spec, {}
-    if Path(spec).is_file():
-        ckpt = read_checkpoint(spec)
-        arch, kwargs = ckpt.arch or spec, ckpt.kwargs
-    console.print(f"wrote {save_checkpoint(net, out, arch, input_shape=shape, **kwargs)}")
+    return _table(title, ["", "original", "transformed"], [
+        ["||theta||_2", *(f"{v:.6g}" for v in c.parameter_norm)],
+        ["log10 ||Phi||_1", *(f"{v:.10f}" for v in c.path_norm_log10)],
+        ["max |R - R'| / max |R|", "", f"{c.output_gap:.3g}"]])
 
 
 @app.command("rescale")
@@ -540,28 +611,30 @@ def rescale_command(
     model: Model,
     input_shape: InputShape = None,
     weights: Weights = None,
-    factors: list[float] = typer.Option([1.0, 128.0, 4096.0], "--factor",
-                                        help="factors drawn per neuron"),
-    seed: int = typer.Option(0, "--seed", help="seed of the factors, and of the random "
-                             "initialisation when MODEL is an architecture name"),
-    out: str = typer.Option(None, "--out", help="write the rescaled checkpoint here"),
-    samples: int = typer.Option(16, "--samples", help="N(0,1) inputs for the output gap"),
+    factors: Annotated[list[float], typer.Option(
+        "--factor", metavar="<float>...", help="factors drawn per neuron, separated by spaces")
+    ] = [1.0, 128.0, 4096.0],  # noqa: B006
+    seed: Seed = 0,
+    out: Annotated[str | None, typer.Option("--out", help="write the rescaled checkpoint "
+                                            "here")] = None,
+    samples: Annotated[int, typer.Option("--samples", help="N(0,1) inputs for the output "
+                                         "gap")] = 16,
 ) -> None:
     """Random rescaling lambda <> theta (thesis Def. 2.4.1, App. E.1.2).
 
     Same function and path-norms, different raw parameters.
     """
-    from pathlift.models import load_model
-    from pathlift.symmetry import random_rescale
+    from pathlift.models import load_model, save_like
+    from pathlift.symmetry import compare_models, random_rescale
 
     with working(console, f"rescaling {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
         rescaled = random_rescale(net, factors, seed, shape)
-        table = _symmetry_table(f"random rescaling of {model}, factors {factors}", net,
-                                rescaled, shape, samples)
-    console.print(table)
+        comparison = compare_models(net, rescaled, shape, samples)
+    console.print(_comparison_table(f"random rescaling of {model}, factors {factors}",
+                                    comparison))
     if out:
-        _save_like(rescaled, model, out, shape)
+        console.print(f"wrote {save_like(rescaled, model, out, shape)}")
 
 
 @app.command("normalize")
@@ -570,43 +643,31 @@ def normalize_command(
     input_shape: InputShape = None,
     weights: Weights = None,
     seed: Seed = 0,
-    q: float = typer.Option(1.0, "-q", help="normalise incoming (weights, bias) in l^q"),
-    out: str = typer.Option(None, "--out", help="write the normalised checkpoint here"),
-    samples: int = typer.Option(16, "--samples", help="N(0,1) inputs for the output gap"),
+    q: Annotated[float, typer.Option("-q", help="normalise incoming (weights, bias) in l^q")
+                 ] = 1.0,
+    out: Annotated[str | None, typer.Option("--out", help="write the normalised checkpoint "
+                                            "here")] = None,
+    samples: Annotated[int, typer.Option("--samples", help="N(0,1) inputs for the output "
+                                         "gap")] = 16,
 ) -> None:
     """Normalisation (thesis Alg. 3.2.1): every hidden neuron gets norm 0 or 1.
 
     Each hidden neuron's ||(theta^{->v}, b_v)||_q becomes 0 or 1; residual-tied channels
     share one factor.
     """
-    from pathlift.models import load_model
-    from pathlift.symmetry import normalize_report
+    from pathlift.models import load_model, save_like
+    from pathlift.symmetry import compare_models, normalize_report
 
     with working(console, f"normalising {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
         result = normalize_report(net, shape, q)
-        table = _symmetry_table(f"{model} normalised (q={q:g})", net, result.model, shape,
-                                samples)
+        comparison = compare_models(net, result.model, shape, samples)
+    table = _comparison_table(f"{model} normalised (q={q:g})", comparison)
     table.caption = (f"{result.dead_neurons} input-dead neuron groups, {result.tied_groups} "
                      "residual-tied groups (Def. 3.2.1 exact for untied neurons)")
     console.print(table)
     if out:
-        _save_like(result.model, model, out, shape)
-
-
-def _load_pair(model: str, model_b: str, input_shape: list[int] | None,
-               weights: str | None, weights_b: str | None, seed: int):
-    """Both models of a two-model command and their common input shape (ShapeError when
-    they come with different ones and no --input-shape chooses)."""
-    from pathlift.errors import ShapeError
-    from pathlift.models import load_model
-
-    net_a, shape = load_model(model, input_shape, weights, seed=seed)
-    net_b, shape_b = load_model(model_b, input_shape, weights_b, seed=seed)
-    if shape != shape_b:
-        raise ShapeError(f"{model} has input shape {shape} and {model_b} has {shape_b} (stored "
-                         "in a checkpoint, or an architecture's default): give --input-shape")
-    return net_a, net_b, shape
+        console.print(f"wrote {save_like(result.model, model, out, shape)}")
 
 
 @app.command()
@@ -621,38 +682,36 @@ def metric(
     """l1 path-metric ||Phi(A) - Phi(B)||_1 of two models.
 
     Exact in two passes when signs agree and one model dominates the other (Lemma 3.4.1),
-    else a certified interval (paper 002 Lemma 3.2 / F.3).
+    else a certified interval (Gonon et al. 2025, Lemma 3.2 / F.3).
     """
     from pathlift.lift import path_metric
+    from pathlift.models import load_model_pair
 
     with working(console, f"path-metric between {model} and {model_b}"):
-        net_a, net_b, shape = _load_pair(model, model_b, input_shape, weights, weights_b,
-                                         seed)
-        result = path_metric(net_a, net_b, shape)
-    table = Table(title=f"path-metric between {model} and {model_b}, input {shape}")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("case", result.case)
-    table.add_row("d lower", f"{result.lower:.6g} (log10 {result.lower_log10:.6f})")
-    table.add_row("d upper", f"{result.upper:.6g} (log10 {result.upper_log10:.6f})")
-    table.add_row("||Phi(A)||_1, ||Phi(B)||_1 (log10)",
-                  f"{result.norm_a_log10:.6f}, {result.norm_b_log10:.6f}")
-    table.add_row("relative accuracy", f"{result.relative_accuracy:.2g}")
-    table.caption = result.reason
-    console.print(table)
+        net_a, net_b, shape = load_model_pair(model, model_b, input_shape, weights, weights_b,
+                                              seed=seed)
+        d = path_metric(net_a, net_b, shape)
+    console.print(_table(
+        f"path-metric between {model} and {model_b}, input {shape}", ["quantity", "value"],
+        [["case", d.case], ["d lower", f"{d.lower:.6g} (log10 {d.lower_log10:.6f})"],
+         ["d upper", f"{d.upper:.6g} (log10 {d.upper_log10:.6f})"],
+         ["||Phi(A)||_1, ||Phi(B)||_1 (log10)", f"{d.norm_a_log10:.6f}, {d.norm_b_log10:.6f}"],
+         ["relative accuracy", f"{d.relative_accuracy:.2g}"]], caption=d.reason))
 
 
 @app.command()
 def lipschitz(
     model: Model,
-    other: str = typer.Option(None, "--other", help="second model: bound in the parameters"),
+    other: Annotated[str | None, typer.Option("--other", help="second model, for the bound "
+                                              "in the parameters: " + MODEL_HELP)] = None,
     input_shape: InputShape = None,
     weights: Weights = None,
-    other_weights: str = typer.Option(None, "--other-weights",
-                                      help="state_dict file for the architecture OTHER"),
+    other_weights: Annotated[str | None, typer.Option(
+        "--other-weights", help="state_dict file for OTHER")] = None,
     seed: Seed = 0,
-    r: float = typer.Option(1.0, "-r", help="output norm l^r (inf for max)"),
-    x_inf: float = typer.Option(1.0, "--x-inf", help="bound on ||x||_inf of the inputs"),
+    r: Annotated[float, typer.Option("-r", help="output norm l^r (inf for max)")] = 1.0,
+    x_inf: Annotated[float, typer.Option("--x-inf", help="bound on ||x||_inf of the inputs")
+                     ] = 1.0,
 ) -> None:
     """Lipschitz bounds in the input, and in the parameters with --other.
 
@@ -660,30 +719,26 @@ def lipschitz(
     max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1) against eq. 3.7.
     """
     from pathlift.lift import lipschitz_input, lipschitz_params
-    from pathlift.models import load_model
+    from pathlift.models import load_model, load_model_pair
 
     with working(console, f"Lipschitz bounds of {model}"):
         if other:
-            net, net_b, shape = _load_pair(model, other, input_shape, weights, other_weights,
-                                           seed)
+            net, net_b, shape = load_model_pair(model, other, input_shape, weights,
+                                                other_weights, seed=seed)
             p = lipschitz_params(net, net_b, shape, x_inf)
         else:
             net, shape = load_model(model, input_shape, weights, seed=seed)
         bound = lipschitz_input(net, shape, r)
-    table = Table(title=f"Lipschitz bounds of {model}, input {shape}, r={r:g}")
-    table.add_column("bound")
-    table.add_column("log10", justify="right")
-    table.add_row("in x: ||Phi||_{1,r} (Thm 3.3.1)", f"{bound.log10:.6f}")
-    product = "n/a (residual sums)" if bound.layer_product is None else \
-        f"{bound.layer_product.log10:.6f}"
-    table.add_row("in x: Pi_{1,r} product of layer norms", product)
+    rows = [["in x: ||Phi||_{1,r} (Thm 3.3.1)", f"{bound.log10:.6f}"],
+            ["in x: Pi_{1,r} product of layer norms", "n/a (residual sums)"
+             if bound.layer_product is None else f"{bound.layer_product.log10:.6f}"]]
     if other:
-        table.add_row(f"in theta, ||x||_inf <= {x_inf:g} (Cor. 3.4.1)",
-                      f"{p.log10:.6f}" if p.applies else "no bound")
-        table.add_row("in theta: classical (eq. 3.7)",
-                      "n/a" if p.lfcn_log10 is None else f"{p.lfcn_log10:.6f}")
-        table.caption = p.reason
-    console.print(table)
+        rows += [[f"in theta, ||x||_inf <= {x_inf:g} (Cor. 3.4.1)",
+                  f"{p.log10:.6f}" if p.applies else "no bound"],
+                 ["in theta: classical (eq. 3.7)",
+                  "n/a" if p.lfcn_log10 is None else f"{p.lfcn_log10:.6f}"]]
+    console.print(_table(f"Lipschitz bounds of {model}, input {shape}, r={r:g}",
+                         ["bound", "log10"], rows, caption=p.reason if other else None))
 
 
 @app.command("equivalent")
@@ -694,18 +749,20 @@ def equivalent_command(
     weights: Weights = None,
     weights_b: WeightsB = None,
     seed: Seed = 0,
-    tolerance: float = typer.Option(1e-6, "--tolerance", help="relative parameter tolerance"),
+    tolerance: Annotated[float, typer.Option("--tolerance", help="relative parameter "
+                                             "tolerance")] = 1e-6,
 ) -> None:
     """Do MODEL and MODEL_B differ only by neuron permutations and rescalings?
 
     Compares canonical forms (q = 2 normalisation, neurons sorted), and reports the output
     gap on N(0, 1) samples.
     """
+    from pathlift.models import load_model_pair
     from pathlift.symmetry import equivalent
 
     with working(console, f"comparing the canonical forms of {model} and {model_b}"):
-        net_a, net_b, shape = _load_pair(model, model_b, input_shape, weights, weights_b,
-                                         seed)
+        net_a, net_b, shape = load_model_pair(model, model_b, input_shape, weights, weights_b,
+                                              seed=seed)
         result = equivalent(net_a, net_b, shape, tolerance)
     verdict = "[green]equivalent[/]" if result.equivalent else "[red]not equivalent[/]"
     console.print(f"{model} vs {model_b}: {verdict} (canonical parameter gap "
@@ -714,16 +771,20 @@ def equivalent_command(
 
 @app.command()
 def frontier(
-    out: Path = typer.Option(None, "--out", help="output folder (default: runs/frontier-TIME)"),
-    dataset: list[str] = typer.Option(["digits", "mnist1d"], "--dataset",
-                                      help="digits and/or mnist1d"),
-    model: list[str] = typer.Option(["mlp", "cnn"], "--model", help="mlp and/or cnn"),
-    method: list[str] = typer.Option(None, "--method", help="methods to run (default: all: "
-                                     "none, weight-decay, l1, l2, log-l1, budget, path-sgd, "
-                                     "imp-rewind)"),
-    epochs: int = typer.Option(30, "--epochs", help="training epochs per run"),
-    sizes: list[int] = typer.Option([20_000, 100_000], "--mnist1d-size",
-                                    help="extra MNIST-1D sample counts (the sqrt(n) term)"),
+    out: Out = None,
+    dataset: Annotated[list[str], typer.Option(
+        "--dataset", metavar="<str>...", help="digits and/or mnist1d, separated by spaces")
+    ] = ["digits", "mnist1d"],  # noqa: B006
+    model: Annotated[list[str], typer.Option(
+        "--model", metavar="<str>...", help="mlp and/or cnn, separated by spaces")
+    ] = ["mlp", "cnn"],  # noqa: B006
+    method: Annotated[list[str] | None, typer.Option(
+        "--method", metavar="<str>...", help="methods to run, separated by spaces (default: "
+        "all: none, weight-decay, l1, l2, log-l1, budget, path-sgd, imp-rewind)")] = None,
+    epochs: Annotated[int, typer.Option("--epochs", help="training epochs per run")] = 30,
+    sizes: Annotated[list[int], typer.Option(
+        "--mnist1d-size", metavar="<int>...", help="extra MNIST-1D sample counts (the "
+        "sqrt(n) term), separated by spaces")] = [20_000, 100_000],  # noqa: B006
 ) -> None:
     """Test accuracy vs certified top-1 bound across path-norm training methods.
 
@@ -741,7 +802,7 @@ def frontier(
         result = run_frontier(config, on_progress=lambda text, i, n: console.print(
             f"[{i}/{n}] {text}") if world.main else None)
         if world.main:
-            folder = default_out("frontier") if out is None else out
+            folder = default_out("frontier") if out is None else Path(out)
             for path in write_frontier(result, folder):
                 console.print(f"wrote {path}")
             console.print(Path(folder, "frontier.md").read_text())
@@ -776,4 +837,4 @@ def identify_command(
 
 
 if __name__ == "__main__":
-    app()
+    main()

@@ -5,6 +5,12 @@ from pathlift.bounds.constants import (
     architecture_constants,
 )
 from pathlift.bounds.covering import CoveringNumber, covering_deep, covering_shallow
+from pathlift.bounds.measured import (
+    GeneralizationBounds,
+    Measured,
+    generalization_bounds,
+    loss_accuracy,
+)
 from pathlift.bounds.rademacher import (
     RademacherBound,
     Sigma,
@@ -30,7 +36,9 @@ __all__ = [
     "CROSS_ENTROPY_LIPSCHITZ",
     "ArchitectureConstants",
     "CoveringNumber",
+    "GeneralizationBounds",
     "MarginBound",
+    "Measured",
     "RademacherBound",
     "Sigma",
     "architecture_constants",
@@ -39,6 +47,8 @@ __all__ = [
     "cross_entropy_gap_log10",
     "default_quantile",
     "gap_bound_log10",
+    "generalization_bounds",
+    "loss_accuracy",
     "margin_bound",
     "margin_loss",
     "margins",

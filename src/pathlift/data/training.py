@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
-from rich.progress import Progress
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
@@ -139,6 +138,11 @@ def _seeded(seed: int | None, loader: DataLoader) -> Iterator[None]:
 
 @contextmanager
 def _bar(show: bool, total: int) -> Iterator[Any]:
+    """A progress bar when ``show`` and rich (``pathlift[cli]``) is installed."""
+    try:
+        from rich.progress import Progress
+    except ImportError:
+        show = False
     if not show or total == 0:
         yield lambda: None
         return

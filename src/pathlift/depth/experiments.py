@@ -28,10 +28,10 @@ from pathlift.depth.model import DepthResNet
 from pathlift.depth.pvar import p_variation
 from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError
-from pathlift.files import append_rows, atomic_write
+from pathlift.files import append_rows
 
-__all__ = ["CSV_FIELDS", "DepthRun", "RhoFit", "append_csv", "c10k", "digits", "fit_rate",
-           "grid", "maxima", "plot_trajectories", "run"]
+__all__ = ["CSV_FIELDS", "DepthRow", "DepthRun", "RhoFit", "append_csv", "c10k", "depth_table",
+           "digits", "fit_rate", "grid", "maxima", "run"]
 
 CSV_FIELDS = ("model", "depth", "seed", "n_samples", "dtype", "steps", "learning_rate",
               "one_var_norm", "one_var_matrix", "loss_first", "loss_last", "rho", "C")
@@ -160,22 +160,32 @@ def fit_rate(omega: Sequence[float]) -> RhoFit:
     return RhoFit(float(params[0]), float(params[1]), float(std[0]), float(std[1]))
 
 
-def plot_trajectories(runs: Sequence[DepthRun], path: str) -> None:
-    """||L^beta W_k|| against k / L for each run (thesis Figs. 4.2-4.5), saved to ``path``."""
-    import matplotlib
+@dataclass(frozen=True)
+class DepthRow:
+    """One depth of a grid: T_L, eta, the max over seeds of ||L^beta W||_1-var along the
+    norm and the matrix path, the published value (None if none) and the mean fitted rho."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    depth: int
+    steps: int
+    learning_rate: float
+    norm_path_max: float
+    matrix_path_max: float
+    published: float | None
+    mean_rho: float
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in runs:
-        k = np.arange(r.depth) / r.depth
-        ax.plot(k, r.norm_path, lw=0.8, label=f"{r.model} L={r.depth} seed={r.seed}")
-    ax.set_xlabel("k / L")
-    ax.set_ylabel(r"$\|L^\beta W_k\|$")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        atomic_write(path, lambda fh: fig.savefig(fh, dpi=120, format="png"))
-    finally:
-        plt.close(fig)
+
+def depth_table(runs: Sequence[DepthRun]) -> list[DepthRow]:
+    """One row per depth of ``runs`` (one class), as Tables 4.3-4.5 report them."""
+    from pathlift.depth.published import PUBLISHED_C10K
+
+    norm_max, matrix_max = maxima(runs), maxima(runs, norm_path=False)
+    rows = []
+    for depth in sorted({r.depth for r in runs}):
+        of_depth = [r for r in runs if r.depth == depth]
+        first = of_depth[0]
+        rhos = [fit_rate(r.omega).rho for r in of_depth]
+        rows.append(DepthRow(depth, first.steps, first.learning_rate,
+                             norm_max[first.model, depth], matrix_max[first.model, depth],
+                             PUBLISHED_C10K.get(first.model, {}).get(depth),
+                             sum(rhos) / len(rhos)))
+    return rows

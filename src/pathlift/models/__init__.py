@@ -9,9 +9,17 @@ from pathlift.models.checkpoints import (
     read_checkpoint,
     save_checkpoint,
 )
-from pathlift.models.factory import model_factory
+from pathlift.models.factory import load_model_pair, model_factory, save_like
 from pathlift.models.mobilenet import mobilenet_relu
-from pathlift.models.registry import REFERENCE_MODELS, ModelSpec, get_model
+from pathlift.models.registry import (
+    REFERENCE_MODELS,
+    ModelSpec,
+    ReferenceModel,
+    default_input_shape,
+    get_model,
+    import_callable,
+    reference_models,
+)
 from pathlift.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
 from pathlift.models.small import mlp, small_cnn
 from pathlift.models.unet import unet
@@ -21,21 +29,27 @@ __all__ = [
     "REFERENCE_MODELS",
     "Checkpoint",
     "ModelSpec",
+    "ReferenceModel",
     "UnsafeCheckpointError",
     "alexnet",
+    "default_input_shape",
     "get_model",
+    "import_callable",
     "load_model",
+    "load_model_pair",
     "load_weights",
     "mlp",
     "mobilenet_relu",
     "model_factory",
     "read_checkpoint",
+    "reference_models",
     "resnet18",
     "resnet34",
     "resnet50",
     "resnet101",
     "resnet152",
     "save_checkpoint",
+    "save_like",
     "small_cnn",
     "unet",
     "vgg11",

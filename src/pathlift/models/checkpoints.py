@@ -28,14 +28,13 @@ from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.files import atomic_write, os_errors, write_bytes
 from pathlift.graph.boundary import cpu_state, unwrap
 from pathlift.graph.memory import check_bytes
-from pathlift.models.registry import REFERENCE_MODELS, get_model
+from pathlift.models.registry import REFERENCE_MODELS, default_input_shape, get_model
 
 __all__ = ["Checkpoint", "UnsafeCheckpointError", "load_model", "load_weights",
            "read_checkpoint", "save_checkpoint"]
 
 _ARCH, _KWARGS, _SHAPE = "pathlift.arch", "pathlift.kwargs", "pathlift.input_shape"
 _SAFETENSORS, _TORCH = (".safetensors",), (".pt", ".pth")
-_IMAGENET = (3, 224, 224)
 
 
 class UnsafeCheckpointError(InvalidParameterError):
@@ -53,9 +52,15 @@ class Checkpoint:
     input_shape: tuple[int, ...] | None = None
 
 
-def save_checkpoint(model: nn.Module, path: str | Path, arch: str, *,
+def save_checkpoint(model: nn.Module, path: str | Path, arch: str | None = None, *,
                     input_shape: Sequence[int] | None = None, **kwargs: Any) -> Path:
     """Write ``model``'s state_dict with its architecture name and constructor ``kwargs``.
+
+    ``arch`` is any name ``get_model`` takes: a reference architecture, or your own class or
+    factory by import path (``mymodels:Net``, ``path/to/nets.py:make``); by default the
+    import path of ``model``'s class. The weights are loaded into ``get_model(arch,
+    **kwargs)`` before anything is written, so a file that would not load is never written
+    (ArchitectureMismatchError).
 
     ``.safetensors`` stores them as JSON metadata; ``.pt``/``.pth`` as a weights-only
     dict {arch, kwargs, input_shape, state_dict}. ``input_shape`` (no batch dimension) is
@@ -68,8 +73,11 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str, *,
         >>> save_checkpoint(small_cnn(), "net.safetensors", "small_cnn", input_shape=(1, 8, 8))
     """
     path = Path(path)
-    if arch not in REFERENCE_MODELS:
-        get_model(arch, **kwargs)  # raises InvalidParameterError for an unknown name
+    arch = _class_path(model) if arch is None else arch
+    state = cpu_state(unwrap(model).state_dict())
+    _check_size(arch, kwargs)
+    with torch.random.fork_rng(devices=[]):  # the check's initialisation leaves no trace
+        load_weights(get_model(arch, **kwargs), state)
     shape = None if input_shape is None else _shape(input_shape)
     try:
         meta = {_ARCH: arch, _KWARGS: json.dumps(kwargs)}
@@ -77,13 +85,23 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str, *,
         raise InvalidParameterError(f"constructor kwargs {kwargs} must be JSON values") from err
     if shape is not None:
         meta[_SHAPE] = json.dumps(shape)
-    state = cpu_state(unwrap(model).state_dict())
     if path.suffix in _SAFETENSORS:
         return write_bytes(path, safetensors_bytes(state, metadata=meta))
     if path.suffix in _TORCH:
         obj = {"arch": arch, "kwargs": kwargs, "input_shape": shape, "state_dict": state}
         return atomic_write(path, lambda fh: torch.save(obj, fh))
     raise InvalidParameterError(f"checkpoint '{path}' must end in .safetensors, .pt or .pth")
+
+
+def _class_path(model: nn.Module) -> str:
+    """``module:QualName`` of the model's class, refused when it cannot be imported again."""
+    cls = type(unwrap(model))
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        raise InvalidParameterError(
+            f"{cls.__qualname__} is defined in a script or a function, so a checkpoint cannot "
+            "name it: move it into a module and pass arch='module:callable' (or "
+            "'path/to/file.py:callable')")
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
@@ -282,12 +300,15 @@ def _reattach_pruning(model: nn.Module, state_dict: Mapping[str, Tensor]) -> Non
 def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
                weights: str | Path | None = None, *,
                seed: int | None = None) -> tuple[nn.Module, tuple[int, ...]]:
-    """An eval-mode model and its input shape from a reference name or a checkpoint file.
+    """An eval-mode model and its input shape from a model name or a checkpoint file.
 
-    ``spec`` is an architecture name (random weights, or those of ``weights``: a plain or
-    pathlift state_dict file) or a checkpoint written by ``save_checkpoint`` (a file whose
-    metadata names the architecture). The input shape is ``input_shape`` if given, else
-    the one stored in the checkpoint, else the architecture's default. ``seed`` seeds the
+    ``spec`` is a model name as ``get_model`` takes it (reference architecture,
+    ``module:callable``, ``path/to/file.py:callable``, torchvision name), with random
+    weights or those of ``weights`` (a plain or pathlift state_dict file), or a checkpoint
+    written by ``save_checkpoint`` (a file whose metadata names the architecture). The
+    input shape is ``input_shape`` if given, else the one stored in the checkpoint, else
+    the architecture's default (``default_input_shape``: a factory's ``input_shape``
+    attribute). ``seed`` seeds the
     random initialisation (in a forked RNG: the caller's RNG state is left as it was), so
     one architecture name and one seed always give the same weights.
 
@@ -323,9 +344,7 @@ def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
         return model, tuple(int(s) for s in input_shape)
     if ckpt.input_shape is not None:
         return model, ckpt.input_shape
-    spec_entry = REFERENCE_MODELS.get(name)
-    shape = spec_entry.default_input_shape(**ckpt.kwargs) if spec_entry else _IMAGENET
-    return model, shape
+    return model, default_input_shape(name, **ckpt.kwargs)
 
 
 def _check_size(name: str, kwargs: dict[str, Any]) -> None:

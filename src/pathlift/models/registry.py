@@ -1,15 +1,22 @@
-"""The reference architectures by name, with their default input shapes."""
+"""Models by name: the reference architectures, torchvision's, and the user's own factories
+named by import path (``module:callable`` or ``path/to/file.py:callable``)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.models.alexnet import alexnet
 from pathlift.models.mobilenet import mobilenet_relu
 from pathlift.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -17,7 +24,8 @@ from pathlift.models.small import mlp, small_cnn
 from pathlift.models.unet import unet
 from pathlift.models.vgg import vgg11, vgg11_bn, vgg16, vgg16_bn
 
-__all__ = ["REFERENCE_MODELS", "ModelSpec", "get_model"]
+__all__ = ["REFERENCE_MODELS", "ModelSpec", "ReferenceModel", "default_input_shape", "get_model",
+           "import_callable", "is_import_path", "reference_models"]
 
 _IMAGENET = (3, 224, 224)
 
@@ -58,21 +66,135 @@ REFERENCE_MODELS: dict[str, ModelSpec] = {
 
 
 def get_model(name: str, **kwargs: Any) -> nn.Module:
-    """A fresh, randomly initialised model: a reference architecture or, when torchvision
-    is installed, any torchvision classification model name (pathlift's own names win)."""
+    """A fresh, randomly initialised model from its name.
+
+    ``name`` is a reference architecture (``pathlift models``), an import path
+    ``module:callable`` or ``path/to/file.py:callable`` (a class or factory returning an
+    ``nn.Module``, called with ``kwargs``; the current folder is importable, as with
+    ``python -m``), or, when torchvision is installed, a torchvision classification model
+    name (pathlift's own names win).
+
+    Raises:
+        InvalidParameterError: unknown name, module or attribute, bad ``kwargs``, or a
+            factory that does not return an ``nn.Module``.
+
+    Example:
+        >>> net = get_model("mlp", num_classes=4)
+        >>> net = get_model("mymodels:relu_mlp")  # mymodels.py in the current folder
+    """
     spec = REFERENCE_MODELS.get(name)
-    if spec is not None:
+    constructor = spec.constructor if spec is not None else \
+        import_callable(name) if is_import_path(name) else None
+    if constructor is not None:
         try:
-            return spec.constructor(**kwargs)
+            model = constructor(**kwargs)
         except TypeError as err:
             raise InvalidParameterError(f"bad arguments {kwargs} for model '{name}': {err}") \
                 from err
+        if not isinstance(model, nn.Module):
+            raise InvalidParameterError(
+                f"'{name}' returned a {type(model).__name__}; it must return an nn.Module")
+        return model
     torchvision_models = _torchvision_models()
     if torchvision_models is not None and name in torchvision_models.list_models():
         return torchvision_models.get_model(name, weights=None, **kwargs)
     known = ", ".join(sorted(REFERENCE_MODELS))
-    extra = "" if torchvision_models is None else " or a torchvision model name"
-    raise InvalidParameterError(f"unknown model '{name}'; choose one of: {known}{extra}")
+    extra = "" if torchvision_models is None else ", a torchvision model name"
+    raise InvalidParameterError(f"unknown model '{name}'; choose one of: {known}{extra}, or "
+                                "module:callable / path/to/file.py:callable for your own")
+
+
+def is_import_path(name: str) -> bool:
+    """Whether ``name`` reads ``module:callable`` or ``path/to/file.py:callable``."""
+    module, colon, attr = str(name).rpartition(":")
+    return bool(colon and module and attr.replace(".", "_").isidentifier())
+
+
+def import_callable(path: str) -> Callable[..., Any]:
+    """The object named by ``module:callable`` or ``path/to/file.py:callable``.
+
+    A ``.py`` file is imported under its absolute path as module name, so a class defined
+    there has ``__module__`` = that path and ``save_checkpoint`` can name it again.
+    """
+    module_name, _, attr = str(path).rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            module = _import_file(Path(module_name))
+        else:
+            if os.getcwd() not in sys.path:  # as `python -m` does, so local modules import
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+        target: Any = module
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError, FileNotFoundError) as err:
+        raise InvalidParameterError(
+            f"cannot import '{path}' ({err}); give module:callable with the module on the "
+            f"Python path (current folder: {Path.cwd()}) or path/to/file.py:callable") from err
+    if not callable(target):
+        raise InvalidParameterError(f"'{path}' is a {type(target).__name__}, not a callable")
+    return target
+
+
+def _import_file(file: Path) -> Any:
+    key = str(file.resolve())
+    if key in sys.modules:
+        return sys.modules[key]
+    if not file.is_file():
+        raise FileNotFoundError(f"no Python file at '{file}'")
+    spec = importlib.util.spec_from_file_location(key, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[key]
+        raise
+    return module
+
+
+def default_input_shape(name: str, **kwargs: Any) -> tuple[int, ...]:
+    """The input shape (no batch dimension) a model name is meant for.
+
+    A reference architecture's own (adapted to ``in_channels``/``in_features``); for an
+    import path, the ``input_shape`` attribute of the callable; (3, 224, 224) for a
+    torchvision name.
+
+    Raises:
+        ShapeError: an import path whose callable has no ``input_shape`` attribute.
+    """
+    spec = REFERENCE_MODELS.get(name)
+    if spec is not None:
+        return spec.default_input_shape(**kwargs)
+    if not is_import_path(name):
+        return _IMAGENET
+    shape = getattr(import_callable(name), "input_shape", None)
+    if shape is None:
+        raise ShapeError(f"'{name}' does not say its input shape: give --input-shape (input_shape"
+                         " in Python), or set an input_shape attribute on the callable, as in "
+                         "make.input_shape = (3, 32, 32)")
+    return tuple(int(s) for s in shape)
+
+
+@dataclass(frozen=True)
+class ReferenceModel:
+    """One row of ``pathlift models``: a reference architecture's name, default input shape
+    and parameter count."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    parameters: int
+
+
+def reference_models() -> list[ReferenceModel]:
+    """The reference architectures with their parameter counts (built on the meta device:
+    no memory, no initialisation)."""
+    rows = []
+    for name, spec in REFERENCE_MODELS.items():
+        with torch.device("meta"):
+            count = sum(p.numel() for p in spec.constructor().parameters())
+        rows.append(ReferenceModel(name, spec.input_shape, count))
+    return rows
 
 
 def _torchvision_models() -> Any | None:

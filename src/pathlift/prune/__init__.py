@@ -2,6 +2,7 @@
 iterative re-scoring with certificates, and the prune-rewind-retrain protocol with your own
 training, on one process or under torchrun."""
 
+from pathlift.prune.experiment import PruneExperiment, prune_experiment
 from pathlift.prune.methods import (
     PathMagnitudeUnstructured,
     PruningResult,
@@ -38,6 +39,7 @@ __all__ = [
     "Phase",
     "ProtocolResult",
     "PruneConfig",
+    "PruneExperiment",
     "PruningResult",
     "ResultsFileError",
     "RunFolder",
@@ -56,6 +58,7 @@ __all__ = [
     "path_magnitude_scores",
     "path_magnitude_unstructured",
     "prunable_parameters",
+    "prune_experiment",
     "prune_model",
     "prune_rewind_retrain",
 ]

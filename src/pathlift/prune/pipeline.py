@@ -1,19 +1,16 @@
 """The digits defaults of the prune-rewind-retrain protocol (``pathlift.prune.protocol``),
-and its figure.
 
 ``SGDTraining`` is the training of the README's digits experiment, over any DataLoaders:
 SGD (lr 0.05, momentum 0.9, weight decay 5e-4) on the cross-entropy through
 ``pathlift.data.training.train_classifier``, top-1 accuracy on the test loader. Under DDP
 it trains on its rank's shard of the training data and evaluates the whole test set on
-every rank. ``plot`` draws accuracy against the pruning level, the magnitude / Path-Mag
-scatter of the thesis' Figure 3.8 and the mask overlaps of its Table 3.1.
+every rank. Its figure is ``pathlift.plots.pruning_experiment``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence, Sized
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
@@ -21,11 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pathlift.data.training import evaluate, reproducible, train_classifier
 from pathlift.distributed import fingerprint
-from pathlift.files import atomic_write
-from pathlift.prune.protocol import Phase, ProtocolResult
+from pathlift.prune.protocol import Phase
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 
-__all__ = ["SGDTraining", "plot", "scatter"]
+__all__ = ["SGDTraining", "scatter"]
 
 
 @dataclass(frozen=True)
@@ -85,52 +81,3 @@ def scatter(model: nn.Module, input_shape: Sequence[int]) -> tuple[Tensor, Tenso
     """(|theta_i|, log10 Path-Mag(theta, i)) of every prunable weight (thesis Figure 3.8)."""
     path = path_magnitude_scores(model, input_shape)
     return magnitude_scores(model, input_shape).flat(), path.flat().log10() + path.log10_scale
-
-
-def plot(result: ProtocolResult, path: Path, title: str,
-         scatters: dict[bool, tuple[Tensor, Tensor]] | None = None) -> Path:
-    """Accuracy vs pruning level per method (solid: trained weights, dashed: after a random
-    rescale), the magnitude vs Path-Mag ``scatters`` of a trained network without and with
-    the rescale (Figure 3.8; panels left out without them) and each method's mask overlap
-    with magnitude pruning (Table 3.1)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    scatters = scatters or {}
-    fig, axes = plt.subplots(1, 2 + len(scatters), figsize=(5 * (2 + len(scatters)), 4.2))
-    summary = result.summary()
-    methods = [m.name for m in result.config.methods]  # type: ignore[union-attr]
-    for i, method in enumerate(methods):
-        for rescaled in result.config.rescaled:
-            rows = [r for r in summary if r["method"] == method and r["rescaled"] == rescaled]
-            axes[0].errorbar([100 * r["amount"] for r in rows], [100 * r["mean"] for r in rows],
-                             [100 * r["std"] for r in rows], color=f"C{i}", capsize=3,
-                             linestyle="--" if rescaled else "-", marker="o",
-                             label=method + (" (rescaled)" if rescaled else ""))
-    axes[0].axhline(100 * result.dense_accuracy()[0], color="gray", linewidth=0.8,
-                    label="dense")
-    axes[0].set(xlabel="pruned (%)", ylabel="test accuracy (%)", title=title)
-    axes[0].legend(fontsize=7)
-    for ax, (rescaled, (mag, log_path)) in zip(axes[1:-1], sorted(scatters.items()),
-                                               strict=True):
-        keep = mag > 0
-        ax.scatter(mag[keep].log10(), log_path[keep], s=2, alpha=0.3)
-        ax.set(xlabel="log10 |theta_i|", ylabel="log10 Path-Mag(theta, i)",
-               title="trained, randomly rescaled" if rescaled else "trained")
-    overlaps = result.overlaps()
-    for i, method in enumerate(methods):
-        amounts = sorted(a for m, a in overlaps if m == method)
-        if amounts:
-            axes[-1].plot([100 * a for a in amounts], [overlaps[method, a] for a in amounts],
-                          marker="o", color=f"C{i}", label=method)
-    axes[-1].set(xlabel="pruned (%)", ylabel="overlap with magnitude pruning's mask (%)",
-                 title="mask overlap (Table 3.1)", ylim=(0, 100))
-    axes[-1].legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        atomic_write(path, lambda fh: fig.savefig(fh, dpi=110, format="png"))
-    finally:
-        plt.close(fig)
-    return path

@@ -26,7 +26,7 @@ from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Scores:
     """Importance of every prunable coordinate: ``tensors[name] * 10**log10_scale``.
 
@@ -59,6 +59,11 @@ class Scores:
     def flat(self) -> Tensor:
         """Every mantissa in one vector (their common dtype), in the order of ``tensors``."""
         return torch.cat([t.reshape(-1) for t in self.tensors.values()])
+
+    def __repr__(self) -> str:
+        """Criterion, size and log10 of the total: no tensor printed (they can be millions)."""
+        return (f"Scores({self.criterion!r}, {len(self.tensors)} tensors, {self.numel():,} "
+                f"coordinates, log10 sum={self.log10_sum():.4f})")
 
 
 def prunable_parameters(graph: LayerGraph, include_biases: bool = False

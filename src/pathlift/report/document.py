@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pathlift.files import write_text
+
 
 def _md_row(cells: Sequence[str]) -> str:
     """A Markdown table row; pipes inside cells (as in ||Phi||_1) are escaped."""
@@ -81,7 +83,5 @@ class Document:
 
     def write(self, out_dir: Path) -> tuple[Path, Path]:
         """Write report.md and report.html into ``out_dir``; returns their paths."""
-        md, page = out_dir / "report.md", out_dir / "report.html"
-        md.write_text(self.to_markdown(), encoding="utf-8")
-        page.write_text(self.to_html(), encoding="utf-8")
-        return md, page
+        return (write_text(out_dir / "report.md", self.to_markdown()),
+                write_text(out_dir / "report.html", self.to_html()))

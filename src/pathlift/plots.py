@@ -1,14 +1,30 @@
-"""The report's PNG figures (matplotlib's object API on the Agg canvas: no pyplot state)."""
+"""Every figure pathlift draws: the report's, the pruning experiment's and the depth lab's.
+
+matplotlib's object API on the Agg canvas (no pyplot state, safe in threads and servers);
+each function takes plain numbers or result objects and writes one PNG through ``save``.
+Needs matplotlib: ``pip install 'pathlift[plots]'``.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from matplotlib.figure import Figure
+
+from pathlift.files import atomic_write
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from pathlift.depth.experiments import DepthRun
+    from pathlift.prune.protocol import ProtocolResult
+
+__all__ = ["accuracy_curves", "average_vs_worst", "bound_during_training", "bounds_vs_gap",
+           "depth_trajectories", "margins_histogram", "pruning_curves", "pruning_experiment",
+           "save", "training_curves"]
 
 
 def _style(ax: Any, title: str, xlabel: str, ylabel: str | None = None) -> None:
@@ -21,10 +37,10 @@ def _style(ax: Any, title: str, xlabel: str, ylabel: str | None = None) -> None:
     ax.legend(fontsize=8)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
+    """Write ``fig`` as a PNG at ``path``, atomically (``pathlift.files.atomic_write``)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=dpi))
 
 
 def training_curves(history: Sequence[Mapping[str, Any]], qs: Sequence[float], path: Path
@@ -39,7 +55,7 @@ def training_curves(history: Sequence[Mapping[str, Any]], qs: Sequence[float], p
     ax.plot(epochs, [math.log10(h["average_case"]) for h in history], marker="s", ms=3,
             ls="--", label="log10 E_x ||A^T Phi||_1 (average case)")
     _style(ax, "Path-norms during training", "epoch (0 = initialisation)", "log10")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def accuracy_curves(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -54,26 +70,25 @@ def accuracy_curves(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
                    label=split)
     _style(left, "top-1 accuracy", "epoch")
     _style(right, "cross-entropy", "epoch")
-    return _save(fig, path)
+    return save(fig, path)
 
 
-def margins_histogram(train: torch.Tensor, test: torch.Tensor, gamma: float, path: Path
+def margins_histogram(train: Sequence[float], test: Sequence[float], gamma: float, path: Path
                       ) -> Path:
     """Histogram of the margins R(x)_y - max_{c != y} R(x)_c with the chosen gamma."""
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
-    lo = float(min(train.min(), test.min()))
-    hi = float(max(train.max(), test.max()))
-    bins = torch.linspace(lo, hi, 41).tolist()
-    ax.hist(train.tolist(), bins=bins, alpha=0.6, density=True, label="train")
-    ax.hist(test.tolist(), bins=bins, alpha=0.6, density=True, label="test")
+    lo, hi = min(*train, *test), max(*train, *test)
+    bins = [lo + (hi - lo) * i / 40 for i in range(41)]
+    ax.hist(list(train), bins=bins, alpha=0.6, density=True, label="train")
+    ax.hist(list(test), bins=bins, alpha=0.6, density=True, label="test")
     ax.axvline(gamma, color="k", ls="--", label=f"gamma = {gamma:.3g} (Thm 4.1.2)")
     ax.axvline(0.0, color="r", lw=1, label="misclassified below 0")
     ax.set_xlabel("margin")
     ax.set_ylabel("density")
     ax.set_title("Margins")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], path: Path
@@ -81,7 +96,7 @@ def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], pat
     """Per output neuron: E_x ||A^T Phi^{->v}||_1 against ||Phi^{->v}||_1 (log scale)."""
     fig = Figure(figsize=(8, 4))
     ax = fig.add_subplot()
-    idx = torch.arange(len(average)).tolist()
+    idx = list(range(len(average)))
     width = 0.4
     ax.bar([i - width / 2 for i in idx], [10.0**w for w in worst_log10], width,
            label="worst case ||Phi^{->v}||_1")
@@ -93,7 +108,7 @@ def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], pat
     ax.set_xticks(idx)
     ax.set_title("Average-case vs worst-case path-norm per output")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def bounds_vs_gap(labels: Sequence[str], bounds_log10: Sequence[float], gap: float,
@@ -110,7 +125,7 @@ def bounds_vs_gap(labels: Sequence[str], bounds_log10: Sequence[float], gap: flo
     ax.set_title("Generalisation bounds vs measured gap")
     ax.legend(fontsize=8, loc="lower right")
     ax.invert_yaxis()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def bound_during_training(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -124,7 +139,7 @@ def bound_during_training(history: Sequence[Mapping[str, Any]], path: Path) -> P
     ax.plot(epochs, [math.log10(g) if g > 0 else float("nan") for g in gaps], marker="s",
             ms=3, label="measured gap (test - train cross-entropy)")
     _style(ax, "Bound vs measured gap during training", "epoch", "log10")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def pruning_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -139,4 +154,57 @@ def pruning_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
                    marker="o", label=criterion)
     _style(left, "test top-1 accuracy after pruning", "fraction of weights pruned")
     _style(right, "log10 ||Phi||_1 after pruning", "fraction of weights pruned")
-    return _save(fig, path)
+    return save(fig, path)
+
+
+def pruning_experiment(result: ProtocolResult, path: Path, title: str,
+         scatters: dict[bool, tuple[Tensor, Tensor]] | None = None) -> Path:
+    """Accuracy vs pruning level per method (solid: trained weights, dashed: after a random
+    rescale), the magnitude vs Path-Mag ``scatters`` of a trained network without and with
+    the rescale (Figure 3.8; panels left out without them) and each method's mask overlap
+    with magnitude pruning (Table 3.1)."""
+    scatters = scatters or {}
+    fig = Figure(figsize=(5 * (2 + len(scatters)), 4.2))
+    axes = fig.subplots(1, 2 + len(scatters))
+    summary = result.summary()
+    methods = [m.name for m in result.config.methods]  # type: ignore[union-attr]
+    for i, method in enumerate(methods):
+        for rescaled in result.config.rescaled:
+            rows = [r for r in summary if r["method"] == method and r["rescaled"] == rescaled]
+            axes[0].errorbar([100 * r["amount"] for r in rows], [100 * r["mean"] for r in rows],
+                             [100 * r["std"] for r in rows], color=f"C{i}", capsize=3,
+                             linestyle="--" if rescaled else "-", marker="o",
+                             label=method + (" (rescaled)" if rescaled else ""))
+    axes[0].axhline(100 * result.dense_accuracy()[0], color="gray", linewidth=0.8,
+                    label="dense")
+    axes[0].set(xlabel="pruned (%)", ylabel="test accuracy (%)", title=title)
+    axes[0].legend(fontsize=7)
+    for ax, (rescaled, (mag, log_path)) in zip(axes[1:-1], sorted(scatters.items()),
+                                               strict=True):
+        keep = mag > 0
+        ax.scatter(mag[keep].log10(), log_path[keep], s=2, alpha=0.3)
+        ax.set(xlabel="log10 |theta_i|", ylabel="log10 Path-Mag(theta, i)",
+               title="trained, randomly rescaled" if rescaled else "trained")
+    overlaps = result.overlaps()
+    for i, method in enumerate(methods):
+        amounts = sorted(a for m, a in overlaps if m == method)
+        if amounts:
+            axes[-1].plot([100 * a for a in amounts], [overlaps[method, a] for a in amounts],
+                          marker="o", color=f"C{i}", label=method)
+    axes[-1].set(xlabel="pruned (%)", ylabel="overlap with magnitude pruning's mask (%)",
+                 title="mask overlap (Table 3.1)", ylim=(0, 100))
+    axes[-1].legend(fontsize=7)
+    return save(fig, path)
+
+
+def depth_trajectories(runs: Sequence[DepthRun], path: str | Path) -> Path:
+    """||L^beta W_k|| against k / L for each run (thesis Figs. 4.2-4.5), saved to ``path``."""
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    for r in runs:
+        k = [i / r.depth for i in range(r.depth)]
+        ax.plot(k, r.norm_path, lw=0.8, label=f"{r.model} L={r.depth} seed={r.seed}")
+    ax.set_xlabel("k / L")
+    ax.set_ylabel(r"$\|L^\beta W_k\|$")
+    ax.legend(fontsize=7)
+    return save(fig, path, dpi=120)

@@ -1,0 +1,83 @@
+"""Embedded datasets that need no network: scikit-learn's 8x8 digits and a synthetic task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from pathlift.errors import InvalidParameterError
+
+__all__ = ["Digits", "Split", "load_digits", "loaders", "synthetic"]
+
+
+@dataclass(frozen=True)
+class Split:
+    """A train/test split of a classification task held in memory as TensorDatasets."""
+
+    train: TensorDataset
+    test: TensorDataset
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    def __repr__(self) -> str:
+        return (f"Split(train={len(self.train)}, test={len(self.test)}, "
+                f"input_shape={self.input_shape}, num_classes={self.num_classes})")
+
+
+Digits = Split  # the name of the first embedded set, kept for existing code
+
+
+def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
+    """scikit-learn's bundled 8x8 digits (1,797 images, no download), stratified split.
+
+    Images are float32 of shape (1, 8, 8) scaled to [0, 1]; labels are int64 in 0..9.
+    """
+    from sklearn.datasets import load_digits as sk_load_digits
+    from sklearn.model_selection import train_test_split
+
+    if not 0.0 < test_fraction < 1.0:
+        raise InvalidParameterError(f"test_fraction={test_fraction} must lie in (0, 1)")
+    bunch = sk_load_digits()
+    images = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
+    labels = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        images, labels, test_size=test_fraction, random_state=seed, stratify=labels)
+    return Split(_dataset(x_tr, y_tr), _dataset(x_te, y_te), (1, 8, 8), 10)
+
+
+def synthetic(n_train: int = 512, n_test: int = 256, input_shape: tuple[int, ...] = (1, 8, 8),
+              num_classes: int = 4, seed: int = 0) -> Split:
+    """Gaussian class clusters in ``input_shape``: a fast, fully reproducible toy task."""
+    if n_train <= 0 or n_test <= 0 or num_classes < 2:
+        raise InvalidParameterError(
+            f"need n_train, n_test > 0 and num_classes >= 2 (got {n_train}, {n_test}, "
+            f"{num_classes})")
+    gen = torch.Generator().manual_seed(seed)
+    centers = torch.randn((num_classes, *input_shape), generator=gen)
+
+    def sample(n: int) -> TensorDataset:
+        y = torch.randint(num_classes, (n,), generator=gen)
+        x = centers[y] + 0.5 * torch.randn((n, *input_shape), generator=gen)
+        return TensorDataset(x, y)
+
+    return Split(sample(n_train), sample(n_test), tuple(input_shape), num_classes)
+
+
+def loaders(digits: Split, batch_size: int = 64,
+            seed: int = 0) -> tuple[DataLoader, DataLoader]:
+    """(train loader shuffled by a generator seeded with ``seed``, unshuffled test loader).
+
+    Raises InvalidParameterError for a ``batch_size`` that is not a positive int."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidParameterError(f"batch_size must be a positive int, got {batch_size!r}")
+    gen = torch.Generator().manual_seed(seed)
+    train = DataLoader(digits.train, batch_size=batch_size, shuffle=True, generator=gen)
+    test = DataLoader(digits.test, batch_size=max(batch_size, 256), shuffle=False)
+    return train, test
+
+
+def _dataset(x: np.ndarray, y: np.ndarray) -> TensorDataset:
+    return TensorDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y))

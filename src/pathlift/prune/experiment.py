@@ -1,0 +1,102 @@
+"""The ``pathlift prune`` job: a model and data by name through the prune-rewind-retrain
+protocol (thesis Sec. 3.5.2), with its results folder and figure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from pathlift.errors import ShapeError
+from pathlift.prune.protocol import ProtocolResult, PruneConfig
+
+__all__ = ["PruneExperiment", "prune_experiment"]
+
+_TRAIN_ONLY = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+EVAL_NOTE = ("the model has BatchNorm or Dropout: it trains in training mode and is scored, "
+             "pruned and measured in eval mode (BatchNorm as its affine map, Def. 2.2.2)")
+
+
+@dataclass(frozen=True, repr=False)
+class PruneExperiment:
+    """What ``prune_experiment`` did: the protocol's result (None on ranks other than 0),
+    where it wrote, the process count, and a note when eval mode was used for scoring."""
+
+    result: ProtocolResult | None
+    folder: Path | None
+    csv: Path | None
+    plot: Path | None
+    world_size: int
+    eval_note: str | None
+
+    def __repr__(self) -> str:
+        runs = 0 if self.result is None else len(self.result.runs)
+        return (f"PruneExperiment(runs={runs}, processes={self.world_size}, "
+                f"folder={self.folder})")
+
+
+def prune_experiment(model: str, data: str, config: PruneConfig,
+                     out: str | Path | Callable[[], Path], *,
+                     weights: str | None = None, input_shape: Sequence[int] | None = None,
+                     test_fraction: float = 0.25, normalize: str = "none",
+                     batch_size: int = 64, lr: float = 0.05, spread: str = "data",
+                     save_models: bool = False,
+                     on_progress: Callable[[str, int, int], None] | None = None
+                     ) -> PruneExperiment:
+    """Train ``model`` (a name, import path or checkpoint: ``pathlift.models.model_factory``)
+    on ``data`` (``pathlift.data.load_data``), prune it with every method of ``config``,
+    rewind and retrain (thesis Sec. 3.5.2, App. E.1), under torchrun on every process.
+
+    Rank 0 writes ``out``/runs.csv (resumed when it holds runs of the same settings), the
+    dense weights and ``out``/summary.png (accuracy against the pruning level, the
+    magnitude / Path-Mag scatter of Figure 3.8 without and with a random rescale, and the
+    mask overlaps of Table 3.1). ``out`` may be a callable returning the folder: it is
+    called once the model and the data have been checked, so a refused run leaves no folder.
+
+    Raises:
+        ShapeError: the model's outputs do not match the data's classes.
+        InvalidParameterError: unknown model, data, method or spread.
+    """
+    from pathlift import plots
+    from pathlift.data import load_data, loaders
+    from pathlift.data.training import reproducible
+    from pathlift.distributed import launched
+    from pathlift.graph import graph_of
+    from pathlift.models import model_factory
+    from pathlift.prune.pipeline import SGDTraining, scatter
+    from pathlift.prune.protocol import prune_rewind_retrain
+    from pathlift.prune.results import RunFolder
+    from pathlift.symmetry import random_rescale
+
+    with launched() as world:
+        split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
+                          normalize=normalize)
+        make = model_factory(model, split.num_classes, weights)
+        probe = make().eval()  # a fresh copy: the protocol scores in eval mode too
+        note = EVAL_NOTE if any(isinstance(m, _TRAIN_ONLY) for m in probe.modules()) else None
+        d_out = graph_of(probe, split.input_shape).d_out
+        if d_out != split.num_classes:
+            raise ShapeError(f"{model} has {d_out} outputs, {data} has {split.num_classes} "
+                             "classes")
+        train, test = loaders(split, batch_size=batch_size, seed=0)
+        training = SGDTraining(train, test, lr)
+        folder = RunFolder(out() if callable(out) else out) if world.main else None
+        with reproducible():
+            result = prune_rewind_retrain(make, split.input_shape, training.train,
+                                          training.evaluate, config, spread=spread,
+                                          folder=folder, save_models=save_models,
+                                          on_progress=on_progress)
+        if not world.main:
+            return PruneExperiment(None, None, None, None, world.size, note)
+        trained = make()
+        trained.load_state_dict(folder.load_dense(config.seeds[0]).trained)
+        trained.eval()
+        rescaled = random_rescale(trained, config.rescale_factors, 0, split.input_shape)
+        scatters = {False: scatter(trained, split.input_shape),
+                    True: scatter(rescaled, split.input_shape)}
+    png = plots.pruning_experiment(result, folder.path / "summary.png",
+                                   f"{model} on {data}, {len(config.seeds)} seeds, "
+                                   f"{world.size} process(es)", scatters)
+    return PruneExperiment(result, folder.path, folder.csv, png, world.size, note)

@@ -1,0 +1,188 @@
+"""The report's numbers: a model (trained first if asked) measured end to end into a
+``Report``, a plain data object that ``pathlift.report.render`` turns into pages."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from pathlift.bounds import (
+    ArchitectureConstants,
+    GeneralizationBounds,
+    architecture_constants,
+    cross_entropy_gap_log10,
+    generalization_bounds,
+    loss_accuracy,
+    peeling_constant,
+    rademacher_peeling,
+    sharpened_constant,
+    sigma_from_loader,
+)
+from pathlift.data import Split
+from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.graph import copy_model, eval_mode, graph_of
+from pathlift.lift import AverageCasePathNorm, average_case_path_norm, path_norm
+
+__all__ = ["DEFAULT_EPOCHS", "QS", "Report", "measure_report"]
+
+QS = (1.0, 2.0, 4.0)
+DEFAULT_EPOCHS = 30
+PRUNE_AMOUNTS = (0.0, 0.2, 0.5, 0.8, 0.9)
+EVAL_NOTE = ("BatchNorm/Dropout layers: trained in training mode, measured in eval mode "
+             "(BatchNorm as its affine map with the running statistics, Def. 2.2.2)")
+
+
+@dataclass(frozen=True, repr=False)
+class Report:
+    """Everything ``pathlift report`` measured, before any rendering.
+
+    ``constants`` and the C of Thm 4.4.1 (``sharpened`` of Remark 4.4.1 when it applies);
+    ``path_norm_log10``: q -> log10 ||Phi||_q (Thm 3.1.1); ``history``: one dict per epoch
+    when it trained; ``bounds``: the generalisation bounds and the measured gap
+    (``generalization_bounds``), ``average_case`` (Sec. 7.2.2) and ``pruning`` (one row
+    per criterion and level: sparsity, accuracy, log10 ||Phi||_1, log10 bound, log10
+    certificate of Lemma 3.4.1) when data was given; ``samples_needed_log10``: without
+    data, log10 of the n above which the cross-entropy bound drops below 1.
+    ``to_dict()`` is what ``report.json`` holds.
+    """
+
+    title: str
+    input_shape: tuple[int, ...]
+    data: str | None
+    epochs: int
+    seed: int
+    constants: ArchitectureConstants
+    peeling_constant: float
+    sharpened_constant: float | None
+    path_norm_log10: dict[float, float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    bounds: GeneralizationBounds | None = None
+    average_case: AverageCasePathNorm | None = None
+    worst_per_output_log10: tuple[float, ...] = ()
+    pruning: list[dict[str, Any]] = field(default_factory=list)
+    samples_needed_log10: float | None = None
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON values (nested dataclasses as dicts, q keys as strings)."""
+        out = dataclasses.asdict(self)
+        out["path_norm_log10"] = {f"{q:g}": v for q, v in self.path_norm_log10.items()}
+        return out
+
+    def __repr__(self) -> str:
+        gap = "" if self.bounds is None else \
+            f", log10 CE bound={self.bounds.cross_entropy_log10[0]:.2f}, measured gap=" \
+            f"{self.bounds.measured.cross_entropy_gap:.4f}"
+        return (f"Report({self.title!r}, input_shape={self.input_shape}, epochs={self.epochs},"
+                f" log10 ||Phi||_1={self.path_norm_log10[1.0]:.3f}{gap})")
+
+
+class _Evaluation:
+    """Callback: eval-mode train/test cross-entropy and accuracy (flags restored after)."""
+
+    def __init__(self, train: Any, test: Any):
+        self.loaders = {"train": train, "test": test}
+
+    def on_epoch_end(self, model: nn.Module, epoch: int, logs: dict[str, Any]) -> None:
+        with eval_mode(model):
+            for split, loader in self.loaders.items():
+                logs[f"eval_{split}_loss"], logs[f"eval_{split}_accuracy"] = \
+                    loss_accuracy(model, loader)
+
+
+def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | None = None,
+                   *, epochs: int = 0, title: str = "model", data_name: str | None = None,
+                   seed: int = 0, samples: int = 512, batch_size: int = 64,
+                   progress: bool = False) -> tuple[Report, nn.Module]:
+    """Measure ``model`` (a copy, trained ``epochs`` epochs on ``data`` first when > 0):
+    returns the ``Report`` and the measured model. ``model`` itself is not modified.
+
+    Without ``data`` only the data-free sections are measured. The model is measured in
+    eval mode (BatchNorm as its affine map, Def. 2.2.2), which ``Report.notes`` says when it
+    matters.
+    """
+    from pathlift.data import loaders
+
+    start = time.perf_counter()
+    shape = tuple(int(s) for s in input_shape)
+    if epochs < 0 or samples < 1:
+        raise InvalidParameterError(f"need epochs >= 0 and samples >= 1, got {epochs}, "
+                                    f"{samples}")
+    if data is not None and tuple(data.input_shape) != shape:
+        raise ShapeError(f"the data's inputs have shape {data.input_shape}, the model expects "
+                         f"{shape}: give --input-shape, or data of that shape")
+    if epochs and data is None:
+        raise InvalidParameterError("training (epochs > 0) needs data")
+    net = copy_model(model)
+    notes = (EVAL_NOTE,) if any(isinstance(m, (nn.modules.batchnorm._BatchNorm,
+                                               nn.modules.dropout._DropoutNd))
+                               for m in net.modules()) else ()
+    torch.manual_seed(seed)
+    train, test = loaders(data, batch_size=batch_size, seed=seed) if data else (None, None)
+    history = _train(net, shape, train, test, epochs, seed, progress) if epochs else []
+    net.eval()
+    graph = graph_of(net, shape)
+    constants = architecture_constants(graph)
+    norms = {q: path_norm(graph, q=q, r=q) for q in QS}  # ||Phi||_q, Table 7.2
+    common = dict(title=title, input_shape=shape, data=data_name, epochs=epochs, seed=seed,
+                  constants=constants, peeling_constant=peeling_constant(constants),
+                  sharpened_constant=sharpened_constant(constants)
+                  if constants.sharpened_applies else None,
+                  path_norm_log10={q: n.log10 for q, n in norms.items()}, history=history,
+                  worst_per_output_log10=norms[1.0].per_output_log10, notes=notes)
+    if data is None:
+        need = 2 * (math.log10(4 * math.sqrt(2) * common["peeling_constant"]) +
+                    norms[1.0].log10)
+        return Report(**common, samples_needed_log10=need,
+                      seconds=time.perf_counter() - start), net
+    bounds = generalization_bounds(net, shape, train, test)
+    average = average_case_path_norm(net, shape, test, q=1.0, max_samples=samples)
+    pruning = _pruning(net, shape, test, bounds)
+    return Report(**common, bounds=bounds, average_case=average, pruning=pruning,
+                  seconds=time.perf_counter() - start), net
+
+
+def _train(net: nn.Module, shape: tuple[int, ...], train: Any, test: Any, epochs: int,
+           seed: int, progress: bool) -> list[dict[str, Any]]:
+    from pathlift.data.training import train_classifier
+    from pathlift.track import PathNormTracker
+
+    probe = torch.cat([x for x, _ in test])[:64]
+    sigma = sigma_from_loader(train)
+    # the report plots path-norms and accuracy only: no sparsity passes per epoch
+    tracker = PathNormTracker(shape, probe, sigma.n, sigma.peeling, QS, sparsity=False)
+    evaluation = _Evaluation(train, test)
+    init: dict[str, Any] = {"epoch": 0}
+    evaluation.on_epoch_end(net, 0, init)
+    tracker.on_epoch_end(net, 0, init)
+    train_classifier(net, train, epochs=epochs, lr=0.05, momentum=0.9,
+                     callbacks=(evaluation, tracker), progress=progress, seed=seed)
+    return tracker.history
+
+
+def _pruning(net: nn.Module, shape: tuple[int, ...], test: Any,
+             bounds: GeneralizationBounds) -> list[dict[str, Any]]:
+    """One-shot global pruning of copies at each level: accuracy, ||Phi||_1, the bound of
+    Thm 4.4.1 + 4.1.1 and the exact output-change certificate of Lemma 3.4.1."""
+    from pathlift.prune import prune_model
+
+    rows = []
+    for criterion in ("path-magnitude", "magnitude"):
+        for amount in PRUNE_AMOUNTS:
+            pruned = copy_model(net)
+            result = prune_model(pruned, shape, amount, criterion=criterion, scope="global")
+            l1 = path_norm(pruned, shape).log10
+            bound = rademacher_peeling(bounds.constants, bounds.sigma.peeling, l1)
+            rows.append({"criterion": criterion, "sparsity": result.sparsity,
+                         "accuracy": loss_accuracy(pruned, test)[1], "path_norm_log10": l1,
+                         "bound_log10": cross_entropy_gap_log10(bound, bounds.n_train),
+                         "certificate_log10": result.log10_path_metric})
+    return rows
