@@ -6,7 +6,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,7 @@ class PathNorm:
     q: float
     r: float
     log10: float
-    per_output_log10: tuple[float, ...]
+    per_output_log10: tuple[float, ...] = field(repr=False)
 
     @property
     def value(self) -> float:
