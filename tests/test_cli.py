@@ -109,7 +109,8 @@ def test_every_model_argument_has_the_same_help():
     takes_model = {c for c, text in helps.items() if "MODEL" in text or "--model" in text}
     takes_model -= {"depth", "frontier"}  # their --model names a class of their own tables
     assert takes_model == {"norm", "summary", "bounds", "report", "prune", "quantize",
-                           "rescale", "normalize", "metric", "lipschitz", "equivalent"}
+                           "rescale", "normalize", "metric", "lipschitz", "equivalent",
+                           "identify"}
     for command in takes_model:
         assert model_help in helps[command], command
 
