@@ -52,19 +52,22 @@ def _is_data_parallel(model: nn.Module) -> bool:
     return isinstance(model, wrappers) or type(model).__name__ == "FullyShardedDataParallel"
 
 
-def param(module: nn.Module, name: str) -> Tensor | None:
+def param(module: nn.Module, name: str, detach: bool = True) -> Tensor | None:
     """The effective parameter ``name``, honouring torch.nn.utils.prune masks.
 
     A pruned module stores ``name_orig`` and ``name_mask``; its plain ``name`` attribute is
-    only refreshed by a forward pre-hook and may be stale, so the product is recomputed
-    (detached: reading a parameter never records autograd history).
+    only refreshed by a forward pre-hook and may be stale, so the product is recomputed.
+    Detached by default (reading a parameter never records autograd history); with
+    ``detach=False`` it keeps it, for a pass that differentiates through the parameters.
     """
     orig = getattr(module, name + "_orig", None)
     mask = getattr(module, name + "_mask", None)
     if orig is not None and mask is not None:
-        return orig.detach() * mask
+        return (orig.detach() if detach else orig) * mask
     value = getattr(module, name, None)
-    return value.detach() if isinstance(value, Tensor) else value
+    if not isinstance(value, Tensor):
+        return value
+    return value.detach() if detach else value
 
 
 def stored(module: nn.Module, name: str) -> Tensor | None:

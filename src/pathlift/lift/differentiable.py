@@ -26,43 +26,19 @@ from torch import Tensor, nn
 from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, eval_mode, graph_of
 from pathlift.graph.abs_pow import _align
-from pathlift.graph.boundary import output_leaves
-from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call
+from pathlift.graph.boundary import output_leaves, param
+from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call, batchnorm_affine
 
 __all__ = ["LivePass", "MagnitudeGradients", "differentiable_path_norm", "magnitude_gradients"]
-
-
-def live_param(module: nn.Module, name: str) -> Tensor | None:
-    """The effective parameter ``name`` with its autograd history (``name_orig * mask`` for
-    a pruned module), unlike ``pathlift.graph.param`` which detaches it."""
-    orig = getattr(module, name + "_orig", None)
-    mask = getattr(module, name + "_mask", None)
-    if orig is not None and mask is not None:
-        return orig * mask
-    value = getattr(module, name, None)
-    return value if isinstance(value, Tensor) else None
-
-
-def _bn_fold(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype
-             ) -> tuple[Tensor, Tensor, Tensor]:
-    """(s, m, (a, c)) of eval BatchNorm as x*a + c (Def. 2.2.2): s = 1/sqrt(var + eps) and
-    m = running_mean are constants, a = weight*s and c = bias - m*a follow the parameters."""
-    s = torch.rsqrt(bn.running_var.detach().to(dtype) + bn.eps)
-    m = bn.running_mean.detach().to(dtype)
-    weight, bias = live_param(bn, "weight"), live_param(bn, "bias")
-    a = s if weight is None else weight.to(dtype) * s
-    c = -m * a if bias is None else bias.to(dtype) - m * a
-    return s, m, torch.stack([a, c])
 
 
 def dag_parameters(handler: AffineHandler, module: nn.Module, dtype: torch.dtype
                    ) -> tuple[Tensor, Tensor | None]:
     """(W, b) of one layer as weights and biases of the DAG of Def. 2.2.2, in ``dtype``,
-    differentiable in the module's parameters."""
+    differentiable in the module's parameters (an eval BatchNorm folded into x*a + c)."""
     if isinstance(handler, BatchNormHandler):
-        a, c = _bn_fold(module, dtype)[2]
-        return a, c
-    weight, bias = live_param(module, "weight"), live_param(module, "bias")
+        return batchnorm_affine(module, dtype, detach=False)
+    weight, bias = param(module, "weight", detach=False), param(module, "bias", detach=False)
     return weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
@@ -123,8 +99,7 @@ def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> 
                       "its parameters enter the |theta|^q pass as constants; differentiable "
                       "path-norms and Path-SGD cover Linear, Conv and BatchNorm parameters")
               for n in graph.nodes()
-              if getattr(graph.handler(n), "parametric", False)
-              and not isinstance(graph.handler(n), AffineHandler)
+              if graph.handler(n).parametric and not isinstance(graph.handler(n), AffineHandler)
               and any(True for _ in graph.submodule(n).parameters(recurse=False))]
     if frozen:
         raise UnsupportedModelError(frozen)
@@ -221,7 +196,8 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
                 raise InvalidParameterError(
                     f"'{name}': BatchNorm folds weight and bias into one bias; its "
                     "magnitude gradients are defined for q = 2 (Path-SGD) only")
-            s, m, _ = _bn_fold(module, g_w.dtype)
+            s = torch.rsqrt(module.running_var.detach().to(g_w.dtype) + module.eps)
+            m = module.running_mean.detach().to(g_w.dtype)
             pairs = [("weight", s.pow(2) * (g_w + m.pow(2) * g_b)), ("bias", g_b)]
         else:
             pairs = [("weight", g_w), ("bias", g_b)]

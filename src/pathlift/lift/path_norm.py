@@ -85,7 +85,6 @@ def log_outputs(graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64)
     """
     large = q > LARGE_Q
     if large:  # normalised in float64, so that rounding the factors loses nothing
-        graph.check_values()
         wide = copy_model(graph.model).to(torch.float64)
         normalised = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
         graph = graph_of(normalised)

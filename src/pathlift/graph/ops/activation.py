@@ -49,7 +49,7 @@ class Pieces:
         """(sigma_j, beta_j, c_j) of the ReLU neurons n_j = ReLU(sigma_j z + beta_j) of the
         lowering (module docstring), those with a coefficient that is zero left out."""
         t, s = self.breakpoints, self.slopes
-        out = [(-1.0, t[0], _neg(s[0])), (1.0, -t[0], s[1])]
+        out = [(-1.0, t[0], -s[0]), (1.0, -t[0], s[1])]
         out += [(1.0, -t[i], s[i + 1] - s[i]) for i in range(1, len(t))]
         return [n for n in out if not _is_zero(n[2])]
 
@@ -72,10 +72,6 @@ class Pieces:
         """ln max_j |beta_j|^q over the lowered ReLU neurons (-inf if all are 0)."""
         return max((q * _log_abs_float(beta) for _, beta, _ in self.neurons()),
                    default=-math.inf)
-
-
-def _neg(v: float | Tensor) -> float | Tensor:
-    return -v
 
 
 def _is_zero(v: float | Tensor) -> bool:

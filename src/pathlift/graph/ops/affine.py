@@ -289,17 +289,19 @@ class ConvTransposeHandler(ConvHandler):
             "convolution is not implemented")
 
 
-def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | None = None
-                     ) -> tuple[Tensor, Tensor]:
+def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | None = None,
+                     detach: bool = True) -> tuple[Tensor, Tensor]:
     """Eval-mode BatchNorm as the affine identity neuron x*a + c (thesis, below Def 2.2.2):
     a = weight / sqrt(running_var + eps), c = bias - running_mean * a.
 
     ``dtype`` (default: the buffers' dtype) is the precision of the fold: folding float32
     statistics in float32 loses ~1e-7 relative, more than a float64 path-norm tolerates.
+    ``detach=False`` keeps the autograd history of weight and bias (the statistics are
+    constants either way).
     """
     var, mean = bn.running_var.detach().to(dtype), bn.running_mean.detach().to(dtype)
     a = torch.rsqrt(var + bn.eps)
-    weight, bias = param(bn, "weight"), param(bn, "bias")
+    weight, bias = param(bn, "weight", detach), param(bn, "bias", detach)
     if weight is not None:
         a = a * weight.to(dtype)
     c = -mean * a

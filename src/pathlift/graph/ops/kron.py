@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.boundary import assign_, param, stored
-from pathlift.graph.ops.affine import AffineHandler, Workspace, abs_power
+from pathlift.graph.ops.affine import AffineHandler, Workspace, _scale_, abs_power
 from pathlift.graph.ops.base import Call, register
 from pathlift.kron.factor import to_dense
 from pathlift.kron.layer import KSLinear
@@ -48,11 +48,6 @@ def _cols(p: KSPattern) -> Tensor:
     a, _, c, d = p.as_tuple()
     return ((torch.arange(a)[:, None, None, None] * c + torch.arange(c)[None, None, :, None])
             * d + torch.arange(d)[None, None, None, :])
-
-
-def _scale_(tensor: Tensor, factor: Tensor) -> None:
-    with torch.no_grad():
-        tensor.copy_((tensor.to(torch.float64) * factor).to(tensor.dtype))
 
 
 class KSLinearHandler(AffineHandler):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pathlift.graph.ops.base import Call, Handler, register
+from pathlift.graph.ops.base import Call, register
 from pathlift.graph.ops.pooling import FixedLinear
 
 _AXES = "pathlift_axes"  # node.meta key of the per-axis weight matrices
@@ -135,5 +135,3 @@ register(PadHandler("pad"), functions=[F.pad, torch.constant_pad_nd],
                   nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d,
                   nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d,
                   nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d])
-
-__all__ = ["Handler", "InterpolateHandler", "PadHandler"]
