@@ -137,10 +137,8 @@ class Parametric:
 
     def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
         """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
-        return [(name, param(module, name), None) for name, _ in
-                module.named_parameters(recurse=False) if not name.endswith("_orig")] + [
-            (name[:-5], param(module, name[:-5]), None) for name, _ in
-            module.named_parameters(recurse=False) if name.endswith("_orig")]
+        names = [n.removesuffix("_orig") for n, _ in module.named_parameters(recurse=False)]
+        return [(name, param(module, name), None) for name in names]
 
     def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
         """(weights, bias) of the op's neurons in the DAG of Def. 2.2.2, up to sign."""
