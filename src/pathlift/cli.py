@@ -474,9 +474,7 @@ def _kron_bench_threads(dev: Any, torch_dtype: Any, dtype: str, patterns: Any, b
     from rich.progress import Progress
 
     from pathlift.bench import kron as bench
-    from pathlift.kron import ALGORITHMS
-    from pathlift.kron.cache import machine_description
-    from pathlift.kron.timing import steady_allocator
+    from pathlift.kron import ALGORITHMS, machine_description, steady_allocator
 
     algs = tuple(algorithms or ALGORITHMS)
     steady = steady_allocator()
@@ -559,8 +557,7 @@ def kron_design(
     from rich.progress import Progress
 
     from pathlift.bench import kron as bench
-    from pathlift.kron import design
-    from pathlift.kron.timing import steady_allocator
+    from pathlift.kron import design, steady_allocator
 
     if threads:
         torch.set_num_threads(threads)
@@ -792,7 +789,7 @@ def frontier(
     with Thm 4.1.2 + Thm 4.4.1, and writes frontier.csv, frontier_table.csv, frontier.png
     and frontier.md. Runs under `torchrun --nproc_per_node N` to use N processes."""
     from pathlift.distributed import launched
-    from pathlift.train.frontier import FrontierConfig, run_frontier, with_sweep, write_frontier
+    from pathlift.train import FrontierConfig, run_frontier, with_sweep, write_frontier
 
     config = FrontierConfig(datasets=tuple(dataset), models=tuple(model), epochs=epochs,
                             mnist1d_sizes=tuple(sizes))

@@ -3,6 +3,7 @@ algorithms (dense, sparse, bsr, einsum, bmm, fused), the ``KSLinear`` layer, cha
 designed for this machine (``design``, ``replace_linears``; thesis Sec. 7.4.1), and models
 saved with their chains (``load_state``)."""
 
+from pathlift.kron.cache import machine_description
 from pathlift.kron.design import Candidate, CostModel, Design, design, hand_families
 from pathlift.kron.factor import (
     ButterflyFactorization,
@@ -37,6 +38,7 @@ from pathlift.kron.replace import (
     rebuild_layers,
     replace_linears,
 )
+from pathlift.kron.timing import steady_allocator
 
 __all__ = [
     "ALGORITHMS",
@@ -70,6 +72,7 @@ __all__ = [
     "ks_multiply",
     "load_state",
     "low_rank",
+    "machine_description",
     "monarch",
     "prepare",
     "project",
@@ -78,5 +81,6 @@ __all__ = [
     "rebuild_layers",
     "replace_linears",
     "square_dyadic_butterfly",
+    "steady_allocator",
     "to_dense",
 ]
