@@ -100,6 +100,28 @@ def test_spread_runs_agree_with_one_process(tmp_path: Path) -> None:
             assert a[field] == b[field], field  # one thread per process: the same floats
 
 
+FROZEN = """
+import os, time
+from pathlift.models import mlp
+
+def build():
+    if os.environ["RANK"] == "1":
+        time.sleep(300)  # frozen: never joins rank 0's first collective
+    return mlp()
+"""
+
+
+def test_a_frozen_rank_ends_the_run_after_the_timeout_option(tmp_path: Path) -> None:
+    (tmp_path / "frozen.py").write_text(FROZEN)
+    start = time.monotonic()
+    rc, log = _launch([*TORCHRUN, "-m", "pathlift.cli", "--timeout", "5", "prune", "--model",
+                       "frozen.py:build", "--epochs", "2", "--rewind-epoch", "1", "--amount",
+                       "0.8", "--seeds", "1", "--out", str(tmp_path / "out")], tmp_path)
+    assert rc != 0 and time.monotonic() - start < 120, log  # not the 300 s of the sleep
+    assert "Error: rank 0: the other ranks did not answer within 5 s" in log, log
+    assert "pathlift --timeout SECONDS" in log
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -540,7 +540,8 @@ def test_the_estimate_counts_parameters_and_outputs(monkeypatch):
     assert found.activations == 8 * (64 + 64 + 32 + 32 + 16 + 16 + 10)
     assert (found.largest, found.largest_shape) == ("<input>", (64,))
     monkeypatch.setenv("PATHLIFT_MAX_MEMORY", f"{found.total - 1}")
-    with pytest.raises(MemoryLimitError, match=r"limit set by pathlift\.set_memory_limit"):
+    with pytest.raises(MemoryLimitError,
+                       match=r"pathlift\.set_memory_limit or PATHLIFT_MAX_MEMORY"):
         graph_of(mlp(64, (32, 16), 10), (64,))
     monkeypatch.setenv("PATHLIFT_MAX_MEMORY", "1G")
     graph_of(mlp(64, (32, 16), 10), (64,))
@@ -607,6 +608,49 @@ def test_the_collective_timeout(monkeypatch):
     for bad in (0, -5, float("nan"), "soon"):
         with pytest.raises(InvalidParameterError, match="positive number of seconds"):
             collective_timeout(bad)
+
+
+@pytest.fixture
+def global_options():
+    """The command line's --max-memory and --timeout set process-wide defaults: undo them."""
+    from pathlift import set_memory_limit
+    from pathlift.distributed import set_collective_timeout
+
+    yield
+    set_memory_limit(None)
+    set_collective_timeout(None)
+
+
+def test_the_max_memory_option_refuses_before_allocating(global_options, monkeypatch):
+    from cli_runner import invoke
+    from pathlift.graph import graph_of
+    from pathlift.graph.memory import estimate
+    from pathlift.models import small_cnn
+
+    monkeypatch.delenv("PATHLIFT_MAX_MEMORY", raising=False)
+    needed = estimate(graph_of(small_cnn(), (1, 8, 8))).total
+    refused = invoke("--max-memory", str(needed - 1), "norm", "small_cnn")
+    assert refused.exit_code == 2 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "limit set by pathlift --max-memory" in \
+        refused.stderr
+    assert invoke("--max-memory", str(needed), "norm", "small_cnn").exit_code == 0
+    bad = invoke("--max-memory", "lots", "norm", "small_cnn")
+    assert bad.exit_code == 2 and "'lots' is not a size" in bad.stderr
+
+
+def test_the_timeout_option_sets_the_collective_timeout(global_options, monkeypatch):
+    from datetime import timedelta
+
+    from cli_runner import invoke
+    from pathlift.distributed import collective_timeout
+
+    monkeypatch.setenv("PATHLIFT_TIMEOUT", "45")
+    assert invoke("--timeout", "7.5", "models").exit_code == 0
+    assert collective_timeout() == timedelta(seconds=7.5)  # the option wins over the variable
+    assert collective_timeout(3) == timedelta(seconds=3)  # an explicit argument wins over both
+    for bad in ("0", "-2", "nan"):
+        result = invoke("--timeout", bad, "models")
+        assert result.exit_code == 2 and "positive number of seconds" in result.stderr
 
 
 def test_the_prune_command_refuses_a_resume_with_another_learning_rate(tmp_path):

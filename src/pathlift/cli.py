@@ -71,14 +71,31 @@ def _group(
     debug: Annotated[bool, typer.Option(
         "--debug", envvar="PATHLIFT_DEBUG",
         help="Show the full traceback of an error instead of one line.")] = False,
+    max_memory: Annotated[str | None, typer.Option(
+        "--max-memory", metavar="SIZE",
+        help="Refuse, before allocating, any pass or checkpoint estimated to need more "
+        "than SIZE (e.g. 8G, 512M) [default: PATHLIFT_MAX_MEMORY, else the memory "
+        "available now]")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", metavar="SECONDS",
+        help="Under torchrun: how long a collective waits for the other ranks before the "
+        "run fails, so that a frozen rank ends the run [default: PATHLIFT_TIMEOUT, else "
+        "1800]")] = None,
 ) -> None:
     """Path-lifting analysis of ReLU networks.
 
     A model is a reference name, a checkpoint, module:callable or path/to/file.py:callable.
     Errors print one line and exit with status 2; 'pathlift --debug COMMAND ...' shows the
     traceback. Commands that write files default to a new folder runs/COMMAND-TIMESTAMP
-    under the current directory.
+    under the current directory. Global options (--max-memory, --timeout) come before
+    COMMAND: 'pathlift --max-memory 8G norm resnet18'.
     """
+    if max_memory is not None:
+        from pathlift import set_memory_limit
+        set_memory_limit(max_memory)
+    if timeout is not None:
+        from pathlift.distributed import set_collective_timeout
+        set_collective_timeout(timeout)
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]],

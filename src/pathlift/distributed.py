@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 from pathlift.errors import DistributedError, InvalidParameterError
 
 __all__ = ["DEFAULT_TIMEOUT", "World", "collective_timeout", "ddp", "fingerprint", "launched",
-           "shard"]
+           "set_collective_timeout", "shard"]
 
 T = TypeVar("T")
 _TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -144,15 +144,29 @@ TIMEOUT_ENV = "PATHLIFT_TIMEOUT"
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
+_timeout: timedelta | None = None
+
+
+def set_collective_timeout(timeout: float | timedelta | None) -> None:
+    """Make ``timeout`` (seconds or a timedelta) this process's default for ``launched``
+    (the ``pathlift --timeout`` option); None returns to ``PATHLIFT_TIMEOUT``, else 30
+    minutes. Raises InvalidParameterError for a timeout that is not a positive number."""
+    global _timeout
+    _timeout = None if timeout is None else collective_timeout(timeout)
+
+
 def collective_timeout(timeout: float | timedelta | None = None) -> timedelta:
     """How long a collective waits for the other ranks: ``timeout`` (seconds or a
-    timedelta), else the ``PATHLIFT_TIMEOUT`` environment variable (seconds), else
-    ``DEFAULT_TIMEOUT``, 30 minutes. It must exceed the longest time one rank can work
-    alone: rank 0 choosing a mask while the others wait, or, with ``spread="runs"``, a
-    rank without a run of the last round waiting for the others' runs.
+    timedelta), else ``set_collective_timeout``'s, else the ``PATHLIFT_TIMEOUT``
+    environment variable (seconds), else ``DEFAULT_TIMEOUT``, 30 minutes. It must exceed
+    the longest time one rank can work alone: rank 0 choosing a mask while the others
+    wait, or, with ``spread="runs"``, a rank without a run of the last round waiting for
+    the others' runs.
 
     Raises InvalidParameterError for a timeout that is not a positive number."""
     source = "timeout"
+    if timeout is None and _timeout is not None:
+        return _timeout
     if timeout is None:
         timeout, source = os.environ.get(TIMEOUT_ENV), TIMEOUT_ENV
         if not timeout:
@@ -182,8 +196,13 @@ def launched(backend: str | None = None,
     Args:
         backend: "gloo" or "nccl"; None picks as above.
         timeout: how long a collective waits for the other ranks before failing, so that
-            a frozen rank ends the run (seconds or a timedelta); None reads
-            ``PATHLIFT_TIMEOUT`` (seconds), else 30 minutes (``collective_timeout``).
+            a frozen rank ends the run (seconds or a timedelta); None takes
+            ``collective_timeout()`` (``set_collective_timeout``, ``PATHLIFT_TIMEOUT``,
+            else 30 minutes).
+
+    Raises:
+        DistributedError: the rendezvous or a collective inside the block timed out (one
+            line naming the rank and the limit; the torch error is its ``__cause__``).
 
     Example::
 
@@ -200,11 +219,32 @@ def launched(backend: str | None = None,
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=wait)
+    try:
+        dist.init_process_group(backend, timeout=wait)
+    except RuntimeError as err:
+        _raise_timeout(err, wait)
+        raise
     try:
         yield World.current()
+    except RuntimeError as err:
+        _raise_timeout(err, wait)
+        raise
     finally:
         dist.destroy_process_group()
+
+
+def _raise_timeout(err: RuntimeError, wait: timedelta) -> None:
+    """Raise a one-line ``DistributedError`` if ``err`` is a collective or rendezvous that
+    timed out (gloo raises a plain RuntimeError, NCCL and the store
+    torch.distributed.DistError subclasses; all say "timed out")."""
+    if "timed out" not in str(err).lower():
+        return
+    rank = os.environ.get("RANK", "?")
+    raise DistributedError(
+        f"rank {rank}: the other ranks did not answer within {wait.total_seconds():g} s "
+        f"({str(err).strip().splitlines()[0]}); one of them failed or is frozen, or works "
+        "alone longer than that: raise the limit with 'pathlift --timeout SECONDS' or "
+        f"{TIMEOUT_ENV}") from err
 
 
 def ddp(model: nn.Module, world: World) -> nn.Module:

@@ -172,14 +172,16 @@ def check_bytes(needed: int, what: str, detail: str = "", device: str = "cpu") -
     the memory available on ``device`` (nothing when neither is known).
 
     ``what`` says what needs them, ``detail`` (ending in "; ") what dominates."""
-    limit, source = memory_limit(), "the limit set by pathlift.set_memory_limit or " + ENV
+    limit = memory_limit()
+    source = f"the limit set by pathlift --max-memory, pathlift.set_memory_limit or {ENV}"
     if limit is None:
         limit, source = available_memory(device), f"the memory available on {device}"
     if limit is None or needed <= limit:
         return
     raise MemoryLimitError(
         f"{what} needs about {_show(needed)}, more than {source} ({_show(limit)}); {detail}"
-        f"use a smaller input shape or model, or set a higher limit ({ENV}=64G)")
+        f"use a smaller input shape or model, or set a higher limit (pathlift --max-memory "
+        f"64G, or {ENV}=64G)")
 
 
 def _show(size: int) -> str:
