@@ -60,14 +60,24 @@ def param(module: nn.Module, name: str, detach: bool = True) -> Tensor | None:
     Detached by default (reading a parameter never records autograd history); with
     ``detach=False`` it keeps it, for a pass that differentiates through the parameters.
     """
-    orig = getattr(module, name + "_orig", None)
-    mask = getattr(module, name + "_mask", None)
+    orig, mask = _own(module, name + "_orig"), _own(module, name + "_mask")
     if orig is not None and mask is not None:
         return (orig.detach() if detach else orig) * mask
     value = getattr(module, name, None)
     if not isinstance(value, Tensor):
         return value
     return value.detach() if detach else value
+
+
+def _own(module: nn.Module, key: str) -> Any:
+    """``module.key`` when it is a parameter, buffer or instance attribute (where
+    torch.nn.utils.prune puts ``name_orig`` and ``name_mask``), else None, without the
+    AttributeError that nn.Module raises and formats for a missing name (every layer of
+    every pass asks)."""
+    for table in (module._parameters, module._buffers, vars(module)):
+        if key in table:
+            return table[key]
+    return None
 
 
 def stored(module: nn.Module, name: str) -> Tensor | None:

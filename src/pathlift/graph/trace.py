@@ -228,6 +228,12 @@ class GraphInterpreter(fx.Interpreter):
                 return self.graph.process_outputs(out) if enable_io_processing else out
         return None
 
+    def run_node(self, n: fx.Node) -> Any:
+        """fx's ``run_node`` without its debug log and current-node context (which only
+        matter when a pass is traced again)."""
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        return getattr(self, n.op)(n.target, args, kwargs)
+
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
 
