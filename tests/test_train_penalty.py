@@ -12,12 +12,16 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import prune
 
+from nets import residual_cnn
 from pathlift.errors import UnsupportedModelError
+from pathlift.graph import copy_model
 from pathlift.graph.neurons import Activation, NeuronDAG
 from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models import mlp, small_cnn
+from pathlift.symmetry import random_rescale
 from pathlift.train import AverageCasePenalty, PathNormPenalty, make_penalty
 from random_nets import NEW_OPS, random_network, randomise_batchnorm_
 
@@ -200,3 +204,40 @@ def test_parametric_activations_are_refused():
     model = nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2))
     with pytest.raises(UnsupportedModelError, match="constants"):
         differentiable_path_norm(model, (3,))
+
+
+def test_the_cached_pass_follows_the_model_between_calls():
+    """The graph and what the pass derives from it are kept from call to call; every value
+    is still that of the model as it is now (against path_norm of a fresh deep copy): after
+    an optimiser step, after a pruning mask added after the first call, on a rescaled copy,
+    and with a Dropout and BatchNorm left in training mode (flags untouched)."""
+    shape = (2, 4, 4)
+    base = residual_cnn()
+    assert differentiable_path_norm(random_rescale(base, input_shape=shape), shape).item() \
+        == pytest.approx(differentiable_path_norm(base, shape).item(), rel=1e-10)
+    model = nn.Sequential(residual_cnn(), nn.Dropout(0.5)).train()
+
+    def fresh_log10() -> float:
+        return path_norm(copy_model(model).eval(), shape).log10
+
+    first = differentiable_path_norm(model, shape)
+    assert first.item() / math.log(10) == pytest.approx(fresh_log10(), rel=1e-12)
+    first.backward()
+    with torch.no_grad():  # an SGD step, in place
+        for p in model.parameters():
+            p.sub_(0.1 * p.grad)
+    model.zero_grad()
+    stepped = differentiable_path_norm(model, shape)
+    assert stepped.item() / math.log(10) == pytest.approx(fresh_log10(), rel=1e-12)
+    assert abs(stepped.item() - first.item()) > 1e-3
+    # Dropout in training mode never drops the pass's values: two calls agree exactly
+    assert differentiable_path_norm(model, shape).item() == stepped.item()
+    assert model.training and model[0].bn.training and model[1].training
+
+    prune.l1_unstructured(model[0].a, "weight", amount=0.5)
+    pruned = differentiable_path_norm(model, shape)
+    assert pruned.item() / math.log(10) == pytest.approx(fresh_log10(), rel=1e-12)
+    pruned.backward()
+    mask = model[0].a.weight_mask
+    assert (model[0].a.weight_orig.grad[mask == 0] == 0).all()
+    assert (model[0].a.weight_orig.grad[mask == 1] != 0).any()

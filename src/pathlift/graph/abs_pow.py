@@ -87,8 +87,8 @@ def scaled_affine(weight_part: Callable[[Tensor | None], Tensor], log_scale: flo
         return Scaled.normalised(weight_part(None), log_scale)
     top = math.log(peak) + bias_log_scale
     if top <= log_scale:
-        return Scaled.normalised(weight_part(bias * math.exp(bias_log_scale - log_scale)),
-                                 log_scale)
+        gain = math.exp(bias_log_scale - log_scale)
+        return Scaled.normalised(weight_part(bias if gain == 1.0 else bias * gain), log_scale)
     y = weight_part(None)
     return Scaled.normalised(torch.add(channel_bias(bias / peak, y.dim(), channel_dim), y,
                                        alpha=math.exp(log_scale - top)), top)
@@ -99,12 +99,27 @@ def channel_bias(bias: Tensor, ndim: int, channel_dim: int) -> Tensor:
     return bias if channel_dim == -1 else channel_view(bias, ndim)
 
 
+def _holds_scaled(value: object) -> bool:
+    """A ``Scaled`` value, or a list, tuple or dict holding one (at any depth)."""
+    if isinstance(value, (list, tuple, dict)):
+        return any(isinstance(v, Scaled) for v in tree_leaves(value))
+    return isinstance(value, Scaled)
+
+
 class ScaledWalker(OpWalker):
     """A pass whose values are ``Scaled`` tensors: relabelling ops move mantissas (several
     inputs, as in ``cat``, brought to one scale first) and keep the scale; Python-level
     ops see mantissas."""
 
     def on_reshape(self, handler: Handler, call: Call) -> object:
+        first = call.args[0] if call.args else None
+        if isinstance(first, Scaled) and not any(_holds_scaled(v) for v in call.args[1:]) \
+                and not any(_holds_scaled(v) for v in call.kwargs.values()):
+            out = call.run(first.mantissa)  # one value relabelled (view, flatten, split...)
+            if isinstance(out, Tensor):
+                return Scaled(out, first.log_scale)
+            return tree_map(lambda t: Scaled(t, first.log_scale) if isinstance(t, Tensor)
+                            else t, out)
         scaled = [v for v in tree_leaves((call.args, call.kwargs)) if isinstance(v, Scaled)]
         if not scaled:
             return call.run()

@@ -60,14 +60,24 @@ def param(module: nn.Module, name: str, detach: bool = True) -> Tensor | None:
     Detached by default (reading a parameter never records autograd history); with
     ``detach=False`` it keeps it, for a pass that differentiates through the parameters.
     """
-    orig = getattr(module, name + "_orig", None)
-    mask = getattr(module, name + "_mask", None)
+    orig, mask = _own(module, name + "_orig"), _own(module, name + "_mask")
     if orig is not None and mask is not None:
         return (orig.detach() if detach else orig) * mask
     value = getattr(module, name, None)
     if not isinstance(value, Tensor):
         return value
     return value.detach() if detach else value
+
+
+def _own(module: nn.Module, key: str) -> Any:
+    """``module.key`` when it is a parameter, buffer or instance attribute (where
+    torch.nn.utils.prune puts ``name_orig`` and ``name_mask``), else None, without the
+    AttributeError that nn.Module raises and formats for a missing name (every layer of
+    every pass asks)."""
+    for table in (module._parameters, module._buffers, vars(module)):
+        if key in table:
+            return table[key]
+    return None
 
 
 def stored(module: nn.Module, name: str) -> Tensor | None:
@@ -209,14 +219,18 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = training
 
 
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+
+
 def _plain(value: object) -> bool:
     """A configuration value compared by ``==`` without reading tensors (stride, eps...)."""
-    if isinstance(value, tuple):
+    kind = type(value)
+    if kind is tuple:
         return all(_plain(v) for v in value)
-    return isinstance(value, (bool, int, float, str, type(None)))
+    return kind in _PLAIN or isinstance(value, (bool, int, float, str))
 
 
-def structure_key(model: nn.Module) -> tuple:
+def structure_key(model: nn.Module, as_eval: bool = False) -> tuple:
     """What a traced graph of ``model`` depends on, cheaply (no tensor data is read).
 
     Every submodule's identity, class, train/eval flag, hooks, instance-level forward,
@@ -224,19 +238,30 @@ def structure_key(model: nn.Module) -> tuple:
     shapes, dtypes and devices of its parameters and buffers. An in-place weight update
     keeps the key; a replaced submodule or parameter, a train/eval flip, a new
     torch.nn.utils.prune reparametrisation, a hook or a ``.to(...)`` changes it.
+    ``as_eval``: the key the model would have with every module in eval mode (its flags
+    are not touched), for looking up a graph traced under ``eval_mode``.
+
+    Called on every cached lookup, so it walks ``_modules`` itself (in the order of
+    ``named_modules(remove_duplicate=False)``) rather than through generators.
     """
-    parts = []
-    for name, m in model.named_modules(remove_duplicate=False):
-        state = vars(m)
-        parts.append((
-            name, id(m), type(m), m.training,
-            tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
-            id(state.get("forward")),
-            tuple((k, v) for k, v in state.items()
-                  if not k.startswith("_") and _plain(v)),
-            tuple((k, id(p), p.shape, p.dtype, p.device)
-                  for k, p in m._parameters.items() if p is not None),
-            tuple((k, b.shape, b.dtype, b.device)
-                  for k, b in m._buffers.items() if b is not None),
-        ))
+    parts: list[tuple] = []
+    _structure(model, "", as_eval, parts)
     return tuple(parts)
+
+
+def _structure(m: nn.Module, name: str, as_eval: bool, parts: list[tuple]) -> None:
+    state = vars(m)
+    parts.append((
+        name, id(m), type(m), False if as_eval else m.training,
+        tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+        id(state.get("forward")),
+        tuple((k, v) for k, v in state.items()
+              if k[0] != "_" and k != "training" and _plain(v)),
+        tuple((k, id(p), p.shape, p.dtype, p.device)
+              for k, p in m._parameters.items() if p is not None),
+        tuple((k, b.shape, b.dtype, b.device)
+              for k, b in m._buffers.items() if b is not None),
+    ))
+    for key, child in m._modules.items():
+        if child is not None:
+            _structure(child, f"{name}.{key}" if name else key, as_eval, parts)

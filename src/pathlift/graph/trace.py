@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from pathlift.errors import LeadingDimensionWarning, Problem, ShapeError, UnsupportedModelError
-from pathlift.graph.boundary import dtype_device, meta_clone, structure_key, unwrap
+from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, structure_key, unwrap
 from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import (
     MODULES,
@@ -71,6 +71,7 @@ class LayerGraph:
     source: weakref.ref | None = field(default=None, repr=False)
     key: tuple = field(default=(), repr=False)
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
+    _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def model(self) -> nn.Module:
@@ -87,7 +88,27 @@ class LayerGraph:
         return node.meta[HANDLER]
 
     def submodule(self, node: fx.Node) -> nn.Module | None:
-        return self.module.get_submodule(node.target) if node.op == "call_module" else None
+        """The module a ``call_module`` node calls (looked up once per node), else None."""
+        if node.op != "call_module":
+            return None
+        module = self._memo.get(node)
+        if module is None:
+            module = self._memo[node] = self.module.get_submodule(node.target)
+        return module
+
+    def last_uses(self) -> dict[fx.Node, list[fx.Node]]:
+        """For each node, the nodes whose value it reads last (what torch.fx's Interpreter
+        frees after running it), found once per graph."""
+        found = self._memo.get("last_uses")
+        if found is None:
+            last: dict[fx.Node, fx.Node] = {}
+            found = self._memo["last_uses"] = {}
+            for node in reversed(self.graph.nodes):
+                for n in node.all_input_nodes:
+                    if n not in last:
+                        last[n] = node
+                        found.setdefault(node, []).append(n)
+        return found
 
     def layers(self, kind: Kind = Kind.AFFINE) -> list[tuple[str, nn.Module]]:
         """(qualified name, module) of every module node of the given kind, in order."""
@@ -169,12 +190,49 @@ class LayerGraph:
 
 class GraphInterpreter(fx.Interpreter):
     """torch.fx's Interpreter over a ``LayerGraph`` (its graph, its submodules): the base of
-    every pass. Errors propagate unchanged (no fx note appended); call it like the model."""
+    every pass. Errors propagate unchanged (no fx note appended); call it like the model.
+
+    A pass runs on every training step, so what torch.fx redoes per interpreter and per run
+    is done once per graph (the table of last uses, ``LayerGraph.last_uses``) or skipped
+    (the submodule table, built on demand; the progress bar; input flattening, pathlift
+    graphs take one tensor or ``Scaled`` value): same nodes, same order, same values freed.
+    """
 
     def __init__(self, graph: LayerGraph, garbage_collect_values: bool = True):
-        super().__init__(graph.module, garbage_collect_values, graph=graph.graph)
-        self.layer_graph = graph
+        self.module, self.graph, self.layer_graph = graph.module, graph.graph, graph
+        self.env: dict[fx.Node, Any] = {}
+        self.name = type(self).__name__
+        self.garbage_collect_values = garbage_collect_values
+        self.user_to_last_uses = graph.last_uses() if garbage_collect_values else {}
         self.extra_traceback = False
+
+    @property
+    def submodules(self) -> dict[str, nn.Module]:
+        return dict(self.module.named_modules())
+
+    def run(self, *args: Any, initial_env: dict[fx.Node, Any] | None = None,
+            enable_io_processing: bool = True) -> Any:
+        self.env = env = initial_env if initial_env is not None else {}
+        if enable_io_processing and any(isinstance(a, (list, tuple, dict)) for a in args):
+            args = self.graph.process_inputs(*args)
+        self.args_iter = iter(args)
+        no_uses: list[fx.Node] = []
+        for node in self.graph.nodes:
+            if node in env:
+                continue
+            env[node] = self.run_node(node)
+            for dead in self.user_to_last_uses.get(node, no_uses):
+                del env[dead]
+            if node.op == "output":
+                out = env[node]
+                return self.graph.process_outputs(out) if enable_io_processing else out
+        return None
+
+    def run_node(self, n: fx.Node) -> Any:
+        """fx's ``run_node`` without its debug log and current-node context (which only
+        matter when a pass is traced again)."""
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        return getattr(self, n.op)(n.target, args, kwargs)
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
@@ -246,15 +304,17 @@ def _remember(model: nn.Module, graph: LayerGraph) -> None:
         graphs[graph.input_shape] = graph
 
 
-def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
-             ) -> LayerGraph:
+def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
+             as_eval: bool = False) -> LayerGraph:
     """The validated graph of ``model`` for ``input_shape`` (no batch dimension), traced
     once per model object and shape and reused while ``structure_key(model)`` is
     unchanged; a ``LayerGraph`` is returned as is while its model's structure is unchanged
     (else traced anew). Parameter values are not checked (see ``LayerGraph.check_values``).
 
     ``input_shape`` None takes the graph's own, else that of the model's latest graph, else
-    one inferred from the model's first layer.
+    one inferred from the model's first layer. ``as_eval``: the graph of the model as in
+    eval mode, what ``with eval_mode(model): graph_of(model)`` returns, but a cached graph
+    is found without flipping any flag (the model is traced under ``eval_mode``).
     Wrappers (DDP, DataParallel, FSDP, torch.compile) are looked through.
     """
     if isinstance(model, LayerGraph):
@@ -262,20 +322,23 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
             raise ShapeError(f"the graph was traced for input shape {model.input_shape}, "
                              f"not {tuple(input_shape)}")
         source = model.source() if model.source is not None else None
-        if source is None or structure_key(source) == model.key:
+        if source is None or structure_key(source, as_eval) == model.key:
             return model
-        return graph_of(source, model.input_shape)
+        return graph_of(source, model.input_shape, as_eval)
     model = unwrap(model)
     if input_shape is None:
         with _LOCK:
             known = list(_CACHE.get(model, {}))
         input_shape = known[-1] if known else None
     shape = resolve_input_shape(model, input_shape)
-    key = structure_key(model)
+    key = structure_key(model, as_eval)
     with _LOCK:
         cached = _CACHE.get(model, {}).get(shape)
     if cached is not None and cached.key == key:
         return cached
+    if as_eval:
+        with eval_mode(model):
+            return graph_of(model, shape)
     graph = _trace(model, shape, key)
     check_memory(graph)  # MemoryLimitError before any pass allocates (graph/memory.py)
     _remember(model, graph)

@@ -2,10 +2,10 @@
 operation node to the hook of its kind (``on_affine``, ``on_relu``, ``on_activation``,
 ``on_maxpool``, ``on_pool``, ``on_add``, ``on_cat``, ``on_reshape``, ``on_identity``,
 ``on_shape``), with the node's concrete ``Call`` and its handler. A pass overrides the
-hooks it needs and reads handler traits; it never lists kinds. Relabelling kinds (cat,
-identity) default to ``on_reshape``, which runs the op on the pass's values as they are
-(right for tensors of neuron ids); kinds that make neurons have no default: a pass that
-meets one it does not handle raises a typed error naming the node.
+hooks it needs and reads handler traits; it never lists kinds. ``cat`` defaults to
+``on_reshape``, which runs the op on the pass's values as they are (right for tensors of
+neuron ids), ``identity`` gives back a module's input; kinds that make neurons have no
+default: a pass that meets one it does not handle raises a typed error naming the node.
 """
 
 from __future__ import annotations
@@ -66,6 +66,11 @@ class OpWalker(GraphInterpreter):
         return self.on_reshape(handler, call)
 
     def on_identity(self, handler: Handler, call: Call) -> Any:
+        """No neuron at all. A module (Identity, Dropout) gives back its input without
+        running, so a Dropout left in training mode cannot drop a pass's values; a method
+        (``contiguous``) runs as ``on_reshape``."""
+        if call.module is not None:
+            return call.args[0]
         return self.on_reshape(handler, call)
 
     def on_shape(self, handler: Handler, call: Call) -> Any:

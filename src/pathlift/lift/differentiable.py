@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
-from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, eval_mode, graph_of
+from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, graph_of
 from pathlift.graph.abs_pow import _align
 from pathlift.graph.boundary import output_leaves, param
 from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call, batchnorm_affine
@@ -65,7 +65,7 @@ class LivePass(AbsPowInterpreter):
             pair = self.leaves[name]
         else:
             w, b = dag_parameters(handler, call.module, self.dtype)
-            pair = (w.abs().pow(self.q), None if b is None else b.abs().pow(self.q))
+            pair = (_abs_pow(w, self.q), None if b is None else _abs_pow(b, self.q))
             if self.make_leaves:
                 pair = (pair[0].detach().requires_grad_(),
                         None if pair[1] is None else pair[1].detach().requires_grad_())
@@ -82,28 +82,50 @@ class LivePass(AbsPowInterpreter):
         return self._magnitudes(handler, call)[1]
 
 
-def _log_outputs(out: object) -> Tensor:
-    """ln o_v for every output neuron, in order (a tensor in the autograd graph)."""
-    return torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)])
+def _abs_pow(t: Tensor, q: float) -> Tensor:
+    """|t|^q with the fewest autograd nodes: |t| for q = 1, t*t for q = 2."""
+    if q == 1:
+        return t.abs()
+    return t.square() if q == 2 else t.abs().pow(q)
 
 
 def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> LayerGraph:
-    """The traced graph (as in eval mode), refusing ops whose own parameters the pass would
-    read as constants (PReLU's slopes): their gradient would silently be missing."""
-    if isinstance(model, LayerGraph):
-        graph = graph_of(model, input_shape)
-    else:
-        with eval_mode(model):
-            graph = graph_of(model, input_shape)
-    frozen = [Problem(str(n.target), type(graph.submodule(n)).__name__,
-                      "its parameters enter the |theta|^q pass as constants; differentiable "
-                      "path-norms and Path-SGD cover Linear, Conv and BatchNorm parameters")
-              for n in graph.nodes()
-              if graph.handler(n).parametric and not isinstance(graph.handler(n), AffineHandler)
-              and any(True for _ in graph.submodule(n).parameters(recurse=False))]
+    """The traced graph (as in eval mode, no flag flipped once it is cached), refusing ops
+    whose own parameters the pass would read as constants (PReLU's slopes): their gradient
+    would silently be missing. The refusal depends on the graph alone: found once per
+    graph."""
+    graph = graph_of(model, input_shape, as_eval=True)
+    frozen = graph.derived.get(_FROZEN)
+    if frozen is None:
+        frozen = graph.derived[_FROZEN] = [
+            Problem(str(n.target), type(graph.submodule(n)).__name__,
+                    "its parameters enter the |theta|^q pass as constants; differentiable "
+                    "path-norms and Path-SGD cover Linear, Conv and BatchNorm parameters")
+            for n in graph.nodes()
+            if graph.handler(n).parametric and not isinstance(graph.handler(n), AffineHandler)
+            and any(True for _ in graph.submodule(n).parameters(recurse=False))]
     if frozen:
         raise UnsupportedModelError(frozen)
     return graph
+
+
+_FROZEN = "differentiable.frozen"
+
+
+def _log_norm(out: object, q: float, r: float) -> Tensor:
+    """ln ||(o_v^{1/q})_v||_r from the outputs o_v of the pass, in the autograd graph."""
+    outputs = output_leaves(out, Scaled)
+    if r == q:  # (1/q) ln sum_v o_v: one sum of the aligned mantissas, one log
+        mantissas, top = _align(outputs)
+        total = mantissas[0].sum()
+        for m in mantissas[1:]:
+            total = total + m.sum()
+        ln = total.log() + top if top else total.log()
+        return ln if q == 1 else ln / q
+    per_output = torch.cat([o.log().reshape(-1) for o in outputs]) / q
+    if math.isinf(r):
+        return per_output.max()
+    return torch.logsumexp(per_output * r, dim=0) / r
 
 
 def differentiable_path_norm(model: nn.Module | LayerGraph,
@@ -144,10 +166,7 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     if not r > 0:
         raise InvalidParameterError(f"r must be in (0, inf], got {r}")
     graph = _graph(model, input_shape)
-    per_output = _log_outputs(LivePass(graph, q, dtype or graph.dtype).run_all_ones()) / q
-    if math.isinf(r):
-        return per_output.max()
-    return torch.logsumexp(per_output * r, dim=0) / r
+    return _log_norm(LivePass(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,9 @@ def window_sum(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
     """Sum of each pooling window of x (zero padding, so padding is excluded from the sum),
     cropped to the ``out_spatial`` size the pooling produces."""
     dims = len(kernel)
-    x = F.pad(x, _pads(kernel, stride, padding, dilation, x.shape[2:], out_spatial))
+    pads = _pads(kernel, stride, padding, dilation, x.shape[2:], out_spatial)
+    if any(pads):  # no copy (nor autograd node) for windows that tile the input
+        x = F.pad(x, pads)
     if all(d == 1 for d in dilation):  # a sum pool (several times faster than the conv)
         if dims == 1:
             out = F.avg_pool2d(x.unsqueeze(2), (1, kernel[0]), (1, stride[0]),
@@ -68,6 +70,8 @@ def window_sum(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
         conv = (F.conv1d, F.conv2d, F.conv3d)[dims - 1]
         ones = x.new_ones((x.shape[1], 1, *kernel))
         out = conv(x, ones, None, list(stride), 0, list(dilation), x.shape[1])
+    if tuple(out.shape[2:]) == tuple(out_spatial):
+        return out
     return out[(slice(None), slice(None), *(slice(0, o) for o in out_spatial))]
 
 
