@@ -153,8 +153,10 @@ def test_round_robin_times_short_calls_in_samples_of_several():
         while time.perf_counter() < end:
             pass
 
-    times = round_robin({"spin": spin}, 3, min_sample=2e-3)["spin"]
-    assert count[0] >= 2 + 3 * 5  # about ten calls per sample
+    times = round_robin({"spin": spin}, 3, min_sample=5e-3)["spin"]
+    # about 25 calls per sample on a quiet machine; a spin preempted past its end lasts a
+    # time slice longer, so a loaded one (CI) is only asked for several
+    assert count[0] >= 2 + 3 * 3
     assert all(t >= 2e-4 for t in times)  # per call (a spin never ends early)
 
 
