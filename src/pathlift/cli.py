@@ -465,60 +465,36 @@ def kron_bench(
     thread count the median t(bmm)/t(fused) and the check that the algorithm KSLinear
     picks (fastest_algorithm) is never more than 10% slower than bmm.
     """
-    import torch
-
-    from pathlift.bench import kron as bench
-    from pathlift.kron import benchmark_patterns
-
-    dev, torch_dtype = torch.device(device), getattr(torch, dtype)
-    patterns = benchmark_patterns()[::every] if full else bench.cpu_patterns(max_dense, every)
-    batch = batch or bench.thesis_batch(dev)
-    folder = Path(out or default_out("kron-bench"))
-    for count in threads or [torch.get_num_threads()]:
-        torch.set_num_threads(count)
-        _kron_bench_threads(dev, torch_dtype, dtype, patterns, batch, algorithms, repeats,
-                            count, vit, vit_batch, folder, full, max_dense)
-
-
-def _kron_bench_threads(dev: Any, torch_dtype: Any, dtype: str, patterns: Any, batch: int,
-                        algorithms: list[str] | None, repeats: int, count: int, vit: bool,
-                        vit_batch: int | None, folder: Path, full: bool,
-                        max_dense: int) -> None:
-    """One thread count of ``kron-bench``: time the grid, write CSV and plot, print."""
-    import os
-
-    import torch
     from rich.progress import Progress
 
-    from pathlift.bench import kron as bench
-    from pathlift.kron import ALGORITHMS, machine_description, steady_allocator
+    from pathlift.bench import run_kron_benchmark
 
-    algs = tuple(algorithms or ALGORITHMS)
-    steady = steady_allocator()
-    machine = (f"{machine_description(torch_dtype)}, "
-               f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
-               f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, {len(patterns)} "
-               f"patterns{' (full grid)' if full else f', M*N <= {max_dense}'}"
-               f"{', steady allocator' if steady else ''}")
-    console.print(machine)
     with Progress(console=console) as progress:
-        task = progress.add_task(f"patterns, {count} thread(s)", total=len(patterns))
-        rows = bench.time_grid(patterns, batch, algs, dtype=torch_dtype, device=dev,
-                               repeats=repeats,
-                               on_pattern=lambda _, task=task: progress.advance(task))
-    stem = folder / f"kron_{dev.type}_{dtype}_t{count}"
-    console.print(f"wrote {bench.write_csv(rows, stem.with_suffix('.csv'), machine)}")
-    if {"fused", "bmm", "dense"} <= set(algs):
-        defaults = (bench.fastest_choices(patterns, batch, torch_dtype)
-                    if dev.type == "cpu" and set(ALGORITHMS) <= set(algs) else None)
-        console.print(f"wrote {bench.plot_speedups(rows, stem.with_suffix('.png'), machine)}")
-        _kron_grid_table(bench.summarize(rows, defaults), count)
-    if vit:
-        tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
-        ratios = bench.time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs],
-                                    device=dev, repeats=max(repeats, 10))
-        console.print(f"wrote {bench.write_vit_csv(ratios, f'{stem}_vit.csv', machine)}")
-        console.print(bench.vit_table(ratios, tokens))
+        tasks: dict[int, Any] = {}
+
+        def advance(count: int, done: int, total: int) -> None:
+            if count not in tasks:
+                tasks[count] = progress.add_task(f"patterns, {count} thread(s)", total=total)
+            progress.update(tasks[count], completed=done)
+
+        run_kron_benchmark(out or default_out("kron-bench"), device=device, dtype=dtype,
+                           full=full, max_dense=max_dense, every=every, batch=batch,
+                           algorithms=algorithms, repeats=repeats, threads=threads, vit=vit,
+                           vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run)
+
+
+def _print_kron_run(run: Any) -> None:
+    """One thread count of ``kron-bench``: the machine, the files, the ratios."""
+    from pathlift.bench import kron as bench
+
+    console.print(run.machine)
+    console.print(f"wrote {run.csv}")
+    if run.summary is not None:
+        console.print(f"wrote {run.plot}")
+        _kron_grid_table(run.summary, run.threads)
+    if run.vit is not None:
+        console.print(f"wrote {run.vit_csv}")
+        console.print(bench.vit_table(run.vit, run.vit_tokens))
 
 
 def _kron_grid_table(s: Any, threads: int) -> None:
