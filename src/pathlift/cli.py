@@ -483,18 +483,18 @@ def kron_bench(
                            vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run)
 
 
-def _print_kron_run(run: Any) -> None:
+def _print_kron_run(timed: Any) -> None:
     """One thread count of ``kron-bench``: the machine, the files, the ratios."""
     from pathlift.bench import kron as bench
 
-    console.print(run.machine)
-    console.print(f"wrote {run.csv}")
-    if run.summary is not None:
-        console.print(f"wrote {run.plot}")
-        _kron_grid_table(run.summary, run.threads)
-    if run.vit is not None:
-        console.print(f"wrote {run.vit_csv}")
-        console.print(bench.vit_table(run.vit, run.vit_tokens))
+    console.print(timed.machine)
+    console.print(f"wrote {timed.csv}")
+    if timed.summary is not None:
+        console.print(f"wrote {timed.plot}")
+        _kron_grid_table(timed.summary, timed.threads)
+    if timed.vit is not None:
+        console.print(f"wrote {timed.vit_csv}")
+        console.print(bench.vit_table(timed.vit, timed.vit_tokens))
 
 
 def _kron_grid_table(s: Any, threads: int) -> None:
@@ -546,28 +546,20 @@ def kron_design(
     model calibrated on this machine, the best ones timed. Cached per machine: a second
     call is instant.
     """
-    import torch
     from rich.progress import Progress
 
-    from pathlift.bench import kron as bench
-    from pathlift.kron import design, steady_allocator
+    from pathlift.bench import run_kron_design
 
-    if threads:
-        torch.set_num_threads(threads)
-    steady_allocator()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("calibrating and timing", total=None)
-        result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
-                        repeats=repeats, progress=lambda stage, n: progress.update(
-                            task, description=stage, advance=n))
-    console.print(f"{result.machine}; batch {batch}, {dtype}, budget {budget:g}")
-    console.print(_kron_design_table(result, n_in, n_out, rows))
-    folder = Path(out or default_out("kron-design"))
-    folder.mkdir(parents=True, exist_ok=True)
-    bench.write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
-    plot = bench.plot_design(result.candidates, folder / "predicted_vs_measured.png",
-                             f"{n_out} x {n_in}, batch {batch}: {result.machine}")
-    console.print(f"wrote {folder / 'candidates.csv'} and {plot}")
+        result = run_kron_design(
+            n_in, n_out, out or (lambda: default_out("kron-design")), budget=budget,
+            batch=batch, dtype=dtype, lengths=lengths, top_k=top_k, repeats=repeats,
+            threads=threads, progress=lambda stage, n: progress.update(
+                task, description=stage, advance=n))
+    console.print(f"{result.design.machine}; batch {batch}, {dtype}, budget {budget:g}")
+    console.print(_kron_design_table(result.design, n_in, n_out, rows))
+    console.print(f"wrote {result.csv} and {result.plot}")
 
 
 def _kron_design_table(result: Any, n_in: int, n_out: int, rows: int) -> Table:

@@ -1,12 +1,14 @@
-"""``pathlift kron-bench`` as one call: the Kronecker-sparse grid of thesis Sec. 5.4-5.5
-timed at each thread count, its CSV, Figure 5.8 and the ViT-S/16 timings of Table 5.5
-written, and what was measured returned as a result object."""
+"""The ``kron-bench`` and ``kron-design`` commands as one call each, returning a result
+object: the Kronecker-sparse grid of thesis Sec. 5.4-5.5 timed at each thread count with
+its CSV, Figure 5.8 and the ViT-S/16 timings of Table 5.5 (``run_kron_benchmark``), and a
+chain designed for one weight with its candidates' CSV and plot (``run_kron_design``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,17 +20,27 @@ from pathlift.bench.kron import (
     Timing,
     cpu_patterns,
     fastest_choices,
+    plot_design,
     plot_speedups,
     summarize,
     thesis_batch,
     time_grid,
     time_vit_mlp,
+    write_candidates_csv,
     write_csv,
     write_vit_csv,
 )
-from pathlift.kron import ALGORITHMS, benchmark_patterns, machine_description, steady_allocator
+from pathlift.kron import (
+    ALGORITHMS,
+    Design,
+    benchmark_patterns,
+    design,
+    machine_description,
+    steady_allocator,
+)
 
-__all__ = ["KronBenchResult", "KronBenchRun", "run_kron_benchmark"]
+__all__ = ["KronBenchResult", "KronBenchRun", "KronDesignRun", "run_kron_benchmark",
+           "run_kron_design"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -125,11 +137,9 @@ def run_kron_benchmark(out: str | Path, *, device: str | torch.device = "cpu",
     folder = Path(out)
     steady = steady_allocator()
     scope = " (full grid)" if full else f", M*N <= {max_dense}"
-    previous = torch.get_num_threads()
     runs = []
-    try:
-        for count in threads or [previous]:
-            torch.set_num_threads(count)
+    for count in threads or [torch.get_num_threads()]:
+        with _threads(count):
             machine = (f"{machine_description(torch_dtype)}, "
                        f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
                        f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, "
@@ -137,11 +147,9 @@ def run_kron_benchmark(out: str | Path, *, device: str | torch.device = "cpu",
             run = _one_count(patterns, batch, algs, dev, dtype, repeats, count, machine,
                              folder / f"kron_{dev.type}_{dtype}_t{count}", vit, vit_batch,
                              on_pattern)
-            runs.append(run)
-            if on_run is not None:
-                on_run(run)
-    finally:
-        torch.set_num_threads(previous)
+        runs.append(run)
+        if on_run is not None:
+            on_run(run)
     return KronBenchResult(folder, tuple(runs))
 
 
@@ -170,3 +178,52 @@ def _one_count(patterns: Sequence, batch: int, algs: tuple[str, ...], dev: torch
         fields |= {"vit": ratios, "vit_tokens": tokens,
                    "vit_csv": write_vit_csv(ratios, f"{stem}_vit.csv", machine)}
     return KronBenchRun(count, machine, timings=tuple(rows), **fields)
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``count`` (None: left alone), then restored."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@dataclass(frozen=True, repr=False)
+class KronDesignRun:
+    """What ``run_kron_design`` chose (``design``) and the files it wrote: the candidates'
+    CSV and the plot of measured against predicted time."""
+
+    design: Design
+    csv: Path
+    plot: Path
+
+    def __repr__(self) -> str:
+        return f"KronDesignRun({self.design!r}, csv={str(self.csv)!r})"
+
+
+def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path], *,
+                    budget: float = 0.25, batch: int = 256, dtype: str = "float32",
+                    lengths: Sequence[int] = (2, 3), top_k: int = 8, repeats: int = 5,
+                    threads: int | None = None,
+                    progress: Callable[[str, int], None] | None = None) -> KronDesignRun:
+    """``design`` a Kronecker-sparse chain for an ``n_out`` x ``n_in`` weight (thesis
+    Sec. 7.4.1), then write ``out``/candidates.csv and ``out``/predicted_vs_measured.png.
+
+    ``out`` may be a callable returning the folder, called once the design is done (a
+    refused request leaves no folder). ``threads``: torch's intra-op thread count during
+    the design (default, or 0: left as it is), restored afterwards. ``progress(stage, n)`` is
+    passed to ``design``. Keeps freed memory in the process (``steady_allocator``).
+    """
+    steady_allocator()
+    with _threads(threads or None):
+        result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
+                        repeats=repeats, progress=progress)
+    folder = Path(out() if callable(out) else out)
+    csv = write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
+    plot = plot_design(result.candidates, folder / "predicted_vs_measured.png",
+                       f"{n_out} x {n_in}, batch {batch}: {result.machine}")
+    return KronDesignRun(result, csv, plot)
