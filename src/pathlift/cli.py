@@ -398,12 +398,9 @@ def quantize(
                                             "this CSV")] = None,
 ) -> None:
     """Quantisation towards zero with its certified error (thesis Lemma 3.4.1, Cor. 3.4.1)."""
-    import torch
-
     from pathlift.data import load_data
     from pathlift.models import load_model
-    from pathlift.quant import append_csv, compare
-    from pathlift.symmetry import random_rescale
+    from pathlift.quant import compare_bits
 
     with working(console, f"quantising {model}"):
         split = None if data is None else load_data(data, input_shape=input_shape,
@@ -411,24 +408,17 @@ def quantize(
                                                     normalize=normalize, seed=seed)
         net, shape = load_model(model, input_shape or (split and split.input_shape), weights,
                                 seed=seed)
-        inputs, labels = split.test.tensors if split else (torch.randn(
-            (samples, *shape), generator=torch.Generator().manual_seed(0)), None)
-        if rescale_seed is not None:
-            net = random_rescale(net, seed=rescale_seed, input_shape=shape)
-        reports = [r for b in bits for r in compare(net, shape, b, inputs, labels,
-                                                    per_channel=per_channel,
-                                                    symmetry_aware=symmetry_aware)]
+        result = compare_bits(net, shape, bits, data=split, samples=samples,
+                              rescale_seed=rescale_seed, per_channel=per_channel,
+                              symmetry_aware=symmetry_aware, csv=csv, name=model)
     console.print(_table(
-        f"{model} quantised towards zero, {len(inputs)} inputs",
+        f"{model} quantised towards zero, {result.inputs} inputs",
         ["bits", "method", "d", "d/||Phi||_1", "max ||dR||_1", "bound", "acc"],
         [[r.bits, r.method, f"{r.certified:.4g}", f"{r.relative:.4f}", f"{r.measured:.4g}",
           f"{r.bound:.4g}", "-" if r.accuracy is None else f"{r.accuracy:.4f}"]
-         for r in reports], left=(),
+         for r in result.reports], left=(),
         caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over inputs of "
         "max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)"))
-    if csv is not None:
-        append_csv(csv, reports, model=model, random_rescale=rescale_seed,
-                   per_channel=per_channel)
 
 
 @app.command("kron-bench")
