@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from pathlift.bench import KronBenchResult, run_kron_benchmark
 from pathlift.bench import kron as bench
 from pathlift.cli import app
 from pathlift.kron import KSPattern, cpu_kernel
@@ -71,6 +72,47 @@ def test_cli_runs_a_tiny_grid(tmp_path):
     kernel = cpu_kernel.load_kernel(torch.float32)
     assert f"fused kernel {kernel.isa}" in result.output.replace("\n", " ")
     assert isinstance(rows[0].pattern, KSPattern)
+
+
+def test_run_kron_benchmark_writes_what_it_returns_and_restores_the_threads(tmp_path):
+    before = torch.get_num_threads()
+    seen, runs = [], []
+    result = run_kron_benchmark(tmp_path, every=80, batch=8, repeats=1, threads=[1],
+                                on_pattern=lambda *a: seen.append(a), on_run=runs.append)
+    assert torch.get_num_threads() == before
+    assert isinstance(result, KronBenchResult) and result.folder == tmp_path
+    (run,) = result.runs
+    assert runs == [run] and seen == [(1, 0, 2), (1, 1, 2), (1, 2, 2)]
+    assert run.threads == 1 and run.patterns == 2 and " 1 thread(s)" in run.machine
+    assert run.csv == tmp_path / "kron_cpu_float32_t1.csv"
+    assert run.csv.read_text().startswith(f"# {run.machine}\n")
+    rows = bench.read_csv(run.csv)
+    assert rows == list(run.timings) and len(rows) == 2 * 6 * 2
+    expected = bench.summarize(rows, bench.fastest_choices(bench.cpu_patterns(every=80), 8))
+    assert repr(run.summary) == repr(expected)  # repr: nan == nan (no sparse pattern here)
+    assert run.plot.stat().st_size > 1000
+    vit = {(m, a): float(v) for m, a, v in (line.split(",") for line in
+                                            run.vit_csv.read_text().splitlines()[2:])}
+    assert vit == {(m, a): pytest.approx(v, abs=1e-4) for m, per in run.vit.items()
+                   for a, v in per.items()}
+    assert run.vit_tokens == 8 * 196 and set(run.vit["feed-forward"]) == {"bmm", "fused"}
+    for text in (repr(result), repr(run)):
+        assert "\n" not in text and len(text) < 300, text
+    assert f"{run.summary.speedup_vs_bmm['best']:.2f}x" in repr(result)
+
+
+def test_run_kron_benchmark_restores_the_threads_after_an_error(tmp_path):
+    before = torch.get_num_threads()
+
+    def fail(threads, done, total):
+        assert torch.get_num_threads() == threads
+        if done:
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        run_kron_benchmark(tmp_path, every=80, batch=8, repeats=1, vit=False,
+                           threads=[before % 2 + 1], on_pattern=fail)
+    assert torch.get_num_threads() == before
 
 
 def test_summary_of_the_default_choice_matches_a_hand_computation():

@@ -4,6 +4,7 @@ design, replace_linears, a digits MLP trained with designed layers, and the CLI.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import math
 import re
@@ -16,6 +17,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from pathlift.bench import run_kron_design
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import evaluate, train_classifier
@@ -280,3 +282,25 @@ def test_cli_designs_prints_and_plots(tmp_path):
     lines = (tmp_path / "candidates.csv").read_text().splitlines()
     assert lines[0].startswith("# ") and lines[1].startswith("family,patterns")
     assert len(lines) > 3
+
+
+def test_run_kron_design_writes_its_candidates_and_restores_the_threads(tmp_path):
+    before = torch.get_num_threads()
+    other = before % 2 + 1
+    seen = []
+    result = run_kron_design(32, 64, lambda: tmp_path / "made", budget=0.5, batch=16,
+                             top_k=2, repeats=1, threads=other,
+                             progress=lambda stage, n: seen.append(torch.get_num_threads()))
+    assert torch.get_num_threads() == before and seen and set(seen) == {other}
+    assert f"{other} thread(s)" in result.design.machine
+    assert result.csv == tmp_path / "made" / "candidates.csv"
+    lines = result.csv.read_text().splitlines()
+    assert lines[0] == f"# {result.design.machine}"
+    rows = list(csv.DictReader(lines[1:]))
+    assert [r["patterns"] for r in rows] == [c.chain() for c in result.design.candidates]
+    assert result.plot.stat().st_size > 1000
+    assert "\n" not in repr(result) and result.design.summary() in repr(result)
+    # a refused request leaves no folder
+    with pytest.raises(InvalidParameterError):
+        run_kron_design(32, 64, lambda: tmp_path / "refused", budget=0.0)
+    assert not (tmp_path / "refused").exists() and torch.get_num_threads() == before

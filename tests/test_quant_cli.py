@@ -35,3 +35,31 @@ def test_quantize_command_prints_plain_and_symmetry_aware_rows(tmp_path):
 def test_quantize_command_refuses_unknown_data():
     result = CliRunner().invoke(app, ["quantize", "mlp", "--data", "cifar"])
     assert result.exit_code != 0
+
+
+def test_compare_bits_is_the_command_in_one_call(tmp_path):
+    import torch
+
+    from pathlift.data import synthetic
+    from pathlift.models import mlp
+    from pathlift.quant import compare, compare_bits
+
+    net = mlp(64, (32,), 4).eval()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    out = tmp_path / "q.csv"
+    result = compare_bits(net, (1, 8, 8), [4, 8], samples=8, symmetry_aware=True, csv=out,
+                          name="mlp")
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    inputs = torch.randn((8, 1, 8, 8), generator=torch.Generator().manual_seed(0))
+    assert result.reports == (*compare(net, (1, 8, 8), 4, inputs, symmetry_aware=True),
+                              *compare(net, (1, 8, 8), 8, inputs, symmetry_aware=True))
+    assert result.inputs == 8 and result.csv == out
+    with out.open() as handle:
+        records = list(csv.DictReader(handle))
+    assert [(r["model"], r["bits"], r["method"]) for r in records] == [
+        ("mlp", str(r.bits), r.method) for r in result.reports]
+    assert "\n" not in repr(result) and "4 rows" in repr(result)
+    split = synthetic(n_train=16, n_test=12)
+    judged = compare_bits(net, (1, 8, 8), [4], data=split, rescale_seed=0)
+    assert judged.inputs == 12 and judged.csv is None
+    assert all(r.accuracy is not None for r in judged.reports)

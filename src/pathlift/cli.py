@@ -398,12 +398,9 @@ def quantize(
                                             "this CSV")] = None,
 ) -> None:
     """Quantisation towards zero with its certified error (thesis Lemma 3.4.1, Cor. 3.4.1)."""
-    import torch
-
     from pathlift.data import load_data
     from pathlift.models import load_model
-    from pathlift.quant import append_csv, compare
-    from pathlift.symmetry import random_rescale
+    from pathlift.quant import compare_bits
 
     with working(console, f"quantising {model}"):
         split = None if data is None else load_data(data, input_shape=input_shape,
@@ -411,24 +408,17 @@ def quantize(
                                                     normalize=normalize, seed=seed)
         net, shape = load_model(model, input_shape or (split and split.input_shape), weights,
                                 seed=seed)
-        inputs, labels = split.test.tensors if split else (torch.randn(
-            (samples, *shape), generator=torch.Generator().manual_seed(0)), None)
-        if rescale_seed is not None:
-            net = random_rescale(net, seed=rescale_seed, input_shape=shape)
-        reports = [r for b in bits for r in compare(net, shape, b, inputs, labels,
-                                                    per_channel=per_channel,
-                                                    symmetry_aware=symmetry_aware)]
+        result = compare_bits(net, shape, bits, data=split, samples=samples,
+                              rescale_seed=rescale_seed, per_channel=per_channel,
+                              symmetry_aware=symmetry_aware, csv=csv, name=model)
     console.print(_table(
-        f"{model} quantised towards zero, {len(inputs)} inputs",
+        f"{model} quantised towards zero, {result.inputs} inputs",
         ["bits", "method", "d", "d/||Phi||_1", "max ||dR||_1", "bound", "acc"],
         [[r.bits, r.method, f"{r.certified:.4g}", f"{r.relative:.4f}", f"{r.measured:.4g}",
           f"{r.bound:.4g}", "-" if r.accuracy is None else f"{r.accuracy:.4f}"]
-         for r in reports], left=(),
+         for r in result.reports], left=(),
         caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over inputs of "
         "max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)"))
-    if csv is not None:
-        append_csv(csv, reports, model=model, random_rescale=rescale_seed,
-                   per_channel=per_channel)
 
 
 @app.command("kron-bench")
@@ -465,60 +455,36 @@ def kron_bench(
     thread count the median t(bmm)/t(fused) and the check that the algorithm KSLinear
     picks (fastest_algorithm) is never more than 10% slower than bmm.
     """
-    import torch
-
-    from pathlift.bench import kron as bench
-    from pathlift.kron import benchmark_patterns
-
-    dev, torch_dtype = torch.device(device), getattr(torch, dtype)
-    patterns = benchmark_patterns()[::every] if full else bench.cpu_patterns(max_dense, every)
-    batch = batch or bench.thesis_batch(dev)
-    folder = Path(out or default_out("kron-bench"))
-    for count in threads or [torch.get_num_threads()]:
-        torch.set_num_threads(count)
-        _kron_bench_threads(dev, torch_dtype, dtype, patterns, batch, algorithms, repeats,
-                            count, vit, vit_batch, folder, full, max_dense)
-
-
-def _kron_bench_threads(dev: Any, torch_dtype: Any, dtype: str, patterns: Any, batch: int,
-                        algorithms: list[str] | None, repeats: int, count: int, vit: bool,
-                        vit_batch: int | None, folder: Path, full: bool,
-                        max_dense: int) -> None:
-    """One thread count of ``kron-bench``: time the grid, write CSV and plot, print."""
-    import os
-
-    import torch
     from rich.progress import Progress
 
-    from pathlift.bench import kron as bench
-    from pathlift.kron import ALGORITHMS, machine_description, steady_allocator
+    from pathlift.bench import run_kron_benchmark
 
-    algs = tuple(algorithms or ALGORITHMS)
-    steady = steady_allocator()
-    machine = (f"{machine_description(torch_dtype)}, "
-               f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
-               f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, {len(patterns)} "
-               f"patterns{' (full grid)' if full else f', M*N <= {max_dense}'}"
-               f"{', steady allocator' if steady else ''}")
-    console.print(machine)
     with Progress(console=console) as progress:
-        task = progress.add_task(f"patterns, {count} thread(s)", total=len(patterns))
-        rows = bench.time_grid(patterns, batch, algs, dtype=torch_dtype, device=dev,
-                               repeats=repeats,
-                               on_pattern=lambda _, task=task: progress.advance(task))
-    stem = folder / f"kron_{dev.type}_{dtype}_t{count}"
-    console.print(f"wrote {bench.write_csv(rows, stem.with_suffix('.csv'), machine)}")
-    if {"fused", "bmm", "dense"} <= set(algs):
-        defaults = (bench.fastest_choices(patterns, batch, torch_dtype)
-                    if dev.type == "cpu" and set(ALGORITHMS) <= set(algs) else None)
-        console.print(f"wrote {bench.plot_speedups(rows, stem.with_suffix('.png'), machine)}")
-        _kron_grid_table(bench.summarize(rows, defaults), count)
-    if vit:
-        tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
-        ratios = bench.time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs],
-                                    device=dev, repeats=max(repeats, 10))
-        console.print(f"wrote {bench.write_vit_csv(ratios, f'{stem}_vit.csv', machine)}")
-        console.print(bench.vit_table(ratios, tokens))
+        tasks: dict[int, Any] = {}
+
+        def advance(count: int, done: int, total: int) -> None:
+            if count not in tasks:
+                tasks[count] = progress.add_task(f"patterns, {count} thread(s)", total=total)
+            progress.update(tasks[count], completed=done)
+
+        run_kron_benchmark(out or default_out("kron-bench"), device=device, dtype=dtype,
+                           full=full, max_dense=max_dense, every=every, batch=batch,
+                           algorithms=algorithms, repeats=repeats, threads=threads, vit=vit,
+                           vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run)
+
+
+def _print_kron_run(timed: Any) -> None:
+    """One thread count of ``kron-bench``: the machine, the files, the ratios."""
+    from pathlift.bench import kron as bench
+
+    console.print(timed.machine)
+    console.print(f"wrote {timed.csv}")
+    if timed.summary is not None:
+        console.print(f"wrote {timed.plot}")
+        _kron_grid_table(timed.summary, timed.threads)
+    if timed.vit is not None:
+        console.print(f"wrote {timed.vit_csv}")
+        console.print(bench.vit_table(timed.vit, timed.vit_tokens))
 
 
 def _kron_grid_table(s: Any, threads: int) -> None:
@@ -570,28 +536,20 @@ def kron_design(
     model calibrated on this machine, the best ones timed. Cached per machine: a second
     call is instant.
     """
-    import torch
     from rich.progress import Progress
 
-    from pathlift.bench import kron as bench
-    from pathlift.kron import design, steady_allocator
+    from pathlift.bench import run_kron_design
 
-    if threads:
-        torch.set_num_threads(threads)
-    steady_allocator()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("calibrating and timing", total=None)
-        result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
-                        repeats=repeats, progress=lambda stage, n: progress.update(
-                            task, description=stage, advance=n))
-    console.print(f"{result.machine}; batch {batch}, {dtype}, budget {budget:g}")
-    console.print(_kron_design_table(result, n_in, n_out, rows))
-    folder = Path(out or default_out("kron-design"))
-    folder.mkdir(parents=True, exist_ok=True)
-    bench.write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
-    plot = bench.plot_design(result.candidates, folder / "predicted_vs_measured.png",
-                             f"{n_out} x {n_in}, batch {batch}: {result.machine}")
-    console.print(f"wrote {folder / 'candidates.csv'} and {plot}")
+        result = run_kron_design(
+            n_in, n_out, out or (lambda: default_out("kron-design")), budget=budget,
+            batch=batch, dtype=dtype, lengths=lengths, top_k=top_k, repeats=repeats,
+            threads=threads, progress=lambda stage, n: progress.update(
+                task, description=stage, advance=n))
+    console.print(f"{result.design.machine}; batch {batch}, {dtype}, budget {budget:g}")
+    console.print(_kron_design_table(result.design, n_in, n_out, rows))
+    console.print(f"wrote {result.csv} and {result.plot}")
 
 
 def _kron_design_table(result: Any, n_in: int, n_out: int, rows: int) -> Table:

@@ -215,7 +215,7 @@ def summarize(rows: Sequence[Timing], defaults: dict[KSPattern, str] | None = No
     """Table 5.3/5.4-style figures of a run that timed ``fused``, ``bmm`` and ``dense``;
     ``defaults`` maps patterns to the algorithm ``fastest_algorithm`` chose for them."""
     table = _table(rows)
-    keys = sorted({k for per in table.values() for k in per}, key=lambda k: k != "best")
+    keys = sorted({k for per in table.values() for k in per}, key=lambda k: (k != "best", k))
     vs_bmm, fastest, vs_other, beats, worst = {}, {}, {}, {}, {}
     sparse = [p for p in table if p.density <= 1 / 8]
     for key in keys:

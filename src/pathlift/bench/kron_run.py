@@ -1,0 +1,229 @@
+"""The ``kron-bench`` and ``kron-design`` commands as one call each, returning a result
+object: the Kronecker-sparse grid of thesis Sec. 5.4-5.5 timed at each thread count with
+its CSV, Figure 5.8 and the ViT-S/16 timings of Table 5.5 (``run_kron_benchmark``), and a
+chain designed for one weight with its candidates' CSV and plot (``run_kron_design``)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pathlift.bench.kron import (
+    CPU_MAX_DENSE,
+    GridSummary,
+    Timing,
+    cpu_patterns,
+    fastest_choices,
+    plot_design,
+    plot_speedups,
+    summarize,
+    thesis_batch,
+    time_grid,
+    time_vit_mlp,
+    write_candidates_csv,
+    write_csv,
+    write_vit_csv,
+)
+from pathlift.kron import (
+    ALGORITHMS,
+    Design,
+    benchmark_patterns,
+    design,
+    machine_description,
+    steady_allocator,
+)
+
+__all__ = ["KronBenchResult", "KronBenchRun", "KronDesignRun", "run_kron_benchmark",
+           "run_kron_design"]
+
+
+@dataclass(frozen=True, repr=False)
+class KronBenchRun:
+    """One thread count of ``run_kron_benchmark``: the machine line (CPU, fused kernel,
+    load, batch, dtype, patterns), the timings and the CSV they were written to; with
+    fused, bmm and dense timed, Figure 5.8 (``plot``) and the Table 5.3/5.4 ratios
+    (``summary``); with the ViT-S/16 timings, their ratios to dense (``vit``, {module:
+    {algorithm: ratio}}) at ``vit_tokens`` tokens and their CSV."""
+
+    threads: int
+    machine: str
+    csv: Path
+    timings: tuple[Timing, ...]
+    plot: Path | None = None
+    summary: GridSummary | None = None
+    vit: dict[str, dict[str, float]] | None = None
+    vit_tokens: int | None = None
+    vit_csv: Path | None = None
+
+    @property
+    def patterns(self) -> int:
+        return len({t.pattern for t in self.timings})
+
+    def __repr__(self) -> str:
+        parts = [f"threads={self.threads}", f"patterns={self.patterns}"]
+        s = self.summary
+        if s is not None:
+            parts.append(f"fused vs bmm {s.speedup_vs_bmm['best']:.2f}x")
+            if not math.isnan(s.default_vs_bmm):
+                parts.append(f"default vs bmm {s.default_vs_bmm:.2f}x")
+        if self.vit and "fused" in self.vit["feed-forward"]:
+            parts.append(f"ViT feed-forward fused/dense {self.vit['feed-forward']['fused']:.2f}")
+        return f"KronBenchRun({', '.join(parts)}, csv={str(self.csv)!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class KronBenchResult:
+    """What ``run_kron_benchmark`` measured and wrote: one ``KronBenchRun`` per thread
+    count, in the order given, and the folder holding their files."""
+
+    folder: Path
+    runs: tuple[KronBenchRun, ...]
+
+    def __repr__(self) -> str:
+        best = ", ".join(f"{r.threads}: {r.summary.speedup_vs_bmm['best']:.2f}x"
+                         for r in self.runs if r.summary is not None)
+        return (f"KronBenchResult({len(self.runs)} thread count(s)"
+                f"{f', fused vs bmm by threads {best}' if best else ''}, "
+                f"folder={str(self.folder)!r})")
+
+
+def run_kron_benchmark(out: str | Path, *, device: str | torch.device = "cpu",
+                       dtype: str = "float32", full: bool = False,
+                       max_dense: int = CPU_MAX_DENSE, every: int = 1,
+                       batch: int | None = None, algorithms: Sequence[str] | None = None,
+                       repeats: int = 5, threads: Sequence[int] | None = None,
+                       vit: bool = True, vit_batch: int | None = None,
+                       on_pattern: Callable[[int, int, int], None] | None = None,
+                       on_run: Callable[[KronBenchRun], None] | None = None
+                       ) -> KronBenchResult:
+    """Time the Kronecker-sparse grid (thesis Sec. 5.4-5.5, App. D.2.1) once per thread
+    count and write ``out``/kron_<device>_<dtype>_t<threads>.csv, ``.png`` (Figure 5.8)
+    and ``_vit.csv`` (Table 5.5).
+
+    Args:
+        out: the folder for the files (created if needed; files written atomically).
+        dtype: "float32", "float16" or "bfloat16".
+        full: all 627 patterns of App. D.2.1, else those with M·N <= ``max_dense``; every
+            ``every``-th pattern of either.
+        batch: vectors per product (default 25,088 on cuda, 256 on cpu).
+        algorithms: those to time (default all); the plot and the summary need fused, bmm
+            and dense, the default algorithm's check (``fastest_algorithm`` vs bmm, on cpu)
+            all of them.
+        repeats: round-robin runs per timing (the ViT timings take at least 10).
+        threads: intra-op thread counts, one run each (default torch's current count);
+            torch's count is restored afterwards.
+        vit: also time the ViT-S/16 linear layer and feed-forward block at ``vit_batch``
+            tokens (default 8·196 on cpu, 128·196 on cuda).
+        on_pattern: called as ``on_pattern(threads, done, total)`` before the first
+            pattern of a thread count and after each pattern.
+        on_run: called with each thread count's ``KronBenchRun`` once its files are written.
+
+    Keeps freed memory in the process (``steady_allocator``), as a benchmark should.
+
+    Example:
+        >>> result = run_kron_benchmark("runs/kron", every=8, threads=[1, 2], vit=False)
+        >>> result.runs[0].summary.speedup_vs_bmm["best"]
+    """
+    dev, torch_dtype = torch.device(device), getattr(torch, dtype)
+    patterns = benchmark_patterns()[::every] if full else cpu_patterns(max_dense, every)
+    batch = batch or thesis_batch(dev)
+    algs = tuple(algorithms or ALGORITHMS)
+    folder = Path(out)
+    steady = steady_allocator()
+    scope = " (full grid)" if full else f", M*N <= {max_dense}"
+    runs = []
+    for count in threads or [torch.get_num_threads()]:
+        with _threads(count):
+            machine = (f"{machine_description(torch_dtype)}, "
+                       f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
+                       f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, "
+                       f"{len(patterns)} patterns{scope}{', steady allocator' if steady else ''}")
+            run = _one_count(patterns, batch, algs, dev, dtype, repeats, count, machine,
+                             folder / f"kron_{dev.type}_{dtype}_t{count}", vit, vit_batch,
+                             on_pattern)
+        runs.append(run)
+        if on_run is not None:
+            on_run(run)
+    return KronBenchResult(folder, tuple(runs))
+
+
+def _one_count(patterns: Sequence, batch: int, algs: tuple[str, ...], dev: torch.device,
+               dtype: str, repeats: int, count: int, machine: str, stem: Path, vit: bool,
+               vit_batch: int | None, on_pattern: Callable[[int, int, int], None] | None
+               ) -> KronBenchRun:
+    """Time the grid (and the ViT modules) at the current thread count and write the files."""
+    torch_dtype = getattr(torch, dtype)
+    done = iter(range(1, len(patterns) + 1))
+    if on_pattern is not None:
+        on_pattern(count, 0, len(patterns))
+    rows = time_grid(patterns, batch, algs, dtype=torch_dtype, device=dev, repeats=repeats,
+                     on_pattern=None if on_pattern is None else
+                     lambda _: on_pattern(count, next(done), len(patterns)))
+    fields: dict = {"csv": write_csv(rows, stem.with_suffix(".csv"), machine)}
+    if {"fused", "bmm", "dense"} <= set(algs):
+        defaults = (fastest_choices(patterns, batch, torch_dtype)
+                    if dev.type == "cpu" and set(ALGORITHMS) <= set(algs) else None)
+        fields["plot"] = plot_speedups(rows, stem.with_suffix(".png"), machine)
+        fields["summary"] = summarize(rows, defaults)
+    if vit:
+        tokens = vit_batch or (128 * 196 if dev.type == "cuda" else 8 * 196)
+        ratios = time_vit_mlp(tokens, [a for a in ("bmm", "fused") if a in algs], device=dev,
+                              repeats=max(repeats, 10))
+        fields |= {"vit": ratios, "vit_tokens": tokens,
+                   "vit_csv": write_vit_csv(ratios, f"{stem}_vit.csv", machine)}
+    return KronBenchRun(count, machine, timings=tuple(rows), **fields)
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``count`` (None: left alone), then restored."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@dataclass(frozen=True, repr=False)
+class KronDesignRun:
+    """What ``run_kron_design`` chose (``design``) and the files it wrote: the candidates'
+    CSV and the plot of measured against predicted time."""
+
+    design: Design
+    csv: Path
+    plot: Path
+
+    def __repr__(self) -> str:
+        return f"KronDesignRun({self.design!r}, csv={str(self.csv)!r})"
+
+
+def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path], *,
+                    budget: float = 0.25, batch: int = 256, dtype: str = "float32",
+                    lengths: Sequence[int] = (2, 3), top_k: int = 8, repeats: int = 5,
+                    threads: int | None = None,
+                    progress: Callable[[str, int], None] | None = None) -> KronDesignRun:
+    """``design`` a Kronecker-sparse chain for an ``n_out`` x ``n_in`` weight (thesis
+    Sec. 7.4.1), then write ``out``/candidates.csv and ``out``/predicted_vs_measured.png.
+
+    ``out`` may be a callable returning the folder, called once the design is done (a
+    refused request leaves no folder). ``threads``: torch's intra-op thread count during
+    the design (default, or 0: left as it is), restored afterwards. ``progress(stage, n)`` is
+    passed to ``design``. Keeps freed memory in the process (``steady_allocator``).
+    """
+    steady_allocator()
+    with _threads(threads or None):
+        result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
+                        repeats=repeats, progress=progress)
+    folder = Path(out() if callable(out) else out)
+    csv = write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
+    plot = plot_design(result.candidates, folder / "predicted_vs_measured.png",
+                       f"{n_out} x {n_in}, batch {batch}: {result.machine}")
+    return KronDesignRun(result, csv, plot)
