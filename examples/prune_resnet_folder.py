@@ -15,7 +15,6 @@ torchvision that does not load against this torch) the script says so and exits 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from pathlift.distributed import launched
+from pathlift.distributed import exit_process, launched
 from pathlift.prune import Phase, PruneConfig, RunFolder, prune_rewind_retrain
 
 
@@ -117,4 +116,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # sys.exit, or os._exit after a torchrun group (see its docstring)

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import evaluate
-from pathlift.distributed import fingerprint, launched, shard
+from pathlift.distributed import ddp, exit_process, fingerprint, launched, shard
 from pathlift.errors import DistributedError
 from pathlift.graph import copy_model, unwrap
 from pathlift.graph.boundary import prune_masks
@@ -169,6 +169,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     except RuntimeError:
         report["group destroyed"] = not dist.is_initialized()
     Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+    exit_process(0)  # as a script under torchrun ends: never aborted by gloo's threads
 
 
 def test_collectives_and_the_identity_check_on_two_processes(tmp_path: Path) -> None:
@@ -194,3 +195,48 @@ def test_collectives_and_the_identity_check_on_two_processes(tmp_path: Path) -> 
     assert "weights after dense training differ" in r0["drift"]
     assert "weights after dense training differ" in r1["drift"]
     assert r0["group destroyed"] and r1["group destroyed"]
+
+
+def _ddp_then_exit(rank: int, port: int, out: str) -> None:
+    """Train one step under DDP on gloo, leave the group, print, and end the process."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    with launched(timeout=timedelta(seconds=60)) as world:
+        model = ddp(torch.nn.Linear(3, 2), world)
+        model(torch.randn(4, 3)).sum().backward()
+    Path(out, f"rank{rank}").write_text("done")
+    print(f"rank {rank} printed before leaving")  # flushed by exit_process
+    exit_process(3 + rank)
+
+
+def _run_ddp_then_exit(tmp_path: Path) -> list[int | None]:
+    context = mp.start_processes(_ddp_then_exit, (_free_port(), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    for p in context.processes:
+        p.join(120)
+    codes = [p.exitcode for p in context.processes]
+    for p in context.processes:
+        if p.is_alive():
+            p.kill()
+    return codes
+
+
+def test_exit_process_leaves_with_the_status_after_a_ddp_run(tmp_path: Path, capfd) -> None:
+    assert _run_ddp_then_exit(tmp_path) == [3, 4]  # os._exit: the status, no SIGABRT
+    printed = capfd.readouterr().out
+    assert "rank 0 printed before leaving" in printed and "rank 1 printed" in printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+    with pytest.raises(SystemExit) as done:  # no group launched here: sys.exit
+        exit_process(5)
+    assert done.value.code == 5
+
+
+@pytest.mark.slow
+def test_ddp_runs_end_without_an_abort_forty_times(tmp_path: Path) -> None:
+    """Before exit_process, about one run in twenty ended with a rank killed by SIGABRT
+    at interpreter exit (gloo's worker freeing DDP's last all-reduce during
+    finalisation)."""
+    for i in range(40):
+        (tmp_path / str(i)).mkdir()
+        assert _run_ddp_then_exit(tmp_path / str(i)) == [3, 4], f"run {i}"

@@ -8,6 +8,7 @@ library function returning a result object, and prints it.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -59,8 +60,15 @@ Out = Annotated[str | None, typer.Option(
 
 def main() -> None:
     """The ``pathlift`` console script: one-line errors with exit status 2 (see
-    ``pathlift.cli_support.run``)."""
-    run(app)
+    ``pathlift.cli_support.run``). A command that ran a torch.distributed group (under
+    torchrun) ends through ``pathlift.distributed.exit_process``."""
+    try:
+        run(app)
+    except SystemExit as done:
+        distributed = sys.modules.get("pathlift.distributed")  # imported by such commands
+        if distributed is not None:
+            distributed.exit_process(done.code)
+        raise
 
 
 @app.callback()
