@@ -199,3 +199,21 @@ def test_layer_norm_product_of_a_float32_cnn_equals_its_float64_copy():
     double = layer_norm_product(copy.deepcopy(model).double(), (2, 4, 4)).log10
     assert single == pytest.approx(double, abs=1e-6)
     assert lipschitz_input(model, (2, 4, 4)).layer_product is not None
+
+
+def test_lipschitz_bounds_is_the_two_calls_in_one():
+    from pathlift.lift import lipschitz_bounds
+    from pathlift.models import mlp
+
+    a, b = mlp(16, (8,), 3), mlp(16, (8,), 3)
+    shape = (1, 4, 4)
+    alone = lipschitz_bounds(a, shape, 2.0)
+    assert alone.params is None and alone.input == lipschitz_input(a, shape, 2.0)
+    both = lipschitz_bounds(a, shape, 1.0, other=b, x_inf=3.0)
+    assert both.input == lipschitz_input(a, shape, 1.0)
+    by_hand = lipschitz_params(a, b, shape, 3.0)
+    assert both.params.applies == by_hand.applies and both.params.reason == by_hand.reason
+    assert both.params.log10 == by_hand.log10 or (math.isnan(both.params.log10)
+                                                  and math.isnan(by_hand.log10))
+    assert both.params.lfcn_log10 == by_hand.lfcn_log10
+    assert "\n" not in repr(both) and repr(both).startswith("LipschitzBounds(in x: log10 ")

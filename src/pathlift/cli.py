@@ -698,17 +698,17 @@ def lipschitz(
     In x: ||Phi||_{1,r} (Thm 3.3.1) against Pi_{1,r} (Def. 3.3.1). In theta, with --other:
     max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1) against eq. 3.7.
     """
-    from pathlift.lift import lipschitz_input, lipschitz_params
+    from pathlift.lift import lipschitz_bounds
     from pathlift.models import load_model, load_model_pair
 
     with working(console, f"Lipschitz bounds of {model}"):
         if other:
             net, net_b, shape = load_model_pair(model, other, input_shape, weights,
                                                 other_weights, seed=seed)
-            p = lipschitz_params(net, net_b, shape, x_inf)
         else:
-            net, shape = load_model(model, input_shape, weights, seed=seed)
-        bound = lipschitz_input(net, shape, r)
+            (net, shape), net_b = load_model(model, input_shape, weights, seed=seed), None
+        result = lipschitz_bounds(net, shape, r, other=net_b, x_inf=x_inf)
+    bound, p = result.input, result.params
     rows = [["in x: ||Phi||_{1,r} (Thm 3.3.1)", f"{bound.log10:.6f}"],
             ["in x: Pi_{1,r} product of layer norms", "n/a (residual sums)"
              if bound.layer_product is None else f"{bound.layer_product.log10:.6f}"]]

@@ -14,15 +14,18 @@ from pathlift.lift.average_case import (
 from pathlift.lift.lipschitz import (
     InputLipschitz,
     LayerNormProduct,
+    LipschitzBounds,
     ParameterLipschitz,
     layer_norm_product,
+    lipschitz_bounds,
     lipschitz_input,
     lipschitz_params,
 )
 from pathlift.lift.path_metric import PathMetric, path_metric
 from pathlift.lift.path_norm import PathNorm, path_norm, path_norms
 
-__all__ = ["AverageCasePathNorm", "InputLipschitz", "LayerNormProduct", "LocalAffine",
-           "ParameterLipschitz", "PathMetric", "PathNorm", "average_case_path_norm",
-           "layer_norm_product", "lipschitz_input", "lipschitz_params", "local_affine",
-           "path_metric", "path_norm", "path_norms"]
+__all__ = ["AverageCasePathNorm", "InputLipschitz", "LayerNormProduct", "LipschitzBounds",
+           "LocalAffine", "ParameterLipschitz", "PathMetric", "PathNorm",
+           "average_case_path_norm", "layer_norm_product", "lipschitz_bounds",
+           "lipschitz_input", "lipschitz_params", "local_affine", "path_metric", "path_norm",
+           "path_norms"]

@@ -203,6 +203,31 @@ def lipschitz_params(model_a: nn.Module | LayerGraph, model_b: nn.Module | Layer
     return ParameterLipschitz(True, bound, metric, x_inf, lfcn, f"Cor. 3.4.1 with the {how}")
 
 
+@dataclass(frozen=True, repr=False)
+class LipschitzBounds:
+    """``lipschitz_bounds``: the bound in the input (Thm 3.3.1, with Pi_{1,r}) and, when a
+    second model was given, the bound in the parameters (Cor. 3.4.1, with eq. 3.7)."""
+
+    input: InputLipschitz
+    params: ParameterLipschitz | None
+
+    def __repr__(self) -> str:
+        text = f"LipschitzBounds(in x: log10 {self.input.log10:.6f}"
+        if self.params is not None:
+            text += (f", in theta: log10 {self.params.log10:.6f}" if self.params.applies
+                     else ", in theta: no bound")
+        return text + ")"
+
+
+def lipschitz_bounds(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
+                     r: float = 1.0, *, other: nn.Module | LayerGraph | None = None,
+                     x_inf: float = 1.0) -> LipschitzBounds:
+    """``lipschitz_input(model, input_shape, r)`` and, with ``other``, ``lipschitz_params(
+    model, other, input_shape, x_inf)``, in one call (``pathlift lipschitz``)."""
+    params = None if other is None else lipschitz_params(model, other, input_shape, x_inf)
+    return LipschitzBounds(lipschitz_input(model, input_shape, r), params)
+
+
 def _lfcn_bound_log10(graph_a: LayerGraph, graph_b: LayerGraph, x_inf: float
                       ) -> float | None:
     """(W ||x||_inf + 1) W L^2 R^{L-1} ||theta - theta'||_inf (thesis eq. 3.7) with
