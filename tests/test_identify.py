@@ -267,3 +267,14 @@ def test_wrong_inputs_raise_typed_errors():
         identify(lfcn(), 4, (3,), method="svd")
     with pytest.raises(InvalidParameterError, match="samples"):
         identify(lfcn(), 0, (3,))
+
+
+def test_identify_draws_its_own_scaled_inputs_as_the_command_did():
+    """identify(net, n, shape, seed=s, scale=c) is identify on c * N(0, 1) inputs drawn
+    with seed s, as ``pathlift identify`` drew them before."""
+    net = lfcn()
+    generator = torch.Generator().manual_seed(7)
+    x = 2.5 * torch.randn((40, 3), generator=generator, dtype=torch.float64)
+    by_hand = identify(net, x, method="exact", seed=7)
+    drawn = identify(net, 40, (3,), method="exact", seed=7, scale=2.5)
+    assert repr(drawn) == repr(by_hand) and drawn == by_hand

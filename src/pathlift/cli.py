@@ -803,16 +803,12 @@ def identify_command(
     Rank of the Jacobian of theta -> (R(x_i))_i against dim theta - symmetry dimension
     (Bona-Pellissier, Bachoc & Malgouyres 2022; Stock & Gribonval 2023; thesis Sec. 7.1.1).
     """
-    import torch
-
     from pathlift.models import load_model
     from pathlift.symmetry import identify
 
     with working(console, f"identifying {model} from {samples} inputs"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
-        generator = torch.Generator().manual_seed(seed)
-        x = scale * torch.randn((samples, *shape), generator=generator, dtype=torch.float64)
-        result = identify(net, x, method=method, seed=seed)
+        result = identify(net, samples, shape, method=method, seed=seed, scale=scale)
     console.print(f"{model}: {result!r}\n  {result.symmetry.obstructions!r}\n  {result.rank!r}")
 
 

@@ -182,7 +182,8 @@ def _symmetry(par: Parameterized, domain: Tensor, method: str, seed: int, with_p
 def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
              input_shape: Sequence[int] | None = None, method: str = "auto",
              rtol: float | None = None, seed: int = 0, exact_max: int = EXACT_MAX,
-             domain: Tensor | None = None, phi: bool | None = None) -> Identifiability:
+             domain: Tensor | None = None, phi: bool | None = None, scale: float = 1.0
+             ) -> Identifiability:
     """Is ``model`` locally identifiable, up to its symmetries, from its outputs on ``inputs``?
 
     Bona-Pellissier, Bachoc & Malgouyres 2022 ("Local identifiability of deep ReLU neural
@@ -192,7 +193,8 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
 
     Args:
         model: the network (any supported ReLU DAG), or its ``LayerGraph``.
-        inputs: a batch (n, *input_shape), or a number n of standard Gaussian inputs.
+        inputs: a batch (n, *input_shape), or a number n of Gaussian inputs N(0, scale^2)
+            (float64, drawn from a generator seeded with ``seed``).
         input_shape: without the batch dimension; default that of ``inputs`` or the model's.
         method: "exact" (dense Jacobian by ``torch.func``, SVD in float64), "randomized"
             (Gaussian sketch by Jacobian-vector products, with an a posteriori bound), or
@@ -205,6 +207,8 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
         phi: also compute the rank of dPhi/dtheta (default: with the exact method only,
             and not for PReLU's trainable slopes; it needs about dim theta / d_out
             evaluations of the gated path network).
+        scale: standard deviation of the Gaussian inputs when ``inputs`` is a number
+            (``pathlift identify --scale``); ignored for a batch.
 
     Returns:
         An ``Identifiability``: verdict, missing directions and the layers they involve,
@@ -224,6 +228,8 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
         input_shape = tuple(inputs.shape[1:])
     par = Parameterized.of(model, None if input_shape is None else tuple(input_shape))
     x = _inputs(par, inputs, seed)
+    if isinstance(inputs, int):
+        x = scale * x
     method = _method(method, par.size, exact_max)
     if domain is None:
         domain = _inputs(par, DOMAIN, seed + 2) * max(1.0, float(x.std()) if x.numel() > 1 else 1.0)
