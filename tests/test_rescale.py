@@ -377,3 +377,30 @@ def test_random_networks_of_every_layer(seed):
     a, b = path_norm(model, shape).log10, path_norm(out, shape).log10
     assert a == b or abs(a - b) * math.log(10) <= 1e-9
     assert_bit_identical(model, before)
+
+
+def test_compare_random_rescale_is_the_command_in_one_call(tmp_path):
+    """random_rescale, compare_models and save_like by hand give the same copy, numbers and
+    file (same tensors and metadata) as compare_random_rescale; the model is untouched."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from pathlift.models import mlp, save_like
+    from pathlift.symmetry import compare_models, compare_random_rescale
+
+    net, shape = mlp(), (1, 8, 8)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    result = compare_random_rescale(net, shape, (1.0, 8.0), 3, samples=5,
+                                    out=tmp_path / "a.safetensors", spec="mlp")
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    copy = random_rescale(net, (1.0, 8.0), 3, shape)
+    assert all(torch.equal(a, b) for a, b in zip(result.model.state_dict().values(),
+                                                 copy.state_dict().values(), strict=True))
+    assert result.comparison == compare_models(net, copy, shape, 5)
+    by_hand = save_like(copy, "mlp", tmp_path / "b.safetensors", shape)
+    assert result.path == tmp_path / "a.safetensors" and result.normalized is None
+    a, b = load_file(result.path), load_file(by_hand)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert safe_open(result.path, "pt").metadata() == safe_open(by_hand, "pt").metadata()
+    assert compare_random_rescale(net, shape, samples=5).path is None
+    assert "\n" not in repr(result) and repr(result).startswith("Transformed(rescaled")

@@ -604,17 +604,17 @@ def rescale_command(
 
     Same function and path-norms, different raw parameters.
     """
-    from pathlift.models import load_model, save_like
-    from pathlift.symmetry import compare_models, random_rescale
+    from pathlift.models import load_model
+    from pathlift.symmetry import compare_random_rescale
 
     with working(console, f"rescaling {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
-        rescaled = random_rescale(net, factors, seed, shape)
-        comparison = compare_models(net, rescaled, shape, samples)
+        result = compare_random_rescale(net, shape, factors, seed, samples=samples, out=out,
+                                        spec=model)
     console.print(_comparison_table(f"random rescaling of {model}, factors {factors}",
-                                    comparison))
-    if out:
-        console.print(f"wrote {save_like(rescaled, model, out, shape)}")
+                                    result.comparison))
+    if result.path is not None:
+        console.print(f"wrote {result.path}")
 
 
 @app.command("normalize")
