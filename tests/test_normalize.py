@@ -136,3 +136,33 @@ def test_random_networks_of_every_layer(seed, q):
         assert a[qq].log10 == b[qq].log10 or abs(a[qq].log10 - b[qq].log10) < 1e-9
     for layer, norms in hidden_norms(out, shape, q).items():
         assert ((norms == 0) | ((norms - 1).abs() < 1e-9)).all(), layer
+
+
+def test_compare_normalized_is_the_command_in_one_call(tmp_path):
+    """normalize_report, compare_models and save_like by hand give the same copy, numbers
+    and file as compare_normalized; without spec the checkpoint names the model's class."""
+    from safetensors.torch import load_file
+
+    from pathlift.models import load_model, mlp, save_like, small_cnn
+    from pathlift.symmetry import compare_models, compare_normalized
+
+    net, shape = mlp(), (1, 8, 8)
+    result = compare_normalized(net, shape, 2.0, samples=6, out=tmp_path / "a.safetensors",
+                                spec="mlp")
+    report = normalize_report(net, shape, 2.0)
+    assert (result.normalized.q, result.normalized.dead_neurons,
+            result.normalized.tied_groups) == (2.0, report.dead_neurons, report.tied_groups)
+    assert all(torch.equal(a, b) for a, b in zip(result.model.state_dict().values(),
+                                                 report.model.state_dict().values(),
+                                                 strict=True))
+    assert result.comparison == compare_models(net, report.model, shape, 6)
+    by_hand = save_like(report.model, "mlp", tmp_path / "b.safetensors", shape)
+    a, b = load_file(result.path), load_file(by_hand)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    plain = compare_normalized(small_cnn(), shape, out=tmp_path / "c.safetensors")
+    loaded, loaded_shape = load_model(str(plain.path))
+    assert tuple(loaded_shape) == shape
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 plain.model.state_dict().values(),
+                                                 strict=True))
+    assert "\n" not in repr(result) and "normalized q=2" in repr(result)

@@ -635,19 +635,19 @@ def normalize_command(
     Each hidden neuron's ||(theta^{->v}, b_v)||_q becomes 0 or 1; residual-tied channels
     share one factor.
     """
-    from pathlift.models import load_model, save_like
-    from pathlift.symmetry import compare_models, normalize_report
+    from pathlift.models import load_model
+    from pathlift.symmetry import compare_normalized
 
     with working(console, f"normalising {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
-        result = normalize_report(net, shape, q)
-        comparison = compare_models(net, result.model, shape, samples)
-    table = _comparison_table(f"{model} normalised (q={q:g})", comparison)
-    table.caption = (f"{result.dead_neurons} input-dead neuron groups, {result.tied_groups} "
+        result = compare_normalized(net, shape, q, samples=samples, out=out, spec=model)
+    counts = result.normalized
+    table = _comparison_table(f"{model} normalised (q={q:g})", result.comparison)
+    table.caption = (f"{counts.dead_neurons} input-dead neuron groups, {counts.tied_groups} "
                      "residual-tied groups (Def. 3.2.1 exact for untied neurons)")
     console.print(table)
-    if out:
-        console.print(f"wrote {save_like(result.model, model, out, shape)}")
+    if result.path is not None:
+        console.print(f"wrote {result.path}")
 
 
 @app.command()

@@ -12,6 +12,7 @@ from pathlift.symmetry.compare import (
     Comparison,
     Transformed,
     compare_models,
+    compare_normalized,
     compare_random_rescale,
 )
 from pathlift.symmetry.conserved import ConservedQuantities, conserved_quantities
@@ -36,7 +37,7 @@ from pathlift.symmetry.rescale import random_rescale, rescale
 __all__ = [
     "Canonical", "Comparison", "ConservedQuantities", "Equivalence", "Identifiability",
     "Normalized", "Symmetries", "SymmetryDimension", "Transformed", "adversarial_rescale",
-    "analyse", "canonicalize", "compare_models", "compare_random_rescale",
+    "analyse", "canonicalize", "compare_models", "compare_normalized", "compare_random_rescale",
     "conserved_quantities", "equivalent", "identify",
     "magnitude_prune", "normalize", "normalize_report", "permutable_units", "permute",
     "random_rescale", "rescale", "symmetries", "symmetry_dimension",

@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pathlift.graph.normalize import Normalized
+from pathlift.graph.normalize import Normalized, normalize_report
 from pathlift.lift import path_norm
 from pathlift.symmetry.rescale import random_rescale
 
-__all__ = ["Comparison", "Transformed", "compare_models", "compare_random_rescale"]
+__all__ = ["Comparison", "Transformed", "compare_models", "compare_normalized",
+           "compare_random_rescale"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def compare_models(model: nn.Module, other: nn.Module, input_shape: Sequence[int
 
 @dataclass(frozen=True, repr=False)
 class Transformed:
-    """What ``compare_random_rescale`` did: the transformed copy,
+    """What ``compare_random_rescale`` or ``compare_normalized`` did: the transformed copy,
     its comparison with the model, the checkpoint written (None without ``out``) and, for a
     normalisation, ``normalize_report``'s counts (None for a rescaling)."""
 
@@ -89,3 +90,11 @@ def compare_random_rescale(model: nn.Module, input_shape: Sequence[int],
     return _finish(model, random_rescale(model, factors, seed, input_shape), input_shape,
                    samples, out, spec)
 
+
+def compare_normalized(model: nn.Module, input_shape: Sequence[int], q: float = 1.0, *,
+                       samples: int = 16, out: str | Path | None = None,
+                       spec: str | None = None) -> Transformed:
+    """``normalize_report`` (thesis Alg. 3.2.1), compared with the model and written as
+    ``compare_random_rescale`` does; ``normalized`` holds the dead and tied group counts."""
+    result = normalize_report(model, input_shape, q)
+    return _finish(model, result.model, input_shape, samples, out, spec, result)
