@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 
 import pytest
@@ -52,3 +53,37 @@ def test_frontier_table_and_files(tmp_path):
         pytest.approx([p.bound_log10 for p in result.points])
     best = result.best()
     assert best is None or math.isfinite(best.bound_log10)
+
+
+def test_frontier_experiment_is_the_command_in_one_call(tmp_path):
+    """run_frontier and write_frontier by hand give the same points, the same CSV files and
+    frontier.md, whose text the result carries; the folder callable is called once."""
+    from pathlift.train import frontier_experiment
+
+    config = FrontierConfig(datasets=("digits",), models=("mlp",),
+                            sweep={"none": (0.0,), "imp-rewind": (0.5,)}, epochs=3,
+                            mnist1d_sizes=(), batch_size=256)
+    seen, folders = [], []
+
+    def folder():
+        folders.append(tmp_path / "one")
+        return folders[-1]
+
+    done = frontier_experiment(config, folder, on_progress=lambda *a: seen.append(a))
+    assert folders == [tmp_path / "one"] and done.folder == folders[0]
+    assert [(i, n) for _, i, n in seen] == [(1, 2), (2, 2)]
+    by_hand = run_frontier(config)
+    untimed = [dataclasses.replace(p, seconds=0.0) for p in by_hand.points]
+    assert [dataclasses.replace(p, seconds=0.0) for p in done.result.points] == untimed
+    paths = write_frontier(by_hand, tmp_path / "two")
+    assert [p.name for p in done.paths] == [p.name for p in paths]
+
+    def rows(path):  # every column but the wall-clock seconds
+        with path.open() as f:
+            return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
+
+    assert rows(done.paths[0]) == rows(paths[0])
+    assert done.paths[1].read_text() == paths[1].read_text()  # frontier_table.csv
+    assert done.paths[3].read_text() == paths[3].read_text()  # frontier.md
+    assert done.markdown == (done.folder / "frontier.md").read_text()
+    assert "\n" not in repr(done) and repr(done).startswith("FrontierRun(2 points")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 try:
@@ -771,21 +770,19 @@ def frontier(
     Trains MLPs and CNNs on digits and MNIST-1D under each method and strength, bounds each
     with Thm 4.1.2 + Thm 4.4.1, and writes frontier.csv, frontier_table.csv, frontier.png
     and frontier.md. Runs under `torchrun --nproc_per_node N` to use N processes."""
-    from pathlift.distributed import launched
-    from pathlift.train import FrontierConfig, run_frontier, with_sweep, write_frontier
+    from pathlift.train import FrontierConfig, frontier_experiment, with_sweep
 
     config = FrontierConfig(datasets=tuple(dataset), models=tuple(model), epochs=epochs,
                             mnist1d_sizes=tuple(sizes))
     if method:
         config = with_sweep(config, method)
-    with launched() as world:
-        result = run_frontier(config, on_progress=lambda text, i, n: console.print(
-            f"[{i}/{n}] {text}") if world.main else None)
-        if world.main:
-            folder = default_out("frontier") if out is None else Path(out)
-            for path in write_frontier(result, folder):
-                console.print(f"wrote {path}")
-            console.print(Path(folder, "frontier.md").read_text())
+    done = frontier_experiment(
+        config, (lambda: default_out("frontier")) if out is None else out,
+        on_progress=lambda text, i, n: console.print(f"[{i}/{n}] {text}"))
+    for path in done.paths:
+        console.print(f"wrote {path}")
+    if done.markdown is not None:
+        console.print(done.markdown)
 
 
 @app.command("identify")

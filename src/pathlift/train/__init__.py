@@ -4,7 +4,14 @@ top-1 bound of a trained network, and the accuracy/bound frontier experiment."""
 
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.train.budget import PathNormBudget
-from pathlift.train.frontier import FrontierConfig, run_frontier, with_sweep, write_frontier
+from pathlift.train.frontier import (
+    FrontierConfig,
+    FrontierRun,
+    frontier_experiment,
+    run_frontier,
+    with_sweep,
+    write_frontier,
+)
 from pathlift.train.path_sgd import PathSGD
 from pathlift.train.penalties import PENALTIES, AverageCasePenalty, PathNormPenalty, make_penalty
 
@@ -12,10 +19,12 @@ __all__ = [
            "PENALTIES",
            "AverageCasePenalty",
            "FrontierConfig",
+           "FrontierRun",
            "PathNormBudget",
            "PathNormPenalty",
            "PathSGD",
            "differentiable_path_norm",
+           "frontier_experiment",
            "magnitude_gradients",
            "make_penalty",
            "run_frontier",

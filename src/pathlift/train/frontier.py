@@ -36,7 +36,8 @@ from pathlift.train.budget import PathNormBudget
 from pathlift.train.path_sgd import PathSGD
 from pathlift.train.penalties import make_penalty
 
-__all__ = ["DEFAULT_SWEEP", "FrontierConfig", "FrontierPoint", "FrontierResult", "run_frontier"]
+__all__ = ["DEFAULT_SWEEP", "FrontierConfig", "FrontierPoint", "FrontierResult", "FrontierRun",
+           "frontier_experiment", "run_frontier"]
 
 # method -> strengths (penalty weight, weight decay, budget B, Path-SGD step size)
 DEFAULT_SWEEP: dict[str, tuple[float, ...]] = {
@@ -345,6 +346,41 @@ def write_frontier(result: FrontierResult, out: str | Path) -> list[Path]:
              _plot(result, out / "frontier.png"),
              write_text(out / "frontier.md", summary_markdown(result))]
     return paths
+
+
+@dataclass(frozen=True, repr=False)
+class FrontierRun:
+    """What ``frontier_experiment`` did: the result (on every rank), and on the main process
+    the folder, the files written and the markdown summary (frontier.md's text); on the
+    other ranks ``folder`` and ``markdown`` are None and ``paths`` is empty."""
+
+    result: FrontierResult
+    folder: Path | None
+    paths: tuple[Path, ...]
+    markdown: str | None
+
+    def __repr__(self) -> str:
+        best = self.result.best()
+        return (f"FrontierRun({len(self.result.points)} points, best bound "
+                + ("none" if best is None else f"10^{best.bound_log10:.2f}")
+                + f", folder={self.folder})")
+
+
+def frontier_experiment(config: FrontierConfig, out: str | Path | Callable[[], Path], *,
+                        on_progress: Callable[[str, int, int], None] | None = None
+                        ) -> FrontierRun:
+    """``run_frontier`` under ``launched()`` (all of torchrun's processes, else this one),
+    then, on the main process, ``write_frontier`` into ``out`` (a folder, or a callable
+    returning one, called once the runs are done). ``pathlift frontier`` in one call."""
+    from pathlift.distributed import launched
+
+    with launched() as world:
+        result = run_frontier(config, on_progress)
+        if not world.main:
+            return FrontierRun(result, None, (), None)
+        folder = Path(out() if callable(out) else out)
+        paths = tuple(write_frontier(result, folder))
+    return FrontierRun(result, folder, paths, summary_markdown(result))
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
