@@ -131,3 +131,32 @@ def test_c11c_blow_up_depth_is_set_by_the_embedding_product() -> None:
     assert one_var(1024, 0.74) > 10
     assert one_var(1024, 0.67) < 0.1
     assert one_var(2048, 0.67) > 10
+
+
+def test_depth_experiment_is_the_command_in_one_call(tmp_path) -> None:
+    """grid with append_csv per run, depth_trajectories and depth_table by hand give the
+    same runs, table, CSV and a plot; on_run sees each run after its CSV row is written."""
+    import csv
+
+    from pathlift.depth import depth_experiment, depth_table
+    from pathlift.plots import depth_trajectories
+
+    seen = []
+
+    def on_run(r):
+        seen.append((r.depth, r.seed, len((tmp_path / "a.csv").read_text().splitlines())))
+
+    done = depth_experiment("C10k-B12c", [8, 12], 2, 100, csv=tmp_path / "a.csv",
+                            plot=tmp_path / "a.png", on_run=on_run)
+    assert seen == [(8, 0, 2), (8, 1, 3), (12, 0, 4), (12, 1, 5)]
+    runs = grid("C10k-B12c", [8, 12], 2, 100, on_run=lambda r: append_csv(tmp_path / "b.csv",
+                                                                          [r]))
+    assert list(done.runs) == runs and list(done.table) == depth_table(runs)
+    with (tmp_path / "a.csv").open() as a, (tmp_path / "b.csv").open() as b:
+        assert list(csv.DictReader(a)) == list(csv.DictReader(b))
+    assert done.csv == tmp_path / "a.csv" and done.plot == tmp_path / "a.png"
+    by_hand = depth_trajectories([r for r in runs if r.seed == 0], tmp_path / "b.png")
+    assert done.plot.read_bytes() == by_hand.read_bytes()
+    bare = depth_experiment("C10k-B12c", [8], 1, 100)
+    assert bare.csv is None and bare.plot is None and len(bare.runs) == 1
+    assert "\n" not in repr(done) and repr(done).startswith("DepthExperiment(C10k-B12c, 4 runs")

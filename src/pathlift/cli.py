@@ -355,30 +355,23 @@ def depth(
     import torch
     from rich.progress import Progress
 
-    from pathlift.depth import append_csv, depth_table, grid
+    from pathlift.depth import depth_experiment
 
     if dtype not in ("float64", "float32"):
         raise typer.BadParameter("--dtype must be one of ['float32', 'float64']")
     all_depths = depths or [128, 256, 512]
     with Progress(console=console) as progress:
         task = progress.add_task(model, total=len(all_depths) * seeds)
-
-        def on_run(r: Any) -> None:
-            progress.update(task, advance=1, description=f"{model} L={r.depth}")
-            if csv is not None:
-                append_csv(csv, [r])
-
-        runs = grid(model, all_depths, seeds, samples, getattr(torch, dtype), on_run)
-    if plot is not None:
-        from pathlift.plots import depth_trajectories
-
-        depth_trajectories([r for r in runs if r.seed == 0], plot)
+        result = depth_experiment(
+            model, all_depths, seeds, samples, getattr(torch, dtype), csv=csv, plot=plot,
+            on_run=lambda r: progress.update(task, advance=1,
+                                             description=f"{model} L={r.depth}"))
     console.print(_table(
         f"{model}: ||L^beta W||_1-var, max over {seeds} seeds ({dtype})",
         ["L", "T_L", "eta", "norm path", "matrix path", "published", "mean rho"],
         [[r.depth, r.steps, f"{r.learning_rate:.4g}", f"{r.norm_path_max:.4g}",
           f"{r.matrix_path_max:.4g}", "-" if r.published is None else f"{r.published:.4g}",
-          f"{r.mean_rho:.3g}"] for r in depth_table(runs)]))
+          f"{r.mean_rho:.3g}"] for r in result.table]))
 
 
 @app.command()

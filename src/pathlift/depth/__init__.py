@@ -2,9 +2,11 @@
 master's thesis (Tables 4.1-4.5)."""
 
 from pathlift.depth.experiments import (
+    DepthExperiment,
     DepthRow,
     DepthRun,
     append_csv,
+    depth_experiment,
     depth_table,
     fit_rate,
     grid,
@@ -12,5 +14,5 @@ from pathlift.depth.experiments import (
 )
 from pathlift.depth.pvar import p_variation
 
-__all__ = ["DepthRow", "DepthRun", "append_csv", "depth_table", "fit_rate", "grid",
-           "p_variation", "run"]
+__all__ = ["DepthExperiment", "DepthRow", "DepthRun", "append_csv", "depth_experiment",
+           "depth_table", "fit_rate", "grid", "p_variation", "run"]

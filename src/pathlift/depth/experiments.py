@@ -30,8 +30,9 @@ from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError
 from pathlift.files import append_rows
 
-__all__ = ["CSV_FIELDS", "DepthRow", "DepthRun", "RhoFit", "append_csv", "c10k", "depth_table",
-           "digits", "fit_rate", "grid", "maxima", "run"]
+__all__ = ["CSV_FIELDS", "DepthExperiment", "DepthRow", "DepthRun", "RhoFit", "append_csv",
+           "c10k", "depth_experiment", "depth_table", "digits", "fit_rate", "grid", "maxima",
+           "run"]
 
 CSV_FIELDS = ("model", "depth", "seed", "n_samples", "dtype", "steps", "learning_rate",
               "one_var_norm", "one_var_matrix", "loss_first", "loss_last", "rho", "C")
@@ -189,3 +190,44 @@ def depth_table(runs: Sequence[DepthRun]) -> list[DepthRow]:
                              PUBLISHED_C10K.get(first.model, {}).get(depth),
                              sum(rhos) / len(rhos)))
     return rows
+
+
+@dataclass(frozen=True, repr=False)
+class DepthExperiment:
+    """What ``depth_experiment`` did: every run (depth by depth, seed by seed), the table
+    of Tables 4.3-4.5 (``depth_table``), and the CSV and plot written (None if not asked)."""
+
+    runs: tuple[DepthRun, ...]
+    table: tuple[DepthRow, ...]
+    csv: Path | None
+    plot: Path | None
+
+    def __repr__(self) -> str:
+        model = self.runs[0].model if self.runs else "-"
+        return (f"DepthExperiment({model}, {len(self.runs)} runs, depths "
+                f"{[r.depth for r in self.table]}, csv={self.csv}, plot={self.plot})")
+
+
+def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds: int = 3,
+                     n_samples: int = 10_000, dtype: torch.dtype = torch.float64, *,
+                     csv: str | Path | None = None, plot: str | Path | None = None,
+                     on_run: Callable[[DepthRun], None] | None = None) -> DepthExperiment:
+    """``pathlift depth`` in one call: ``grid`` of class ``model``, each run appended to
+    ``csv`` as it ends (``append_csv``: a kill keeps the runs done) before ``on_run`` sees
+    it, then ||L^beta W_k|| against k/L for the seed-0 runs drawn to ``plot``
+    (``pathlift.plots.depth_trajectories``) and the table computed (``depth_table``)."""
+
+    def ended(r: DepthRun) -> None:
+        if csv is not None:
+            append_csv(csv, [r])
+        if on_run is not None:
+            on_run(r)
+
+    runs = grid(model, depths, seeds, n_samples, dtype, ended)
+    drawn = None
+    if plot is not None:
+        from pathlift.plots import depth_trajectories
+
+        drawn = depth_trajectories([r for r in runs if r.seed == 0], plot)
+    return DepthExperiment(tuple(runs), tuple(depth_table(runs)),
+                           None if csv is None else Path(csv), drawn)
