@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_leaves, tree_map
 
+from pathlift.graph.boundary import output_leaves
 from pathlift.graph.ops import (
     Activation,
     AffineHandler,
@@ -70,6 +71,22 @@ def _align(values: list[Scaled]) -> tuple[list[Tensor], float]:
     top = max(v.log_scale for v in values)
     return [v.mantissa if v.log_scale == top else v.mantissa * math.exp(v.log_scale - top)
             for v in values], top
+
+
+def output_sum(out: object) -> tuple[Tensor, float]:
+    """sum_v o_v over every output neuron of a pass (nested tuples, lists, dicts of
+    ``Scaled``), as (mantissa, natural-log scale) at one scale: ||Phi||_q^q of the
+    |theta|^q pass (Thm 3.1.1). Differentiable when the mantissas are."""
+    mantissas, top = _align(output_leaves(out, Scaled))
+    total = mantissas[0].sum()
+    for m in mantissas[1:]:  # no 0 + ... node, as sum() would add
+        total = total + m.sum()
+    return total, top
+
+
+def output_logs(out: object) -> Tensor:
+    """ln o_v for every output neuron of a pass, in order (natural log, scale included)."""
+    return torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)])
 
 
 def scaled_affine(weight_part: Callable[[Tensor | None], Tensor], log_scale: float,

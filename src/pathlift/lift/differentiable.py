@@ -24,10 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
-from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, graph_of
-from pathlift.graph.abs_pow import _align
-from pathlift.graph.boundary import output_leaves, param
+from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
+from pathlift.graph.abs_pow import output_logs, output_sum
+from pathlift.graph.boundary import param
 from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call, batchnorm_affine
+from pathlift.lift.path_norm import log_r_norm
 
 __all__ = ["LivePass", "MagnitudeGradients", "differentiable_path_norm", "magnitude_gradients"]
 
@@ -114,18 +115,11 @@ _FROZEN = "differentiable.frozen"
 
 def _log_norm(out: object, q: float, r: float) -> Tensor:
     """ln ||(o_v^{1/q})_v||_r from the outputs o_v of the pass, in the autograd graph."""
-    outputs = output_leaves(out, Scaled)
     if r == q:  # (1/q) ln sum_v o_v: one sum of the aligned mantissas, one log
-        mantissas, top = _align(outputs)
-        total = mantissas[0].sum()
-        for m in mantissas[1:]:
-            total = total + m.sum()
+        total, top = output_sum(out)
         ln = total.log() + top if top else total.log()
         return ln if q == 1 else ln / q
-    per_output = torch.cat([o.log().reshape(-1) for o in outputs]) / q
-    if math.isinf(r):
-        return per_output.max()
-    return torch.logsumexp(per_output * r, dim=0) / r
+    return log_r_norm(output_logs(out) / q, r)
 
 
 def differentiable_path_norm(model: nn.Module | LayerGraph,
@@ -200,8 +194,7 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     graph = _graph(model, input_shape)
     tape = LivePass(graph, q, dtype or graph.dtype, leaves=True)
     with torch.enable_grad():
-        mantissas, top = _align(output_leaves(tape.run_all_ones(), Scaled))
-        total = sum(m.sum() for m in mantissas)
+        total, top = output_sum(tape.run_all_ones())
         flat = [t for pair in tape.leaves.values() for t in pair if t is not None]
         grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
                          strict=True))

@@ -19,12 +19,11 @@ from torch import fx, nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import Call, LayerGraph, Scaled, graph_of
-from pathlift.graph.abs_pow import ScaledWalker, channel_bias, scaled_affine
-from pathlift.graph.boundary import output_leaves
+from pathlift.graph.abs_pow import ScaledWalker, channel_bias, output_logs, scaled_affine
 from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
 from pathlift.graph.structure import lfcn_layers
 from pathlift.lift.path_metric import PathMetric, path_metric
-from pathlift.lift.path_norm import PathNorm, path_norm
+from pathlift.lift.path_norm import PathNorm, log_r_norm, path_norm
 from pathlift.logspace import LN10, format_log10, power10
 
 
@@ -130,9 +129,7 @@ def layer_norm_product(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     graph.check_values()
     with torch.no_grad():
         out = _ProductPass(graph, q).run()
-    per_output = torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)]) / q
-    total = float(per_output.max()) if math.isinf(r) else \
-        float(torch.logsumexp(per_output * r, 0)) / r
+    total = float(log_r_norm(output_logs(out) / q, r))
     return LayerNormProduct(q, r, total / LN10)
 
 

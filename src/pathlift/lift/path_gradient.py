@@ -22,8 +22,8 @@ from torch import Tensor
 
 from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
-from pathlift.graph.abs_pow import _align
-from pathlift.graph.boundary import output_leaves, param
+from pathlift.graph.abs_pow import output_sum
+from pathlift.graph.boundary import param
 from pathlift.graph.ops import Activation, AffineHandler, Call, Kind, abs_power
 
 
@@ -93,13 +93,6 @@ def _magnitude(c: float | Tensor) -> float | Tensor:
     return c.abs() if isinstance(c, Tensor) else abs(c)
 
 
-def _l1_mantissa(out: object) -> tuple[Tensor, float]:
-    """||Phi||_1 = sum of all outputs (nested tuples, lists, dicts), as (mantissa,
-    natural-log scale) over one scale."""
-    mantissas, top = _align(output_leaves(out, Scaled))
-    return sum(m.sum() for m in mantissas), top
-
-
 def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[str] = (),
                     dtype: torch.dtype = torch.float64) -> PathMagnitudes:
     """|theta_i| d||Phi||_1/d|theta_i| / e^s for the weights of ``layers`` and the biases of
@@ -122,7 +115,7 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
             "layer of the DAG") for name in sorted(shared)])
     tape = _Tape(graph, layers, biases, dtype)
     with torch.enable_grad():
-        mantissa, log_scale = _l1_mantissa(tape.run_all_ones())
+        mantissa, log_scale = output_sum(tape.run_all_ones())
         # a layer whose weight gradient is g v^T gets g (its output's gradient) and is
         # never formed; the others get their weight gradient: one backward for all
         rank_one = {name: handler.rank_one_input(x) if handler.kind is Kind.AFFINE else None

@@ -12,8 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, PrecisionError
-from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled, graph_of
-from pathlift.graph.boundary import copy_model, output_leaves
+from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
+from pathlift.graph.abs_pow import output_logs
+from pathlift.graph.boundary import copy_model
 from pathlift.graph.normalize import normalize
 from pathlift.logspace import LN10, format_log10, power10
 
@@ -90,7 +91,7 @@ def log_outputs(graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64)
         graph = graph_of(normalised)
     with torch.no_grad():
         out = AbsPowInterpreter(graph, q, dtype, unit_weights=large).run_all_ones()
-    log_o = torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)])
+    log_o = output_logs(out)
     if not bool((log_o < math.inf).all()):  # NaN or +inf (a zero norm gives -inf)
         graph.check_values()
     if large and bool((log_o == -math.inf).any()):
@@ -103,7 +104,7 @@ def _refuse_underflow(graph: LayerGraph, q: float, dtype: torch.dtype, log_o: Te
     came out zero at exponent q."""
     with torch.no_grad():
         out = AbsPowInterpreter(graph, 1.0, torch.float64).run_all_ones()
-    log_1 = torch.cat([o.log().reshape(-1) for o in output_leaves(out, Scaled)])
+    log_1 = output_logs(out)
     lost = (log_o == -math.inf) & (log_1 > -math.inf)
     if bool(lost.any()):
         remedy = "a smaller q" if dtype == torch.float64 else "dtype=torch.float64 or a smaller q"
@@ -112,14 +113,16 @@ def _refuse_underflow(graph: LayerGraph, q: float, dtype: torch.dtype, log_o: Te
             f"neuron(s) even after normalising the parameters (Alg. 3.2.1); use {remedy}")
 
 
+def log_r_norm(per_output: Tensor, r: float) -> Tensor:
+    """ln ||(e^{x_v})_v||_r from the per-output ln norms x_v, r in (0, inf], as a 0-dim
+    tensor (in the autograd graph of ``per_output``)."""
+    return per_output.max() if math.isinf(r) else torch.logsumexp(per_output * r, dim=0) / r
+
+
 def mixed_norm_log(log_o: Tensor, q: float, r: float) -> tuple[float, Tensor]:
     """ln of the (q, r) norm, and per-output ln norms, from ln o_v = ln ||Phi^{->v}||_q^q."""
     per_output = log_o / q
-    if math.isinf(r):
-        total = float(per_output.max())
-    else:
-        total = float(torch.logsumexp(per_output * r, dim=0)) / r
-    return total, per_output
+    return float(log_r_norm(per_output, r)), per_output
 
 
 def path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
