@@ -213,3 +213,19 @@ def test_tied_weights_path_norms_quantisation_and_metric_are_exact():
     worst = float((_outputs(model, TX) - _outputs(quantized, TX)).abs().sum(1).max())
     assert worst <= float(d.bound(TX).max()) * (1 + 1e-9)
     assert not math.isnan(lift.layer_norm_product(model, TIED_SHAPE).log10)
+
+
+@pytest.mark.parametrize("wrap", ["weight_norm", "spectral_norm", "orthogonal"])
+def test_a_parametrized_model_traces_and_gives_its_plain_weights_result(wrap):
+    """torch.nn.utils.parametrize refuses pickling, which copy.copy went through."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3)).double().eval()
+    getattr(nn.utils.parametrizations, wrap)(model[0])
+    plain = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+    with torch.no_grad():
+        plain[0].weight.copy_(model[0].weight)
+        plain[0].bias.copy_(model[0].bias)
+        plain[2].load_state_dict(model[2].state_dict())
+    got, want = lift.path_norm(model, (6,), q=2), lift.path_norm(plain, (6,), q=2)
+    assert got.log10 == pytest.approx(want.log10, rel=1e-12)
+    assert trace(model, (6,)).d_out == 3

@@ -18,6 +18,7 @@ autograd state, so every function may run between a forward and ``loss.backward(
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -145,20 +146,31 @@ def meta_clone(model: nn.Module) -> nn.Module:
     """The structure of ``model`` with every parameter, buffer and cached tensor on the meta
     device: it runs forward for shapes only, without memory or arithmetic. Modules are
     copied shallowly (their plain attributes are shared, tensors and submodules are not),
-    which is several times cheaper than a deep copy."""
+    which is several times cheaper than a deep copy.
+
+    A module is copied as ``object.__new__`` of its class and its instance dict: no
+    ``__new__``, ``__init__`` or ``__reduce_ex__`` runs, so a module of FSDP2
+    (``fully_shard``, whose ``__new__`` re-runs the layer's ``__init__`` and draws from the
+    global RNG) or of torch.nn.utils.parametrize (which refuses pickling) copies like any
+    other. An FSDP2 module becomes a module of its original class, without FSDP's hooks,
+    and its DTensor parameters meta tensors of their global shape: the copy is the plain
+    model's skeleton and running it never reaches FSDP's state or collectives.
+    """
     tensors: dict[int, Tensor] = {}
     modules: dict[int, nn.Module] = {}
 
     def meta(t: Tensor) -> Tensor:
         if id(t) not in tensors:
-            empty = torch.empty_like(t, device="meta")
+            empty = torch.empty(t.shape, dtype=t.dtype, device="meta") if _is_dtensor(t) \
+                else torch.empty_like(t, device="meta")
             tensors[id(t)] = nn.Parameter(empty, t.requires_grad) \
                 if isinstance(t, nn.Parameter) else empty
         return tensors[id(t)]
 
     def clone(m: nn.Module) -> nn.Module:
         if id(m) not in modules:
-            new = modules[id(m)] = copy.copy(m)
+            new = modules[id(m)] = object.__new__(_plain_class(type(m)))
+            new.__dict__.update(vars(m))
             for key, value in vars(m).items():
                 if isinstance(value, Tensor):
                     new.__dict__[key] = meta(value)
@@ -166,9 +178,50 @@ def meta_clone(model: nn.Module) -> nn.Module:
                                for k, v in m._parameters.items()}
             new._buffers = {k: None if v is None else meta(v) for k, v in m._buffers.items()}
             new._modules = {k: None if c is None else clone(c) for k, c in m._modules.items()}
+            if new.__class__ is not type(m):
+                _drop_fsdp_hooks(new)
         return modules[id(m)]
 
     return clone(model)
+
+
+def _loaded(module: str, name: str) -> type | None:
+    """A class of a torch module if that module is imported, else None: a model can hold
+    an FSDP2 module or a DTensor only once torch.distributed.fsdp / .tensor is imported,
+    so pathlift never pays their import (half a second) itself."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _is_dtensor(t: Tensor) -> bool:
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    return dtensor is not None and isinstance(t, dtensor)
+
+
+def _plain_class(cls: type) -> type:
+    """The user's class of a module: ``fully_shard`` swaps ``Linear`` for a generated
+    ``FSDPLinear(FSDPModule, Linear)``, whose MRO holds the original at
+    ``_orig_cls_mro_index``."""
+    fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
+    if fsdp is None or not issubclass(cls, fsdp):
+        return cls
+    return cls.__mro__[cls._orig_cls_mro_index]
+
+
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
+                "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                "_backward_pre_hooks", "_backward_hooks")
+
+
+def _drop_fsdp_hooks(m: nn.Module) -> None:
+    """Give the copy ``m`` of an FSDP2 module its own hook tables without FSDP's hooks
+    (they all-gather, reshard and keep FSDP's per-iteration state: bound to the model's
+    FSDP state, they would run it from the copy)."""
+    fsdp = {key for key, hook in m._forward_pre_hooks.items() | m._forward_hooks.items()
+            if getattr(hook, "__module__", "").startswith("torch.distributed.fsdp")}
+    for table in _HOOK_TABLES:
+        hooks = getattr(m, table, None)
+        if hooks is not None:
+            m.__dict__[table] = type(hooks)((k, v) for k, v in hooks.items() if k not in fsdp)
 
 
 def dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:

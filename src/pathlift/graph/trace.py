@@ -716,10 +716,9 @@ def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exce
                       "dimension.")
 
 
-def _validate(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...],
+def _validate(graph: fx.Graph, clone: nn.Module, shape: tuple[int, ...],
               dtype: torch.dtype) -> None:
-    """Steps 3 and 4 of the module docstring, on a meta copy of ``model``."""
-    clone = meta_clone(model)
+    """Steps 3 and 4 of the module docstring, on ``clone``, the model's meta copy."""
     example = torch.empty((_BATCH, *shape), dtype=dtype, device="meta")
     with torch.no_grad():
         traced_flow = _Dataflow()
@@ -735,7 +734,7 @@ def _validate(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...],
                 eager_out = [eager_flow.describe(t) for t in tree_leaves(eager)]
         except Exception as err:
             raise UnsupportedModelError([Problem(
-                "<forward>", type(model).__name__,
+                "<forward>", type(clone).__name__,
                 f"model.forward fails on shape-only (meta) tensors ({str(err)[:160]}); a "
                 "forward hook that reads values? remove it while measuring")]) from None
     if traced_flow.ops != eager_flow.ops or traced_out != eager_out:
@@ -748,10 +747,14 @@ def _validate(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...],
 
 
 def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
+    """Trace and validate the meta copy of ``model`` (same structure and names; torch.fx
+    runs the hooks of the modules it traces through, and those of FSDP would gather
+    parameters), then bind the graph to the model's own modules."""
     dtype, device = dtype_device(model)
-    graph = _symbolic_trace(model)
-    problems = _classify(graph, model)
-    problems += [] if problems else _in_place_problems(graph, model)
+    clone = meta_clone(model)
+    graph = _symbolic_trace(clone)
+    problems = _classify(graph, clone)
+    problems += [] if problems else _in_place_problems(graph, clone)
     if problems:
         raise UnsupportedModelError(problems)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -759,8 +762,8 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
         raise UnsupportedModelError([Problem(
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
-    _validate(graph, model, shape, dtype)
-    _warn_leading_dimension(graph, model, shape)
+    _validate(graph, clone, shape, dtype)
+    _warn_leading_dimension(graph, clone, shape)
     return LayerGraph(_holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
                       key)
 

@@ -1,0 +1,124 @@
+"""Ranks of a gloo group on the CPU for tests/test_fsdp.py: ``spawn(scenario, world, tmp)``
+starts ``world`` processes (``torch.multiprocessing``, spawn), each joins the group through
+``pathlift.distributed.launched``, runs ``SCENARIOS[scenario](rank, world, **options)`` and
+saves what it returns; the caller gets every rank's result, in rank order, or a failure
+with the rank's traceback. Each process ends through ``exit_process`` (gloo's worker
+threads can abort a normal interpreter exit)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from pathlift.distributed import exit_process, launched
+from pathlift.models import small_cnn
+
+SHAPE = (1, 8, 8)
+SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {}
+
+
+def scenario(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _main(rank: int, world: int, port: int, out: str, name: str, options: dict) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        with launched("gloo", timeout=timedelta(seconds=options.pop("timeout", 60))):
+            result = SCENARIOS[name](rank, world, **options)
+        torch.save(result, Path(out, f"rank{rank}.pt"))
+    except BaseException:
+        Path(out, f"rank{rank}.err").write_text(traceback.format_exc())
+        exit_process(1)
+    exit_process(0)
+
+
+def spawn(name: str, world: int, tmp: Path, limit: float = 180, **options: Any
+          ) -> list[dict[str, Any]]:
+    """Every rank's result of scenario ``name`` on ``world`` processes; fails with the
+    first rank's traceback, or when they have not finished within ``limit`` seconds."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    context = mp.start_processes(_main, (world, _free_port(), str(tmp), name, options),
+                                 nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + limit
+    try:
+        for p in context.processes:
+            p.join(max(1.0, deadline - time.monotonic()))
+    finally:
+        alive = [p for p in context.processes if p.is_alive()]
+        for p in alive:
+            p.kill()
+    errors = sorted(tmp.glob("rank*.err"))
+    assert not errors, errors[0].read_text()
+    assert not alive, f"{len(alive)} of {world} ranks still ran after {limit} s"
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+# --------------------------------------------------------------------------- models
+
+
+def shard(model: nn.Module, per_layer: bool) -> nn.Module:
+    """``fully_shard`` every layer with parameters, then the root (per-layer), or the root
+    alone (whole model), on the default group's mesh."""
+    from torch.distributed.fsdp import fully_shard
+
+    if per_layer:
+        for m in list(model.modules())[1:]:
+            if any(True for _ in m.parameters(recurse=False)):
+                fully_shard(m)
+    return fully_shard(model)
+
+
+def train_step(model: nn.Module, x: torch.Tensor) -> float:
+    """One SGD step on sum(model(x)^2): the model still trains."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    opt.zero_grad()
+    loss = model(x).pow(2).sum()
+    loss.backward()
+    opt.step()
+    return float(loss)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@scenario
+def trace_keeps_rng(rank: int, world: int) -> dict[str, Any]:
+    """Tracing an FSDP2 model (per layer and whole) leaves the global RNG, the model's
+    parameters and its next training step alone."""
+    from pathlift.graph import graph_of
+
+    found: dict[str, Any] = {}
+    for per_layer in (True, False):
+        torch.manual_seed(0)
+        model = shard(small_cnn(), per_layer)
+        kinds = {type(p).__name__ for p in model.parameters()}
+        state = torch.get_rng_state()
+        graph = graph_of(model, SHAPE)
+        key = "layer" if per_layer else "whole"
+        found[key] = {
+            "rng": bool(torch.equal(state, torch.get_rng_state())),
+            "d_out": graph.d_out,
+            "kinds": sorted(kinds) == sorted({type(p).__name__ for p in model.parameters()}),
+            "loss": train_step(model, torch.ones(2, *SHAPE)),
+        }
+    return found
