@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from pathlift.distributed import exit_process, launched
-from pathlift.models import small_cnn
+from pathlift.models import mlp, resnet18, small_cnn
 
 SHAPE = (1, 8, 8)
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {}
@@ -76,6 +76,65 @@ def spawn(name: str, world: int, tmp: Path, limit: float = 180, **options: Any
 # --------------------------------------------------------------------------- models
 
 
+class UNetBlock(nn.Module):
+    """One level of a U-Net (Ronneberger et al. 2015): double conv, max-pool, double conv,
+    a transposed convolution back up, concatenation with the skip, a 1x1 head with two
+    classes (an empty shard on three ranks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(6, 6, 3, padding=1), nn.ReLU())
+        self.pool = nn.MaxPool2d(2)
+        self.bottom = nn.Sequential(nn.Conv2d(6, 10, 3, padding=1), nn.ReLU())
+        self.up = nn.ConvTranspose2d(10, 5, 2, stride=2)
+        self.fuse = nn.Sequential(nn.Conv2d(11, 6, 3, padding=1), nn.ReLU())
+        self.head = nn.Conv2d(6, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = self.down(x)
+        y = self.up(self.bottom(self.pool(skip)))
+        return self.head(self.fuse(torch.cat([skip, y], dim=1)))
+
+
+def _pruned() -> nn.Module:
+    """small_cnn pruned with torch.nn.utils.prune before sharding (masks as buffers)."""
+    from torch.nn.utils import prune
+
+    model = small_cnn()
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            prune.l1_unstructured(m, "weight", amount=0.5)
+    prune.random_unstructured(model.classifier[1], "bias", amount=0.5)
+    return model
+
+
+def _resnet18() -> nn.Module:
+    """ResNet-18 with 10 classes and BatchNorm statistics of its own (eval mode)."""
+    model = resnet18(num_classes=10)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "small_cnn": (small_cnn, SHAPE),
+    "mlp": (lambda: mlp(64, (33, 7), 2), SHAPE),  # 7 and 2 rows: uneven, empty on 3 ranks
+    "resnet18": (_resnet18, (3, 32, 32)),
+    "unet": (UNetBlock, (1, 8, 8)),
+    "pruned": (_pruned, SHAPE),
+}
+
+
+def built(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return MODELS[name][0]()
+
+
 def shard(model: nn.Module, per_layer: bool) -> nn.Module:
     """``fully_shard`` every layer with parameters, then the root (per-layer), or the root
     alone (whole model), on the default group's mesh."""
@@ -95,7 +154,7 @@ def train_step(model: nn.Module, x: torch.Tensor) -> float:
     loss = model(x).pow(2).sum()
     loss.backward()
     opt.step()
-    return float(loss)
+    return loss.item()
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -121,4 +180,37 @@ def trace_keeps_rng(rank: int, world: int) -> dict[str, Any]:
             "kinds": sorted(kinds) == sorted({type(p).__name__ for p in model.parameters()}),
             "loss": train_step(model, torch.ones(2, *SHAPE)),
         }
+    return found
+
+
+def _norms(model: nn.Module, shape: tuple[int, ...]) -> dict[str, float | None]:
+    from pathlift.lift import lipschitz_input, path_norms
+
+    found = {f"q{q:g}": n.log10 for q, n in path_norms(model, shape, qs=(1, 2, 8)).items()}
+    bound = lipschitz_input(model, shape)
+    found["lipschitz"] = bound.log10
+    found["product"] = bound.layer_product.log10 if bound.layer_product else None
+    return found
+
+
+@scenario
+def path_norms(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
+    """Float64 path-norms (q = 1, 2, 8) and the input-Lipschitz bound of each model,
+    unsharded (every rank alone) and sharded, per layer and whole; the sharded model
+    trains after each call."""
+    from pathlift.graph import copy_model
+
+    found: dict[str, Any] = {}
+    for name in names:
+        shape = MODELS[name][1]
+        for per_layer in (True, False):
+            model = built(name)
+            reference = _norms(copy_model(model), shape)
+            shard(model, per_layer)
+            key = f"{name}/{'layer' if per_layer else 'whole'}"
+            found[key] = {"reference": reference, "sharded": _norms(model, shape)}
+            model.train()
+            found[key]["loss"] = train_step(model, torch.ones(2, *shape))
+            model.eval()
+            found[key]["after"] = _norms(model, shape)["q1"]  # measured again after a step
     return found

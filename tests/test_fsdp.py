@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from fsdp_worker import spawn
 
 
@@ -16,3 +18,28 @@ def test_tracing_an_fsdp2_model_leaves_the_rng_and_the_model_alone(tmp_path: Pat
             assert found[key]["rng"], key  # FSDPModule.__new__ re-ran __init__ before
             assert found[key]["d_out"] == 10 and found[key]["kinds"]
             assert found[key]["loss"] > 0
+
+
+def _close(a: float, b: float, rel: float = 1e-12) -> bool:
+    return a == b or abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+@pytest.mark.parametrize("world, names", [
+    (2, ("small_cnn", "mlp", "unet", "pruned")),
+    pytest.param(3, ("small_cnn", "mlp", "unet", "pruned", "resnet18"), marks=pytest.mark.slow),
+    pytest.param(2, ("resnet18",), marks=pytest.mark.slow),
+])
+def test_path_norms_and_lipschitz_of_sharded_models_equal_the_plain_ones(
+        tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
+    """q = 1, 2, 8 (above LARGE_Q: each layer divided by its all-reduced unit) and the
+    input-Lipschitz bound with Pi_{1,1} where it exists, FSDP2 per layer and whole; on 3
+    ranks the MLP's 7- and 2-row layers and the U-Net's 2-channel head split unevenly
+    (3, 3, 1 and 1, 1, 0 rows)."""
+    ranks = spawn("path_norms", world, tmp_path, limit=600, names=names)
+    for key, found in ranks[0].items():
+        for what, value in found["reference"].items():
+            got = found["sharded"][what]
+            assert got == value if value is None else _close(got, value), (key, what, got, value)
+        assert found["loss"] > 0
+    for other in ranks[1:]:
+        assert other == ranks[0]  # every rank the same numbers, bit for bit

@@ -230,7 +230,7 @@ class AbsPowInterpreter(ScaledWalker):
                 ) -> Scaled:
         """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q (|W/u|^q x e^s + |b/u|^q)
         with u the layer's largest parameter when ``unit_weights`` is set."""
-        unit = handler.largest(call.module) if self.unit_weights else 1.0
+        unit = self.largest(handler, call) if self.unit_weights else 1.0
         gain = self.q * math.log(unit)
         return scaled_affine(lambda bias: self.weight_part(handler, x, call, bias, unit),
                              log_scale + gain, self.bias_magnitude(handler, call, unit),
@@ -241,6 +241,10 @@ class AbsPowInterpreter(ScaledWalker):
         """|W/unit|^q x (+ bias) of one affine layer (a hook: subclasses substitute or
         record |W|^q)."""
         return handler.weight_part(x, self.q, call, bias, self.workspace, unit)
+
+    def largest(self, handler: AffineHandler, call: Call) -> float:
+        """The layer's largest |w| or |b|, its unit (a hook: sharded layers all-reduce it)."""
+        return handler.largest(call.module)
 
     def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
                        ) -> Tensor | None:

@@ -34,9 +34,12 @@ from pathlift.errors import InvalidParameterError, UnsupportedModelError
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module under data-parallel wrappers and ``torch.compile``.
 
-    DistributedDataParallel, DataParallel and FullyShardedDataParallel keep it as
-    ``.module``; a compiled module (``OptimizedModule``) as ``._orig_mod``. pathlift reads
-    the parameters the wrapper trains, so results equal those of the plain module.
+    DistributedDataParallel, DataParallel and FullyShardedDataParallel (FSDP1) keep it as
+    ``.module``; a compiled module (``OptimizedModule``) as ``._orig_mod``. DDP, DataParallel
+    and compiled modules hold the plain module's parameters, so results are the plain
+    module's. FSDP1 holds flat shards: ``readable`` says when they can be read. FSDP2
+    (``fully_shard``) wraps nothing: its model is the module itself, see
+    ``sharded_parameters``.
     """
     if not isinstance(model, nn.Module):
         raise InvalidParameterError(f"expected an nn.Module, got a {type(model).__name__}")
@@ -224,6 +227,156 @@ def _drop_fsdp_hooks(m: nn.Module) -> None:
             m.__dict__[table] = type(hooks)((k, v) for k, v in hooks.items() if k not in fsdp)
 
 
+def module_view(module: nn.Module, tensors: dict[str, Tensor]) -> nn.Module:
+    """A shallow copy of one module whose parameters or buffers named in ``tensors`` are
+    those tensors (anything else is shared with ``module``), of the module's own class
+    without FSDP's hooks: what a pass reads in place of a layer (its local shard). The
+    tensors may be views or carry autograd history; the module is not touched."""
+    view = object.__new__(_plain_class(type(module)))
+    view.__dict__.update(vars(module))
+    view._parameters = {k: tensors.get(k, v) for k, v in module._parameters.items()}
+    view._buffers = {k: tensors.get(k, v) for k, v in module._buffers.items()}
+    if view.__class__ is not type(module):
+        _drop_fsdp_hooks(view)
+    return view
+
+
+# --------------------------------------------------------------------------- sharded models
+
+
+def sharded_parameters(model: nn.Module) -> dict[tuple[int, str], Tensor]:
+    """Every parameter of ``model`` held as a DTensor, by (id of its module, name).
+
+    FSDP2 (``fully_shard``) keeps each parameter's shard in its state as a DTensor, also
+    while a forward has left the gathered parameter on the module (the root, between its
+    forward and backward): the shard is given then. A DTensor parameter set without FSDP is
+    given as it is. Empty for a model without DTensors (and free when torch.distributed's
+    tensor package is not even imported).
+    """
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    if dtensor is None:
+        return {}
+    found = {(id(m), k): p for m in model.modules() for k, p in m._parameters.items()
+             if isinstance(p, dtensor)}
+    fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
+    for m in model.modules() if fsdp is not None else ():
+        if not isinstance(m, fsdp):
+            continue
+        try:
+            groups = m._get_fsdp_state()._fsdp_param_groups
+            for param in (p for g in groups for p in g.fsdp_params):
+                info = param._module_info
+                for owner, name in ((info.module, info.param_name),
+                                    *zip(info.shared_modules, info.shared_param_names,
+                                         strict=True)):
+                    found[id(owner), name] = param.sharded_param
+        except AttributeError as err:  # pragma: no cover - another torch's FSDP2
+            raise UnsupportedModelError(
+                f"cannot find the shards of FSDP2 module {type(m).__name__} ({err}); "
+                f"pathlift reads FSDP2 as torch 2.13 keeps it, this is torch "
+                f"{torch.__version__}") from None
+    return found
+
+
+def local(t: Tensor) -> Tensor:
+    """This rank's part of ``t``: a DTensor's local tensor, else ``t``."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` holds parameters sharded across ranks (FSDP2, DTensor): every
+    rank must then take part in every pass."""
+    return bool(sharded_parameters(model))
+
+
+def readable(model: nn.Module) -> nn.Module:
+    """The module whose tensors pathlift reads for ``model``: ``unwrap(model)``, after
+    checking that every parameter, buffer and cached tensor can be read as numbers.
+
+    FSDP1 (``FullyShardedDataParallel``, as root or per layer) is read only inside
+    ``FSDP.summon_full_params(model)`` on a rank that holds the gathered parameters (every
+    rank, or rank 0 with ``rank0_only=True``), through a view of the model without its
+    FSDP1 wrappers (traced on every call: FSDP1 makes new parameters each time). Outside
+    it, its parameters are flat shards or tensors whose memory is freed, so it is refused
+    before anything runs: no forward, no collective, the model untouched.
+
+    Raises:
+        UnsupportedModelError: FSDP1 outside ``summon_full_params`` (or on a rank that does
+            not hold the gathered parameters); a tensor without storage, on the meta
+            device, or a DTensor split in another way than FSDP2's dim-0 shards; one line
+            naming the tensor and saying what to do.
+    """
+    fsdp1 = _loaded("torch.distributed.fsdp", "FullyShardedDataParallel")
+    if fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules()):
+        model = _fsdp1_view(model, fsdp1)
+    model = unwrap(model)
+    for prefix, m in model.named_modules():
+        for key, t in (*m._parameters.items(), *m._buffers.items(), *vars(m).items()):
+            if isinstance(t, Tensor):
+                reason = _unreadable(t)
+                if reason is not None:
+                    where = f"{prefix}.{key}" if prefix else key
+                    raise UnsupportedModelError(f"'{where}' ({type(m).__name__}) {reason}")
+    return model
+
+
+def _unreadable(t: Tensor) -> str | None:
+    """Why a tensor of a model cannot be read as numbers, or None."""
+    if _is_dtensor(t):
+        mesh, placements = t.device_mesh, t.placements
+        if mesh.ndim == 1 and all(p.is_shard(0) or p.is_replicate() for p in placements):
+            return None
+        return (f"is a DTensor placed as {placements} on a {mesh.ndim}-D mesh; pathlift "
+                "reads DTensors split on dim 0 over one mesh dimension (FSDP2's fully_shard "
+                "on a 1-D mesh) or replicated; gather it (full_tensor()) on a copy first")
+    if t.device.type == "meta":
+        return ("is on the meta device (shapes without values); materialise the model "
+                "first, e.g. model.to_empty(device='cpu') then load_state_dict(...)")
+    if t.numel() and t.layout == torch.strided and t.untyped_storage().nbytes() < (
+            t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(),
+                                                                 strict=True)) + 1
+    ) * t.element_size():
+        return ("has no memory behind it (freed storage, as FSDP1 leaves its parameters "
+                "outside forward, or a ZeRO-style partition); measure the model where its "
+                "parameters are gathered, or a copy loaded from a state_dict")
+    return None
+
+
+def _fsdp1_view(model: nn.Module, fsdp1: type) -> nn.Module:
+    """``model`` with every FSDP1 wrapper replaced by the module it wraps (shallow copies
+    along the way; the layers are the model's own), when this rank holds the gathered
+    parameters inside ``summon_full_params``; else UnsupportedModelError, one line."""
+    how = ("measure inside `with FullyShardedDataParallel.summon_full_params(model, "
+           "rank0_only=True, writeback=False):` on rank 0, or shard the model with "
+           "torch.distributed.fsdp.fully_shard (FSDP2), which pathlift measures on every "
+           "rank without gathering it")
+    for m in model.modules():
+        if not isinstance(m, fsdp1):
+            continue
+        if m.training_state.name != "SUMMON_FULL_PARAMS":
+            raise UnsupportedModelError(
+                f"{type(unwrap(model)).__name__} is wrapped in FullyShardedDataParallel "
+                f"(FSDP1), whose parameters are flat shards outside summon_full_params; {how}")
+        handle = m._handle
+        if handle is not None and handle.is_sharded(handle.flat_param):
+            raise UnsupportedModelError(
+                "inside summon_full_params(rank0_only=True) this rank does not hold the "
+                "gathered FSDP1 parameters (only rank 0 does); call pathlift on rank 0 "
+                "inside the block")
+
+    def view(m: nn.Module) -> nn.Module:
+        if isinstance(m, fsdp1):
+            return view(m._fsdp_wrapped_module)
+        if not any(isinstance(c, fsdp1) for c in m.modules()):
+            return m
+        new = object.__new__(type(m))
+        new.__dict__.update(vars(m))
+        new._modules = {k: None if c is None else view(c) for k, c in m._modules.items()}
+        return new
+
+    return view(model)
+
+
 def dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:
     """The floating dtype and device of the model's first floating parameter or buffer
     (float32 on the CPU for a model without any). Refuses a model on the meta device."""
@@ -298,11 +451,15 @@ def structure_key(model: nn.Module, as_eval: bool = False) -> tuple:
     ``named_modules(remove_duplicate=False)``) rather than through generators.
     """
     parts: list[tuple] = []
-    _structure(model, "", as_eval, parts)
+    _structure(model, "", as_eval, parts, sharded_parameters(model))
     return tuple(parts)
 
 
-def _structure(m: nn.Module, name: str, as_eval: bool, parts: list[tuple]) -> None:
+def _structure(m: nn.Module, name: str, as_eval: bool, parts: list[tuple],
+               shards: dict[tuple[int, str], Tensor]) -> None:
+    """``structure_key``'s part of ``m`` and its submodules. An FSDP2 parameter counts as
+    its shard (``shards``): FSDP2 swaps the module's parameter for the gathered one in
+    forward and back after, which changes nothing of the model's structure."""
     state = vars(m)
     parts.append((
         name, id(m), type(m), False if as_eval else m.training,
@@ -311,10 +468,11 @@ def _structure(m: nn.Module, name: str, as_eval: bool, parts: list[tuple]) -> No
         tuple((k, v) for k, v in state.items()
               if k[0] != "_" and k != "training" and _plain(v)),
         tuple((k, id(p), p.shape, p.dtype, p.device)
-              for k, p in m._parameters.items() if p is not None),
+              for k, p in ((k, shards.get((id(m), k), p)) for k, p in m._parameters.items())
+              if p is not None),
         tuple((k, b.shape, b.dtype, b.device)
               for k, b in m._buffers.items() if b is not None),
     ))
     for key, child in m._modules.items():
         if child is not None:
-            _structure(child, f"{name}.{key}" if name else key, as_eval, parts)
+            _structure(child, f"{name}.{key}" if name else key, as_eval, parts, shards)

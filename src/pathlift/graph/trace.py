@@ -23,7 +23,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -34,7 +34,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from pathlift.errors import LeadingDimensionWarning, Problem, ShapeError, UnsupportedModelError
-from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, structure_key, unwrap
+from pathlift.graph.boundary import (
+    dtype_device,
+    eval_mode,
+    is_sharded,
+    meta_clone,
+    readable,
+    structure_key,
+    unwrap,
+)
+from pathlift.graph.collectives import all_objects
 from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import (
     MODULES,
@@ -160,6 +169,12 @@ class LayerGraph:
         _remember(model, bound)
         return bound
 
+    def with_modules(self, replaced: dict[str, nn.Module]) -> LayerGraph:
+        """The same graph calling ``replaced[target]`` in place of the module at each
+        target (a pass's own view of a layer, such as its local shard); nothing else is
+        copied."""
+        return replace(self, module=_holder(self.module, self.graph, replaced))
+
     def value_problems(self) -> list[Problem]:
         """Every layer whose values make it unusable: NaN or inf parameters, a BatchNorm
         whose running_var + eps is not positive. Reads every parameter once."""
@@ -175,8 +190,12 @@ class LayerGraph:
         return problems
 
     def check_values(self) -> None:
-        """Raise UnsupportedModelError naming every layer listed by ``value_problems``."""
+        """Raise UnsupportedModelError naming every layer listed by ``value_problems``; on a
+        sharded model every rank reads its shards and raises the problems of all ranks."""
         problems = self.value_problems()
+        if is_sharded(self.model):
+            found = {str(p): p for ps in all_objects(problems) for p in ps}
+            problems = list(found.values())
         if problems:
             raise UnsupportedModelError(problems)
 
@@ -258,8 +277,11 @@ def _tensor_nodes(value: Any) -> list[fx.Node]:
     return nodes
 
 
-def _holder(root: nn.Module, graph: fx.Graph) -> nn.Module:
-    """The submodules ``graph`` calls, under their qualified names in plain containers."""
+def _holder(root: nn.Module, graph: fx.Graph, replaced: dict[str, nn.Module] | None = None
+            ) -> nn.Module:
+    """The submodules ``graph`` calls (``root``'s, or ``replaced``'s), under their
+    qualified names in plain containers."""
+    replaced = replaced or {}
     holder = nn.Module()
     for node in graph.nodes:
         if node.op != "call_module":
@@ -270,7 +292,7 @@ def _holder(root: nn.Module, graph: fx.Graph) -> nn.Module:
             if not hasattr(parent, atom):
                 parent.add_module(atom, nn.Module())
             parent = getattr(parent, atom)
-        parent.add_module(leaf, root.get_submodule(node.target))
+        parent.add_module(leaf, replaced.get(node.target) or root.get_submodule(node.target))
     return holder
 
 
@@ -315,7 +337,9 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
     one inferred from the model's first layer. ``as_eval``: the graph of the model as in
     eval mode, what ``with eval_mode(model): graph_of(model)`` returns, but a cached graph
     is found without flipping any flag (the model is traced under ``eval_mode``).
-    Wrappers (DDP, DataParallel, FSDP, torch.compile) are looked through.
+    DDP, DataParallel and torch.compile are looked through; FSDP2 models are traced as
+    their plain skeleton; FSDP1 only inside ``summon_full_params`` and tensors that cannot
+    be read as numbers are refused (``pathlift.graph.boundary.readable``).
     """
     if isinstance(model, LayerGraph):
         if input_shape is not None and as_input_shape(input_shape) != model.input_shape:
@@ -323,9 +347,10 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
                              f"not {tuple(input_shape)}")
         source = model.source() if model.source is not None else None
         if source is None or structure_key(source, as_eval) == model.key:
+            readable(model.module)  # its tensors may be freed since (FSDP1 outside summon)
             return model
         return graph_of(source, model.input_shape, as_eval)
-    model = unwrap(model)
+    model = readable(model)
     if input_shape is None:
         with _LOCK:
             known = list(_CACHE.get(model, {}))

@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import fx, nn
+from torch import Tensor, fx, nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import Call, LayerGraph, Scaled, graph_of
 from pathlift.graph.abs_pow import ScaledWalker, channel_bias, output_logs, scaled_affine
 from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
+from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.graph.structure import lfcn_layers
 from pathlift.lift.path_metric import PathMetric, path_metric
 from pathlift.lift.path_norm import PathNorm, log_r_norm, path_norm
@@ -89,12 +90,25 @@ class _ProductPass(ScaledWalker):
         x = call.args[0]
         ones = torch.ones_like(x.mantissa)
         peak = handler.antecedent_max(x.mantissa, call.replace(x.mantissa))
-        y = handler.weight_part(ones, self.q, call.replace(ones)) * peak
-        bias = handler.bias(call.module)
+        y = self.weight_part(handler, ones, call.replace(ones)) * peak
         dim = handler.channel_dim
         return scaled_affine(lambda b: y if b is None else y + channel_bias(b, y.dim(), dim),
-                             x.log_scale, None if bias is None else
-                             bias.to(torch.float64).abs().pow(self.q), dim)
+                             x.log_scale, self.bias_magnitude(handler, call), dim)
+
+    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
+                    bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
+        """|W|^q x (+ bias) of one layer (a hook, as ``AbsPowInterpreter``'s)."""
+        return handler.weight_part(x, self.q, call, bias)
+
+    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+                       ) -> Tensor | None:
+        """|b|^q of one layer in float64, or None (a hook, as ``weight_part``)."""
+        bias = handler.bias(call.module)
+        return None if bias is None else bias.to(torch.float64).abs().pow(self.q)
+
+
+class _ShardedProductPass(ShardedWalker, _ProductPass):
+    """``_ProductPass`` over a graph with sharded layers (``pathlift.graph.sharded``)."""
 
     def on_add(self, handler: Handler, call: Call) -> Scaled:
         raise self.unsupported(handler, call, " (a residual sum)")
@@ -127,8 +141,9 @@ def layer_norm_product(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     """
     graph = graph_of(model, input_shape)
     graph.check_values()
+    walker = _ShardedProductPass if is_sharded_graph(graph) else _ProductPass
     with torch.no_grad():
-        out = _ProductPass(graph, q).run()
+        out = walker(graph, q).run()
     total = float(log_r_norm(output_logs(out) / q, r))
     return LayerNormProduct(q, r, total / LN10)
 

@@ -16,6 +16,7 @@ from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import copy_model
 from pathlift.graph.normalize import normalize
+from pathlift.graph.sharded import ShardedAbsPow, is_sharded_graph
 from pathlift.logspace import LN10, format_log10, power10
 
 
@@ -85,25 +86,28 @@ def log_outputs(graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64)
     name the layer (UnsupportedModelError), so a healthy network pays nothing for it.
     """
     large = q > LARGE_Q
-    if large:  # normalised in float64, so that rounding the factors loses nothing
+    sharded = is_sharded_graph(graph)  # then every layer is only divided by its unit
+    if large and not sharded:  # normalised in float64, so that rounding the factors loses nothing
         wide = copy_model(graph.model).to(torch.float64)
         normalised = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
         graph = graph_of(normalised)
+    walker = ShardedAbsPow if sharded else AbsPowInterpreter
     with torch.no_grad():
-        out = AbsPowInterpreter(graph, q, dtype, unit_weights=large).run_all_ones()
+        out = walker(graph, q, dtype, unit_weights=large).run_all_ones()
     log_o = output_logs(out)
     if not bool((log_o < math.inf).all()):  # NaN or +inf (a zero norm gives -inf)
         graph.check_values()
     if large and bool((log_o == -math.inf).any()):
-        _refuse_underflow(graph, q, dtype, log_o)
+        _refuse_underflow(graph, q, dtype, log_o, walker)
     return log_o
 
 
-def _refuse_underflow(graph: LayerGraph, q: float, dtype: torch.dtype, log_o: Tensor) -> None:
+def _refuse_underflow(graph: LayerGraph, q: float, dtype: torch.dtype, log_o: Tensor,
+                      walker: type[AbsPowInterpreter]) -> None:
     """PrecisionError when an output that is not zero (its q = 1 norm is positive)
     came out zero at exponent q."""
     with torch.no_grad():
-        out = AbsPowInterpreter(graph, 1.0, torch.float64).run_all_ones()
+        out = walker(graph, 1.0, torch.float64).run_all_ones()
     log_1 = output_logs(out)
     lost = (log_o == -math.inf) & (log_1 > -math.inf)
     if bool(lost.any()):

@@ -51,14 +51,25 @@ def abs_power(t: Tensor, q: float, dtype: torch.dtype, workspace: Workspace | No
               unit: float = 1.0) -> Tensor:
     """|t / unit|^q in ``dtype``, detached: in the workspace if given, else in one fresh
     tensor (``unit`` keeps |t|^q in range for large q: the caller carries unit^q)."""
-    source = t.detach() if unit == 1.0 else t.detach() / unit  # divided before any cast
+    source = t.detach()
     if workspace is not None:
-        magnitude = workspace.take(source.shape, dtype, source.device).copy_(source).abs_()
+        magnitude = workspace.take(source.shape, dtype, source.device)
     else:
-        magnitude = source.to(dtype)
-        magnitude = magnitude.abs() if magnitude is source or unit != 1.0 else \
-            magnitude.abs_()
+        magnitude = torch.empty_like(source, dtype=dtype, memory_format=torch.contiguous_format)
+    scaled_copy_(magnitude, source, unit)
     return magnitude if q == 1 else magnitude.pow_(q)
+
+
+def scaled_copy_(out: Tensor, source: Tensor, unit: float = 1.0) -> Tensor:
+    """out <- |source / unit|, the division rounded once in the wider of the two dtypes:
+    after the cast when ``out`` is as wide as ``source`` (a float32 weight divided in
+    float32 would cost a float64 path-norm ~1e-8), before it otherwise (a float64 weight
+    cast to float32 first could overflow)."""
+    if unit == 1.0:
+        return out.copy_(source).abs_()
+    if torch.finfo(out.dtype).bits < torch.finfo(source.dtype).bits:
+        return out.copy_(source / unit).abs_()
+    return out.copy_(source).div_(unit).abs_()
 
 
 def channel_view(v: Tensor, ndim: int) -> Tensor:
@@ -118,6 +129,16 @@ class AffineHandler(Parametric, Handler):
     def bias(self, module: nn.Module) -> Tensor | None:
         """The bias vector b (one entry per output channel), or None."""
         return param(module, "bias")
+
+    def row_split(self, module: nn.Module) -> str | None:
+        """What the rows of the weight are in the layer's map, when they are split across
+        ranks (dim-0 shards, ``pathlift.graph.sharded``): "outputs" (output channels:
+        Linear, Conv), "inputs" (input channels: ConvTranspose), or None when a row mixes
+        both (grouped convolutions) or the layer is not a channel matrix (BatchNorm): its
+        parameters are then gathered whole."""
+        if self.diagonal or self.groups(module) != 1:
+            return None
+        return "outputs" if self.out_dim == 0 else "inputs"
 
     # ---- the layer as DAG parameters (Def. 2.2.2)
     def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
@@ -224,7 +245,7 @@ class LinearHandler(AffineHandler):
         for start in range(0, weight.shape[0], rows):
             block = weight[start:start + rows]
             part = buffer[:len(block)]
-            part.copy_(block if unit == 1.0 else block / unit).abs_()
+            scaled_copy_(part, block, unit)
             if q != 1:
                 part.pow_(q)
             torch.matmul(x, part.t(), out=out[..., start:start + len(block)])

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, fx, nn
 
-from pathlift.graph.boundary import assign_, param
+from pathlift.graph.boundary import assign_, local, param
 
 
 class Kind(Enum):
@@ -160,6 +160,7 @@ class Parametric:
 def all_finite(t: Tensor) -> bool:
     """No NaN or inf in ``t``: its min and max propagate both, and need no mask of t's size
     (allocating one costs more than reading t for large layers)."""
+    t = local(t)  # a DTensor: this rank's shard
     if not t.numel():
         return True
     low, high = torch.aminmax(t.detach())
