@@ -214,3 +214,66 @@ def path_norms(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
             model.eval()
             found[key]["after"] = _norms(model, shape)["q1"]  # measured again after a step
     return found
+
+
+def _local_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s part of a plain tensor split as FSDP2 splits a parameter."""
+    parts = torch.chunk(t, world)
+    return parts[rank] if rank < len(parts) else t[:0]
+
+
+def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, penalty: Callable[..., Any],
+          strength: float) -> tuple[float, float]:
+    """One SGD step on cross-entropy + strength * penalty(model)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.zero_grad()
+    out = model(x)
+    value = penalty(model)
+    loss = nn.functional.cross_entropy(out.flatten(1), y) + strength * value
+    loss.backward()
+    opt.step()
+    return loss.item(), value.item()
+
+
+@scenario
+def penalty_step(rank: int, world: int, names: tuple[str, ...], penalty: str = "log-l1"
+                 ) -> dict[str, Any]:
+    """One training step on cross-entropy + 0.1 * penalty: the plain model on the whole
+    batch (every rank alone) against the FSDP2 model, each rank on its slice of the batch
+    (FSDP2 averages the cross-entropy gradients; the penalty's is exact on each shard).
+    Returns the largest gap between each rank's updated shard and the plain update."""
+    from pathlift.graph import copy_model
+    from pathlift.train import make_penalty
+
+    found: dict[str, Any] = {}
+    for name in names:
+        shape = MODELS[name][1]
+        x = torch.randn(2 * world, *shape, generator=torch.Generator().manual_seed(1))
+        y = torch.arange(2 * world) % 2
+        mine = slice(2 * rank, 2 * rank + 2)
+        for per_layer in (True, False):
+            model = built(name)
+            plain = copy_model(model)
+            pen = make_penalty(penalty, shape)
+            _, ref_pen = _step(plain, x, y, pen, 0.1)
+            shard(model, per_layer)
+            _, value = _step(model, x[mine], y[mine], pen, 0.1)
+            updated = dict(plain.named_parameters())
+            gap, scale = 0.0, 0.0
+            for n, p in model.named_parameters():
+                want = _local_rows(updated[n].detach(), rank, world)
+                if want.numel():
+                    gap = max(gap, float((p.to_local().detach() - want).abs().max()))
+                    scale = max(scale, float(want.abs().max()))
+            key = f"{name}/{'layer' if per_layer else 'whole'}"
+            found[key] = {"penalty": value, "reference": ref_pen, "gap": gap, "scale": scale,
+                          "moved": _moved(plain, built(name)),
+                          "loss": train_step(model, torch.ones(2, *shape))}
+    return found
+
+
+def _moved(model: nn.Module, start: nn.Module) -> float:
+    """How far one step moved the parameters (largest change)."""
+    before = dict(start.named_parameters())
+    return max(float((p.detach() - before[n].detach()).abs().max())
+               for n, p in model.named_parameters())

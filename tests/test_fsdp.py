@@ -43,3 +43,23 @@ def test_path_norms_and_lipschitz_of_sharded_models_equal_the_plain_ones(
         assert found["loss"] > 0
     for other in ranks[1:]:
         assert other == ranks[0]  # every rank the same numbers, bit for bit
+
+
+@pytest.mark.parametrize("world, names, penalty", [
+    (2, ("small_cnn", "unet"), "log-l1"),
+    pytest.param(3, ("small_cnn", "mlp", "unet", "pruned"), "log-l1", marks=pytest.mark.slow),
+    pytest.param(3, ("mlp", "resnet18"), "l2", marks=pytest.mark.slow),
+])
+def test_a_penalised_fsdp2_step_updates_every_shard_as_the_plain_step(
+        tmp_path: Path, world: int, names: tuple[str, ...], penalty: str) -> None:
+    """loss = cross-entropy + 0.1 * penalty inside an ordinary FSDP2 step (forward,
+    penalty, backward, SGD): the gradient FSDP2 reduce-scatters and the penalty's, put in
+    each DTensor's .grad by the sharded pass, give the plain step's update to float32
+    round-off, and the model trains on."""
+    ranks = spawn("penalty_step", world, tmp_path, limit=600, names=names, penalty=penalty)
+    for found in ranks:
+        for key, step in found.items():
+            assert step["penalty"] == pytest.approx(step["reference"], rel=1e-6), key
+            assert step["gap"] <= 1e-6 * step["scale"] + 1e-7, (key, step["gap"])
+            assert step["moved"] > 1e-4  # the step moved the weights: the gap is not vacuous
+            assert step["loss"] > 0

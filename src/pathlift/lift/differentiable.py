@@ -28,9 +28,11 @@ from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs, output_sum
 from pathlift.graph.boundary import param
 from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call, batchnorm_affine
+from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import log_r_norm
 
-__all__ = ["LivePass", "MagnitudeGradients", "differentiable_path_norm", "magnitude_gradients"]
+__all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
+           "magnitude_gradients"]
 
 
 def dag_parameters(handler: AffineHandler, module: nn.Module, dtype: torch.dtype
@@ -81,6 +83,13 @@ class LivePass(AbsPowInterpreter):
     def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
                        ) -> Tensor | None:
         return self._magnitudes(handler, call)[1]
+
+
+class ShardedLivePass(ShardedWalker, LivePass):
+    """``LivePass`` over a model with sharded layers (FSDP2): each rank's |W|^q is that of
+    its local rows (``pathlift.graph.sharded``), so ``backward`` puts the gradient of
+    every shard, exact, in its DTensor parameter's ``.grad``, where FSDP2 adds the
+    reduce-scattered gradient of the rest of the loss."""
 
 
 def _abs_pow(t: Tensor, q: float) -> Tensor:
@@ -160,7 +169,8 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     if not r > 0:
         raise InvalidParameterError(f"r must be in (0, inf], got {r}")
     graph = _graph(model, input_shape)
-    return _log_norm(LivePass(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
+    walker = ShardedLivePass if is_sharded_graph(graph) else LivePass
+    return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,10 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     exactly. Raises InvalidParameterError for BatchNorm with q != 2.
     """
     graph = _graph(model, input_shape)
+    if is_sharded_graph(graph):
+        raise UnsupportedModelError(
+            "magnitude gradients (Path-SGD scales) of a sharded (FSDP2) model are not "
+            "implemented; differentiable_path_norm and path_magnitude_scores are")
     tape = LivePass(graph, q, dtype or graph.dtype, leaves=True)
     with torch.enable_grad():
         total, top = output_sum(tape.run_all_ones())
