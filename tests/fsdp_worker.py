@@ -277,3 +277,39 @@ def _moved(model: nn.Module, start: nn.Module) -> float:
     before = dict(start.named_parameters())
     return max(float((p.detach() - before[n].detach()).abs().max())
                for n, p in model.named_parameters())
+
+
+@scenario
+def scores(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
+    """Path-magnitude and magnitude scores (biases included) of the FSDP2 model against
+    rank ``rank``'s chunk (dim 0) of the plain model's; the largest relative gap."""
+    from pathlift.graph import copy_model
+    from pathlift.prune import magnitude_scores, path_magnitude_scores
+
+    found: dict[str, Any] = {}
+    for name in names:
+        shape = MODELS[name][1]
+        for per_layer in (True, False):
+            model = built(name)
+            plain = copy_model(model)
+            shard(model, per_layer)
+            key = f"{name}/{'layer' if per_layer else 'whole'}"
+            found[key] = {}
+            for fn in (path_magnitude_scores, magnitude_scores):
+                want = fn(plain, shape, include_biases=True)
+                got = fn(model, shape, include_biases=True)
+                gap, kinds = 0.0, set()
+                for n, t in want.tensors.items():
+                    mine = got.tensors[n]
+                    kinds.add(f"{type(mine).__name__}{tuple(mine.placements)}")
+                    a = mine.to_local().double() * 10 ** got.log10_scale
+                    b = _local_rows(t.double() * 10 ** want.log10_scale, rank, world)
+                    if b.numel():
+                        gap = max(gap, float((a - b).abs().max() / b.abs().max().clamp_min(
+                            1e-300)))
+                found[key][fn.__name__] = {
+                    "gap": gap, "kinds": sorted(kinds), "names": list(got.tensors) == list(
+                        want.tensors), "sum": got.log10_sum(), "want_sum": want.log10_sum(),
+                    "numel": got.numel() == want.numel()}
+            found[key]["loss"] = train_step(model, torch.ones(2, *shape))
+    return found

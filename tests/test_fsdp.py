@@ -63,3 +63,23 @@ def test_a_penalised_fsdp2_step_updates_every_shard_as_the_plain_step(
             assert step["gap"] <= 1e-6 * step["scale"] + 1e-7, (key, step["gap"])
             assert step["moved"] > 1e-4  # the step moved the weights: the gap is not vacuous
             assert step["loss"] > 0
+
+
+@pytest.mark.parametrize("world, names", [
+    (2, ("small_cnn", "pruned")),
+    pytest.param(3, ("mlp", "unet", "pruned", "resnet18"), marks=pytest.mark.slow),
+])
+def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
+        tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
+    """path_magnitude_scores and magnitude_scores (biases included) come back as DTensors
+    sharded like the parameters, each rank's shard the plain scores' chunk (dim 0)."""
+    ranks = spawn("scores", world, tmp_path, limit=600, names=names)
+    for found in ranks:
+        for key, model in found.items():
+            for fn in ("path_magnitude_scores", "magnitude_scores"):
+                got = model[fn]
+                assert got["gap"] <= 1e-12, (key, fn, got["gap"])
+                assert got["kinds"] == ["DTensor(Shard(dim=0),)"], (key, fn, got["kinds"])
+                assert got["names"] and got["numel"]
+                assert _close(got["sum"], got["want_sum"]), (key, fn)
+            assert model["loss"] > 0

@@ -164,7 +164,7 @@ def meta_clone(model: nn.Module) -> nn.Module:
 
     def meta(t: Tensor) -> Tensor:
         if id(t) not in tensors:
-            empty = torch.empty(t.shape, dtype=t.dtype, device="meta") if _is_dtensor(t) \
+            empty = torch.empty(t.shape, dtype=t.dtype, device="meta") if is_dtensor(t) \
                 else torch.empty_like(t, device="meta")
             tensors[id(t)] = nn.Parameter(empty, t.requires_grad) \
                 if isinstance(t, nn.Parameter) else empty
@@ -195,7 +195,8 @@ def _loaded(module: str, name: str) -> type | None:
     return getattr(sys.modules.get(module), name, None)
 
 
-def _is_dtensor(t: Tensor) -> bool:
+def is_dtensor(t: Tensor) -> bool:
+    """Whether ``t`` is a DTensor (torch.distributed.tensor), without importing it."""
     dtensor = _loaded("torch.distributed.tensor", "DTensor")
     return dtensor is not None and isinstance(t, dtensor)
 
@@ -280,7 +281,7 @@ def sharded_parameters(model: nn.Module) -> dict[tuple[int, str], Tensor]:
 
 def local(t: Tensor) -> Tensor:
     """This rank's part of ``t``: a DTensor's local tensor, else ``t``."""
-    return t.to_local() if _is_dtensor(t) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -322,7 +323,7 @@ def readable(model: nn.Module) -> nn.Module:
 
 def _unreadable(t: Tensor) -> str | None:
     """Why a tensor of a model cannot be read as numbers, or None."""
-    if _is_dtensor(t):
+    if is_dtensor(t):
         mesh, placements = t.device_mesh, t.placements
         if mesh.ndim == 1 and all(p.is_shard(0) or p.is_replicate() for p in placements):
             return None

@@ -78,6 +78,7 @@ class ShardedLayer:
     split: str | None
     rows: Rows | None
     bias: Rows | None
+    shards: dict[str, Rows | None]
 
     def weight_part(self, compute: Callable[[Tensor, Tensor | None], Tensor], x: Tensor,
                     bias: Tensor | None, channel_dim: int) -> Tensor:
@@ -101,6 +102,14 @@ class ShardedLayer:
             return local
         return gather_rows(local, 0, self.bias)
 
+    def local_rows(self, name: str, t: Tensor) -> Tensor:
+        """This rank's rows of ``t``, a tensor of values of parameter ``name`` that a pass
+        computed from the view (its local rows, or the whole parameter)."""
+        rows = self.shards.get(name, self.shards.get(name + "_orig"))
+        if rows is None:
+            return t
+        return t.narrow(0, rows.start if self.split is None else 0, rows.count)
+
     def largest(self, handler: AffineHandler) -> float:
         """The layer's largest |w| or |b| (1 if all are zero), the same on every rank."""
         if self.split is None:
@@ -119,7 +128,7 @@ def _layer(module: nn.Module, handler: Handler, shards: dict[str, Tensor]) -> Sh
         return ShardedLayer(module_view(module, {
             name: t.to_local() if rows[name] is None else gather_rows(t.to_local(), 0,
                                                                        rows[name])
-            for name, t in shards.items()}), None, None, None)
+            for name, t in shards.items()}), None, None, None, rows)
     tensors = {name: _padded(t.to_local()) for name, t in shards.items()}
     for name, r in rows.items():  # torch.nn.utils.prune's masks follow their rows
         mask = module._buffers.get(name.removesuffix("_orig") + "_mask")
@@ -128,7 +137,7 @@ def _layer(module: nn.Module, handler: Handler, shards: dict[str, Tensor]) -> Sh
                 mask.narrow(0, r.start, r.count))
     weight = rows.get("weight_orig", rows.get("weight"))
     return ShardedLayer(module_view(module, tensors), split, weight,
-                        rows.get("bias_orig", rows.get("bias")))
+                        rows.get("bias_orig", rows.get("bias")), rows)
 
 
 class ShardedLayers:
@@ -148,6 +157,7 @@ class ShardedLayers:
             if shards:
                 layers[node.target] = _layer(module, graph.handler(node), shards)
         self.graph = graph.with_modules({t: layer.view for t, layer in layers.items()})
+        self.by_target = layers
         self._layers = {id(layer.view): layer for layer in layers.values()}
         groups = [t.device_mesh.get_group() for t in table.values()]
         self.group = groups[0] if groups else None
@@ -196,6 +206,14 @@ class ShardedWalker:
     def largest(self, handler: AffineHandler, call: Call) -> float:
         layer = self.shards.layer(call.module)
         return super().largest(handler, call) if layer is None else layer.largest(handler)
+
+
+def as_shard_of(local: Tensor, param: Tensor) -> Tensor:
+    """``local``, this rank's rows of values of DTensor ``param``'s entries (scores), as a
+    DTensor placed like ``param``."""
+    dtensor = type(param)
+    return dtensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
 
 
 class ShardedAbsPow(ShardedWalker, AbsPowInterpreter):

@@ -25,6 +25,7 @@ from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
 from pathlift.graph.abs_pow import output_sum
 from pathlift.graph.boundary import param
 from pathlift.graph.ops import Activation, AffineHandler, Call, Kind, abs_power
+from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class PathMagnitudes:
     """Path-magnitudes of the chosen weights and biases, all ``tensor * e^log_scale``.
 
     ``weights`` / ``biases`` map a module name to a non-negative tensor of its parameter's
-    shape; ``log_scale`` (natural log) is common to all, so nothing overflows.
+    shape (on a sharded model, this rank's rows of it); ``log_scale`` (natural log) is
+    common to all, so nothing overflows.
     """
 
     weights: dict[str, Tensor]
@@ -88,6 +90,10 @@ class _Tape(AbsPowInterpreter):
         return super().bias_magnitude(handler, call, unit)
 
 
+class _ShardedTape(ShardedWalker, _Tape):
+    """``_Tape`` over a model with sharded layers: the leaves are each rank's rows."""
+
+
 def _magnitude(c: float | Tensor) -> float | Tensor:
     """|c| of a coefficient whose magnitude is a non-negative leaf (or a plain float)."""
     return c.abs() if isinstance(c, Tensor) else abs(c)
@@ -113,7 +119,7 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
             name, type(graph.module.get_submodule(name)).__name__,
             "this layer is called several times; path-magnitudes need each weight on one "
             "layer of the DAG") for name in sorted(shared)])
-    tape = _Tape(graph, layers, biases, dtype)
+    tape = (_ShardedTape if is_sharded_graph(graph) else _Tape)(graph, layers, biases, dtype)
     with torch.enable_grad():
         mantissa, log_scale = output_sum(tape.run_all_ones())
         # a layer whose weight gradient is g v^T gets g (its output's gradient) and is
@@ -136,4 +142,10 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
         bias_scores = {name: b.detach() * g if g is not None else torch.zeros_like(b.detach())
                        for (name, b), g in zip(tape.biases.items(), grads[len(wanted):],
                                                strict=True)}
+    if isinstance(tape, _ShardedTape):  # this rank's rows of each parameter
+        layer = tape.shards.by_target.get
+        weights = {n: layer(n).local_rows("weight", t) if layer(n) else t
+                   for n, t in weights.items()}
+        bias_scores = {n: layer(n).local_rows("bias", t) if layer(n) else t
+                       for n, t in bias_scores.items()}
     return PathMagnitudes(weights, bias_scores, log_scale)

@@ -22,6 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.graph import LayerGraph, graph_of, param
+from pathlift.graph.boundary import is_dtensor, local, sharded_parameters
+from pathlift.graph.sharded import ShardedLayers, as_shard_of, is_sharded_graph
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
 
@@ -48,8 +50,9 @@ class Scores:
         return self.tensors[name].double() * power10(self.log10_scale)
 
     def log10_sum(self, masks: Mapping[str, Tensor] | None = None) -> float:
-        """log10 of the sum of the scores, restricted to entries where ``masks`` is 1."""
-        total = sum(float((t.double() * (1 if masks is None else masks[n].double())).sum())
+        """log10 of the sum of the scores, restricted to entries where ``masks`` is 1 (on a
+        sharded model, masks sharded like the scores; every rank gets the same sum)."""
+        total = sum(_number((t.double() * (1 if masks is None else masks[n].double())).sum())
                     for n, t in self.tensors.items())
         return math.log10(total) + self.log10_scale if total > 0 else -math.inf
 
@@ -57,13 +60,20 @@ class Scores:
         return sum(t.numel() for t in self.tensors.values())
 
     def flat(self) -> Tensor:
-        """Every mantissa in one vector (their common dtype), in the order of ``tensors``."""
-        return torch.cat([t.reshape(-1) for t in self.tensors.values()])
+        """Every mantissa in one vector (their common dtype), in the order of ``tensors``
+        (on a sharded model, this rank's rows of each)."""
+        return torch.cat([local(t).reshape(-1) for t in self.tensors.values()])
 
     def __repr__(self) -> str:
         """Criterion, size and log10 of the total: no tensor printed (they can be millions)."""
         return (f"Scores({self.criterion!r}, {len(self.tensors)} tensors, {self.numel():,} "
                 f"coordinates, log10 sum={self.log10_sum():.4f})")
+
+
+def _number(total: Tensor) -> float:
+    """A sum as a float: a DTensor sum of shards (a partial sum on each rank) is first
+    all-reduced."""
+    return float(total.full_tensor() if is_dtensor(total) else total)
 
 
 def prunable_parameters(graph: LayerGraph, include_biases: bool = False
@@ -79,7 +89,7 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
             continue
         seen.add(node.target)
         entries.append((node.target, module, "weight"))
-        if include_biases and param(module, "bias") is not None:
+        if include_biases and getattr(module, "bias", None) is not None:  # read nothing
             entries.append((node.target, module, "bias"))
     return entries
 
@@ -89,8 +99,14 @@ def magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
     """|theta_i| for every prunable coordinate: the baseline of magnitude pruning."""
     graph = graph_of(model, input_shape)
     entries = prunable_parameters(graph, include_biases)
-    tensors = {f"{m}.{p}": param(module, p).abs() for m, module, p in entries}
-    return Scores("magnitude", tensors, 0.0, _channel_dims(graph))
+    if not is_sharded_graph(graph):
+        tensors = {f"{m}.{p}": param(module, p).abs() for m, module, p in entries}
+        return Scores("magnitude", tensors, 0.0, _channel_dims(graph))
+    shards = ShardedLayers(graph)
+    views = {m: shards.by_target.get(m) for m, _, _ in entries}
+    tensors = {f"{m}.{p}": views[m].local_rows(p, param(views[m].view, p).abs())
+               if views[m] else param(module, p).abs() for m, module, p in entries}
+    return Scores("magnitude", _placed(graph, entries, tensors), 0.0, _channel_dims(graph))
 
 
 def path_magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
@@ -132,7 +148,22 @@ def path_magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[i
                             [m for m, _, p in entries if p == "bias"], dtype)
     tensors = {f"{m}.{p}": (found.weights if p == "weight" else found.biases)[m]
                for m, _, p in entries}
+    if is_sharded_graph(graph):
+        tensors = _placed(graph, entries, tensors)
     return Scores("path-magnitude", tensors, found.log_scale / LN10, _channel_dims(graph))
+
+
+def _placed(graph: LayerGraph, entries: list[tuple[str, nn.Module, str]],
+            tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each rank's rows of the scores of a sharded model as DTensors placed like their
+    parameters (``tensors[name].full_tensor()`` gathers the whole)."""
+    table = sharded_parameters(graph.model)
+    placed = {}
+    for m, module, p in entries:
+        shard = table.get((id(module), p), table.get((id(module), p + "_orig")))
+        name = f"{m}.{p}"
+        placed[name] = tensors[name] if shard is None else as_shard_of(tensors[name], shard)
+    return placed
 
 
 def _channel_dims(graph: LayerGraph) -> dict[str, int]:
