@@ -284,7 +284,7 @@ def scores(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
     """Path-magnitude and magnitude scores (biases included) of the FSDP2 model against
     rank ``rank``'s chunk (dim 0) of the plain model's; the largest relative gap."""
     from pathlift.graph import copy_model
-    from pathlift.prune import magnitude_scores, path_magnitude_scores
+    from pathlift.prune import global_masks, magnitude_scores, path_magnitude_scores
 
     found: dict[str, Any] = {}
     for name in names:
@@ -307,9 +307,15 @@ def scores(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
                     if b.numel():
                         gap = max(gap, float((a - b).abs().max() / b.abs().max().clamp_min(
                             1e-300)))
+                masks = {}
+                for amount in (0.3, 0.7):  # the pruned model: 0.3 only prunes tied zeros
+                    mine, plain_masks = global_masks(got, amount), global_masks(want, amount)
+                    masks[amount] = all(torch.equal(mine[n].to_local(), _local_rows(
+                        plain_masks[n], rank, world)) for n in plain_masks)
                 found[key][fn.__name__] = {
                     "gap": gap, "kinds": sorted(kinds), "names": list(got.tensors) == list(
                         want.tensors), "sum": got.log10_sum(), "want_sum": want.log10_sum(),
-                    "numel": got.numel() == want.numel()}
+                    "numel": got.numel() == want.numel(), "masks": masks,
+                    "zeros": (got.zero_fraction(), want.zero_fraction())}
             found[key]["loss"] = train_step(model, torch.ones(2, *shape))
     return found

@@ -72,7 +72,9 @@ def test_a_penalised_fsdp2_step_updates_every_shard_as_the_plain_step(
 def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
         tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
     """path_magnitude_scores and magnitude_scores (biases included) come back as DTensors
-    sharded like the parameters, each rank's shard the plain scores' chunk (dim 0)."""
+    sharded like the parameters, each rank's shard the plain scores' chunk (dim 0); the
+    global masks chosen from them (threshold by all-reduced counts) are the plain masks'
+    chunks, ties included."""
     ranks = spawn("scores", world, tmp_path, limit=600, names=names)
     for found in ranks:
         for key, model in found.items():
@@ -82,4 +84,6 @@ def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
                 assert got["kinds"] == ["DTensor(Shard(dim=0),)"], (key, fn, got["kinds"])
                 assert got["names"] and got["numel"]
                 assert _close(got["sum"], got["want_sum"]), (key, fn)
+                assert got["masks"] == {0.3: True, 0.7: True}, (key, fn)  # all-reduced counts
+                assert got["zeros"][0] == got["zeros"][1]
             assert model["loss"] > 0

@@ -14,7 +14,7 @@ from torch import nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.lift import path_norm
-from pathlift.prune import magnitude_scores, path_magnitude_scores
+from pathlift.prune import global_masks, magnitude_scores, path_magnitude_scores
 from random_nets import randomise_batchnorm_
 
 
@@ -212,3 +212,27 @@ def test_layer_called_twice_is_refused() -> None:
 
     with pytest.raises(UnsupportedModelError, match=r"fc.*called several times"):
         path_magnitude_scores(Twice(), (3,))
+
+
+@pytest.mark.parametrize("amount", [0.0, 0.3, 0.8, 1.0, 17])
+def test_global_masks_are_torchs_global_unstructured_masks(amount):
+    """The threshold found by counting (the sharded models' way) prunes what
+    torch.nn.utils.prune.global_unstructured with L1Unstructured prunes."""
+    from torch.nn.utils import prune
+
+    from pathlift.graph import graph_of
+    from pathlift.models import small_cnn
+    from pathlift.prune import prunable_parameters
+
+    torch.manual_seed(0)
+    model = small_cnn()
+    scores = path_magnitude_scores(model, (1, 8, 8))
+    masks = global_masks(scores, amount)
+    targets = prunable_parameters(graph_of(model, (1, 8, 8)))
+    prune.global_unstructured([(m, p) for _, m, p in targets], prune.L1Unstructured,
+                              importance_scores={(m, p): scores.tensors[f"{n}.{p}"]
+                                                 for n, m, p in targets}, amount=amount)
+    for n, m, p in targets:
+        assert torch.equal(masks[f"{n}.{p}"], getattr(m, p + "_mask")), n
+    pruned = sum(int((1 - v).sum()) for v in masks.values())
+    assert pruned == (amount if isinstance(amount, int) else round(amount * scores.numel()))

@@ -22,9 +22,11 @@ from pathlift.bounds import (
     rademacher_peeling,
 )
 from pathlift.distributed import World
-from pathlift.graph import eval_mode, graph_of, param
+from pathlift.errors import InvalidParameterError
+from pathlift.graph import eval_mode, graph_of, unwrap
+from pathlift.graph.boundary import is_sharded
 from pathlift.lift import average_case_path_norm, path_norms
-from pathlift.prune.scores import path_magnitude_scores, prunable_parameters
+from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 from pathlift.train.bound import certified_top1
 
 __all__ = ["PathNormTracker"]
@@ -57,8 +59,10 @@ class PathNormTracker:
     call costs one |theta|^q pass at batch 1 per q (ResNet-18 at 3x32x32 on one CPU
     thread: 1.4 float32 forward passes at batch 64 for q = 1, 2, 4 in float32, 2.5 in
     float64; the sparsities add a forward and backward pass). Under DDP only rank 0
-    measures: the other ranks get None and keep no history. ``on_epoch_end`` makes it a
-    ``pathlift.data.training`` callback.
+    measures: the other ranks get None and keep no history. A sharded model (FSDP2's
+    ``fully_shard``) is measured by every rank together, without gathering it
+    (``pathlift.graph.sharded``): every rank must call, and rank 0 gets the row (the
+    others None). ``on_epoch_end`` makes it a ``pathlift.data.training`` callback.
 
     Args:
         input_shape: the model's input shape, no batch dimension.
@@ -111,9 +115,14 @@ class PathNormTracker:
             self.history.append({"epoch": epoch, **logs})
 
     def measure(self, model: nn.Module) -> dict[str, float] | None:
-        """The row of ``model`` now, without adding it to ``history``."""
-        if not World.current().main:
+        """The row of ``model`` now, without adding it to ``history``. On a sharded (FSDP2)
+        model every rank must call it (the passes are collective); rank 0 gets the row."""
+        world, sharded = World.current(), is_sharded(unwrap(model))
+        if not (world.main or sharded):
             return None
+        if sharded and self.probe is not None:
+            raise InvalidParameterError("the average-case path-norm (probe=) of a sharded "
+                                        "(FSDP2) model is not implemented; leave probe out")
         with eval_mode(model):
             graph = graph_of(model, self.input_shape)
             bound = self.n_train is not None and self.sigma is not None
@@ -121,11 +130,9 @@ class PathNormTracker:
                                dtype=self.dtype)
             row = {f"path_norm_log10_q{q:g}": norms[q].log10 for q in self.qs}
             if self.sparsity:
-                targets = [(f"{m}.{p}", param(module, p))
-                           for m, module, p in prunable_parameters(graph)]
-                scores = path_magnitude_scores(graph, dtype=self.dtype).tensors
-                row["sparsity"] = _zero_fraction([w for _, w in targets])
-                row["path_magnitude_sparsity"] = _zero_fraction([scores[n] for n, _ in targets])
+                row["sparsity"] = magnitude_scores(graph).zero_fraction()
+                row["path_magnitude_sparsity"] = path_magnitude_scores(
+                    graph, dtype=self.dtype).zero_fraction()
             if self.probe is not None:
                 row["average_case"] = average_case_path_norm(graph, None, self.probe,
                                                              max_samples=None).mean
@@ -137,10 +144,4 @@ class PathNormTracker:
             if self.train_data is not None:
                 row["bound_top1_log10"] = certified_top1(model, self.input_shape,
                                                          *self.train_data).log10
-        return row
-
-
-def _zero_fraction(tensors: list[torch.Tensor]) -> float:
-    """The fraction of entries equal to 0 over all ``tensors`` (one device sync)."""
-    zeros = torch.stack([(t == 0).sum() for t in tensors]).sum()
-    return float(zeros) / sum(t.numel() for t in tensors)
+        return row if world.main else None

@@ -17,6 +17,7 @@ from torch import Tensor, fx, nn
 
 from pathlift.errors import ArchitectureMismatchError, Problem
 from pathlift.graph.ops import Call, Kind, LinearHandler
+from pathlift.graph.sharded import ShardedLayers, is_sharded_graph
 from pathlift.graph.trace import LayerGraph
 from pathlift.graph.walk import OpWalker
 
@@ -122,14 +123,22 @@ def cuts(graph: LayerGraph, removed: fx.Node) -> bool:
     return True
 
 
-def antecedent_counts(graph: LayerGraph, node: fx.Node) -> Tensor:
+def antecedent_counts(graph: LayerGraph, node: fx.Node, shards: ShardedLayers | None = None
+                      ) -> Tensor:
     """The number of antecedents (incoming edges of the DAG, zero weights included) of
-    every neuron the node creates, batch 1: the node's |theta|^0 map applied to ones."""
+    every neuron the node creates, batch 1: the node's |theta|^0 map applied to ones (a
+    sharded layer's from its local rows, ``shards`` being the graph's ``ShardedLayers``)."""
     handler = graph.handler(node)
     ones = torch.ones((1, *graph.output_shape(node.all_input_nodes[0])), dtype=torch.float64,
                       device=graph.device)
-    call = Call(node, graph.submodule(node), (ones, *node.args[1:]), dict(node.kwargs))
+    module = graph.submodule(node)
+    layer = shards.by_target.get(node.target) if shards is not None else None
+    call = Call(node, module if layer is None else layer.view, (ones, *node.args[1:]),
+                dict(node.kwargs))
     with torch.no_grad():
+        if handler.kind is Kind.AFFINE and layer is not None:
+            return layer.weight_part(lambda x, b: handler.weight_part(x, 0.0, call.replace(x)),
+                                     ones, None, handler.channel_dim)
         if handler.kind is Kind.AFFINE:
             return handler.weight_part(ones, 0.0, call)
         if handler.kind is Kind.ACTIVATION:  # y reads one ReLU neuron per piece
@@ -139,7 +148,8 @@ def antecedent_counts(graph: LayerGraph, node: fx.Node) -> Tensor:
 
 def fan_in(graph: LayerGraph) -> int:
     """K of paper 002 Lemma F.3: the largest number of antecedents of a neuron (1 if none)."""
-    return max((int(antecedent_counts(graph, n).max()) for n in graph.nodes()
+    shards = ShardedLayers(graph) if is_sharded_graph(graph) else None
+    return max((int(antecedent_counts(graph, n, shards).max()) for n in graph.nodes()
                 if graph.handler(n).creates_neurons), default=1)
 
 
@@ -156,13 +166,16 @@ class Counts:
 def counts(graph: LayerGraph) -> Counts:
     """Kernel, shared and unshared parameter counts (thesis Thm 4.4.1, Appendix C.2)."""
     kernel, shared, unshared = 1, {}, 0
+    shards = ShardedLayers(graph) if is_sharded_graph(graph) else None
     for n in graph.nodes():
         handler, module = graph.handler(n), graph.submodule(n)
         if handler.kind is Kind.MAXPOOL:
             kernel = max(kernel, int(antecedent_counts(graph, n).max()))
         elif handler.kind is Kind.AFFINE:
-            edges = int(antecedent_counts(graph, n).sum())
-            biases = math.prod(graph.output_shape(n)) if handler.bias(module) is not None else 0
+            edges = int(antecedent_counts(graph, n, shards).sum())
+            layer = shards.by_target.get(n.target) if shards is not None else None
+            read = module if layer is None else layer.view  # a DTensor reads as its shard
+            biases = math.prod(graph.output_shape(n)) if handler.bias(read) is not None else 0
             unshared += edges + biases
             shared[id(module)] = sum(p.numel() for p in module.parameters())
     return Counts(kernel, sum(shared.values()), unshared)

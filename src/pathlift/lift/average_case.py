@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import flat_outputs
+from pathlift.graph.sharded import is_sharded_graph
 from pathlift.lift.path_norm import path_norm
 
 
@@ -81,7 +82,13 @@ def local_affine(model: nn.Module | LayerGraph, input_shape: Sequence[int] | Non
 
 
 def _in_dtype(graph: LayerGraph, dtype: torch.dtype) -> LayerGraph:
-    """``graph`` itself, or the same graph over a copy of its model cast to ``dtype``."""
+    """``graph`` itself, or the same graph over a copy of its model cast to ``dtype``.
+    A sharded model is refused: the local maps need the whole of every layer."""
+    if is_sharded_graph(graph):
+        raise UnsupportedModelError(
+            "local affine maps and the average-case path-norm of a sharded (FSDP2) model "
+            "are not implemented (they run the whole model on inputs); path_norm, the "
+            "Lipschitz bounds, scores and penalties are")
     graph.check_values()
     if graph.dtype == dtype:
         return graph

@@ -26,6 +26,7 @@ from pathlift.prune.protocol import (
 from pathlift.prune.results import ResultsFileError, RunFolder, RunFolderBusyError, RunRecord
 from pathlift.prune.scores import (
     Scores,
+    global_masks,
     magnitude_scores,
     path_magnitude_scores,
     prunable_parameters,
@@ -51,6 +52,7 @@ __all__ = [
     "channel_path_magnitude",
     "channel_scores",
     "global_magnitude",
+    "global_masks",
     "global_path_magnitude",
     "layerwise_magnitude",
     "layerwise_path_magnitude",

@@ -19,9 +19,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import prune
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, unwrap
 from pathlift.graph.boundary import mask
+from pathlift.graph.sharded import is_sharded_graph
 from pathlift.lift import path_norm
 from pathlift.logspace import log10_difference, log10_sum, power10
 from pathlift.prune.scores import (
@@ -156,6 +157,12 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
             f"criterion must be 'path-magnitude', 'magnitude' or a score function, and scope "
             f"'global' or 'layerwise', got {criterion!r}, {scope!r}")
     graph = graph_of(model, input_shape)
+    if is_sharded_graph(graph):
+        raise UnsupportedModelError(
+            "torch.nn.utils.prune cannot reparametrise the DTensor parameters of a sharded "
+            "(FSDP2) model; prune the plain model before fully_shard (pathlift then measures "
+            "its weight_orig shards and masks), or choose masks on the sharded scores with "
+            "pathlift.prune.global_masks")
     graph.check_values()
     targets = prunable_parameters(graph, include_biases)
     last = targets[-1][0]

@@ -19,10 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
+from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of, param
 from pathlift.graph.boundary import is_dtensor, local, sharded_parameters
+from pathlift.graph.collectives import all_max, all_objects
 from pathlift.graph.sharded import ShardedLayers, as_shard_of, is_sharded_graph
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
@@ -56,6 +59,15 @@ class Scores:
                     for n, t in self.tensors.items())
         return math.log10(total) + self.log10_scale if total > 0 else -math.inf
 
+    def zero_fraction(self) -> float:
+        """The fraction of coordinates whose score is 0 (over every rank's shards)."""
+        counts = [(t == 0).sum() for t in self.tensors.values()]
+        if any(is_dtensor(c) for c in counts):
+            zeros = sum(_number(c) for c in counts)
+        else:  # one device sync
+            zeros = float(torch.stack(counts).sum()) if counts else 0.0
+        return zeros / max(self.numel(), 1)
+
     def numel(self) -> int:
         return sum(t.numel() for t in self.tensors.values())
 
@@ -68,6 +80,80 @@ class Scores:
         """Criterion, size and log10 of the total: no tensor printed (they can be millions)."""
         return (f"Scores({self.criterion!r}, {len(self.tensors)} tensors, {self.numel():,} "
                 f"coordinates, log10 sum={self.log10_sum():.4f})")
+
+
+def global_masks(scores: Scores, amount: int | float) -> dict[str, Tensor]:
+    """Masks (1 keep, 0 prune) pruning the ``amount`` coordinates with the smallest scores
+    across every tensor (``torch.nn.utils.prune.global_unstructured``'s ranking with
+    ``L1Unstructured``; a float is a fraction of all coordinates), also for the scores of a
+    sharded (FSDP2) model: each mask is then a DTensor placed like its scores, and the
+    threshold comes from all-reduced counts (a bisection over the float64 values, about 64
+    all-reduces of one number), so no rank holds more than its shards. Entries tied at the
+    threshold are pruned in the order of ``scores.tensors``, each in row-major order. Every
+    rank of a sharded model must call it.
+
+    Example::
+
+        masks = global_masks(path_magnitude_scores(model, (3, 32, 32)), 0.8)
+    """
+    total = scores.numel()
+    if isinstance(amount, bool) or not (0 <= amount <= (1 if isinstance(amount, float)
+                                                        else total)):
+        raise InvalidParameterError(f"amount must be a fraction in [0, 1] or a count in "
+                                    f"[0, {total}], got {amount!r}")
+    k = round(amount * total) if isinstance(amount, float) else int(amount)
+    tensors = list(scores.tensors.values())
+    group = next((t.device_mesh.get_group() for t in tensors if is_dtensor(t)), None)
+    main = group is None or dist.get_rank(group) == 0
+    # a plain tensor of a sharded model is the same on every rank: rank 0 counts it
+    values = [local(t).detach().double().reshape(-1) for t in tensors]
+    counted = [v if is_dtensor(t) or main else v[:0] for t, v in zip(tensors, values,
+                                                                       strict=True)]
+
+    def count(threshold: float, strict: bool) -> int:
+        """How many counted values are below (``strict``) or at most ``threshold``."""
+        found = torch.tensor(sum(int((v < threshold if strict else v <= threshold).sum())
+                                 for v in counted), dtype=torch.int64)
+        if group is not None:
+            dist.all_reduce(found, group=group)
+        return int(found)
+
+    top = max((float(v.max()) for v in counted if v.numel()), default=0.0)
+    if group is not None:
+        top = all_max(top, group)
+    low, high = 0, _bits(top)  # the least threshold t with count(v <= t) >= k
+    while low < high and k:
+        mid = (low + high) // 2
+        if count(_value(mid), strict=False) >= k:
+            high = mid
+        else:
+            low = mid + 1
+    threshold = _value(low) if k else -math.inf
+    ties = [int((v == threshold).sum()) for v in counted]
+    table = [ties] if group is None else all_objects(ties, group)  # [rank][tensor]
+    spare = k - count(threshold, strict=True) if k else 0
+    rank = 0 if group is None else dist.get_rank(group)
+    masks = {}
+    for i, (name, t, v) in enumerate(zip(scores.tensors, tensors, values, strict=True)):
+        ahead = sum(table[r][j] for j in range(i) for r in range(len(table)))
+        ahead += sum(table[r][i] for r in range(rank)) if is_dtensor(t) else 0
+        mine = max(0, min(spare - ahead, int((v == threshold).sum())))
+        prune = v < threshold
+        if mine:
+            tied = (v == threshold).nonzero().reshape(-1)[:mine]
+            prune[tied] = True
+        keep = (~prune).to(local(t).dtype).reshape(local(t).shape)
+        masks[name] = as_shard_of(keep, t) if is_dtensor(t) else keep
+    return masks
+
+
+def _bits(x: float) -> int:
+    """The int64 bit pattern of a non-negative float64: ordered like the floats."""
+    return int(torch.tensor([x], dtype=torch.float64).view(torch.int64))
+
+
+def _value(bits: int) -> float:
+    return float(torch.tensor([bits], dtype=torch.int64).view(torch.float64))
 
 
 def _number(total: Tensor) -> float:
