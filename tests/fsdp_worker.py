@@ -258,18 +258,25 @@ def penalty_step(rank: int, world: int, names: tuple[str, ...], penalty: str = "
             _, ref_pen = _step(plain, x, y, pen, 0.1)
             shard(model, per_layer)
             _, value = _step(model, x[mine], y[mine], pen, 0.1)
-            updated = dict(plain.named_parameters())
-            gap, scale = 0.0, 0.0
-            for n, p in model.named_parameters():
-                want = _local_rows(updated[n].detach(), rank, world)
-                if want.numel():
-                    gap = max(gap, float((p.to_local().detach() - want).abs().max()))
-                    scale = max(scale, float(want.abs().max()))
+            gap, scale = _gap(model, plain, rank, world)
             key = f"{name}/{'layer' if per_layer else 'whole'}"
             found[key] = {"penalty": value, "reference": ref_pen, "gap": gap, "scale": scale,
                           "moved": _moved(plain, built(name)),
                           "loss": train_step(model, torch.ones(2, *shape))}
     return found
+
+
+def _gap(model: nn.Module, plain: nn.Module, rank: int, world: int) -> tuple[float, float]:
+    """The largest gap between the FSDP2 model's shards and the plain model's chunks, and
+    the largest plain value."""
+    updated = dict(plain.named_parameters())
+    gap, scale = 0.0, 0.0
+    for n, p in model.named_parameters():
+        want = _local_rows(updated[n].detach(), rank, world)
+        if want.numel():
+            gap = max(gap, float((p.to_local().detach() - want).abs().max()))
+            scale = max(scale, float(want.abs().max()))
+    return gap, scale
 
 
 def _moved(model: nn.Module, start: nn.Module) -> float:
@@ -317,5 +324,61 @@ def scores(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
                         want.tensors), "sum": got.log10_sum(), "want_sum": want.log10_sum(),
                     "numel": got.numel() == want.numel(), "masks": masks,
                     "zeros": (got.zero_fraction(), want.zero_fraction())}
+            found[key]["loss"] = train_step(model, torch.ones(2, *shape))
+    return found
+
+
+class _Logged(nn.Module):
+    """What the Lightning callbacks need of a LightningModule: the network as an
+    attribute, ``log`` and ``log_dict`` (recorded)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net, self.logged = net, {}
+
+    def log_dict(self, values: dict[str, Any], **options: Any) -> None:
+        self.logged.update(values)
+
+    def log(self, name: str, value: Any, **options: Any) -> None:
+        self.logged[name] = float(value)
+
+
+@scenario
+def tracker(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
+    """PathNormTracker (path-norms, both bounds, sparsities) and the Lightning callbacks
+    on the FSDP2 model against the plain model's, every rank calling; then one step with
+    PathNormRegularizer adding its gradient after the backward, against the plain step."""
+    from types import SimpleNamespace
+
+    from pathlift.graph import copy_model
+    from pathlift.integrations.lightning import PathNormCallback, PathNormRegularizer
+    from pathlift.track import PathNormTracker
+
+    found: dict[str, Any] = {}
+    for name in names:
+        shape = MODELS[name][1]
+        data = (torch.randn(16, *shape, generator=torch.Generator().manual_seed(2)),
+                torch.arange(16) % 2)
+        for per_layer in (True, False):
+            model = built(name)
+            plain = copy_model(model)
+            track = PathNormTracker(shape, n_train=1000, sigma=1.0, train_data=data)
+            want = track(plain, 0)
+            shard(model, per_layer)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)  # before any forward, as FSDP2
+            got = PathNormTracker(shape, n_train=1000, sigma=1.0, train_data=data)(model, 0)
+            holder = _Logged(model)
+            PathNormCallback(shape, n_train=1000, sigma=1.0, network="net").on_train_epoch_end(
+                SimpleNamespace(current_epoch=0), holder)
+            key = f"{name}/{'layer' if per_layer else 'whole'}"
+            found[key] = {"want": want, "got": got, "logged": holder.logged}
+            x, y = data[0][2 * rank:2 * rank + 2], data[1][2 * rank:2 * rank + 2]
+            regularizer = PathNormRegularizer(shape, "log-l1", strength=0.1, network="net")
+            nn.functional.cross_entropy(model(x).flatten(1), y).backward()
+            regularizer.on_after_backward(None, holder)
+            opt.step()
+            pen = PathNormRegularizer(shape, "log-l1").penalty
+            _step(plain, data[0][:2 * world], data[1][:2 * world], pen, 0.1)
+            found[key]["gap"] = _gap(model, plain, rank, world)[0]
             found[key]["loss"] = train_step(model, torch.ones(2, *shape))
     return found

@@ -87,3 +87,29 @@ def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
                 assert got["masks"] == {0.3: True, 0.7: True}, (key, fn)  # all-reduced counts
                 assert got["zeros"][0] == got["zeros"][1]
             assert model["loss"] > 0
+
+
+@pytest.mark.parametrize("world, names", [
+    (2, ("small_cnn",)),
+    pytest.param(3, ("mlp", "resnet18"), marks=pytest.mark.slow),
+])
+def test_the_tracker_and_lightning_callbacks_on_fsdp2_models(
+        tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
+    """Every rank calls; rank 0 gets the plain model's row (path-norms, both bounds,
+    sparsities) to 1e-12 and the callback logs it, the others get None; the
+    regulariser's gradient, added after FSDP2's backward, gives the plain step."""
+    ranks = spawn("tracker", world, tmp_path, limit=600, names=names)
+    for rank, found in enumerate(ranks):
+        for key, model in found.items():
+            want, got = model["want"], model["got"]
+            if rank:
+                assert got is None and not any(k.endswith("path_norm_log10_q1")
+                                               for k in model["logged"]), key
+            else:
+                assert set(got) == set(want), key
+                for name, value in want.items():
+                    assert _close(got[name], value), (key, name, got[name], value)
+                assert model["logged"]["pathlift/path_norm_log10_q1"] == got[
+                    "path_norm_log10_q1"]
+            assert model["gap"] <= 1e-6, (key, model["gap"])
+            assert model["logged"]["pathlift/penalty"] > 0 and model["loss"] > 0
