@@ -382,3 +382,60 @@ def tracker(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
             found[key]["gap"] = _gap(model, plain, rank, world)[0]
             found[key]["loss"] = train_step(model, torch.ones(2, *shape))
     return found
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    """What a call returns, or its typed error as ("ErrorType", message)."""
+    from pathlift.errors import PathliftError
+
+    try:
+        return call()
+    except PathliftError as err:
+        return (type(err).__name__, str(err))
+
+
+@scenario
+def fsdp1(rank: int, world: int, name: str = "small_cnn") -> dict[str, Any]:
+    """FullyShardedDataParallel (FSDP1), use_orig_params False and True, root and per
+    layer: refused outside summon_full_params (before a forward, between a forward and
+    its backward), exact inside it on a rank that holds the gathered parameters, refused
+    on the others; the model trains after every call."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: N817
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from pathlift.lift import path_norms
+    from pathlift.lift.differentiable import differentiable_path_norm
+    from pathlift.track import PathNormTracker
+
+    shape = MODELS[name][1]
+
+    def norms(model: nn.Module) -> Any:
+        return _outcome(lambda: [n.log10 for n in path_norms(model, shape, (1, 2, 8)).values()])
+
+    found: dict[str, Any] = {}
+    for orig in (False, True):
+        for per_layer in (False, True):
+            model = built(name)
+            policy = ModuleWrapPolicy({nn.Linear, nn.Conv2d}) if per_layer else None
+            model = FSDP(model, use_orig_params=orig, auto_wrap_policy=policy,
+                         device_id=torch.device("cpu"))
+            x = torch.ones(2, *shape)
+            row: dict[str, Any] = {"before": norms(model),
+                                   "tracker": _outcome(lambda m=model: PathNormTracker(
+                                       shape, sparsity=False)(m))}
+            row["step1"] = train_step(model, x)
+            loss = model(x).pow(2).sum()
+            row["mid"] = norms(model)  # between the forward and its backward
+            loss.backward()
+            with FSDP.summon_full_params(model, rank0_only=True, writeback=False):
+                row["rank0_only"] = norms(model)
+                row["penalty"] = _outcome(lambda m=model: differentiable_path_norm(m, shape))
+            with FSDP.summon_full_params(model, writeback=False):
+                row["everyone"] = norms(model)
+                plain = built(name)  # the weights now, as a plain model
+                plain.load_state_dict({n: p.detach().clone()
+                                       for n, p in model.named_parameters()})
+            row["reference"] = [n.log10 for n in path_norms(plain, shape, (1, 2, 8)).values()]
+            row["step2"] = train_step(model, x)
+            found[f"orig={orig}/{'layer' if per_layer else 'root'}"] = row
+    return found

@@ -113,3 +113,32 @@ def test_the_tracker_and_lightning_callbacks_on_fsdp2_models(
                     "path_norm_log10_q1"]
             assert model["gap"] <= 1e-6, (key, model["gap"])
             assert model["logged"]["pathlift/penalty"] > 0 and model["loss"] > 0
+
+
+def _refused(outcome: object, *words: str) -> bool:
+    """A typed one-line refusal saying each of ``words``."""
+    return (isinstance(outcome, tuple) and outcome[0] == "UnsupportedModelError"
+            and "\n" not in outcome[1] and all(w in outcome[1] for w in words))
+
+
+def test_fsdp1_is_refused_in_one_line_or_exact_inside_summon_full_params(tmp_path: Path
+                                                                         ) -> None:
+    """FSDP1 segfaulted (freed flat shards), read 1-D shards or broke the model; now:
+    refused before anything runs, exact inside summon_full_params where the rank holds
+    the parameters, never a hang, and the next training step passes."""
+    ranks = spawn("fsdp1", 2, tmp_path)
+    for rank, found in enumerate(ranks):
+        for key, row in found.items():
+            for when in ("before", "mid"):
+                assert _refused(row[when], "FullyShardedDataParallel", "summon_full_params",
+                                "fully_shard"), (key, when, row[when])
+            assert row["tracker"] is None if rank else _refused(row["tracker"], "FSDP1")
+            assert row["everyone"] == row["reference"] or all(
+                _close(a, b) for a, b in zip(row["everyone"], row["reference"], strict=True))
+            if rank == 0:
+                assert all(_close(a, b) for a, b in zip(row["rank0_only"], row["reference"],
+                                                        strict=True)), key
+            else:
+                assert _refused(row["rank0_only"], "only rank 0"), (key, row["rank0_only"])
+            assert _refused(row["penalty"], "FSDP1", "fully_shard"), key
+            assert row["step1"] > 0 and row["step2"] > 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -307,9 +308,8 @@ def readable(model: nn.Module) -> nn.Module:
             device, or a DTensor split in another way than FSDP2's dim-0 shards; one line
             naming the tensor and saying what to do.
     """
-    fsdp1 = _loaded("torch.distributed.fsdp", "FullyShardedDataParallel")
-    if fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules()):
-        model = _fsdp1_view(model, fsdp1)
+    if is_fsdp1(model):
+        model = _fsdp1_view(model, _loaded("torch.distributed.fsdp", "FullyShardedDataParallel"))
     model = unwrap(model)
     for prefix, m in model.named_modules():
         for key, t in (*m._parameters.items(), *m._buffers.items(), *vars(m).items()):
@@ -343,10 +343,17 @@ def _unreadable(t: Tensor) -> str | None:
     return None
 
 
+def is_fsdp1(model: nn.Module) -> bool:
+    """Whether ``model`` holds FullyShardedDataParallel (FSDP1) wrappers."""
+    fsdp1 = _loaded("torch.distributed.fsdp", "FullyShardedDataParallel")
+    return fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules())
+
+
 def _fsdp1_view(model: nn.Module, fsdp1: type) -> nn.Module:
     """``model`` with every FSDP1 wrapper replaced by the module it wraps (shallow copies
-    along the way; the layers are the model's own), when this rank holds the gathered
-    parameters inside ``summon_full_params``; else UnsupportedModelError, one line."""
+    along the way, made once per model; the layers are the model's own), when this rank
+    holds the gathered parameters inside ``summon_full_params``; else
+    UnsupportedModelError, one line."""
     how = ("measure inside `with FullyShardedDataParallel.summon_full_params(model, "
            "rank0_only=True, writeback=False):` on rank 0, or shard the model with "
            "torch.distributed.fsdp.fully_shard (FSDP2), which pathlift measures on every "
@@ -375,7 +382,13 @@ def _fsdp1_view(model: nn.Module, fsdp1: type) -> nn.Module:
         new._modules = {k: None if c is None else view(c) for k, c in m._modules.items()}
         return new
 
-    return view(model)
+    found = _FSDP1_VIEWS.get(model)
+    if found is None:  # one view per model: its graph stays cached while it lives
+        found = _FSDP1_VIEWS[model] = view(model)
+    return found
+
+
+_FSDP1_VIEWS: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
 
 
 def dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:

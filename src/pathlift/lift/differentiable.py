@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs, output_sum
-from pathlift.graph.boundary import param
+from pathlift.graph.boundary import is_fsdp1, param
 from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call, batchnorm_affine
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import log_r_norm
@@ -104,6 +104,12 @@ def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> 
     whose own parameters the pass would read as constants (PReLU's slopes): their gradient
     would silently be missing. The refusal depends on the graph alone: found once per
     graph."""
+    if isinstance(model, nn.Module) and is_fsdp1(model) and torch.is_grad_enabled():
+        raise UnsupportedModelError(
+            "a differentiable path-norm of a FullyShardedDataParallel (FSDP1) model would "
+            "differentiate the views that summon_full_params frees when it ends; shard the "
+            "model with torch.distributed.fsdp.fully_shard (FSDP2), whose penalty pathlift "
+            "differentiates on every rank")
     graph = graph_of(model, input_shape, as_eval=True)
     frozen = graph.derived.get(_FROZEN)
     if frozen is None:
