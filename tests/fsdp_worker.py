@@ -439,3 +439,41 @@ def fsdp1(rank: int, world: int, name: str = "small_cnn") -> dict[str, Any]:
             row["step2"] = train_step(model, x)
             found[f"orig={orig}/{'layer' if per_layer else 'root'}"] = row
     return found
+
+
+@scenario
+def alone(rank: int, world: int, wait: float) -> dict[str, Any]:
+    """Rank 0 measures the FSDP2 model while rank 1 does not join (it sleeps ``wait``
+    seconds, beyond the group's timeout): rank 0 gets a typed error within the timeout."""
+    from pathlift.lift import path_norm
+
+    model = shard(built("small_cnn"), per_layer=True)
+    if rank:
+        time.sleep(wait)
+        return {}
+    start = time.monotonic()
+    outcome = _outcome(lambda: path_norm(model, SHAPE).log10)
+    return {"outcome": outcome, "seconds": time.monotonic() - start}
+
+
+@scenario
+def boundary(rank: int, world: int) -> dict[str, Any]:
+    """DTensor parameters set by hand: replicated ones are read (exactly), others refused
+    in one line, never read as numbers."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from pathlift.graph import copy_model
+    from pathlift.lift import path_norm
+
+    mesh = init_device_mesh("cpu", (world,))
+    found: dict[str, Any] = {}
+    for key, placement in (("replicate", Replicate()), ("shard0", Shard(0)),
+                           ("shard1", Shard(1))):
+        model = built("mlp")
+        want = path_norm(copy_model(model), SHAPE).log10
+        for layer in (model[1], model[3]):
+            layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh,
+                                                          [placement]))
+        found[key] = (want, _outcome(lambda m=model: path_norm(m, SHAPE).log10))
+    return found

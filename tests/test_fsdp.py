@@ -142,3 +142,26 @@ def test_fsdp1_is_refused_in_one_line_or_exact_inside_summon_full_params(tmp_pat
                 assert _refused(row["rank0_only"], "only rank 0"), (key, row["rank0_only"])
             assert _refused(row["penalty"], "FSDP1", "fully_shard"), key
             assert row["step1"] > 0 and row["step2"] > 0
+
+
+def test_a_rank_measuring_alone_gets_a_typed_error_within_the_timeout(tmp_path: Path
+                                                                      ) -> None:
+    """Rank 0 calls path_norm on an FSDP2 model, rank 1 does not (group timeout 5 s): a
+    one-line DistributedError after about 5 s, not a wait of the default 30 minutes."""
+    ranks = spawn("alone", 2, tmp_path, timeout=5, wait=20)
+    kind, message = ranks[0]["outcome"]
+    assert kind == "DistributedError" and "\n" not in message, ranks[0]
+    assert "rank 0: the other ranks did not join" in message
+    assert "every rank must call pathlift" in message
+    assert ranks[0]["seconds"] < 15, ranks[0]
+
+
+def test_dtensor_parameters_set_by_hand_are_read_or_refused(tmp_path: Path) -> None:
+    """Replicated DTensors and dim-0 shards are read (exactly); a dim-1 shard is refused
+    in one line naming the parameter."""
+    for found in spawn("boundary", 2, tmp_path):
+        for placement in ("replicate", "shard0"):
+            want, got = found[placement]
+            assert _close(got, want), (placement, got, want)
+        want, got = found["shard1"]
+        assert _refused(got, "'1.weight' (Linear) is a DTensor placed as (Shard(dim=1),)")

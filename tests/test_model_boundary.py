@@ -229,3 +229,29 @@ def test_a_parametrized_model_traces_and_gives_its_plain_weights_result(wrap):
     got, want = lift.path_norm(model, (6,), q=2), lift.path_norm(plain, (6,), q=2)
     assert got.log10 == pytest.approx(want.log10, rel=1e-12)
     assert trace(model, (6,)).d_out == 3
+
+
+def test_tensors_without_values_are_refused_in_one_line_never_read():
+    """A parameter on the meta device, one whose memory was freed (what FSDP1 leaves
+    outside forward), also after its graph was traced: a typed error naming the tensor,
+    before any pass reads it (reading freed memory segfaulted)."""
+    from pathlift.errors import InvalidParameterError
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+
+    with torch.device("meta"):
+        meta = build()
+    with pytest.raises(InvalidParameterError, match=r"^'0.weight' \(Linear\) is on the meta"):
+        lift.path_norm(meta, (6,))
+    freed = build()
+    freed[2].bias.data.untyped_storage().resize_(0)
+    with pytest.raises(InvalidParameterError, match=r"^'2.bias' \(Linear\) has no memory"):
+        lift.path_norm(freed, (6,))
+    model = build()
+    graph = trace(model, (6,))  # traced while the values were there
+    assert lift.path_norm(graph).log10 == lift.path_norm(build(), (6,)).log10
+    model[0].weight.data.untyped_storage().resize_(0)
+    with pytest.raises(InvalidParameterError, match=r"'0.weight' \(Linear\) has no memory"):
+        lift.path_norm(graph)

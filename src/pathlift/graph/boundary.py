@@ -304,9 +304,9 @@ def readable(model: nn.Module) -> nn.Module:
 
     Raises:
         UnsupportedModelError: FSDP1 outside ``summon_full_params`` (or on a rank that does
-            not hold the gathered parameters); a tensor without storage, on the meta
-            device, or a DTensor split in another way than FSDP2's dim-0 shards; one line
-            naming the tensor and saying what to do.
+            not hold the gathered parameters), a DTensor split in another way than FSDP2's
+            dim-0 shards. InvalidParameterError: a tensor on the meta device or without
+            memory behind it. One line naming the tensor and saying what to do.
     """
     if is_fsdp1(model):
         model = _fsdp1_view(model, _loaded("torch.distributed.fsdp", "FullyShardedDataParallel"))
@@ -317,7 +317,8 @@ def readable(model: nn.Module) -> nn.Module:
                 reason = _unreadable(t)
                 if reason is not None:
                     where = f"{prefix}.{key}" if prefix else key
-                    raise UnsupportedModelError(f"'{where}' ({type(m).__name__}) {reason}")
+                    error = UnsupportedModelError if is_dtensor(t) else InvalidParameterError
+                    raise error(f"'{where}' ({type(m).__name__}) {reason}")
     return model
 
 

@@ -160,15 +160,15 @@ def _device(group: Any) -> torch.device:
 
 @contextmanager
 def _one_line(op: str) -> Iterator[None]:
-    """A collective's timeout (gloo: RuntimeError "Timed out ...", NCCL: DistError) as one
-    line naming this rank."""
+    """A collective that fails (gloo: RuntimeError "Timed out ..." or "Connection closed by
+    peer", NCCL: DistError) as one line naming this rank."""
     try:
         yield
     except RuntimeError as err:
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
-            raise
+        why = "did not join" if "timed out" in str(err).lower() or "timeout" in str(
+            err).lower() else "failed in"
         raise DistributedError(
-            f"rank {dist.get_rank()}: the other ranks did not join the {op} of a pathlift "
-            f"pass on a sharded model within the process group's timeout ({text[:160]}); "
-            "every rank must call pathlift on a sharded model, not only rank 0") from err
+            f"rank {dist.get_rank()}: the other ranks {why} the {op} of a pathlift pass on a "
+            f"sharded model ({text[:160]}); every rank must call pathlift on a sharded "
+            "model, not only rank 0, within the process group's timeout") from err
