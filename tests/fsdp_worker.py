@@ -477,3 +477,43 @@ def boundary(rank: int, world: int) -> dict[str, Any]:
                                                           [placement]))
         found[key] = (want, _outcome(lambda m=model: path_norm(m, SHAPE).log10))
     return found
+
+
+def _largest_allocation(call: Callable[[], Any]) -> int:
+    """The largest allocation (bytes) of one torch op that ``call`` runs, forward and
+    backward: the profiler's CPU memory (torch's CPU allocator) attributed to the op
+    itself."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    return max((e.self_cpu_memory_usage for e in prof.events()), default=0)
+
+
+@scenario
+def memory(rank: int, world: int) -> dict[str, Any]:
+    """The largest allocation of each sharded pass on an MLP whose 2048 x 256 layer holds
+    nearly all the weights, against the size of that layer's full weight."""
+    from pathlift.lift import path_norm
+    from pathlift.lift.differentiable import differentiable_path_norm
+    from pathlift.prune import path_magnitude_scores
+
+    torch.manual_seed(0)
+    shape = (1, 16, 16)
+    found: dict[str, Any] = {}
+    for per_layer in (True, False):
+        model = shard(mlp(256, (2048,), 10), per_layer)
+        calls = {"path_norm q=1": lambda m=model: path_norm(m, shape),
+                 "path_norm q=8": lambda m=model: path_norm(m, shape, q=8),
+                 "penalty + backward": lambda m=model: differentiable_path_norm(
+                     m, shape).backward(),
+                 "scores": lambda m=model: path_magnitude_scores(m, shape)}
+        for call in calls.values():
+            call()  # traced, workspace grown: what every later call finds
+        key = "layer" if per_layer else "whole"
+        found[key] = {name: _largest_allocation(call) for name, call in calls.items()}
+    plain = mlp(256, (2048,), 10)  # the control: the plain model's scores
+    path_magnitude_scores(plain, shape)
+    found["plain scores"] = _largest_allocation(lambda: path_magnitude_scores(plain, shape))
+    found["weight"] = 2048 * 256  # entries of the largest full weight
+    return found

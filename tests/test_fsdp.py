@@ -165,3 +165,18 @@ def test_dtensor_parameters_set_by_hand_are_read_or_refused(tmp_path: Path) -> N
             assert _close(got, want), (placement, got, want)
         want, got = found["shard1"]
         assert _refused(got, "'1.weight' (Linear) is a DTensor placed as (Shard(dim=1),)")
+
+
+def test_no_allocation_of_a_sharded_pass_reaches_the_largest_full_weight(tmp_path: Path
+                                                                          ) -> None:
+    """The largest allocation of one op (torch profiler, CPU memory) in path_norm (q = 1,
+    8: float64), the penalty and its backward (float32) and the scores (float64) of an
+    FSDP2 MLP whose 2048 x 256 layer holds 98% of the weights: never more than this rank's
+    half of that layer in float64 (the scores' |W| leaf), while the plain model's scores
+    allocate the whole layer in float64 (the control: the measure sees such a tensor)."""
+    for found in spawn("memory", 2, tmp_path):
+        shard = found["weight"] * 8 // 2  # bytes of this rank's half, in float64
+        for key in ("layer", "whole"):
+            for name, largest in found[key].items():
+                assert 0 < largest <= shard, (key, name, largest, shard)
+        assert found["plain scores"] >= 2 * shard

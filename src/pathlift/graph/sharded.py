@@ -114,9 +114,15 @@ class ShardedLayer:
         """The layer's largest |w| or |b| (1 if all are zero), the same on every rank."""
         if self.split is None:
             return handler.largest(self.view)
-        peak = max((float(t.detach().abs().max()) for t in handler.dag_parameters(self.view)
+        peak = max((_peak(t) for t in handler.dag_parameters(self.view)
                     if t is not None and t.numel()), default=0.0)
         return all_max(peak, self.rows.group) or 1.0
+
+
+def _peak(t: Tensor) -> float:
+    """max |t| without a copy of |t|."""
+    low, high = torch.aminmax(t.detach())
+    return max(-float(low), float(high))
 
 
 def _layer(module: nn.Module, handler: Handler, shards: dict[str, Tensor]) -> ShardedLayer:
