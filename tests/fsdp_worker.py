@@ -193,22 +193,35 @@ def _norms(model: nn.Module, shape: tuple[int, ...]) -> dict[str, float | None]:
     return found
 
 
+def _halved(model: nn.Module) -> nn.Module:
+    """``model`` with every parameter halved: same signs, dominated (Lemma 3.4.1)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    return model
+
+
 @scenario
 def path_norms(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
-    """Float64 path-norms (q = 1, 2, 8) and the input-Lipschitz bound of each model,
-    unsharded (every rank alone) and sharded, per layer and whole; the sharded model
-    trains after each call."""
+    """Float64 path-norms (q = 1, 2, 8), the input-Lipschitz bound and the parameter one
+    against the halved model (an exact path-metric) of each model, unsharded (every rank
+    alone) and sharded, per layer and whole; the sharded model trains after each call."""
     from pathlift.graph import copy_model
+    from pathlift.lift import lipschitz_params
 
     found: dict[str, Any] = {}
     for name in names:
         shape = MODELS[name][1]
         for per_layer in (True, False):
-            model = built(name)
+            model, other = built(name), _halved(built(name))
             reference = _norms(copy_model(model), shape)
+            reference["params"] = lipschitz_params(copy_model(model), copy_model(other),
+                                                   shape).log10
             shard(model, per_layer)
+            shard(other, per_layer)
             key = f"{name}/{'layer' if per_layer else 'whole'}"
             found[key] = {"reference": reference, "sharded": _norms(model, shape)}
+            found[key]["sharded"]["params"] = lipschitz_params(model, other, shape).log10
             model.train()
             found[key]["loss"] = train_step(model, torch.ones(2, *shape))
             model.eval()

@@ -31,8 +31,9 @@ def _close(a: float, b: float, rel: float = 1e-12) -> bool:
 ])
 def test_path_norms_and_lipschitz_of_sharded_models_equal_the_plain_ones(
         tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
-    """q = 1, 2, 8 (above LARGE_Q: each layer divided by its all-reduced unit) and the
-    input-Lipschitz bound with Pi_{1,1} where it exists, FSDP2 per layer and whole; on 3
+    """q = 1, 2, 8 (above LARGE_Q: each layer divided by its all-reduced unit), the
+    input-Lipschitz bound with Pi_{1,1} where it exists and the parameter-Lipschitz bound
+    against the halved model (exact path-metric), FSDP2 per layer and whole; on 3
     ranks the MLP's 7- and 2-row layers and the U-Net's 2-channel head split unevenly
     (3, 3, 1 and 1, 1, 0 rows)."""
     ranks = spawn("path_norms", world, tmp_path, limit=600, names=names)

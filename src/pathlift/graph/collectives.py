@@ -128,6 +128,14 @@ def all_max(value: float, group: Any) -> float:
     return float(t)
 
 
+def all_true(flags: tuple[bool, ...], group: Any) -> tuple[bool, ...]:
+    """Each flag's conjunction over the ranks of ``group``."""
+    t = torch.tensor(flags, dtype=torch.int64, device=_device(group))
+    with _one_line("all-reduce"):
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return tuple(bool(f) for f in t.tolist())
+
+
 def all_objects(value: Any, group: Any = None) -> list[Any]:
     """Every rank's ``value`` (picklable), in rank order."""
     out: list[Any] = [None] * dist.get_world_size(group)

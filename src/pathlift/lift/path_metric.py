@@ -10,10 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from pathlift.errors import UnsupportedModelError
 from pathlift.graph import Call, Kind, LayerGraph, graph_of
 from pathlift.graph.channels import channel_map
+from pathlift.graph.collectives import all_true
 from pathlift.graph.factors import incoming_norms
 from pathlift.graph.normalize import normalize
+from pathlift.graph.sharded import ShardedLayers, is_sharded_graph
 from pathlift.graph.structure import (
     fan_in,
     longest_path,
@@ -117,11 +120,21 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
     graph_b = graph_of(model_b, input_shape or graph_a.input_shape)
     graph_a.check_values()
     graph_b.check_values()
-    pairs = paired_parameters(graph_a, graph_b)
+    sharded = is_sharded_graph(graph_a), is_sharded_graph(graph_b)
+    if sharded[0] != sharded[1]:
+        raise UnsupportedModelError(
+            "one model is sharded (FSDP2) and the other is not; compare two models sharded "
+            "alike, or two plain ones")
+    if sharded[0]:  # each rank compares its shards; the verdicts are all-reduced
+        views_a, views_b = ShardedLayers(graph_a), ShardedLayers(graph_b)
+        pairs = paired_parameters(views_a.graph, views_b.graph)
+        signs, b_le_a, a_le_b = all_true(_dominates(pairs), views_a.group)
+    else:
+        pairs = paired_parameters(graph_a, graph_b)
+        signs, b_le_a, a_le_b = _dominates(pairs)
     log_a, log_b = log_outputs(graph_a, 1.0), log_outputs(graph_b, 1.0)
     norm_a = float(torch.logsumexp(log_a, 0)) / LN10
     norm_b = float(torch.logsumexp(log_b, 0)) / LN10
-    signs, b_le_a, a_le_b = _dominates(pairs)
     if signs and (b_le_a or a_le_b):
         big, small = (log_a, log_b) if b_le_a else (log_b, log_a)
         d, accuracy = _log_diff(big, small)
@@ -129,7 +142,9 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
                           "signs agree and one model dominates the other (Lemma 3.4.1)")
     totals = torch.tensor([norm_a, norm_b], dtype=torch.float64) * LN10
     lower, accuracy = _log_diff(totals.max().reshape(1), totals.min().reshape(1))
-    upper, why = _upper_bound_log(graph_a, graph_b)
+    upper, why = (math.inf, "Lemma F.3 needs the normalised models, which pathlift does "
+                  "not compute for sharded models") if sharded[0] else \
+        _upper_bound_log(graph_a, graph_b)
     reason = ("signs differ" if not signs else "neither model dominates the other") + \
         "; lower bound: paper 002 eq. (6); upper bound: " + why
     return PathMetric(INTERVAL, lower / LN10, upper / LN10, norm_a, norm_b, signs,
