@@ -173,17 +173,13 @@ def meta_clone(model: nn.Module) -> nn.Module:
 
     def clone(m: nn.Module) -> nn.Module:
         if id(m) not in modules:
-            new = modules[id(m)] = object.__new__(_plain_class(type(m)))
-            new.__dict__.update(vars(m))
+            new = modules[id(m)] = module_view(m, {
+                k: meta(v) for k, v in (*m._parameters.items(), *m._buffers.items())
+                if v is not None})
             for key, value in vars(m).items():
                 if isinstance(value, Tensor):
                     new.__dict__[key] = meta(value)
-            new._parameters = {k: None if v is None else meta(v)
-                               for k, v in m._parameters.items()}
-            new._buffers = {k: None if v is None else meta(v) for k, v in m._buffers.items()}
             new._modules = {k: None if c is None else clone(c) for k, c in m._modules.items()}
-            if new.__class__ is not type(m):
-                _drop_fsdp_hooks(new)
         return modules[id(m)]
 
     return clone(model)

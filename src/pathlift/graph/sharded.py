@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pathlift.errors import UnsupportedModelError
 from pathlift.graph.abs_pow import AbsPowInterpreter, channel_bias
 from pathlift.graph.boundary import module_view, sharded_parameters
 from pathlift.graph.collectives import (
@@ -58,8 +59,9 @@ def rows_of(t: Tensor) -> Rows | None:
     mesh = t.device_mesh
     rows = Rows.chunk(t.shape[0], mesh.get_local_rank(), mesh.size(), mesh.get_group())
     if t.to_local().shape[0] != rows.count:  # pragma: no cover - another torch's split
-        raise RuntimeError(f"a DTensor of {t.shape[0]} rows holds {t.to_local().shape[0]} "
-                           f"on this rank, not torch.chunk's {rows.count}")
+        raise UnsupportedModelError(
+            f"a DTensor of {t.shape[0]} rows holds {t.to_local().shape[0]} on this rank, "
+            f"not torch.chunk's {rows.count}: a split pathlift does not know")
     return rows
 
 
@@ -149,10 +151,18 @@ def _layer(module: nn.Module, handler: Handler, shards: dict[str, Tensor]) -> Sh
 class ShardedLayers:
     """Every layer of ``graph`` with sharded parameters, as this rank reads them now:
     ``graph`` becomes the same graph over their views (the layers without shards are the
-    model's own), ``layer(module)`` the ``ShardedLayer`` of a view."""
+    model's own), ``layer(module)`` the ``ShardedLayer`` of a view. First, one small
+    all-reduce checks that every rank runs ``purpose`` on a graph of the same shapes
+    (``same_pass``), before any collective of the pass."""
 
-    def __init__(self, graph: LayerGraph):
-        table = sharded_parameters(graph.model)
+    def __init__(self, graph: LayerGraph, purpose: str = "a pass"):
+        table = sharded_parameters(graph.owner)
+        groups = [t.device_mesh.get_group() for t in table.values()]
+        self.group = groups[0] if groups else None
+        if self.group is not None:
+            shapes = [tuple(n.meta["tensor_meta"].shape) for n in graph.nodes()
+                      if "tensor_meta" in n.meta]
+            same_pass(f"{purpose} {graph.input_shape} {shapes}", self.group)
         layers: dict[str, ShardedLayer] = {}
         for node in graph.nodes():
             module = graph.submodule(node)
@@ -165,18 +175,9 @@ class ShardedLayers:
         self.graph = graph.with_modules({t: layer.view for t, layer in layers.items()})
         self.by_target = layers
         self._layers = {id(layer.view): layer for layer in layers.values()}
-        groups = [t.device_mesh.get_group() for t in table.values()]
-        self.group = groups[0] if groups else None
 
     def layer(self, module: nn.Module | None) -> ShardedLayer | None:
         return self._layers.get(id(module))
-
-    def agree(self, what: str) -> None:
-        """Every rank runs pass ``what`` on a graph of the same shape (``same_pass``)."""
-        if self.group is not None:
-            shapes = [tuple(n.meta["tensor_meta"].shape) for n in self.graph.nodes()
-                      if "tensor_meta" in n.meta]
-            same_pass(f"{what} {self.graph.input_shape} {shapes}", self.group)
 
 
 class ShardedWalker:
@@ -187,12 +188,8 @@ class ShardedWalker:
     any hook a pass overrides (its own |W|^q, leaves, records) sees the local rows."""
 
     def __init__(self, graph: LayerGraph, *args: Any, **kwargs: Any):
-        self.shards = ShardedLayers(graph)
+        self.shards = ShardedLayers(graph, type(self).__name__)
         super().__init__(self.shards.graph, *args, **kwargs)
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        self.shards.agree(type(self).__name__)
-        return super().run(*args, **kwargs)
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
@@ -228,5 +225,5 @@ class ShardedAbsPow(ShardedWalker, AbsPowInterpreter):
 
 def is_sharded_graph(graph: LayerGraph) -> bool:
     """Whether a pass over ``graph`` must run sharded (every rank taking part)."""
-    return bool(sharded_parameters(graph.model))
+    return bool(sharded_parameters(graph.owner))
 

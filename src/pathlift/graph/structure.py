@@ -148,7 +148,7 @@ def antecedent_counts(graph: LayerGraph, node: fx.Node, shards: ShardedLayers | 
 
 def fan_in(graph: LayerGraph) -> int:
     """K of paper 002 Lemma F.3: the largest number of antecedents of a neuron (1 if none)."""
-    shards = ShardedLayers(graph) if is_sharded_graph(graph) else None
+    shards = ShardedLayers(graph, "fan_in") if is_sharded_graph(graph) else None
     return max((int(antecedent_counts(graph, n, shards).max()) for n in graph.nodes()
                 if graph.handler(n).creates_neurons), default=1)
 
@@ -166,7 +166,7 @@ class Counts:
 def counts(graph: LayerGraph) -> Counts:
     """Kernel, shared and unshared parameter counts (thesis Thm 4.4.1, Appendix C.2)."""
     kernel, shared, unshared = 1, {}, 0
-    shards = ShardedLayers(graph) if is_sharded_graph(graph) else None
+    shards = ShardedLayers(graph, "counts") if is_sharded_graph(graph) else None
     for n in graph.nodes():
         handler, module = graph.handler(n), graph.submodule(n)
         if handler.kind is Kind.MAXPOOL:

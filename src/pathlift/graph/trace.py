@@ -89,6 +89,13 @@ class LayerGraph:
             raise ValueError("the model this graph was traced from no longer exists")
         return model
 
+    @property
+    def owner(self) -> nn.Module:
+        """The traced model (which holds FSDP2's states) while it exists, else the graph's
+        own table of the layers it calls (a graph bound to a copy that is gone)."""
+        model = self.source() if self.source is not None else None
+        return self.module if model is None else model
+
     def nodes(self) -> Iterator[fx.Node]:
         """Operation nodes in topological order (placeholder and output excluded)."""
         return (n for n in self.graph.nodes if n.op not in ("placeholder", "output"))
@@ -193,7 +200,7 @@ class LayerGraph:
         """Raise UnsupportedModelError naming every layer listed by ``value_problems``; on a
         sharded model every rank reads its shards and raises the problems of all ranks."""
         problems = self.value_problems()
-        if is_sharded(self.model):
+        if is_sharded(self.owner):
             found = {str(p): p for ps in all_objects(problems) for p in ps}
             problems = list(found.values())
         if problems:

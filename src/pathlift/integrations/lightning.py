@@ -14,8 +14,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from pathlift.distributed import World
-from pathlift.errors import InvalidParameterError
-from pathlift.graph.boundary import attach_masks_, prune_masks
+from pathlift.errors import InvalidParameterError, UnsupportedModelError
+from pathlift.graph.boundary import attach_masks_, is_sharded, prune_masks, unwrap
 from pathlift.prune.methods import PruningResult, Scope, prune_model
 from pathlift.track import PathNormTracker
 from pathlift.train.budget import PathNormBudget
@@ -40,7 +40,9 @@ class PathNormCallback(Callback):
     amount, "path-magnitude", scope, last_layer_factor=...)``, the library's own call, so
     the masks are those it makes. Under DDP, rank 0 prunes, the other ranks attach its
     masks, and every rank checks by an all-reduced hash that it holds the same. The row is
-    measured after pruning, on rank 0 only, and logged with ``rank_zero_only=True``.
+    measured after pruning, on rank 0 only, and logged with ``rank_zero_only=True``. A
+    sharded (FSDP2) network is measured by every rank together (rank 0 logs); pruning it
+    in place is refused on every rank.
 
     Args:
         input_shape: the network's input shape, no batch dimension.
@@ -89,6 +91,11 @@ class PathNormCallback(Callback):
 
     def _prune(self, net: nn.Module) -> PruningResult:
         world = World.current()
+        if is_sharded(unwrap(net)):  # refused on every rank: none waits for rank 0's masks
+            raise UnsupportedModelError(
+                "PathNormCallback cannot prune a sharded (FSDP2) network in place "
+                "(torch.nn.utils.prune cannot reparametrise DTensors); prune it before "
+                "fully_shard, or pick masks with pathlift.prune.global_masks")
         result = prune_model(net, self.tracker.input_shape, self.amount, "path-magnitude",
                              self.scope, last_layer_factor=self.last_layer_factor) \
             if world.main else None

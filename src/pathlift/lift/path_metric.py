@@ -126,7 +126,7 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
             "one model is sharded (FSDP2) and the other is not; compare two models sharded "
             "alike, or two plain ones")
     if sharded[0]:  # each rank compares its shards; the verdicts are all-reduced
-        views_a, views_b = ShardedLayers(graph_a), ShardedLayers(graph_b)
+        views_a, views_b = (ShardedLayers(g, "path_metric") for g in (graph_a, graph_b))
         pairs = paired_parameters(views_a.graph, views_b.graph)
         signs, b_le_a, a_le_b = all_true(_dominates(pairs), views_a.group)
     else:

@@ -188,7 +188,7 @@ def magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
     if not is_sharded_graph(graph):
         tensors = {f"{m}.{p}": param(module, p).abs() for m, module, p in entries}
         return Scores("magnitude", tensors, 0.0, _channel_dims(graph))
-    shards = ShardedLayers(graph)
+    shards = ShardedLayers(graph, "magnitude_scores")
     views = {m: shards.by_target.get(m) for m, _, _ in entries}
     tensors = {f"{m}.{p}": views[m].local_rows(p, param(views[m].view, p).abs())
                if views[m] else param(module, p).abs() for m, module, p in entries}
@@ -243,7 +243,7 @@ def _placed(graph: LayerGraph, entries: list[tuple[str, nn.Module, str]],
             tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """Each rank's rows of the scores of a sharded model as DTensors placed like their
     parameters (``tensors[name].full_tensor()`` gathers the whole)."""
-    table = sharded_parameters(graph.model)
+    table = sharded_parameters(graph.owner)
     placed = {}
     for m, module, p in entries:
         shard = table.get((id(module), p), table.get((id(module), p + "_orig")))
