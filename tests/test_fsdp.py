@@ -8,11 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_worker import spawn
+from fsdp_worker import DEFAULT, spawn
 
 
-def test_tracing_an_fsdp2_model_leaves_the_rng_and_the_model_alone(tmp_path: Path) -> None:
-    ranks = spawn("trace_keeps_rng", 2, tmp_path)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every rank's results of the default scenarios, from one 2-rank group."""
+    return spawn("everything", 2, tmp_path_factory.mktemp("fsdp"), limit=900)
+
+
+def ranks_of(request: pytest.FixtureRequest, name: str, world: int = 2, **options: object
+             ) -> list[dict]:
+    """Every rank's result of scenario ``name``: taken from the shared 2-rank run when it
+    is one of the default scenarios, else from a group of its own."""
+    if world == 2 and DEFAULT.get(name) == options:
+        return [found[name] for found in request.getfixturevalue("two_ranks")]
+    return spawn(name, world, request.getfixturevalue("tmp_path"), limit=600, **options)
+
+
+def test_tracing_an_fsdp2_model_leaves_the_rng_and_the_model_alone(
+        request: pytest.FixtureRequest) -> None:
+    ranks = ranks_of(request, "trace_keeps_rng")
     for found in ranks:
         for key in ("layer", "whole"):
             assert found[key]["rng"], key  # FSDPModule.__new__ re-ran __init__ before
@@ -30,13 +46,13 @@ def _close(a: float, b: float, rel: float = 1e-12) -> bool:
     pytest.param(2, ("resnet18",), marks=pytest.mark.slow),
 ])
 def test_path_norms_and_lipschitz_of_sharded_models_equal_the_plain_ones(
-        tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
+        request: pytest.FixtureRequest, world: int, names: tuple[str, ...]) -> None:
     """q = 1, 2, 8 (above LARGE_Q: each layer divided by its all-reduced unit), the
     input-Lipschitz bound with Pi_{1,1} where it exists and the parameter-Lipschitz bound
     against the halved model (exact path-metric), FSDP2 per layer and whole; on 3
     ranks the MLP's 7- and 2-row layers and the U-Net's 2-channel head split unevenly
     (3, 3, 1 and 1, 1, 0 rows)."""
-    ranks = spawn("path_norms", world, tmp_path, limit=600, names=names)
+    ranks = ranks_of(request, "path_norms", world, names=names)
     for key, found in ranks[0].items():
         for what, value in found["reference"].items():
             got = found["sharded"][what]
@@ -52,12 +68,12 @@ def test_path_norms_and_lipschitz_of_sharded_models_equal_the_plain_ones(
     pytest.param(3, ("mlp", "resnet18"), "l2", marks=pytest.mark.slow),
 ])
 def test_a_penalised_fsdp2_step_updates_every_shard_as_the_plain_step(
-        tmp_path: Path, world: int, names: tuple[str, ...], penalty: str) -> None:
+        request: pytest.FixtureRequest, world: int, names: tuple[str, ...], penalty: str) -> None:
     """loss = cross-entropy + 0.1 * penalty inside an ordinary FSDP2 step (forward,
     penalty, backward, SGD): the gradient FSDP2 reduce-scatters and the penalty's, put in
     each DTensor's .grad by the sharded pass, give the plain step's update to float32
     round-off, and the model trains on."""
-    ranks = spawn("penalty_step", world, tmp_path, limit=600, names=names, penalty=penalty)
+    ranks = ranks_of(request, "penalty_step", world, names=names, penalty=penalty)
     for found in ranks:
         for key, step in found.items():
             assert step["penalty"] == pytest.approx(step["reference"], rel=1e-6), key
@@ -71,12 +87,12 @@ def test_a_penalised_fsdp2_step_updates_every_shard_as_the_plain_step(
     pytest.param(3, ("mlp", "unet", "pruned", "resnet18"), marks=pytest.mark.slow),
 ])
 def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
-        tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
+        request: pytest.FixtureRequest, world: int, names: tuple[str, ...]) -> None:
     """path_magnitude_scores and magnitude_scores (biases included) come back as DTensors
     sharded like the parameters, each rank's shard the plain scores' chunk (dim 0); the
     global masks chosen from them (threshold by all-reduced counts) are the plain masks'
     chunks, ties included."""
-    ranks = spawn("scores", world, tmp_path, limit=600, names=names)
+    ranks = ranks_of(request, "scores", world, names=names)
     for found in ranks:
         for key, model in found.items():
             for fn in ("path_magnitude_scores", "magnitude_scores"):
@@ -95,11 +111,11 @@ def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
     pytest.param(3, ("mlp", "resnet18"), marks=pytest.mark.slow),
 ])
 def test_the_tracker_and_lightning_callbacks_on_fsdp2_models(
-        tmp_path: Path, world: int, names: tuple[str, ...]) -> None:
+        request: pytest.FixtureRequest, world: int, names: tuple[str, ...]) -> None:
     """Every rank calls; rank 0 gets the plain model's row (path-norms, both bounds,
     sparsities) to 1e-12 and the callback logs it, the others get None; the
     regulariser's gradient, added after FSDP2's backward, gives the plain step."""
-    ranks = spawn("tracker", world, tmp_path, limit=600, names=names)
+    ranks = ranks_of(request, "tracker", world, names=names)
     for rank, found in enumerate(ranks):
         for key, model in found.items():
             want, got = model["want"], model["got"]
@@ -122,12 +138,12 @@ def _refused(outcome: object, *words: str) -> bool:
             and "\n" not in outcome[1] and all(w in outcome[1] for w in words))
 
 
-def test_fsdp1_is_refused_in_one_line_or_exact_inside_summon_full_params(tmp_path: Path
-                                                                         ) -> None:
+def test_fsdp1_is_refused_in_one_line_or_exact_inside_summon_full_params(
+        request: pytest.FixtureRequest) -> None:
     """FSDP1 segfaulted (freed flat shards), read 1-D shards or broke the model; now:
     refused before anything runs, exact inside summon_full_params where the rank holds
     the parameters, never a hang, and the next training step passes."""
-    ranks = spawn("fsdp1", 2, tmp_path)
+    ranks = ranks_of(request, "fsdp1")
     for rank, found in enumerate(ranks):
         for key, row in found.items():
             for when in ("before", "mid"):
@@ -147,20 +163,21 @@ def test_fsdp1_is_refused_in_one_line_or_exact_inside_summon_full_params(tmp_pat
 
 def test_a_rank_measuring_alone_gets_a_typed_error_within_the_timeout(tmp_path: Path
                                                                       ) -> None:
-    """Rank 0 calls path_norm on an FSDP2 model, rank 1 does not (group timeout 5 s): a
-    one-line DistributedError after about 5 s, not a wait of the default 30 minutes."""
-    ranks = spawn("alone", 2, tmp_path, timeout=5, wait=20)
+    """Rank 0 calls path_norm on an FSDP2 model, rank 1 does not (group timeout 3 s): a
+    one-line DistributedError after about 3 s, not a wait of the default 30 minutes."""
+    ranks = spawn("alone", 2, tmp_path, timeout=3, done=str(tmp_path / "done"))
     kind, message = ranks[0]["outcome"]
     assert kind == "DistributedError" and "\n" not in message, ranks[0]
     assert "rank 0: the other ranks did not join" in message
     assert "every rank must call pathlift" in message
-    assert ranks[0]["seconds"] < 15, ranks[0]
+    assert ranks[0]["seconds"] < 10, ranks[0]
 
 
-def test_dtensor_parameters_set_by_hand_are_read_or_refused(tmp_path: Path) -> None:
+def test_dtensor_parameters_set_by_hand_are_read_or_refused(
+        request: pytest.FixtureRequest) -> None:
     """Replicated DTensors and dim-0 shards are read (exactly); a dim-1 shard is refused
     in one line naming the parameter."""
-    for found in spawn("boundary", 2, tmp_path):
+    for found in ranks_of(request, "boundary"):
         for placement in ("replicate", "shard0"):
             want, got = found[placement]
             assert _close(got, want), (placement, got, want)
@@ -168,14 +185,14 @@ def test_dtensor_parameters_set_by_hand_are_read_or_refused(tmp_path: Path) -> N
         assert _refused(got, "'1.weight' (Linear) is a DTensor placed as (Shard(dim=1),)")
 
 
-def test_no_allocation_of_a_sharded_pass_reaches_the_largest_full_weight(tmp_path: Path
-                                                                          ) -> None:
+def test_no_allocation_of_a_sharded_pass_reaches_the_largest_full_weight(
+        request: pytest.FixtureRequest) -> None:
     """The largest allocation of one op (torch profiler, CPU memory) in path_norm (q = 1,
     8: float64), the penalty and its backward (float32) and the scores (float64) of an
     FSDP2 MLP whose 2048 x 256 layer holds 98% of the weights: never more than this rank's
     half of that layer in float64 (the scores' |W| leaf), while the plain model's scores
     allocate the whole layer in float64 (the control: the measure sees such a tensor)."""
-    for found in spawn("memory", 2, tmp_path):
+    for found in ranks_of(request, "memory"):
         shard = found["weight"] * 8 // 2  # bytes of this rank's half, in float64
         for key in ("layer", "whole"):
             for name, largest in found[key].items():
