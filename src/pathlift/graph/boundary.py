@@ -307,33 +307,39 @@ def readable(model: nn.Module) -> nn.Module:
     if is_fsdp1(model):
         model = _fsdp1_view(model, _loaded("torch.distributed.fsdp", "FullyShardedDataParallel"))
     model = unwrap(model)
-    for prefix, m in model.named_modules():
-        for key, t in (*m._parameters.items(), *m._buffers.items(), *vars(m).items()):
-            if isinstance(t, Tensor):
-                reason = _unreadable(t)
-                if reason is not None:
-                    where = f"{prefix}.{key}" if prefix else key
-                    error = UnsupportedModelError if is_dtensor(t) else InvalidParameterError
-                    raise error(f"'{where}' ({type(m).__name__}) {reason}")
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    for m in model.modules():  # every call: kept to a few attribute reads per tensor
+        for table in (m._parameters, m._buffers, vars(m)):
+            for key, t in table.items():
+                if isinstance(t, Tensor):
+                    reason = _unreadable(t, dtensor)
+                    if reason is not None:
+                        where = next(f"{p}.{key}" if p else key
+                                     for p, c in model.named_modules() if c is m)
+                        error = UnsupportedModelError if dtensor is not None and isinstance(
+                            t, dtensor) else InvalidParameterError
+                        raise error(f"'{where}' ({type(m).__name__}) {reason}")
     return model
 
 
-def _unreadable(t: Tensor) -> str | None:
-    """Why a tensor of a model cannot be read as numbers, or None."""
-    if is_dtensor(t):
+def _unreadable(t: Tensor, dtensor: type | None) -> str | None:
+    """Why a tensor of a model cannot be read as numbers, or None (``dtensor``: the
+    DTensor class when it is loaded)."""
+    if dtensor is not None and isinstance(t, dtensor):
         mesh, placements = t.device_mesh, t.placements
         if mesh.ndim == 1 and all(p.is_shard(0) or p.is_replicate() for p in placements):
             return None
         return (f"is a DTensor placed as {placements} on a {mesh.ndim}-D mesh; pathlift "
                 "reads DTensors split on dim 0 over one mesh dimension (FSDP2's fully_shard "
                 "on a 1-D mesh) or replicated; gather it (full_tensor()) on a copy first")
-    if t.device.type == "meta":
+    if t.is_meta:
         return ("is on the meta device (shapes without values); materialise the model "
                 "first, e.g. model.to_empty(device='cpu') then load_state_dict(...)")
-    if t.numel() and t.layout == torch.strided and t.untyped_storage().nbytes() < (
-            t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(),
-                                                                 strict=True)) + 1
-    ) * t.element_size():
+    if t.layout == torch.strided and t.numel() and \
+            t.untyped_storage().nbytes() < t.numel() * t.element_size() and \
+            t.untyped_storage().nbytes() < (t.storage_offset() + sum(
+                (n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
+            ) * t.element_size():  # the fast test first: smaller than a dense copy
         return ("has no memory behind it (freed storage, as FSDP1 leaves its parameters "
                 "outside forward, or a ZeRO-style partition); measure the model where its "
                 "parameters are gathered, or a copy loaded from a state_dict")

@@ -65,8 +65,9 @@ def scaled_copy_(out: Tensor, source: Tensor, unit: float = 1.0) -> Tensor:
     after the cast when ``out`` is as wide as ``source`` (a float32 weight divided in
     float32 would cost a float64 path-norm ~1e-8), before it otherwise (a float64 weight
     cast to float32 first could overflow)."""
-    if unit == 1.0:
-        return out.copy_(source).abs_()
+    if unit == 1.0:  # one pass over the memory when no cast is needed
+        return torch.abs(source, out=out) if out.dtype == source.dtype else \
+            out.copy_(source).abs_()
     if torch.finfo(out.dtype).bits < torch.finfo(source.dtype).bits:
         return out.copy_(source / unit).abs_()
     return out.copy_(source).div_(unit).abs_()
