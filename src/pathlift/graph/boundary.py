@@ -396,8 +396,11 @@ _FSDP1_VIEWS: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyD
 
 def dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:
     """The floating dtype and device of the model's first floating parameter or buffer
-    (float32 on the CPU for a model without any). Refuses a model on the meta device."""
-    for t in (*model.parameters(), *model.buffers()):  # BatchNorm(affine=False): buffers only
+    (float32 on the CPU for a model without any; an FSDP2 model's shards first, not the
+    gathered parameters of a mixed-precision forward). Refuses a model on the meta
+    device."""
+    for t in (*sharded_parameters(model).values(), *model.parameters(),
+              *model.buffers()):  # BatchNorm(affine=False): buffers only
         if t.is_floating_point():
             if t.device.type == "meta":
                 raise InvalidParameterError(
