@@ -224,7 +224,7 @@ for pattern, batch in [((1, 64, 64, 1), 70), ((2, 48, 192, 4), 33), ((1, 300, 70
     w, x = random_factor(p), torch.randn(batch, p.in_features)
     ref = x.double() @ to_dense(w.double(), p).T
     for layout in ("bsf", "bsl"):
-        y = triton_kernel._launch(x if layout == "bsf" else x.T.contiguous(), w, p, layout)
+        y = triton_kernel.launch(x if layout == "bsf" else x.T.contiguous(), w, p, layout)
         y = y if layout == "bsf" else y.T
         assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5, (p, layout)
 print("ok")

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from pathlift import files
 from pathlift.kron.machine import cache_dir, cpu_features, warn_unusable_cache
 
-__all__ = ["CpuKernel", "build_flags", "fused_bsf", "fused_bsl", "load_kernel", "pack"]
+__all__ = ["CpuKernel", "build_flags", "grad_factor", "load_kernel", "multiply", "pack"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -208,12 +208,22 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
         return None
     if dtype == torch.bfloat16 and not lib.ks_has_bf16():
         return None  # no bf16 dot products: the caller runs the float32 kernel
-    long, ptr = ctypes.c_long, ctypes.c_void_p
-    entries = (lib.ks_bsf_bf16,) if dtype == torch.bfloat16 else (lib.ks_bsf, lib.ks_bsf_d,
-                                                                    lib.ks_bsl)
-    for fn in entries:
-        fn.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
-        fn.restype = ctypes.c_int
+    long, ptr, longs = ctypes.c_long, ctypes.c_void_p, ctypes.POINTER(ctypes.c_long)
+    if dtype == torch.bfloat16:
+        lib.ks_bsf_bf16.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
+        lib.ks_bsf_bf16.restype = ctypes.c_int
+    else:
+        lib.ks_bsl.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
+        lib.ks_bsf.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, long, ctypes.c_int]
+        lib.ks_bsf_d.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, longs, long,
+                                 ctypes.c_int]
+        lib.ks_grad.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, longs, long,
+                                ctypes.c_int]
+        for fn in (lib.ks_bsl, lib.ks_bsf, lib.ks_bsf_d, lib.ks_grad):
+            fn.restype = ctypes.c_int
+        lib.ks_pack.argtypes = [ptr, longs, *[long] * 5, ptr]
+        lib.ks_pack_d.argtypes = [ptr, longs, *[long] * 4, ptr]
+        lib.ks_pack.restype = lib.ks_pack_d.restype = None
     lib.ks_isa.restype = ctypes.c_char_p
     tile = (ctypes.c_long * 5)()
     lib.ks_tile(tile)
@@ -230,33 +240,40 @@ def load_kernel(dtype: torch.dtype) -> CpuKernel | None:
     return _load(dtype, _compiler(), build_flags())
 
 
-def _slivers(w: torch.Tensor, width: int) -> torch.Tensor:
-    """(a, d, ceil(b/width), c, width) with [i, j, s, l, t] = w[i, s*width + t, l, j]."""
-    a, b, c, d = w.shape
-    padded = F.pad(w.permute(0, 3, 2, 1), (0, -(-b // width) * width - b))  # (a, d, c, bpad)
-    return padded.reshape(a, d, c, -1, width).permute(0, 1, 3, 2, 4).contiguous()
+@functools.lru_cache(maxsize=1024)
+def _longs(values: tuple[int, ...]) -> ctypes.Array:
+    """A C array of longs (strides), made once per value: the kernels only read it."""
+    return (ctypes.c_long * len(values))(*values)
 
 
-def pack(w: torch.Tensor, kernel: CpuKernel) -> dict[str, torch.Tensor]:
-    """The factor w (a, b, c, d) in the kernel's storage for each layout: output features in
-    slivers of NR (batch-size-first) or MR (batch-size-last), zero-padded; and when d is a
-    multiple of the vector lanes, (a, d/LANES, ceil(b/DK), c, DK, LANES) for ``ks_bsf_d``.
+def pack(w: torch.Tensor, kernel: CpuKernel, layout: str) -> torch.Tensor:
+    """The factor w (a, b, c, d) in the kernel's storage for ``layout``, read through its
+    strides in one pass in C (``ks_pack``), so the transposed view ``w.transpose(1, 2)``
+    packs K^T without a copy.
+
+    Batch-size-first: output features in slivers of NR, (a, d, ceil(b/NR), c, NR), or, when
+    d is a multiple of the vector lanes, (a, d/LANES, ceil(b/DK), c, DK, LANES) for
+    ``ks_bsf_d``; batch-size-last: slivers of MR, (a, d, ceil(b/MR), c, MR); zero-padded.
     For the bfloat16 kernel (batch-size-first only) the slivers of NR hold pairs of the
     inner dimension: (a, d, ceil(b/NR), ceil(c/2), NR, 2)."""
+    a, b, c, d = w.shape
+    w = w.detach()
     if kernel.dtype == torch.bfloat16:
-        a, b, c, d = w.shape
         nr = kernel.nr
         padded = F.pad(w.to(torch.bfloat16).permute(0, 3, 1, 2),
                        (0, c % 2, 0, -(-b // nr) * nr - b))  # (a, d, bpad, cpad)
         pairs = padded.reshape(a, d, -1, nr, (c + 1) // 2, 2).permute(0, 1, 2, 4, 3, 5)
-        return {"bsf_bf16": pairs.contiguous()}
-    out = {"bsf": _slivers(w, kernel.nr), "bsl": _slivers(w, kernel.mr)}
-    a, b, c, d = w.shape
-    lanes, dk = kernel.lanes, kernel.dk
-    if d % lanes == 0:
-        wv = F.pad(w.permute(0, 3, 2, 1), (0, -(-b // dk) * dk - b))  # (a, d, c, bpad)
-        wv = wv.reshape(a, d // lanes, lanes, c, -1, dk).permute(0, 1, 4, 3, 5, 2)
-        out["bsf_d"] = wv.contiguous()
+        return pairs.contiguous()
+    w = w.to(kernel.dtype)
+    strides = _longs(tuple(w.stride()))
+    if layout == "bsf" and d % kernel.lanes == 0:
+        out = torch.empty(a, d // kernel.lanes, -(-b // kernel.dk), c, kernel.dk, kernel.lanes,
+                          dtype=kernel.dtype)
+        kernel.lib.ks_pack_d(w.data_ptr(), strides, a, b, c, d, out.data_ptr())
+        return out
+    width = kernel.nr if layout == "bsf" else kernel.mr
+    out = torch.empty(a, d, -(-b // width), c, width, dtype=kernel.dtype)
+    kernel.lib.ks_pack(w.data_ptr(), strides, a, b, c, d, width, out.data_ptr())
     return out
 
 
@@ -279,45 +296,125 @@ def _check(status: int) -> None:
                           "buffer; free memory or use algorithm='bmm'")
 
 
-def fused_bsf(kernel: CpuKernel, x: torch.Tensor, packed: dict[str, torch.Tensor],
+def _rows_per_task(kernel: CpuKernel, rows: int, shape: tuple[int, ...], along_d: bool,
+                   row_bytes: int) -> tuple[int, int]:
+    """(rows per task, threads): the task's block of X should stay in the L2 cache."""
+    a, _, _, d = shape
+    threads = _threads(rows, shape)
+    tile, tasks = (kernel.dr, a * d // kernel.lanes) if along_d else (kernel.mr, a)
+    l2_rows = (512 * 1024) // max(1, row_bytes)
+    return _tile(rows, max(tile, min(20 * tile, l2_rows)), tile, tasks, threads), threads
+
+
+def _gemm(kernel: CpuKernel, x: torch.Tensor, xs: tuple[int, ...], packed: torch.Tensor,
+          y: torch.Tensor, ys: tuple[int, ...], rows: int, shape: tuple[int, ...]) -> None:
+    """Y(n, i, k, j) = sum_l X(n, i, l, j) W(i, k, l, j) for n < rows, X and Y by strides
+    (n, i, feature, j), W packed in NR-column slivers (``ks_bsf``)."""
+    a, b, c, d = shape
+    mc, threads = _rows_per_task(kernel, rows, shape, False, c * d * x.element_size())
+    _check(kernel.lib.ks_bsf(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, a, b, c, d,
+                             _longs(xs), _longs(ys), mc, threads))
+
+
+def _along_d(kernel: CpuKernel, x: torch.Tensor, xs: tuple[int, ...], w: torch.Tensor,
+             ws: tuple[int, ...], y: torch.Tensor, ys: tuple[int, ...], rows: int,
+             shape: tuple[int, ...]) -> None:
+    """The same product with the vectors along j (``ks_bsf_d``; d a multiple of the lanes,
+    j contiguous in X and Y), W(i, s*DK + q, l, v*LANES + t) at w[i*ws[0] + v*ws[1] +
+    s*ws[2] + q*ws[3] + l*ws[4] + t]."""
+    a, b, c, d = shape
+    mc, threads = _rows_per_task(kernel, rows, shape, True, c * kernel.vector_bytes)
+    _check(kernel.lib.ks_bsf_d(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, a, b, c, d,
+                               _longs(xs), _longs(ws), _longs(ys), mc, threads))
+
+
+def _packed_d_strides(kernel: CpuKernel, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides (i, v, s, q, l) of ``ks_pack_d``'s storage for ``ks_bsf_d``."""
+    _, b, c, d = shape
+    lanes, dk = kernel.lanes, kernel.dk
+    step = c * dk * lanes
+    return d // lanes * -(-b // dk) * step, -(-b // dk) * step, step, lanes, dk * lanes
+
+
+def multiply(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
+             shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """Y = X K^T from x contiguous, (B, acd) batch-size-first or (acd, B) batch-size-last,
+    and packed = pack(w, kernel, layout): Y (B, abd) or (abd, B)."""
+    a, b, c, d = shape
+    if layout == "bsl":
+        batch = x.shape[1]
+        y = torch.empty(a * b * d, batch, dtype=x.dtype)
+        cols = _tile(batch, _BSL_BATCH_TILE, kernel.nr, a * d, _threads(batch, shape))
+        _check(kernel.lib.ks_bsl(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch, a, b,
+                                 c, d, cols, _threads(batch, shape)))
+        return y
+    batch = x.shape[0]
+    if kernel.dtype == torch.bfloat16:  # float32 accumulation, rounded to bfloat16 once
+        return _bsf_bf16(kernel, x, packed, shape)
+    y = torch.empty(batch, a * b * d, dtype=x.dtype)
+    xs, ys = (a * c * d, c * d, d, 1), (a * b * d, b * d, d, 1)
+    if packed.dim() == 6:
+        _along_d(kernel, x, xs, packed, _packed_d_strides(kernel, shape), y, ys, batch, shape)
+    else:
+        _gemm(kernel, x, xs, packed, y, ys, batch, shape)
+    return y
+
+
+def _bsf_bf16(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
               shape: tuple[int, ...]) -> torch.Tensor:
-    """Y (B, abd) from x (B, acd) contiguous and packed = pack(w): along d when d is a
-    multiple of the vector lanes (``ks_bsf_d``), else the GEMM on packed rows."""
     a, b, c, d = shape
     batch = x.shape[0]
     threads = _threads(batch, shape)
-    if "bsf_bf16" in packed:  # float32 accumulation, rounded to bfloat16 once
-        # one block of the inner dimension: the kernel rounds as it stores
-        single = c <= _BF16_INNER_BLOCK
-        y = torch.empty(batch, a * b * d, dtype=torch.bfloat16 if single else torch.float32)
-        rows = _tile(batch, max(kernel.mr, min(20 * kernel.mr, (512 * 1024) // max(
-            1, c * d * 2))), kernel.mr, a, threads)
-        _check(kernel.lib.ks_bsf_bf16(x.data_ptr(), packed["bsf_bf16"].data_ptr(),
-                                      y.data_ptr(), batch, a, b, c, d, rows, threads))
-        return y if single else y.to(torch.bfloat16)
-    y = torch.empty(batch, a * b * d, dtype=x.dtype)
-    if "bsf_d" in packed:
-        tile, tasks, fn, w = kernel.dr, a * d // kernel.lanes, kernel.lib.ks_bsf_d, "bsf_d"
-        row_bytes = c * kernel.vector_bytes  # X[row, i, :, one vector of j]
-    else:
-        tile, tasks, fn, w = kernel.mr, a, kernel.lib.ks_bsf, "bsf"
-        row_bytes = c * d * x.element_size()  # X[row, i, :, :]
-    # rows of one task: the task's block of X should stay in the L2 cache
-    l2_rows = (512 * 1024) // max(1, row_bytes)
-    rows = _tile(batch, max(tile, min(20 * tile, l2_rows)), tile, tasks, threads)
-    _check(fn(x.data_ptr(), packed[w].data_ptr(), y.data_ptr(), batch, a, b, c, d, rows,
-              threads))
-    return y
+    # one block of the inner dimension: the kernel rounds as it stores
+    single = c <= _BF16_INNER_BLOCK
+    y = torch.empty(batch, a * b * d, dtype=torch.bfloat16 if single else torch.float32)
+    rows = _tile(batch, max(kernel.mr, min(20 * kernel.mr, (512 * 1024) // max(
+        1, c * d * 2))), kernel.mr, a, threads)
+    _check(kernel.lib.ks_bsf_bf16(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch, a, b,
+                                  c, d, rows, threads))
+    return y if single else y.to(torch.bfloat16)
 
 
-def fused_bsl(kernel: CpuKernel, x: torch.Tensor, packed: dict[str, torch.Tensor],
-              shape: tuple[int, ...]) -> torch.Tensor:
-    """Y (abd, B) from x (acd, B) contiguous and packed = pack(w)."""
+def _use(rows: int, cols: int, tile: tuple[int, int]) -> float:
+    """The fraction of the micro-tiles' work that is not zero padding."""
+    return rows / (-(-rows // tile[0]) * tile[0]) * cols / (-(-cols // tile[1]) * tile[1])
+
+
+def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
+                shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """dw[i, k, l, j] = sum_n gy[n, (i, k, j)] x[n, (i, l, j)], the gradient of the factor
+    of Y = X K^T, from x and gy contiguous in ``layout``: per pair (i, j) a GEMM with the
+    batch as inner dimension (``ks_grad``, both operands packed block by block in the
+    cache), or, batch-size-first with d a multiple of the vector lanes, ``ks_bsf_d`` with
+    x's rows l and gy read in place as its weights. Rows l and columns k or the reverse,
+    whichever pads the micro-tile less (columns l, contiguous in dw, on a tie)."""
     a, b, c, d = shape
-    batch = x.shape[1]
-    y = torch.empty(a * b * d, batch, dtype=x.dtype)
-    threads = _threads(batch, shape)
-    cols = _tile(batch, _BSL_BATCH_TILE, kernel.nr, a * d, threads)
-    _check(kernel.lib.ks_bsl(x.data_ptr(), packed["bsl"].data_ptr(), y.data_ptr(), batch, a, b,
-                             c, d, cols, threads))
-    return y
+    dw = torch.empty(a, b, c, d, dtype=x.dtype)
+    batch = x.shape[0] if layout == "bsf" else x.shape[1]
+    if batch == 0:
+        return dw.zero_()
+
+    def strides(size: int) -> tuple[int, int, int, int]:
+        """(n, i, feature, j) strides of an operand with ``size`` features per (i, j)."""
+        if layout == "bsf":
+            return a * size * d, size * d, d, 1
+        return 1, size * d * batch, d * batch, batch
+
+    along_d = layout == "bsf" and d % kernel.lanes == 0
+    tile = (kernel.dr, kernel.dk) if along_d else (kernel.mr, kernel.nr)
+    # (rows operand, its features, columns operand, its features, dw's strides (i, col, row, j))
+    by_l = (x, c, gy, b, (b * c * d, c * d, d, 1))
+    by_k = (gy, b, x, c, (b * c * d, d, c * d, 1))
+    rows_t, m, cols_t, n, ws = by_l if _use(c, b, tile) > _use(b, c, tile) else by_k
+    rs, cs = strides(m), strides(n)
+    if along_d:  # X rows (row, i, n, j); the columns operand read in place as the weights
+        lanes, dk = kernel.lanes, kernel.dk
+        _along_d(kernel, rows_t, (rs[2], rs[1], rs[0], 1), cols_t,
+                 (cs[1], lanes, dk * cs[2], cs[2], cs[0]), dw, (ws[2], ws[0], ws[1], 1), m,
+                 (a, n, batch, d))
+        return dw
+    nb = _tile(n, 256, kernel.nr, a * d, _threads(batch, shape))
+    _check(kernel.lib.ks_grad(rows_t.data_ptr(), cols_t.data_ptr(), dw.data_ptr(), batch, a, n,
+                              m, d, _longs(rs), _longs(cs), _longs(ws), nb,
+                              _threads(batch, shape)))
+    return dw

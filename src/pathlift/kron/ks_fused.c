@@ -109,6 +109,13 @@ static void pack_rows(long m, long kc, const real *A, long ar, long ak, real *Ap
     for (long m0 = 0; m0 < m; m0 += MR) {
         const long mr = lmin(MR, m - m0);
         real *dst = Ap + m0 * kc;
+        if (ar == 1) {  /* rows contiguous: one copy per step of the inner dimension */
+            for (long l = 0; l < kc; l++) {
+                memcpy(dst + l * MR, A + m0 + l * ak, sizeof(real) * mr);
+                memset(dst + l * MR + mr, 0, sizeof(real) * (MR - mr));
+            }
+            continue;
+        }
         for (long l = 0; l < kc; l++) {
             long r = 0;
             for (; r < mr; r++) dst[l * MR + r] = A[(m0 + r) * ar + l * ak];
@@ -117,33 +124,36 @@ static void pack_rows(long m, long kc, const real *A, long ar, long ak, real *Ap
     }
 }
 
-/* Bp[n0 * kc + l * NR + t] = B[l * bk + n0 + t]: NR-column slivers, zero-padded. */
-static void pack_cols(long n, long kc, const real *B, long bk, real *Bp)
+/* Bp[n0 * kc + l * NR + t] = B[l * bk + (n0 + t) * bt]: NR-column slivers, zero-padded. */
+static void pack_cols(long n, long kc, const real *B, long bk, long bt, real *Bp)
 {
     for (long n0 = 0; n0 < n; n0 += NR) {
         const long nr = lmin(NR, n - n0);
         real *dst = Bp + n0 * kc;
         for (long l = 0; l < kc; l++) {
-            const real *src = B + l * bk + n0;
-            if (nr == NR) {
+            const real *src = B + l * bk + n0 * bt;
+            if (nr == NR && bt == 1) {
 #pragma GCC unroll 4
                 for (int v = 0; v < NV; v++)
                     *(vec *)(dst + l * NR + v * LANES) = *(const vec *)(src + v * LANES);
             } else {
                 long t = 0;
-                for (; t < nr; t++) dst[l * NR + t] = src[t];
+                for (; t < nr; t++) dst[l * NR + t] = src[t * bt];
                 for (; t < NR; t++) dst[l * NR + t] = 0;
             }
         }
     }
 }
 
-/* Batch-size-first: x (B, a, c, d), y (B, a, b, d); ws (a, d, ceil(b/NR), c, NR) with
-   ws[i, j, s, l, t] = w[i, s*NR + t, l, j]. Tasks: blocks of mc rows of the batch x a. */
+/* Batch-size-first, on strided operands: X(n, i, l, j) = x[n*xs[0] + i*xs[1] + l*xs[2] +
+   j*xs[3]] for n < B rows, l < c; Y(n, i, k, j) likewise with ys and k < b; ws (a, d,
+   ceil(b/NR), c, NR) from ks_pack. The forward product has x (B, a, c, d) and y (B, a, b, d)
+   contiguous; the gradient of the factor runs through it too (rows l, inner dimension the
+   batch, ks_pack of the output gradient as the weights). Tasks: blocks of mc rows x a. */
 int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long c, long d,
-           long mc, int threads)
+           const long *xs, const long *ys, long mc, int threads)
 {
-    const long N = a * c * d, M = a * b * d, nb = (B + mc - 1) / mc, nsl = (b + NR - 1) / NR;
+    const long nb = (B + mc - 1) / mc, nsl = (b + NR - 1) / NR;
     int failed = 0;
     #pragma omp parallel num_threads(threads)
     {
@@ -158,17 +168,17 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
                 if (!Ap) continue;
                 const long n0 = t * mc, rows = lmin(mc, B - n0);
                 for (long j = 0; j < d; j++) {
-                    const real *A = x + n0 * N + i * c * d + j;
+                    const real *A = x + n0 * xs[0] + i * xs[1] + j * xs[3];
                     const real *W = ws + (i * d + j) * nsl * c * NR;
-                    real *C = y + n0 * M + i * b * d + j;
+                    real *C = y + n0 * ys[0] + i * ys[1] + j * ys[3];
                     for (long k0 = 0; k0 < c; k0 += KC) {
                         const long kc = lmin(KC, c - k0);
-                        pack_rows(rows, kc, A + k0 * d, N, d, Ap);
+                        pack_rows(rows, kc, A + k0 * xs[2], xs[0], xs[2], Ap);
                         for (long s = 0; s < nsl; s++)
                             for (long m0 = 0; m0 < rows; m0 += MR)
                                 micro(kc, Ap + m0 * kc, W + (s * c + k0) * NR, NR,
-                                      C + m0 * M + s * NR * d, M, d, lmin(MR, rows - m0),
-                                      lmin(NR, b - s * NR), k0 > 0);
+                                      C + m0 * ys[0] + s * NR * ys[2], ys[0], ys[2],
+                                      lmin(MR, rows - m0), lmin(NR, b - s * NR), k0 > 0);
                     }
                 }
             }
@@ -177,14 +187,16 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
     return failed;
 }
 
-/* Y[r*yn + q*yk + t] (+)= sum_{l < kc} X[r*xn + l*xl + t] * W[l*wl + q*LANES + t] for
+/* Y[r*yn + q*yk + t] (+)= sum_{l < kc} X[r*xn + l*xl + t] * W[l*wl + q*wq + t] for
    r < nr, q < kr, t < LANES: a DR x DK tile of vectors along the contiguous index j. */
 static inline void micro_d(long kc, const real *X, long xn, long xl, const real *restrict W,
-                           long wl, real *Y, long yn, long yk, long nr, long kr,
+                           long wl, long wq, real *Y, long yn, long yk, long nr, long kr,
                            int accumulate)
 {
     vec acc[DR][DK];
-    const real *rows[DR];
+    const real *rows[DR], *cols[DK];  /* past nr rows or kr columns: repeat the first */
+#pragma GCC unroll 8
+    for (int q = 0; q < DK; q++) cols[q] = W + (q < kr ? q : 0) * wq;
 #pragma GCC unroll 8
     for (int r = 0; r < DR; r++) {
         rows[r] = X + (r < nr ? r : 0) * xn;
@@ -197,10 +209,10 @@ static inline void micro_d(long kc, const real *X, long xn, long xl, const real 
         for (int r = 0; r < DR; r++) xv[r] = *(const vec *)(rows[r] + l * xl);
 #pragma GCC unroll 8
         for (int q = 0; q < DK; q++) {
-            vec wq = *(const vec *)(W + l * wl + q * LANES);
-            IN_REGISTER(wq);
+            vec wv = *(const vec *)(cols[q] + l * wl);
+            IN_REGISTER(wv);
 #pragma GCC unroll 8
-            for (int r = 0; r < DR; r++) acc[r][q] += xv[r] * wq;
+            for (int r = 0; r < DR; r++) acc[r][q] += xv[r] * wv;
         }
     }
     for (long r = 0; r < nr; r++)
@@ -210,35 +222,126 @@ static inline void micro_d(long kc, const real *X, long xn, long xl, const real 
         }
 }
 
-/* Batch-size-first with d a multiple of LANES: the vectors run along j, the contiguous
-   index of both X and Y, so nothing is gathered or scattered. wv (a, d/LANES,
-   ceil(b/DK), c, DK, LANES) zero-padded, wv[i, v, s, l, q, t] = w[i, s*DK + q, l,
-   v*LANES + t]: the weights of one tile step are contiguous. KCD steps of the inner
-   dimension keep a tile's weights (KCD x DK vectors) in the L1 cache. Tasks: blocks of
-   mc batch rows x a x d/LANES. */
+/* Batch-size-first with d a multiple of LANES and j contiguous (xs[3] = ys[3] = 1; strides
+   as in ks_bsf): the vectors run along j, so nothing is gathered or scattered. The weights
+   W(i, k, l, j) for k = s*DK + q, j = v*LANES + t are at w[i*ws[0] + v*ws[1] + s*ws[2] +
+   q*ws[3] + l*ws[4] + t]: ks_pack_d's storage (a, d/LANES, ceil(b/DK), c, DK, LANES), where
+   the weights of one tile step are contiguous, or an operand read in place (the output
+   gradient, for the gradient of the factor). KCD steps of the inner dimension keep a tile's
+   weights (KCD x DK vectors) in the L1 cache. Tasks: blocks of mc rows x a x d/LANES. */
 #define KCD (24576 / (DK * VBYTES))
-int ks_bsf_d(const real *x, const real *wv, real *y, long B, long a, long b, long c, long d,
-             long mc, int threads)
+int ks_bsf_d(const real *x, const real *w, real *y, long B, long a, long b, long c, long d,
+             const long *xs, const long *ws, const long *ys, long mc, int threads)
 {
-    const long N = a * c * d, M = a * b * d, nv = d / LANES, nb = (B + mc - 1) / mc;
-    const long nks = (b + DK - 1) / DK;
+    const long nv = d / LANES, nb = (B + mc - 1) / mc, nks = (b + DK - 1) / DK;
     #pragma omp parallel for collapse(3) schedule(dynamic) num_threads(threads)
     for (long t = 0; t < nb; t++)
         for (long i = 0; i < a; i++)
             for (long v = 0; v < nv; v++) {
                 const long n0 = t * mc, rows = lmin(mc, B - n0);
-                const real *W = wv + (i * nv + v) * nks * c * DK * LANES;
-                const real *X = x + n0 * N + i * c * d + v * LANES;
-                real *Y = y + n0 * M + i * b * d + v * LANES;
+                const real *W = w + i * ws[0] + v * ws[1];
+                const real *X = x + n0 * xs[0] + i * xs[1] + v * LANES;
+                real *Y = y + n0 * ys[0] + i * ys[1] + v * LANES;
                 for (long l0 = 0; l0 < c; l0 += KCD)
                     for (long s = 0; s < nks; s++)
                         for (long m0 = 0; m0 < rows; m0 += DR)
-                            micro_d(lmin(KCD, c - l0), X + m0 * N + l0 * d, N, d,
-                                    W + (s * c + l0) * DK * LANES, DK * LANES,
-                                    Y + m0 * M + s * DK * d, M, d, lmin(DR, rows - m0),
-                                    lmin(DK, b - s * DK), l0 > 0);
+                            micro_d(lmin(KCD, c - l0), X + m0 * xs[0] + l0 * xs[2], xs[0],
+                                    xs[2], W + s * ws[2] + l0 * ws[4], ws[4], ws[3],
+                                    Y + m0 * ys[0] + s * DK * ys[2], ys[0], ys[2],
+                                    lmin(DR, rows - m0), lmin(DK, b - s * DK), l0 > 0);
             }
     return 0;
+}
+
+/* The gradient of the factor, dW(i, k, l, j) = sum_n G(n, i, k, j) X(n, i, l, j) (k < b,
+   l < c, n < B): G and X by strides (n, i, feature, j) as in ks_bsf, dW by strides (i, k,
+   l, j). Per pair (i, j), a GEMM with the batch as inner dimension, cache-blocked as the
+   classic one: KC steps of the batch, X[n block, rows] packed into MR-row slivers and
+   G[n block, NB columns] into NR-column slivers, both in L2, the tile accumulated in dW.
+   Tasks: pairs (i, j) x blocks of nb columns. */
+int ks_grad(const real *x, const real *g, real *dw, long B, long a, long b, long c, long d,
+            const long *xs, const long *gs, const long *ws, long nb, int threads)
+{
+    const long ncb = (b + nb - 1) / nb, mc = lmin(c, 20 * MR);
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        real *Ap = malloc(sizeof(real) * ((mc + MR - 1) / MR) * MR * KC);
+        real *Bp = malloc(sizeof(real) * ((nb + NR - 1) / NR) * NR * KC);
+        if (!Ap || !Bp) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(3) schedule(dynamic)
+        for (long i = 0; i < a; i++)
+            for (long j = 0; j < d; j++)
+                for (long cb = 0; cb < ncb; cb++) {
+                    if (!Ap || !Bp) continue;
+                    const long k0 = cb * nb, cols = lmin(nb, b - k0);
+                    const real *X = x + i * xs[1] + j * xs[3];
+                    const real *G = g + i * gs[1] + k0 * gs[2] + j * gs[3];
+                    real *C = dw + i * ws[0] + k0 * ws[1] + j * ws[3];
+                    for (long n0 = 0; n0 < B; n0 += KC) {
+                        const long kc = lmin(KC, B - n0);
+                        pack_cols(cols, kc, G + n0 * gs[0], gs[0], gs[2], Bp);
+                        for (long l0 = 0; l0 < c; l0 += mc) {
+                            const long rows = lmin(mc, c - l0);
+                            pack_rows(rows, kc, X + n0 * xs[0] + l0 * xs[2], xs[2], xs[0], Ap);
+                            for (long s0 = 0; s0 < cols; s0 += NR)
+                                for (long m0 = 0; m0 < rows; m0 += MR)
+                                    micro(kc, Ap + m0 * kc, Bp + s0 * kc, NR,
+                                          C + (l0 + m0) * ws[2] + s0 * ws[1], ws[2], ws[1],
+                                          lmin(MR, rows - m0), lmin(NR, cols - s0), n0 > 0);
+                        }
+                    }
+                }
+        free(Ap);
+        free(Bp);
+    }
+    return failed;
+}
+
+/* The packings of a factor given through strides, W(i, k, l, j) = w[i*st[0] + k*st[1] +
+   l*st[2] + j*st[3]] (the factor itself, its transpose in (k, l) for the gradient of the
+   input, or the output gradient as the weights of the gradient of the factor), in one pass
+   without copies in torch. ks_pack: slivers of `width` output features, out (a, d,
+   ceil(b/width), c, width), out[i, j, s, l, t] = W(i, s*width + t, l, j), zero past b. */
+void ks_pack(const real *w, const long *st, long a, long b, long c, long d, long width,
+             real *out)
+{
+    const long nsl = (b + width - 1) / width;
+    for (long i = 0; i < a; i++)
+        for (long s = 0; s < nsl; s++) {
+            const long kw = lmin(width, b - s * width);
+            for (long j = 0; j < d; j++) {
+                const real *src = w + i * st[0] + s * width * st[1] + j * st[3];
+                real *dst = out + ((i * d + j) * nsl + s) * c * width;
+                for (long l = 0; l < c; l++, dst += width) {
+                    long t = 0;
+                    if (st[1] == 1)  /* output features contiguous: one copy */
+                        memcpy(dst, src + l * st[2], sizeof(real) * (t = kw));
+                    for (; t < kw; t++) dst[t] = src[t * st[1] + l * st[2]];
+                    for (; t < width; t++) dst[t] = 0;
+                }
+            }
+        }
+}
+
+/* ks_pack_d: out (a, d/LANES, ceil(b/DK), c, DK, LANES), out[i, v, s, l, q, t] =
+   W(i, s*DK + q, l, v*LANES + t), zero past b (the weights of ks_bsf_d). */
+void ks_pack_d(const real *w, const long *st, long a, long b, long c, long d, real *out)
+{
+    const long nv = d / LANES, nks = (b + DK - 1) / DK;
+    for (long i = 0; i < a; i++)
+        for (long v = 0; v < nv; v++)
+            for (long s = 0; s < nks; s++)
+                for (long l = 0; l < c; l++)
+                    for (long q = 0; q < DK; q++, out += LANES) {
+                        const long k = s * DK + q;
+                        const real *src = w + i * st[0] + k * st[1] + l * st[2]
+                                          + v * LANES * st[3];
+                        for (long t = 0; t < LANES; t++) out[t] = k < b ? src[t * st[3]] : 0;
+                    }
 }
 
 /* Batch-size-last: x (a, c, d, B), y (a, b, d, B); wr (a, d, ceil(b/MR), c, MR) with
@@ -268,7 +371,7 @@ int ks_bsl(const real *x, const real *wr, real *y, long B, long a, long b, long 
                     real *C = y + (i * b * d + j) * B + n0;
                     for (long k0 = 0; k0 < c; k0 += KC) {
                         const long kc = lmin(KC, c - k0);
-                        pack_cols(cols, kc, X + k0 * d * B, d * B, Bp);
+                        pack_cols(cols, kc, X + k0 * d * B, d * B, 1, Bp);
                         for (long s0 = 0; s0 < cols; s0 += NR)
                             for (long m0 = 0; m0 < b; m0 += MR)
                                 micro(kc, W + (m0 / MR * c + k0) * MR, Bp + s0 * kc, NR,
