@@ -78,7 +78,13 @@ _BF16_INNER_BLOCK = 256  # KC of ks_fused.c: ks_bsf_bf16 writes bf16 when c fits
 def build_flags() -> tuple[str, ...]:
     """Compiler flags: ``-O3 -march=native -fopenmp ...`` then ``$PATHLIFT_KRON_CFLAGS``
     (e.g. ``-mno-avx512f`` to build the AVX2 kernel on an AVX-512 machine)."""
-    return _BASE_FLAGS + tuple(shlex.split(os.environ.get("PATHLIFT_KRON_CFLAGS", "")))
+    return _flags(os.environ.get("PATHLIFT_KRON_CFLAGS", ""))
+
+
+@functools.cache
+def _flags(extra: str) -> tuple[str, ...]:
+    # parsed once per value: every fused prepare asks for the kernel of the current flags
+    return _BASE_FLAGS + tuple(shlex.split(extra))
 
 
 def _compiler() -> str | None:
@@ -386,8 +392,8 @@ def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
     of Y = X K^T, from x and gy contiguous in ``layout``: per pair (i, j) a GEMM with the
     batch as inner dimension (``ks_grad``, both operands packed block by block in the
     cache), or, batch-size-first with d a multiple of the vector lanes, ``ks_bsf_d`` with
-    x's rows l and gy read in place as its weights. Rows l and columns k or the reverse,
-    whichever pads the micro-tile less (columns l, contiguous in dw, on a tie)."""
+    x's rows l and gy read in place as its weights. Columns l (rows k), unless rows l and
+    columns k pad the micro-tile far less."""
     a, b, c, d = shape
     dw = torch.empty(a, b, c, d, dtype=x.dtype)
     batch = x.shape[0] if layout == "bsf" else x.shape[1]
@@ -405,7 +411,9 @@ def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
     # (rows operand, its features, columns operand, its features, dw's strides (i, col, row, j))
     by_l = (x, c, gy, b, (b * c * d, c * d, d, 1))
     by_k = (gy, b, x, c, (b * c * d, d, c * d, 1))
-    rows_t, m, cols_t, n, ws = by_l if _use(c, b, tile) > _use(b, c, tile) else by_k
+    # columns l unless rows l pad far less: their stores run along dw's inner index
+    # (contiguous for d = 1), those of columns k are c*d apart (the same L1 set when 4 kB)
+    rows_t, m, cols_t, n, ws = by_l if _use(c, b, tile) > 1.25 * _use(b, c, tile) else by_k
     rs, cs = strides(m), strides(n)
     if along_d:  # X rows (row, i, n, j); the columns operand read in place as the weights
         lanes, dk = kernel.lanes, kernel.dk

@@ -65,31 +65,33 @@ const char *ks_isa(void) { return ISA; }
 
 void ks_tile(long *out) { out[0] = VBYTES; out[1] = MR; out[2] = NR; out[3] = DR; out[4] = DK; }
 
-/* C[r*cr + t*cc] (+)= sum_{l < kc} Ap[l*MR + r] * Bp[l*bk + t] for r < mr, t < nr; the
-   operands hold a full MR x NR tile (zero-padded). */
-static inline void micro(long kc, const real *restrict Ap, const real *restrict Bp, long bk,
-                         real *C, long cr, long cc, long mr, long nr, int accumulate)
+/* C[r*cr + t*cc] (+)= sum_{l < kc} Ap[l*MR + r] * Bp[l*bk + t] for r < mr, t < nr, with
+   nv vectors per row (a constant where it is inlined); the operands hold a full MR x
+   nv*LANES tile (zero-padded). */
+static inline __attribute__((always_inline)) void
+micro_nv(long kc, const real *restrict Ap, const real *restrict Bp, long bk, real *C,
+         long cr, long cc, long mr, long nr, int accumulate, const int nv)
 {
     vec acc[MR][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) acc[r][v] = (vec){0};
+        for (int v = 0; v < nv; v++) acc[r][v] = (vec){0};
     for (long l = 0; l < kc; l++) {
         vec bv[NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) bv[v] = *(const vec *)(Bp + l * bk + v * LANES);
+        for (int v = 0; v < nv; v++) bv[v] = *(const vec *)(Bp + l * bk + v * LANES);
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
             const real s = Ap[l * MR + r];
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
+            for (int v = 0; v < nv; v++) acc[r][v] += s * bv[v];
         }
     }
-    if (cc == 1 && nr == NR) {
+    if (cc == 1 && nr == nv * LANES) {
         for (long r = 0; r < mr; r++)
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) {
+            for (int v = 0; v < nv; v++) {
                 vec *cv = (vec *)(C + r * cr + v * LANES);
                 if (accumulate) *cv += acc[r][v]; else *cv = acc[r][v];
             }
@@ -101,6 +103,17 @@ static inline void micro(long kc, const real *restrict Ap, const real *restrict 
             real *dst = C + r * cr + t * cc;
             *dst = accumulate ? *dst + v : v;
         }
+}
+
+/* The MR x NR micro-kernel, or MR x LANES for a last sliver of at most LANES columns
+   (b = 48 in slivers of 32: 25% fewer multiply-adds than its zero-padded full tile). */
+static inline void micro(long kc, const real *restrict Ap, const real *restrict Bp, long bk,
+                         real *C, long cr, long cc, long mr, long nr, int accumulate)
+{
+    if (nr <= LANES)
+        micro_nv(kc, Ap, Bp, bk, C, cr, cc, mr, nr, accumulate, 1);
+    else
+        micro_nv(kc, Ap, Bp, bk, C, cr, cc, mr, nr, accumulate, NV);
 }
 
 /* Ap[m0 * kc + l * MR + r] = A[(m0 + r) * ar + l * ak]: MR-row slivers, zero-padded. */
@@ -316,12 +329,20 @@ void ks_pack(const real *w, const long *st, long a, long b, long c, long d, long
             for (long j = 0; j < d; j++) {
                 const real *src = w + i * st[0] + s * width * st[1] + j * st[3];
                 real *dst = out + ((i * d + j) * nsl + s) * c * width;
-                for (long l = 0; l < c; l++, dst += width) {
-                    long t = 0;
-                    if (st[1] == 1)  /* output features contiguous: one copy */
-                        memcpy(dst, src + l * st[2], sizeof(real) * (t = kw));
-                    for (; t < kw; t++) dst[t] = src[t * st[1] + l * st[2]];
-                    for (; t < width; t++) dst[t] = 0;
+                if (st[1] == 1) {  /* output features contiguous: one copy per l */
+                    for (long l = 0; l < c; l++) {
+                        memcpy(dst + l * width, src + l * st[2], sizeof(real) * kw);
+                        memset(dst + l * width + kw, 0, sizeof(real) * (width - kw));
+                    }
+                    continue;
+                }
+                /* blocks of 16 l: each row of W is read along l, and the rows of one
+                   block (often 4 kB apart, one L1 set) are not all held at once */
+                for (long l0 = 0; l0 < c; l0 += 16) {
+                    const long lc = lmin(16, c - l0);
+                    for (long t = 0; t < width; t++)
+                        for (long l = l0; l < l0 + lc; l++)
+                            dst[l * width + t] = t < kw ? src[t * st[1] + l * st[2]] : 0;
                 }
             }
         }
