@@ -60,7 +60,8 @@ import torch.nn.functional as F
 from pathlift import files
 from pathlift.kron.machine import cache_dir, cpu_features, warn_unusable_cache
 
-__all__ = ["CpuKernel", "build_flags", "grad_factor", "load_kernel", "multiply", "pack"]
+__all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
+           "pack"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -100,7 +101,8 @@ def _compiler_on_path(path: str) -> str | None:
 @dataclass(frozen=True)
 class CpuKernel:
     """A compiled kernel: its library, the instruction set it was built for and its tiles
-    (MR x NR scalars for the GEMM, DR x DK vectors along d for ``ks_bsf_d``)."""
+    (MR x NR scalars for the GEMM, DR x DK vectors along d for ``ks_bsf_d``), the largest
+    d that ``ks_bsf_f`` broadcasts (``bcast``) and its slivers' width (``nf``)."""
 
     @property
     def lanes(self) -> int:
@@ -115,6 +117,8 @@ class CpuKernel:
     nr: int
     dr: int
     dk: int
+    bcast: int
+    nf: int
     compiler: str
     flags: tuple[str, ...]
 
@@ -227,11 +231,14 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
                                 ctypes.c_int]
         for fn in (lib.ks_bsl, lib.ks_bsf, lib.ks_bsf_d, lib.ks_grad):
             fn.restype = ctypes.c_int
+        lib.ks_bsf_f.argtypes = [ptr, ptr, ptr, *[long] * 8, ctypes.c_int]
+        lib.ks_grad_f.argtypes = [ptr, ptr, ptr, *[long] * 7, ctypes.c_int]
+        lib.ks_bsf_f.restype = lib.ks_grad_f.restype = ctypes.c_int
         lib.ks_pack.argtypes = [ptr, longs, *[long] * 5, ptr]
-        lib.ks_pack_d.argtypes = [ptr, longs, *[long] * 4, ptr]
-        lib.ks_pack.restype = lib.ks_pack_d.restype = None
+        lib.ks_pack_d.argtypes = lib.ks_pack_f.argtypes = [ptr, longs, *[long] * 4, ptr]
+        lib.ks_pack.restype = lib.ks_pack_d.restype = lib.ks_pack_f.restype = None
     lib.ks_isa.restype = ctypes.c_char_p
-    tile = (ctypes.c_long * 5)()
+    tile = (ctypes.c_long * 7)()
     lib.ks_tile(tile)
     return CpuKernel(lib, dtype, lib.ks_isa().decode(), *tile, compiler, flags)
 
@@ -252,16 +259,26 @@ def _longs(values: tuple[int, ...]) -> ctypes.Array:
     return (ctypes.c_long * len(values))(*values)
 
 
+def bsf_path(kernel: CpuKernel, d: int) -> str:
+    """Which batch-size-first product runs a pattern with this d: ``"along_d"``
+    (``ks_bsf_d``) for d a multiple of the vector lanes, ``"flat"`` (``ks_bsf_f``) for d
+    dividing them up to the largest broadcast, else ``"gemm"`` (``ks_bsf``)."""
+    if d % kernel.lanes == 0:
+        return "along_d"
+    return "flat" if kernel.lanes % d == 0 and d <= kernel.bcast else "gemm"
+
+
 def pack(w: torch.Tensor, kernel: CpuKernel, layout: str) -> torch.Tensor:
     """The factor w (a, b, c, d) in the kernel's storage for ``layout``, read through its
     strides in one pass in C (``ks_pack``), so the transposed view ``w.transpose(1, 2)``
     packs K^T without a copy.
 
-    Batch-size-first: output features in slivers of NR, (a, d, ceil(b/NR), c, NR), or, when
-    d is a multiple of the vector lanes, (a, d/LANES, ceil(b/DK), c, DK, LANES) for
-    ``ks_bsf_d``; batch-size-last: slivers of MR, (a, d, ceil(b/MR), c, MR); zero-padded.
-    For the bfloat16 kernel (batch-size-first only) the slivers of NR hold pairs of the
-    inner dimension: (a, d, ceil(b/NR), ceil(c/2), NR, 2)."""
+    Batch-size-first (``bsf_path``): along d, (a, d/LANES, ceil(b/DK), c, DK, LANES); flat,
+    the output features f = k*d + j in slivers of NF, (a, ceil(b*d/NF), c, NF); else
+    slivers of NR output features per j, (a, d, ceil(b/NR), c, NR). Batch-size-last:
+    slivers of MR, (a, d, ceil(b/MR), c, MR). Zero-padded. For the bfloat16 kernel
+    (batch-size-first only) the slivers of NR hold pairs of the inner dimension: (a, d,
+    ceil(b/NR), ceil(c/2), NR, 2)."""
     a, b, c, d = w.shape
     w = w.detach()
     if kernel.dtype == torch.bfloat16:
@@ -271,15 +288,19 @@ def pack(w: torch.Tensor, kernel: CpuKernel, layout: str) -> torch.Tensor:
         pairs = padded.reshape(a, d, -1, nr, (c + 1) // 2, 2).permute(0, 1, 2, 4, 3, 5)
         return pairs.contiguous()
     w = w.to(kernel.dtype)
-    strides = _longs(tuple(w.stride()))
-    if layout == "bsf" and d % kernel.lanes == 0:
+    strides, dt = _longs(tuple(w.stride())), kernel.dtype
+    path = bsf_path(kernel, d) if layout == "bsf" else "gemm"
+    if path == "along_d":
         out = torch.empty(a, d // kernel.lanes, -(-b // kernel.dk), c, kernel.dk, kernel.lanes,
-                          dtype=kernel.dtype)
+                          dtype=dt)
         kernel.lib.ks_pack_d(w.data_ptr(), strides, a, b, c, d, out.data_ptr())
-        return out
-    width = kernel.nr if layout == "bsf" else kernel.mr
-    out = torch.empty(a, d, -(-b // width), c, width, dtype=kernel.dtype)
-    kernel.lib.ks_pack(w.data_ptr(), strides, a, b, c, d, width, out.data_ptr())
+    elif path == "flat":
+        out = torch.empty(a, -(-b * d // kernel.nf), c, kernel.nf, dtype=dt)
+        kernel.lib.ks_pack_f(w.data_ptr(), strides, a, b, c, d, out.data_ptr())
+    else:
+        width = kernel.nr if layout == "bsf" else kernel.mr
+        out = torch.empty(a, d, -(-b // width), c, width, dtype=dt)
+        kernel.lib.ks_pack(w.data_ptr(), strides, a, b, c, d, width, out.data_ptr())
     return out
 
 
@@ -361,6 +382,10 @@ def multiply(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
     xs, ys = (a * c * d, c * d, d, 1), (a * b * d, b * d, d, 1)
     if packed.dim() == 6:
         _along_d(kernel, x, xs, packed, _packed_d_strides(kernel, shape), y, ys, batch, shape)
+    elif packed.dim() == 4:
+        mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
+        _check(kernel.lib.ks_bsf_f(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch, a, b,
+                                   c, d, a * c * d, a * b * d, mc, threads))
     else:
         _gemm(kernel, x, xs, packed, y, ys, batch, shape)
     return y
@@ -391,9 +416,10 @@ def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
     """dw[i, k, l, j] = sum_n gy[n, (i, k, j)] x[n, (i, l, j)], the gradient of the factor
     of Y = X K^T, from x and gy contiguous in ``layout``: per pair (i, j) a GEMM with the
     batch as inner dimension (``ks_grad``, both operands packed block by block in the
-    cache), or, batch-size-first with d a multiple of the vector lanes, ``ks_bsf_d`` with
-    x's rows l and gy read in place as its weights. Columns l (rows k), unless rows l and
-    columns k pad the micro-tile far less."""
+    cache); batch-size-first with d a multiple of the vector lanes, ``ks_bsf_d`` with x's
+    rows l and gy read in place as its weights; with d dividing them (``bsf_path`` flat),
+    ``ks_grad_f``: vectors along dw's (l, j), gy broadcast, nothing packed. Columns l (rows
+    k), unless rows l and columns k pad the micro-tile far less."""
     a, b, c, d = shape
     dw = torch.empty(a, b, c, d, dtype=x.dtype)
     batch = x.shape[0] if layout == "bsf" else x.shape[1]
@@ -406,7 +432,12 @@ def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
             return a * size * d, size * d, d, 1
         return 1, size * d * batch, d * batch, batch
 
-    along_d = layout == "bsf" and d % kernel.lanes == 0
+    path = bsf_path(kernel, d) if layout == "bsf" else "gemm"
+    if path == "flat":
+        _check(kernel.lib.ks_grad_f(x.data_ptr(), gy.data_ptr(), dw.data_ptr(), batch, a, b, c,
+                                    d, a * c * d, a * b * d, _threads(batch, shape)))
+        return dw
+    along_d = path == "along_d"
     tile = (kernel.dr, kernel.dk) if along_d else (kernel.mr, kernel.nr)
     # (rows operand, its features, columns operand, its features, dw's strides (i, col, row, j))
     by_l = (x, c, gy, b, (b * c * d, c * d, d, 1))

@@ -53,8 +53,37 @@ typedef real vec __attribute__((vector_size(VBYTES), aligned(sizeof(real))));
 #define IN_REGISTER(v) (void)0
 #endif
 #define LANES ((long)(VBYTES / sizeof(real)))
+
+/* The d values at p repeated across a vector (d*sizeof(real) = 8, 16 or 32 bytes, at most
+   BC_BYTES and dividing VBYTES): the X operand of ks_bsf_f. d = 1 is a scalar broadcast on
+   every instruction set. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define BC_BYTES 32
+static inline vec bcast(const real *p, const int bytes)
+{
+    if (bytes == 8) { double t; memcpy(&t, p, 8); return (vec)_mm512_set1_pd(t); }
+    if (bytes == 16) return (vec)_mm512_broadcast_f32x4(_mm_loadu_ps((const float *)p));
+    return (vec)_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p));
+}
+#elif defined(__AVX__)
+#include <immintrin.h>
+#define BC_BYTES 16
+static inline vec bcast(const real *p, const int bytes)
+{
+    if (bytes == 8) { double t; memcpy(&t, p, 8); return (vec)_mm256_set1_pd(t); }
+    return (vec)_mm256_broadcast_ps((const __m128 *)p);
+}
+#else
+#define BC_BYTES ((int)sizeof(real))
+static inline vec bcast(const real *p, const int bytes) { (void)bytes; return (vec){0} + *p; }
+#endif
 #define NV 2
 #define NR (NV * LANES)
+#define FR 6           /* ks_bsf_f: rows and vectors of its micro-tile, steps of l per block */
+#define NV4 4
+#define NF (NV4 * LANES)
+#define KCF 128
 #ifndef KC
 #define KC 256
 #endif
@@ -63,7 +92,35 @@ static inline long lmin(long x, long y) { return x < y ? x : y; }
 
 const char *ks_isa(void) { return ISA; }
 
-void ks_tile(long *out) { out[0] = VBYTES; out[1] = MR; out[2] = NR; out[3] = DR; out[4] = DK; }
+void ks_tile(long *out)
+{
+    out[0] = VBYTES; out[1] = MR; out[2] = NR; out[3] = DR; out[4] = DK;
+    out[5] = BC_BYTES / (long)sizeof(real);  /* the largest d of ks_bsf_f */
+    out[6] = NF;
+}
+
+/* C[r*cr + t*cc] = (or +=) the tile acc[r*stride + t/LANES][t%LANES] for r < mr, t < nr:
+   whole vectors where C's row runs along t and the tile is full, else one value at a time. */
+static inline __attribute__((always_inline)) void
+store_tile(const vec *acc, const int stride, real *C, long cr, long cc, long mr, long nr,
+           int accumulate, const int nv)
+{
+    if (cc == 1 && nr == nv * LANES) {
+        for (long r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) {
+                vec *cv = (vec *)(C + r * cr + v * LANES);
+                if (accumulate) *cv += acc[r * stride + v]; else *cv = acc[r * stride + v];
+            }
+        return;
+    }
+    for (long r = 0; r < mr; r++)
+        for (long t = 0; t < nr; t++) {
+            const real v = acc[r * stride + t / LANES][t % LANES];
+            real *dst = C + r * cr + t * cc;
+            *dst = accumulate ? *dst + v : v;
+        }
+}
 
 /* C[r*cr + t*cc] (+)= sum_{l < kc} Ap[l*MR + r] * Bp[l*bk + t] for r < mr, t < nr, with
    nv vectors per row (a constant where it is inlined); the operands hold a full MR x
@@ -88,21 +145,7 @@ micro_nv(long kc, const real *restrict Ap, const real *restrict Bp, long bk, rea
             for (int v = 0; v < nv; v++) acc[r][v] += s * bv[v];
         }
     }
-    if (cc == 1 && nr == nv * LANES) {
-        for (long r = 0; r < mr; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < nv; v++) {
-                vec *cv = (vec *)(C + r * cr + v * LANES);
-                if (accumulate) *cv += acc[r][v]; else *cv = acc[r][v];
-            }
-        return;
-    }
-    for (long r = 0; r < mr; r++)
-        for (long t = 0; t < nr; t++) {
-            const real v = acc[r][t / LANES][t % LANES];
-            real *dst = C + r * cr + t * cc;
-            *dst = accumulate ? *dst + v : v;
-        }
+    store_tile(&acc[0][0], NV, C, cr, cc, mr, nr, accumulate, nv);
 }
 
 /* The MR x NR micro-kernel, or MR x LANES for a last sliver of at most LANES columns
@@ -312,6 +355,175 @@ int ks_grad(const real *x, const real *g, real *dw, long B, long a, long b, long
         free(Bp);
     }
     return failed;
+}
+
+/* Batch-size-first with d dividing the vector lanes (d = 1, 2, 4, 8 in float32 with
+   AVX-512): the vectors run along the output features f = k*d + j of one block i, which
+   are contiguous in Y, and for each step l the X operand x[n, i, l, 0..d) is broadcast to
+   every group of d lanes, straight from X's rows: nothing is packed or scattered.
+   wf (a, ceil(b*d/NF), c, NF) from ks_pack_f, wf[i, s, l, t] = w[i, k, l, j] for
+   s*NF + t = k*d + j (zero past b*d). The micro-kernel holds FR rows x nv vectors (nv <= 4)
+   in registers and reads FR rows of X, NV4 weight vectors per step. */
+
+static inline __attribute__((always_inline)) void
+micro_f(long kc, const real *X, long xr, long xl, const real *restrict W, long wl, real *C,
+        long cr, long mr, long nr, int accumulate, const int nv, const int dd)
+{
+    vec acc[FR][NV4];
+    const real *rows[FR];
+#pragma GCC unroll 8
+    for (int r = 0; r < FR; r++) {
+        rows[r] = X + (r < mr ? r : 0) * xr;
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) acc[r][v] = (vec){0};
+    }
+    for (long l = 0; l < kc; l++) {
+        vec bv[NV4];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) bv[v] = *(const vec *)(W + l * wl + v * LANES);
+#pragma GCC unroll 8
+        for (int r = 0; r < FR; r++) {
+            if (dd == 1) {
+                const real s = rows[r][l * xl];
+#pragma GCC unroll 4
+                for (int v = 0; v < nv; v++) acc[r][v] += s * bv[v];
+            } else {
+                const vec xv = bcast(rows[r] + l * xl, dd * (int)sizeof(real));
+#pragma GCC unroll 4
+                for (int v = 0; v < nv; v++) acc[r][v] += xv * bv[v];
+            }
+        }
+    }
+    store_tile(&acc[0][0], NV4, C, cr, 1, mr, nr, accumulate, nv);
+}
+
+/* micro_f for the vectors a sliver needs (its last one may be partial) and this d. */
+static inline __attribute__((always_inline)) void
+micro_f_d(long kc, const real *X, long xr, long xl, const real *restrict W, long wl, real *C,
+          long cr, long mr, long nr, int accumulate, const int dd)
+{
+    switch ((nr + LANES - 1) / LANES) {
+    case 1: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 1, dd); break;
+    case 2: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 2, dd); break;
+    case 3: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 3, dd); break;
+    default: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 4, dd);
+    }
+}
+
+/* C[r*cr + t] (+)= sum_{l < kc} X[r*xr + l*xl + t%d] * W[l*wl + t] for r < mr rows,
+   t < nr <= NF, the X values broadcast in groups of d lanes. */
+static void micro_f_any(long kc, const real *X, long xr, long xl, const real *restrict W,
+                        long wl, real *C, long cr, long mr, long nr, int accumulate, long d)
+{
+    switch (d * (long)sizeof(real)) {
+    case 8: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 8 / sizeof(real)); break;
+    case 16: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 16 / sizeof(real));
+        break;
+    case 32: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 32 / sizeof(real));
+        break;
+    default: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 1);
+    }
+}
+
+/* x (B, a, c, d) and y (B, a, b, d) with rows xn and yn apart. Tasks: blocks of mc rows
+   x a; per block of KCF steps of l, the FR-row tiles of X stay in L1 while the slivers of
+   the weights stream from L2. */
+int ks_bsf_f(const real *x, const real *wf, real *y, long B, long a, long b, long c, long d,
+             long xn, long yn, long mc, int threads)
+{
+    const long nb = (B + mc - 1) / mc, f = b * d, nsl = (f + NF - 1) / NF;
+    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(threads)
+    for (long t = 0; t < nb; t++)
+        for (long i = 0; i < a; i++) {
+            const long n0 = t * mc, rows = lmin(mc, B - n0);
+            for (long k0 = 0; k0 < c; k0 += KCF) {
+                const long kc = lmin(KCF, c - k0);
+                for (long m0 = 0; m0 < rows; m0 += FR)
+                    for (long s = 0; s < nsl; s++)
+                        micro_f_any(kc, x + (n0 + m0) * xn + (i * c + k0) * d, xn, d,
+                                    wf + ((i * nsl + s) * c + k0) * NF, NF,
+                                    y + (n0 + m0) * yn + i * f + s * NF, yn,
+                                    lmin(FR, rows - m0), lmin(NF, f - s * NF), k0 > 0, d);
+            }
+        }
+    return 0;
+}
+
+/* The gradient of the factor with d dividing the lanes, batch-size-first (x (B, a, c, d)
+   and g (B, a, b, d) with rows xn and gn apart, dw (a, b, c, d)): per block i, rows k of
+   dw and vectors along its features (l, j), contiguous, dw[i, k, (l, j)] = sum_n g[n, i, k,
+   j] x[n, i, (l, j)], the g values broadcast in groups of d lanes and x read in place:
+   nothing is packed but the last sliver of x's features (zero-padded, when c*d is not a
+   multiple of NF). Tasks: blocks i x slivers of (l, j). */
+int ks_grad_f(const real *x, const real *g, real *dw, long B, long a, long b, long c, long d,
+              long xn, long gn, int threads)
+{
+    const long f = c * d, nsl = (f + NF - 1) / NF, tail = f % NF;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        real *Wt = tail ? calloc(KCF * NF, sizeof(real)) : 0;
+        if (tail && !Wt) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (long i = 0; i < a; i++)
+            for (long s = 0; s < nsl; s++) {
+                if (tail && !Wt) continue;
+                const long nr = lmin(NF, f - s * NF);
+                for (long n0 = 0; n0 < B; n0 += KCF) {
+                    const long kc = lmin(KCF, B - n0);
+                    const real *W = x + n0 * xn + i * f + s * NF;
+                    long wl = xn;
+                    if (nr < NF) {  /* past x's last feature: a zero-padded copy */
+                        for (long l = 0; l < kc; l++)
+                            memcpy(Wt + l * NF, W + l * xn, sizeof(real) * nr);
+                        W = Wt;
+                        wl = NF;
+                    }
+                    for (long k0 = 0; k0 < b; k0 += FR)
+                        micro_f_any(kc, g + n0 * gn + (i * b + k0) * d, d, gn, W, wl,
+                                    dw + (i * b + k0) * f + s * NF, f, lmin(FR, b - k0), nr,
+                                    n0 > 0, d);
+                }
+            }
+        free(Wt);
+    }
+    return failed;
+}
+
+/* ks_pack_f: out (a, ceil(b*d/NF), c, NF), out[i, s, l, t] = W(i, k, l, j) for
+   s*NF + t = k*d + j, zero past b*d (the weights of ks_bsf_f). */
+void ks_pack_f(const real *w, const long *st, long a, long b, long c, long d, real *out)
+{
+    const long f = b * d, nsl = (f + NF - 1) / NF, tail = f % NF;
+    for (long i = 0; i < a; i++) {
+        if (tail)  /* the zero padding of the last sliver */
+            for (long l = 0; l < c; l++)
+                memset(out + ((i * nsl + nsl - 1) * c + l) * NF + tail, 0,
+                       sizeof(real) * (NF - tail));
+        /* per sliver, blocks of 64 l: the block's lines of out stay in L1 while its NF/d
+           output features k (d values each: never across two slivers) are copied in, k
+           or l innermost, whichever runs along W */
+        for (long s = 0; s < nsl; s++)
+            for (long l0 = 0; l0 < c; l0 += 64) {
+                const long k0 = s * NF / d, k1 = lmin(b, (s + 1) * NF / d), l1 = lmin(c, l0 + 64);
+                real *dst = out + (i * nsl + s) * c * NF - s * NF;
+                const real *src = w + i * st[0];
+                if (st[1] < st[2]) {
+                    for (long l = l0; l < l1; l++)
+                        for (long k = k0; k < k1; k++)
+                            for (long j = 0; j < d; j++)
+                                dst[l * NF + k * d + j] = src[k * st[1] + l * st[2] + j * st[3]];
+                } else {
+                    for (long k = k0; k < k1; k++)
+                        for (long l = l0; l < l1; l++)
+                            for (long j = 0; j < d; j++)
+                                dst[l * NF + k * d + j] = src[k * st[1] + l * st[2] + j * st[3]];
+                }
+            }
+    }
 }
 
 /* The packings of a factor given through strides, W(i, k, l, j) = w[i*st[0] + k*st[1] +
