@@ -1,8 +1,9 @@
-"""The fused kernel's backward (``multiply._FusedProduct``): dX and dw computed by the C
-kernel on every path it takes (GEMM, flat along the output features, along d; batch-size
-first and last), against autograd through the dense matrix in float64 and against bmm's
-gradients in float32, at the tile edges (b·d, c·d not multiples of the slivers, c and the
-batch past the blocks of the inner dimension, rows not a multiple of the micro-tile)."""
+"""The fused kernel's product and backward (``multiply._FusedProduct``): Y, dX and dw
+computed by the C kernel on every path it takes (GEMM, flat and phased along the output
+features, along d; batch-size first and last), against autograd through the dense matrix
+in float64 and against bmm's in float32, at the tile edges (b·d, c·d not multiples of the
+slivers, c and the batch past the blocks of the inner dimension, rows not a multiple of
+the micro-tile)."""
 
 from __future__ import annotations
 
@@ -14,30 +15,34 @@ from pathlift.kron import KSPattern, cpu_kernel, ks_multiply, random_factor, to_
 from pathlift.kron import multiply as multiply_module
 
 # (pattern, batch): flat d in {1, 2, 4, 8} (c > 128 and batch > 128: blocks of the inner
-# dimension accumulate; b·d not a multiple of 64), d a multiple of the lanes (16, 32), the
-# GEMM (d = 3, 5, 24; b > 32, c > 256: its blocks), tiny b and c, one row
+# dimension accumulate; b·d not a multiple of 64), d a multiple of the lanes (16, 32),
+# phased d in {6, 12, 24} (b·d not a multiple of 48, c past its blocks of 24), the GEMM
+# (d = 3, 5; b > 32, c > 256: its blocks), tiny b and c, one row
 CASES = [((1, 48, 48, 1), 13), ((1, 100, 300, 1), 257), ((3, 7, 130, 2), 7),
          ((2, 33, 17, 4), 131), ((1, 5, 200, 8), 6), ((2, 7, 300, 16), 11),
          ((1, 13, 5, 32), 9), ((2, 33, 17, 5), 300), ((1, 40, 260, 3), 5),
-         ((1, 48, 48, 24), 12), ((4, 2, 2, 3), 19), ((1, 1, 1, 1), 1)]
+         ((1, 48, 48, 24), 12), ((2, 5, 31, 6), 17), ((1, 9, 50, 12), 33),
+         ((4, 2, 2, 3), 19), ((1, 1, 1, 1), 1)]
 
 
 def dense_gradients(x, w, gy, p):
-    """(dX, dw) of sum(gy * X K^T) by autograd through the dense matrix, in float64."""
+    """(Y, dX, dw) of sum(gy * X K^T) by autograd through the dense matrix, in float64."""
     xd = x.detach().double().requires_grad_()
     wd = w.detach().double().requires_grad_()
-    ((xd @ to_dense(wd, p).T) * gy.double()).sum().backward()
-    return xd.grad, wd.grad
+    y = xd @ to_dense(wd, p).T
+    (y * gy.double()).sum().backward()
+    return y.detach(), xd.grad, wd.grad
 
 
 def fused_gradients(x, w, gy, p, layout, algorithm="fused"):
-    """(dX, dw) through ks_multiply in ``layout``, returned batch-size-first."""
+    """(Y, dX, dw) through ks_multiply in ``layout``, returned batch-size-first."""
     x = x.detach().clone().requires_grad_()
     w = w.detach().clone().requires_grad_()
     xin = x if layout == "bsf" else x.T
     y = ks_multiply(xin, w, p, algorithm, layout)
-    ((y if layout == "bsf" else y.T) * gy).sum().backward()
-    return x.grad, w.grad
+    y = y if layout == "bsf" else y.T
+    (y * gy).sum().backward()
+    return y.detach(), x.grad, w.grad
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -52,9 +57,8 @@ def test_fused_gradients_match_the_dense_product_in_float64(pattern, batch, layo
     w = random_factor(p, torch.float64, generator=g)
     x = torch.randn(batch, p.in_features, dtype=torch.float64, generator=g)
     gy = torch.randn(batch, p.out_features, dtype=torch.float64, generator=g)
-    gx, gw = fused_gradients(x, w, gy, p, layout)
-    rx, rw = dense_gradients(x, w, gy, p)
-    assert rel_err(gx, rx) <= 1e-12 and rel_err(gw, rw) <= 1e-12
+    got, ref = fused_gradients(x, w, gy, p, layout), dense_gradients(x, w, gy, p)
+    assert all(rel_err(a, b) <= 1e-12 for a, b in zip(got, ref, strict=True))
 
 
 @pytest.mark.parametrize("pattern,batch", CASES, ids=str)
@@ -64,20 +68,22 @@ def test_fused_gradients_match_bmm_in_float32(pattern, batch):
     w = random_factor(p, generator=g)
     x = torch.randn(batch, p.in_features, generator=g)
     gy = torch.randn(batch, p.out_features, generator=g)
-    fx, fw = fused_gradients(x, w, gy, p, "bsf")
-    bx, bw = fused_gradients(x, w, gy, p, "bsf", "bmm")
-    rx, rw = dense_gradients(x, w, gy, p)
+    ref = dense_gradients(x, w, gy, p)
     # both float32 results are as close to the float64 reference as float32 allows
-    for got, ref in ((fx, rx), (fw, rw), (bx, rx), (bw, rw)):
-        assert rel_err(got, ref) <= 1e-5
+    for algorithm in ("fused", "bmm"):
+        got = fused_gradients(x, w, gy, p, "bsf", algorithm)
+        assert all(rel_err(a, b) <= 1e-5 for a, b in zip(got, ref, strict=True)), algorithm
 
 
-def test_every_batch_size_first_path_is_exercised():
-    """The cases above run each path of this machine's kernel (the flat one where the
-    instruction set broadcasts, d = 2, 4, 8 on AVX and AVX-512; d = 1 everywhere)."""
-    kernel = cpu_kernel.load_kernel(torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_batch_size_first_path_is_exercised(dtype):
+    """The cases above run each path of this machine's kernel: the flat one (d = 1 on every
+    instruction set, up to 8 floats on AVX-512), the phased one where shuffles are
+    instructions (AVX, AVX-512)."""
+    kernel = cpu_kernel.load_kernel(dtype)
     paths = {cpu_kernel.bsf_path(kernel, KSPattern(*p).d) for p, _ in CASES}
-    assert paths == {"flat", "along_d", "gemm"}
+    assert {"flat", "along_d", "gemm"} <= paths
+    assert ("phased" in paths) == bool(kernel.wp)
     assert kernel.bcast >= 1 and kernel.lanes % kernel.bcast == 0
 
 
@@ -107,5 +113,5 @@ def test_half_precision_gradients_run_in_float32_and_keep_their_dtype():
         x = x0.to(dtype).requires_grad_()
         (ks_multiply(x, w, p, "fused").float() * gy).sum().backward()
         assert w.grad.dtype == x.grad.dtype == dtype
-        rx, rw = dense_gradients(x.float(), w.float(), gy, p)
+        _, rx, rw = dense_gradients(x.float(), w.float(), gy, p)
         assert rel_err(x.grad, rx) <= 2e-2 and rel_err(w.grad, rw) <= 2e-2

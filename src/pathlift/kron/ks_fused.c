@@ -42,6 +42,10 @@
 #endif
 
 typedef real vec __attribute__((vector_size(VBYTES), aligned(sizeof(real))));
+#ifndef ireal
+#define ireal int  /* the integer of real's width (the float64 build sets long) */
+#endif
+typedef ireal ivec __attribute__((vector_size(VBYTES)));
 
 /* Keep a loaded vector in a register: without it GCC folds the load into each of the DR
    multiply-adds that use it, which makes the loop load-bound. */
@@ -84,6 +88,10 @@ static inline vec bcast(const real *p, const int bytes) { (void)bytes; return (v
 #define NV4 4
 #define NF (NV4 * LANES)
 #define KCF 128
+#define NP 3           /* ks_bsf_p: vectors per sliver, rows of its micro-tile, steps of l */
+#define WP (NP * LANES)
+#define FRP 8
+#define KCP 24
 #ifndef KC
 #define KC 256
 #endif
@@ -97,6 +105,7 @@ void ks_tile(long *out)
     out[0] = VBYTES; out[1] = MR; out[2] = NR; out[3] = DR; out[4] = DK;
     out[5] = BC_BYTES / (long)sizeof(real);  /* the largest d of ks_bsf_f */
     out[6] = NF;
+    out[7] = VBYTES >= 32 ? WP : 0;  /* ks_bsf_p, where shuffles are instructions */
 }
 
 /* C[r*cr + t*cc] = (or +=) the tile acc[r*stride + t/LANES][t%LANES] for r < mr, t < nr:
@@ -493,34 +502,140 @@ int ks_grad_f(const real *x, const real *g, real *dw, long B, long a, long b, lo
     return failed;
 }
 
-/* ks_pack_f: out (a, ceil(b*d/NF), c, NF), out[i, s, l, t] = W(i, k, l, j) for
-   s*NF + t = k*d + j, zero past b*d (the weights of ks_bsf_f). */
-void ks_pack_f(const real *w, const long *st, long a, long b, long c, long d, real *out)
+/* Batch-size-first with d/gcd(d, LANES) = 3 and d <= 2 LANES (d = 3, 6, 12, 24 in float32
+   with AVX-512): as ks_bsf_f, vectors along the output features f = k*d + j, contiguous
+   in Y, in slivers of WP = 3 LANES = lcm(LANES, d) features, so vector v of every sliver
+   needs X's d values of step l in the lanes (v*LANES + t) % d: a shuffle of them, made once
+   per row and step (expand) for all the slivers. wp (a, ceil(b*d/WP), c, WP) from
+   ks_pack_f. */
+
+/* Xe[(l*FRP + r)*NP + v] = X(r, l*xl + (v*LANES + t) % d) in lane t, for r < FRP (rows past
+   mr repeat the first), l < kc; X's values are read two vectors at a time where that stays
+   before xend, else through a copy. */
+static void expand(long kc, const real *X, long xr, long xl, long mr, long d,
+                   const real *xend, const ivec *idx, vec *Xe)
 {
-    const long f = b * d, nsl = (f + NF - 1) / NF, tail = f % NF;
+    for (long r = 0; r < FRP; r++) {
+        const real *row = X + (r < mr ? r : 0) * xr;
+        for (long l = 0; l < kc; l++) {
+            const real *src = row + l * xl;
+            vec lo, hi;
+            if (src + 2 * LANES <= xend) {
+                lo = *(const vec *)src;
+                hi = *(const vec *)(src + LANES);
+            } else {
+                real tmp[2 * LANES] = {0};
+                memcpy(tmp, src, sizeof(real) * d);
+                lo = *(const vec *)tmp;
+                hi = *(const vec *)(tmp + LANES);
+            }
+            vec *dst = Xe + (l * FRP + r) * NP;
+#pragma GCC unroll 4
+            for (int v = 0; v < NP; v++)
+                dst[v] = d <= LANES ? __builtin_shuffle(lo, idx[v])
+                                    : __builtin_shuffle(lo, hi, idx[v]);
+        }
+    }
+}
+
+/* C[r*cr + t] (+)= sum_{l < kc} Xe[(l*FRP + r)*NP + t/LANES][t%LANES] * W[l*WP + t]. */
+static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict W, real *C,
+                           long cr, long mr, long nr, int accumulate)
+{
+    vec acc[FRP][NP];
+#pragma GCC unroll 8
+    for (int r = 0; r < FRP; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NP; v++) acc[r][v] = (vec){0};
+    for (long l = 0; l < kc; l++) {
+        vec wv[NP];
+#pragma GCC unroll 4
+        for (int v = 0; v < NP; v++) wv[v] = *(const vec *)(W + l * WP + v * LANES);
+#pragma GCC unroll 8
+        for (int r = 0; r < FRP; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NP; v++) acc[r][v] += Xe[(l * FRP + r) * NP + v] * wv[v];
+    }
+    store_tile(&acc[0][0], NP, C, cr, 1, mr, nr, accumulate, NP);
+}
+
+static void phase_index(long d, ivec *idx)
+{
+    for (int v = 0; v < NP; v++)
+        for (int t = 0; t < LANES; t++) idx[v][t] = (ireal)((v * LANES + t) % d);
+}
+
+/* x (B, a, c, d) and y (B, a, b, d), rows xn and yn apart, x's storage ending at xend.
+   Tasks: blocks of mc rows x a; per FRP rows and KCP steps of l, the expanded X (in L1)
+   serves every sliver. */
+int ks_bsf_p(const real *x, const real *wp, real *y, long B, long a, long b, long c, long d,
+             long xn, long yn, const real *xend, long mc, int threads)
+{
+    const long nb = (B + mc - 1) / mc, f = b * d, nsl = (f + WP - 1) / WP;
+    ivec idx[NP];
+    phase_index(d, idx);
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        vec *Xe = aligned_alloc(VBYTES, sizeof(vec) * KCP * FRP * NP);
+        if (!Xe) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (long t = 0; t < nb; t++)
+            for (long i = 0; i < a; i++) {
+                if (!Xe) continue;
+                const long n0 = t * mc, rows = lmin(mc, B - n0);
+                for (long k0 = 0; k0 < c; k0 += KCP) {
+                    const long kc = lmin(KCP, c - k0);
+                    for (long m0 = 0; m0 < rows; m0 += FRP) {
+                        const long mr = lmin(FRP, rows - m0);
+                        expand(kc, x + (n0 + m0) * xn + (i * c + k0) * d, xn, d, mr, d, xend,
+                               idx, Xe);
+                        for (long s = 0; s < nsl; s++)
+                            micro_p(kc, Xe, wp + ((i * nsl + s) * c + k0) * WP,
+                                    y + (n0 + m0) * yn + i * f + s * WP, yn, mr,
+                                    lmin(WP, f - s * WP), k0 > 0);
+                    }
+                }
+            }
+        free(Xe);
+    }
+    return failed;
+}
+
+/* ks_pack_f: out (a, ceil(b*d/width), c, width), out[i, s, l, t] = W(i, k, l, j) for
+   s*width + t = k*d + j, zero past b*d, d dividing width (the weights of ks_bsf_f, width
+   NF, and of ks_bsf_p, width WP). */
+void ks_pack_f(const real *w, const long *st, long a, long b, long c, long d, long width,
+               real *out)
+{
+    const long f = b * d, nsl = (f + width - 1) / width, tail = f % width;
     for (long i = 0; i < a; i++) {
         if (tail)  /* the zero padding of the last sliver */
             for (long l = 0; l < c; l++)
-                memset(out + ((i * nsl + nsl - 1) * c + l) * NF + tail, 0,
-                       sizeof(real) * (NF - tail));
-        /* per sliver, blocks of 64 l: the block's lines of out stay in L1 while its NF/d
+                memset(out + ((i * nsl + nsl - 1) * c + l) * width + tail, 0,
+                       sizeof(real) * (width - tail));
+        /* per sliver, blocks of 64 l: the block's lines of out stay in L1 while its width/d
            output features k (d values each: never across two slivers) are copied in, k
            or l innermost, whichever runs along W */
         for (long s = 0; s < nsl; s++)
             for (long l0 = 0; l0 < c; l0 += 64) {
-                const long k0 = s * NF / d, k1 = lmin(b, (s + 1) * NF / d), l1 = lmin(c, l0 + 64);
-                real *dst = out + (i * nsl + s) * c * NF - s * NF;
+                const long k0 = s * width / d, k1 = lmin(b, (s + 1) * width / d);
+                const long l1 = lmin(c, l0 + 64);
+                real *dst = out + (i * nsl + s) * c * width - s * width;
                 const real *src = w + i * st[0];
                 if (st[1] < st[2]) {
                     for (long l = l0; l < l1; l++)
                         for (long k = k0; k < k1; k++)
                             for (long j = 0; j < d; j++)
-                                dst[l * NF + k * d + j] = src[k * st[1] + l * st[2] + j * st[3]];
+                                dst[l * width + k * d + j] = src[k * st[1] + l * st[2] + j * st[3]];
                 } else {
                     for (long k = k0; k < k1; k++)
                         for (long l = l0; l < l1; l++)
                             for (long j = 0; j < d; j++)
-                                dst[l * NF + k * d + j] = src[k * st[1] + l * st[2] + j * st[3]];
+                                dst[l * width + k * d + j] = src[k * st[1] + l * st[2] + j * st[3]];
                 }
             }
     }
