@@ -61,7 +61,7 @@ from pathlift import files
 from pathlift.kron.machine import cache_dir, cpu_features, warn_unusable_cache
 
 __all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
-           "pack"]
+           "pack", "path_of"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -264,22 +264,28 @@ def _longs(values: tuple[int, ...]) -> ctypes.Array:
     return (ctypes.c_long * len(values))(*values)
 
 
-def bsf_path(kernel: CpuKernel, d: int) -> str:
-    """Which batch-size-first product runs a pattern with this d: ``"along_d"``
-    (``ks_bsf_d``) for d a multiple of the vector lanes, ``"flat"`` (``ks_bsf_f``) for d
-    dividing them up to the largest broadcast, ``"phased"`` (``ks_bsf_p``) for d with
-    lcm(d, lanes) = 3 lanes, 6 <= d <= 2 lanes (6, 12, 24 in float32 with AVX-512), else
-    ``"gemm"`` (``ks_bsf``). (At d = 3 the GEMM's gathers and scatters share cache lines:
-    it ran (1, 1024, 256, 3) 1.2x faster than the phased path, which ran d = 6, 12, 24
-    1.1-2.2x faster than the GEMM.)"""
-    lanes = kernel.lanes
-    if d % lanes == 0:
+def path_of(lanes: int, bcast: int, wp: int, d: int, c: int) -> str:
+    """Which batch-size-first product of a kernel with ``lanes`` vector lanes, flat
+    broadcasts up to d = ``bcast`` and phased slivers of ``wp`` features (0: none) runs a
+    pattern with this d and c: ``"along_d"`` (``ks_bsf_d``) for d a multiple of the lanes,
+    ``"flat"`` (``ks_bsf_f``) for d dividing them up to ``bcast``, ``"phased"``
+    (``ks_bsf_p``) for d with lcm(d, lanes) = 3 lanes and d <= 2 lanes (3, 6, 12, 24 in
+    float32 with AVX-512) unless d = 3 and c >= 128, else ``"gemm"`` (``ks_bsf``). At d = 3
+    the GEMM's gathers and scatters share cache lines, and over a long inner dimension its
+    tile beat the phased one's (c = 192-1024: 1.15-1.2x); the phased path ran d = 6, 12, 24
+    1.1-2.2x and d = 3 with c <= 96 1.0-1.9x faster than the GEMM (float32, AVX-512)."""
+    if lanes and d % lanes == 0:
         return "along_d"
-    if lanes % d == 0 and d <= kernel.bcast:
+    if lanes and lanes % d == 0 and d <= bcast:
         return "flat"
-    if kernel.wp and 6 <= d <= 2 * lanes and d // math.gcd(d, lanes) == 3:
+    if wp and d <= 2 * lanes and d // math.gcd(d, lanes) == 3 and (d >= 6 or c < 128):
         return "phased"
     return "gemm"
+
+
+def bsf_path(kernel: CpuKernel, d: int, c: int) -> str:
+    """``path_of`` for this kernel."""
+    return path_of(kernel.lanes, kernel.bcast, kernel.wp, d, c)
 
 
 def pack(w: torch.Tensor, kernel: CpuKernel, layout: str) -> torch.Tensor:
@@ -303,7 +309,7 @@ def pack(w: torch.Tensor, kernel: CpuKernel, layout: str) -> torch.Tensor:
         return pairs.contiguous()
     w = w.to(kernel.dtype)
     strides, dt = _longs(tuple(w.stride())), kernel.dtype
-    path = bsf_path(kernel, d) if layout == "bsf" else "gemm"
+    path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
     if path == "along_d":
         out = torch.empty(a, d // kernel.lanes, -(-b // kernel.dk), c, kernel.dk, kernel.lanes,
                           dtype=dt)
@@ -395,7 +401,7 @@ def multiply(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
         return _bsf_bf16(kernel, x, packed, shape)
     y = torch.empty(batch, a * b * d, dtype=x.dtype)
     xs, ys = (a * c * d, c * d, d, 1), (a * b * d, b * d, d, 1)
-    path = bsf_path(kernel, d)
+    path = bsf_path(kernel, d, c)
     if path == "along_d":
         _along_d(kernel, x, xs, packed, _packed_d_strides(kernel, shape), y, ys, batch, shape)
     elif path == "gemm":
@@ -454,7 +460,7 @@ def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
             return a * size * d, size * d, d, 1
         return 1, size * d * batch, d * batch, batch
 
-    path = bsf_path(kernel, d) if layout == "bsf" else "gemm"
+    path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
     if path == "flat":
         _check(kernel.lib.ks_grad_f(x.data_ptr(), gy.data_ptr(), dw.data_ptr(), batch, a, b, c,
                                     d, a * c * d, a * b * d, _threads(batch, shape)))
