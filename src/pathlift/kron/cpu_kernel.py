@@ -61,7 +61,7 @@ from pathlift import files
 from pathlift.kron.machine import cache_dir, cpu_features, warn_unusable_cache
 
 __all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
-           "pack", "path_of"]
+           "multiply_transposed", "pack", "path_of"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -233,9 +233,11 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
                                 ctypes.c_int]
         for fn in (lib.ks_bsl, lib.ks_bsf, lib.ks_bsf_d, lib.ks_grad):
             fn.restype = ctypes.c_int
-        lib.ks_bsf_f.argtypes = [ptr, ptr, ptr, *[long] * 8, ctypes.c_int]
+        lib.ks_bsf_f.argtypes = [ptr, ptr, ptr, *[long] * 7, longs, ctypes.c_int, long,
+                                 ctypes.c_int]
         lib.ks_grad_f.argtypes = [ptr, ptr, ptr, *[long] * 7, ctypes.c_int]
-        lib.ks_bsf_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, long, ctypes.c_int]
+        lib.ks_bsf_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, longs, ctypes.c_int, long,
+                                 ctypes.c_int]
         lib.ks_bsf_p.restype = ctypes.c_int
         lib.ks_bsf_f.restype = lib.ks_grad_f.restype = ctypes.c_int
         lib.ks_pack.argtypes = [ptr, longs, *[long] * 5, ptr]
@@ -407,16 +409,44 @@ def multiply(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
     elif path == "gemm":
         _gemm(kernel, x, xs, packed, y, ys, batch, shape)
     else:
-        mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
-        if path == "flat":
-            status = kernel.lib.ks_bsf_f(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch,
-                                         a, b, c, d, a * c * d, a * b * d, mc, threads)
-        else:  # phased: X's storage ends at end (its last values are read through a copy)
-            end = x.data_ptr() + x.numel() * x.element_size()
-            status = kernel.lib.ks_bsf_p(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch,
-                                         a, b, c, d, a * c * d, a * b * d, end, mc, threads)
-        _check(status)
+        _along_features(kernel, path, x, packed, packed.stride()[:3], True, y, shape)
     return y
+
+
+def _along_features(kernel: CpuKernel, path: str, x: torch.Tensor, w: torch.Tensor,
+                    ws: tuple[int, ...], padded: bool, y: torch.Tensor,
+                    shape: tuple[int, ...]) -> None:
+    """Y = X K^T, contiguous and batch-size-first, on the flat or phased path, the weights
+    of sliver s of block i at step l at w + i*ws[0] + s*ws[1] + l*ws[2] (``padded``: the
+    slivers are zero-padded, as ``pack`` makes them)."""
+    a, b, c, d = shape
+    batch = x.shape[0]
+    mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
+    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), batch, a, b, c, d, a * c * d, a * b * d)
+    if path == "flat":
+        status = kernel.lib.ks_bsf_f(*args, _longs(ws), padded, mc, threads)
+    else:  # X's storage ends at end: its last values are read through a copy
+        end = x.data_ptr() + x.numel() * x.element_size()
+        status = kernel.lib.ks_bsf_p(*args, end, _longs(ws), padded, mc, threads)
+    _check(status)
+
+
+def multiply_transposed(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,
+                        shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """X K for the factor w of pattern ``shape`` (a, b, c, d), x contiguous, (B, abd)
+    batch-size-first or (abd, B) batch-size-last: the product by K^T (pattern (a, c, b, d)),
+    the gradient of the input of Y = X K^T. On the flat and phased paths K's rows are the
+    weights of that product as they are (w[i, k, l*d + j] at sliver (l*d + j) // width),
+    read in place; elsewhere w.transpose(1, 2) is packed."""
+    a, b, c, d = shape
+    transposed = (a, c, b, d)
+    path = bsf_path(kernel, d, b) if layout == "bsf" else "gemm"
+    if path in ("flat", "phased") and w.is_contiguous() and w.dtype == kernel.dtype:
+        width = kernel.nf if path == "flat" else kernel.wp
+        y = torch.empty(x.shape[0], a * c * d, dtype=x.dtype)
+        _along_features(kernel, path, x, w, (b * c * d, width, c * d), False, y, transposed)
+        return y
+    return multiply(kernel, x, pack(w.transpose(1, 2), kernel, layout), transposed, layout)
 
 
 def _bsf_bf16(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,

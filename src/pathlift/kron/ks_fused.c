@@ -434,28 +434,62 @@ static void micro_f_any(long kc, const real *X, long xr, long xl, const real *re
     }
 }
 
-/* x (B, a, c, d) and y (B, a, b, d) with rows xn and yn apart. Tasks: blocks of mc rows
-   x a; per block of KCF steps of l, the FR-row tiles of X stay in L1 while the slivers of
-   the weights stream from L2. */
-int ks_bsf_f(const real *x, const real *wf, real *y, long B, long a, long b, long c, long d,
-             long xn, long yn, long mc, int threads)
+/* The weights of one sliver and block of kc steps, W + l*wl (l < kc), as the kernels read
+   them: in place, or, for a last sliver of nr < width features of weights that are not
+   zero-padded, copied into the zero-padded Wt (kc x width; nothing read past the operand). */
+static inline const real *sliver(const real *W, long wl, long kc, long nr, long width,
+                                 int padded, real *Wt, long *wl_out)
+{
+    *wl_out = wl;
+    if (padded || nr == width)
+        return W;
+    for (long l = 0; l < kc; l++) {
+        memcpy(Wt + l * width, W + l * wl, sizeof(real) * nr);
+        memset(Wt + l * width + nr, 0, sizeof(real) * (width - nr));
+    }
+    *wl_out = width;
+    return Wt;
+}
+
+/* x (B, a, c, d) and y (B, a, b, d) with rows xn and yn apart; the weights of sliver s of
+   block i at step l at w + i*ws[0] + s*ws[1] + l*ws[2]: ks_pack_f's (zero-padded: padded)
+   or an operand read in place (for dX = dY K, K's rows: W(i, s, k, t) = w[i, k, s*NF + t]).
+   Tasks: blocks of mc rows x a; per block of KCF steps of l, the FR-row tiles of X stay
+   in L1 while the slivers of the weights stream from L2. */
+int ks_bsf_f(const real *x, const real *w, real *y, long B, long a, long b, long c, long d,
+             long xn, long yn, const long *ws, int padded, long mc, int threads)
 {
     const long nb = (B + mc - 1) / mc, f = b * d, nsl = (f + NF - 1) / NF;
-    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(threads)
-    for (long t = 0; t < nb; t++)
-        for (long i = 0; i < a; i++) {
-            const long n0 = t * mc, rows = lmin(mc, B - n0);
-            for (long k0 = 0; k0 < c; k0 += KCF) {
-                const long kc = lmin(KCF, c - k0);
-                for (long m0 = 0; m0 < rows; m0 += FR)
-                    for (long s = 0; s < nsl; s++)
-                        micro_f_any(kc, x + (n0 + m0) * xn + (i * c + k0) * d, xn, d,
-                                    wf + ((i * nsl + s) * c + k0) * NF, NF,
-                                    y + (n0 + m0) * yn + i * f + s * NF, yn,
-                                    lmin(FR, rows - m0), lmin(NF, f - s * NF), k0 > 0, d);
-            }
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        real *Wt = padded ? 0 : malloc(sizeof(real) * KCF * NF);
+        if (!padded && !Wt) {
+            #pragma omp atomic write
+            failed = 1;
         }
-    return 0;
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (long t = 0; t < nb; t++)
+            for (long i = 0; i < a; i++) {
+                if (!padded && !Wt) continue;
+                const long n0 = t * mc, rows = lmin(mc, B - n0);
+                for (long k0 = 0; k0 < c; k0 += KCF) {
+                    const long kc = lmin(KCF, c - k0), last = nsl - 1;
+                    long tl;  /* the last sliver, copied once per block where it is partial */
+                    const real *tail = sliver(w + i * ws[0] + last * ws[1] + k0 * ws[2], ws[2],
+                                              kc, f - last * NF, NF, padded, Wt, &tl);
+                    for (long m0 = 0; m0 < rows; m0 += FR)
+                        for (long s = 0; s < nsl; s++)
+                            micro_f_any(kc, x + (n0 + m0) * xn + (i * c + k0) * d, xn, d,
+                                        s == last ? tail : w + i * ws[0] + s * ws[1] + k0 * ws[2],
+                                        s == last ? tl : ws[2],
+                                        y + (n0 + m0) * yn + i * f + s * NF, yn,
+                                        lmin(FR, rows - m0), lmin(NF, f - s * NF), k0 > 0, d);
+                }
+            }
+        free(Wt);
+    }
+    return failed;
 }
 
 /* The gradient of the factor with d dividing the lanes, batch-size-first (x (B, a, c, d)
@@ -471,7 +505,7 @@ int ks_grad_f(const real *x, const real *g, real *dw, long B, long a, long b, lo
     int failed = 0;
     #pragma omp parallel num_threads(threads)
     {
-        real *Wt = tail ? calloc(KCF * NF, sizeof(real)) : 0;
+        real *Wt = tail ? malloc(sizeof(real) * KCF * NF) : 0;
         if (tail && !Wt) {
             #pragma omp atomic write
             failed = 1;
@@ -483,14 +517,9 @@ int ks_grad_f(const real *x, const real *g, real *dw, long B, long a, long b, lo
                 const long nr = lmin(NF, f - s * NF);
                 for (long n0 = 0; n0 < B; n0 += KCF) {
                     const long kc = lmin(KCF, B - n0);
-                    const real *W = x + n0 * xn + i * f + s * NF;
-                    long wl = xn;
-                    if (nr < NF) {  /* past x's last feature: a zero-padded copy */
-                        for (long l = 0; l < kc; l++)
-                            memcpy(Wt + l * NF, W + l * xn, sizeof(real) * nr);
-                        W = Wt;
-                        wl = NF;
-                    }
+                    long wl;
+                    const real *W = sliver(x + n0 * xn + i * f + s * NF, xn, kc, nr, NF, 0, Wt,
+                                           &wl);
                     for (long k0 = 0; k0 < b; k0 += FR)
                         micro_f_any(kc, g + n0 * gn + (i * b + k0) * d, d, gn, W, wl,
                                     dw + (i * b + k0) * f + s * NF, f, lmin(FR, b - k0), nr,
@@ -538,9 +567,9 @@ static void expand(long kc, const real *X, long xr, long xl, long mr, long d,
     }
 }
 
-/* C[r*cr + t] (+)= sum_{l < kc} Xe[(l*FRP + r)*NP + t/LANES][t%LANES] * W[l*WP + t]. */
-static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict W, real *C,
-                           long cr, long mr, long nr, int accumulate)
+/* C[r*cr + t] (+)= sum_{l < kc} Xe[(l*FRP + r)*NP + t/LANES][t%LANES] * W[l*wl + t]. */
+static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict W, long wl,
+                           real *C, long cr, long mr, long nr, int accumulate)
 {
     vec acc[FRP][NP];
 #pragma GCC unroll 8
@@ -550,7 +579,7 @@ static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict
     for (long l = 0; l < kc; l++) {
         vec wv[NP];
 #pragma GCC unroll 4
-        for (int v = 0; v < NP; v++) wv[v] = *(const vec *)(W + l * WP + v * LANES);
+        for (int v = 0; v < NP; v++) wv[v] = *(const vec *)(W + l * wl + v * LANES);
 #pragma GCC unroll 8
         for (int r = 0; r < FRP; r++)
 #pragma GCC unroll 4
@@ -565,11 +594,12 @@ static void phase_index(long d, ivec *idx)
         for (int t = 0; t < LANES; t++) idx[v][t] = (ireal)((v * LANES + t) % d);
 }
 
-/* x (B, a, c, d) and y (B, a, b, d), rows xn and yn apart, x's storage ending at xend.
-   Tasks: blocks of mc rows x a; per FRP rows and KCP steps of l, the expanded X (in L1)
-   serves every sliver. */
-int ks_bsf_p(const real *x, const real *wp, real *y, long B, long a, long b, long c, long d,
-             long xn, long yn, const real *xend, long mc, int threads)
+/* x (B, a, c, d) and y (B, a, b, d), rows xn and yn apart, x's storage ending at xend;
+   the weights as in ks_bsf_f (slivers of WP). Tasks: blocks of mc rows x a; per FRP rows
+   and KCP steps of l, the expanded X (in L1) serves every sliver. */
+int ks_bsf_p(const real *x, const real *w, real *y, long B, long a, long b, long c, long d,
+             long xn, long yn, const real *xend, const long *ws, int padded, long mc,
+             int threads)
 {
     const long nb = (B + mc - 1) / mc, f = b * d, nsl = (f + WP - 1) / WP;
     ivec idx[NP];
@@ -578,29 +608,35 @@ int ks_bsf_p(const real *x, const real *wp, real *y, long B, long a, long b, lon
     #pragma omp parallel num_threads(threads)
     {
         vec *Xe = aligned_alloc(VBYTES, sizeof(vec) * KCP * FRP * NP);
-        if (!Xe) {
+        real *Wt = malloc(sizeof(real) * KCP * WP);
+        if (!Xe || !Wt) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for collapse(2) schedule(dynamic)
         for (long t = 0; t < nb; t++)
             for (long i = 0; i < a; i++) {
-                if (!Xe) continue;
+                if (!Xe || !Wt) continue;
                 const long n0 = t * mc, rows = lmin(mc, B - n0);
                 for (long k0 = 0; k0 < c; k0 += KCP) {
-                    const long kc = lmin(KCP, c - k0);
+                    const long kc = lmin(KCP, c - k0), last = nsl - 1;
+                    long tl;  /* the last sliver, copied once per block where it is partial */
+                    const real *tail = sliver(w + i * ws[0] + last * ws[1] + k0 * ws[2], ws[2],
+                                              kc, f - last * WP, WP, padded, Wt, &tl);
                     for (long m0 = 0; m0 < rows; m0 += FRP) {
                         const long mr = lmin(FRP, rows - m0);
                         expand(kc, x + (n0 + m0) * xn + (i * c + k0) * d, xn, d, mr, d, xend,
                                idx, Xe);
                         for (long s = 0; s < nsl; s++)
-                            micro_p(kc, Xe, wp + ((i * nsl + s) * c + k0) * WP,
-                                    y + (n0 + m0) * yn + i * f + s * WP, yn, mr,
-                                    lmin(WP, f - s * WP), k0 > 0);
+                            micro_p(kc, Xe,
+                                    s == last ? tail : w + i * ws[0] + s * ws[1] + k0 * ws[2],
+                                    s == last ? tl : ws[2], y + (n0 + m0) * yn + i * f + s * WP,
+                                    yn, mr, lmin(WP, f - s * WP), k0 > 0);
                     }
                 }
             }
         free(Xe);
+        free(Wt);
     }
     return failed;
 }

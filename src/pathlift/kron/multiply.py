@@ -217,10 +217,12 @@ def _run_fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Te
 
 class _FusedProduct(torch.autograd.Function):
     """The C kernel's product with its backward in the same kernel: dX = dY·K is the
-    product by K^T (pattern (a, c, b, d), w packed through its transposed strides), and
-    dw[i, k, l, j] = sum_n dY[n, i, k, j] X[n, i, l, j] the kernel's product with the
-    batch as inner dimension (``cpu_kernel.grad_factor``); no permutation of X, dY or the
-    gradients goes through torch. Half precision runs in float32 and is cast back."""
+    product by K^T (pattern (a, c, b, d); ``cpu_kernel.multiply_transposed``: w read in
+    place on the flat and phased paths, packed through its transposed strides on the
+    others), and dw[i, k, l, j] = sum_n dY[n, i, k, j] X[n, i, l, j] the kernel's product
+    with the batch as inner dimension (``cpu_kernel.grad_factor``); no permutation of X,
+    dY or the gradients goes through torch. Half precision runs in float32 and is cast
+    back."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, op: dict, p: KSPattern,
@@ -236,9 +238,8 @@ class _FusedProduct(torch.autograd.Function):
         g = gy.to(kernel.dtype).contiguous()
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            wt = cpu_kernel.pack(w.transpose(1, 2), kernel, layout)
-            gx = cpu_kernel.multiply(kernel, g, wt, p.transpose().as_tuple(), layout)
-            gx = gx.to(x.dtype)
+            wk = w.detach().to(kernel.dtype)
+            gx = cpu_kernel.multiply_transposed(kernel, g, wk, p.as_tuple(), layout).to(x.dtype)
         if ctx.needs_input_grad[1]:
             gw = cpu_kernel.grad_factor(kernel, x.to(kernel.dtype).contiguous(), g,
                                         p.as_tuple(), layout).to(w.dtype)
