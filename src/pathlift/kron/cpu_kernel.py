@@ -61,7 +61,7 @@ from pathlift import files
 from pathlift.kron.machine import cache_dir, cpu_features, warn_unusable_cache
 
 __all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
-           "multiply_transposed", "pack", "path_of"]
+           "multiply_once", "multiply_transposed", "pack", "path_of"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -238,7 +238,9 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
         lib.ks_grad_f.argtypes = [ptr, ptr, ptr, *[long] * 7, ctypes.c_int]
         lib.ks_bsf_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, longs, ctypes.c_int, long,
                                  ctypes.c_int]
-        lib.ks_bsf_p.restype = ctypes.c_int
+        lib.ks_bsf_fw.argtypes = [ptr, ptr, longs, ptr, *[long] * 5, ctypes.c_int, ptr, long,
+                                  ctypes.c_int]
+        lib.ks_bsf_p.restype = lib.ks_bsf_fw.restype = ctypes.c_int
         lib.ks_bsf_f.restype = lib.ks_grad_f.restype = ctypes.c_int
         lib.ks_pack.argtypes = [ptr, longs, *[long] * 5, ptr]
         lib.ks_pack_d.argtypes = [ptr, longs, *[long] * 4, ptr]
@@ -257,7 +259,15 @@ def load_kernel(dtype: torch.dtype) -> CpuKernel | None:
     set has none (AVX512-BF16); other dtypes give None without a warning."""
     if dtype not in _TYPES:
         return None
-    return _load(dtype, _compiler(), build_flags())
+    env = os.environ
+    return _load_for(dtype, env.get("CC"), env.get("PATH", os.defpath),
+                     env.get("PATHLIFT_KRON_CFLAGS", ""))
+
+
+@functools.cache
+def _load_for(dtype: torch.dtype, cc: str | None, path: str, cflags: str) -> CpuKernel | None:
+    # per value of the variables the build depends on: every fused prepare asks
+    return _load(dtype, cc or _compiler_on_path(path), _flags(cflags))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -429,6 +439,26 @@ def _along_features(kernel: CpuKernel, path: str, x: torch.Tensor, w: torch.Tens
         end = x.data_ptr() + x.numel() * x.element_size()
         status = kernel.lib.ks_bsf_p(*args, end, _longs(ws), padded, mc, threads)
     _check(status)
+
+
+def multiply_once(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,
+                  shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """``multiply(kernel, x, pack(w, kernel, layout), shape, layout)`` for a factor used
+    once (a training step's forward): on the flat and phased paths packed and multiplied in
+    one call (``ks_bsf_fw``), the packing freed on return."""
+    a, b, c, d = shape
+    path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
+    if path not in ("flat", "phased") or kernel.dtype == torch.bfloat16:
+        return multiply(kernel, x, pack(w, kernel, layout), shape, layout)
+    if w.dtype != kernel.dtype:
+        w = w.detach().to(kernel.dtype)
+    batch = x.shape[0]
+    y = torch.empty(batch, a * b * d, dtype=x.dtype)
+    mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
+    end = x.data_ptr() + x.numel() * x.element_size()
+    _check(kernel.lib.ks_bsf_fw(x.data_ptr(), w.data_ptr(), _longs(w.stride()), y.data_ptr(),
+                                batch, a, b, c, d, path == "phased", end, mc, threads))
+    return y
 
 
 def multiply_transposed(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,

@@ -768,6 +768,27 @@ int ks_bsl(const real *x, const real *wr, real *y, long B, long a, long b, long 
     return failed;
 }
 
+/* The flat (phased = 0) or phased product from the factor itself, W(i, k, l, j) = w[i*st[0]
+   + k*st[1] + l*st[2] + j*st[3]]: packed here (ks_pack_f) into a buffer freed on return,
+   for a factor used once (a training step's forward: the optimizer changes it before the
+   next), in one call. */
+int ks_bsf_fw(const real *x, const real *w, const long *st, real *y, long B, long a, long b,
+              long c, long d, int phased, const real *xend, long mc, int threads)
+{
+    const long width = phased ? WP : NF, nsl = (b * d + width - 1) / width;
+    const long ws[3] = {nsl * c * width, c * width, width};
+    real *packed = malloc(sizeof(real) * a * nsl * c * width);
+    if (!packed)
+        return 1;
+    ks_pack_f(w, st, a, b, c, d, width, packed);
+    const int failed = phased ? ks_bsf_p(x, packed, y, B, a, b, c, d, a * c * d, a * b * d, xend,
+                                         ws, 1, mc, threads)
+                              : ks_bsf_f(x, packed, y, B, a, b, c, d, a * c * d, a * b * d, ws, 1,
+                                         mc, threads);
+    free(packed);
+    return failed;
+}
+
 /* Batch-size-first in bfloat16 with float32 accumulation, where the instruction set has
    bf16 dot products (AVX512-BF16: vdpbf16ps adds the products of a pair of bf16 values of
    each operand to a float32 lane). The inner dimension runs in pairs: the weights are

@@ -203,16 +203,23 @@ def _packed(op: dict, layout: str) -> torch.Tensor:
     return op["packed"][layout]
 
 
-def _run_fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
+def _run_fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str,
+               once: bool = False) -> torch.Tensor:
     """The C kernel's product (no autograd): the bf16 kernel for bfloat16 batch-size-first
-    where there is one, else the kernel of op["kernel"] on x in its dtype."""
+    where there is one, else the kernel of op["kernel"] on x in its dtype. ``once``: the
+    factor is used for this product only (autograd records it: a training step changes it
+    before the next), so it is not kept packed in op."""
     if x.dtype == torch.bfloat16 and layout == "bsf" and "bf16" in op:
         kernel, packed = op["bf16"]
         return cpu_kernel.multiply(kernel, x.contiguous(), packed, p.as_tuple(), layout)
     kernel = op["kernel"]
-    y = cpu_kernel.multiply(kernel, x.to(kernel.dtype).contiguous(), _packed(op, layout),
-                            p.as_tuple(), layout)
-    return y.to(x.dtype)
+    xk = x if x.dtype == kernel.dtype and x.is_contiguous() else \
+        x.to(kernel.dtype).contiguous()
+    if once and layout not in op["packed"]:
+        y = cpu_kernel.multiply_once(kernel, xk, op["w"], p.as_tuple(), layout)
+    else:
+        y = cpu_kernel.multiply(kernel, xk, _packed(op, layout), p.as_tuple(), layout)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class _FusedProduct(torch.autograd.Function):
@@ -229,7 +236,7 @@ class _FusedProduct(torch.autograd.Function):
                 layout: str) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.kernel, ctx.p, ctx.layout = op["kernel"], p, layout
-        return _run_fused(x, op, p, layout)
+        return _run_fused(x, op, p, layout, once=True)
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple:
