@@ -115,3 +115,27 @@ def test_half_precision_gradients_run_in_float32_and_keep_their_dtype():
         assert w.grad.dtype == x.grad.dtype == dtype
         _, rx, rw = dense_gradients(x.float(), w.float(), gy, p)
         assert rel_err(x.grad, rx) <= 2e-2 and rel_err(w.grad, rw) <= 2e-2
+
+
+@pytest.mark.parametrize("layout", ["bsf", "bsl"])
+@pytest.mark.parametrize("pattern,batch", [((1, 100, 300, 1), 257), ((3, 7, 130, 2), 300),
+                                           ((2, 33, 17, 5), 300), ((1, 9, 50, 12), 600),
+                                           ((2, 7, 300, 16), 40), ((1, 48, 48, 24), 300)],
+                         ids=str)
+def test_two_threads_give_the_numbers_of_one(pattern, batch, layout):
+    """Products large enough for the kernel's OpenMP team (B·abcd >= 2^18) give the same
+    Y, dX and dw, bit for bit, with two threads as with one: every output is one task's."""
+    p = KSPattern(*pattern)
+    g = torch.Generator().manual_seed(11)
+    w = random_factor(p, generator=g)
+    x = torch.randn(batch, p.in_features, generator=g)
+    gy = torch.randn(batch, p.out_features, generator=g)
+    assert batch * p.nnz >= 1 << 18
+    previous = torch.get_num_threads()
+    try:
+        one = fused_gradients(x, w, gy, p, layout)
+        torch.set_num_threads(2)
+        two = fused_gradients(x, w, gy, p, layout)
+    finally:
+        torch.set_num_threads(previous)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
