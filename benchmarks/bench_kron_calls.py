@@ -9,7 +9,8 @@ output, SGD update in place), each t(bmm)/t(fused) per pattern, round-robin.
     python benchmarks/bench_kron_calls.py --pattern 1,160,24,8 --pattern 4,96,40,5
 
 Prints one line per pattern and the median and worst ratio of each call, and writes
-kron_calls_cpu_float32_t<threads>.csv under --out (default benchmarks/results).
+kron_calls_cpu_float32_t<threads>.csv (``_patterns.csv`` with --pattern) under --out
+(default benchmarks/results). With one thread each sample is the thread's CPU time.
 """
 
 from __future__ import annotations
@@ -117,8 +118,8 @@ def main() -> None:
     writer.writerow(["a", "b", "c", "d", *CALLS])
     for p, r in ratios.items():
         writer.writerow([*p.as_tuple(), *(f"{r[c]:.4f}" for c in CALLS)])
-    path = files.write_text(Path(args.out) / f"kron_calls_cpu_float32_t{args.threads}.csv",
-                            buffer.getvalue())
+    stem = f"kron_calls_cpu_float32_t{args.threads}{'_patterns' if args.pattern else ''}"
+    path = files.write_text(Path(args.out) / f"{stem}.csv", buffer.getvalue())
     print(f"wrote {path}")
 
 

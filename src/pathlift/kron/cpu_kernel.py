@@ -11,7 +11,15 @@ NR/LANES vectors of one operand and broadcasts MR scalars of the other. Both ope
 the micro-kernel are contiguous: the weights are packed once (``pack``) into slivers of
 NR columns (batch-size-first) or MR rows (batch-size-last), and the strided block
 X[rows, col] of batch-size-first is packed into MR-row slivers per block of 256 columns,
-a copy that stays in the L2 cache.
+a copy that stays in the L2 cache. Batch-size-first has three more paths (``path_of``)
+that gather and scatter nothing: along d when d is a multiple of the vector lanes; *flat*
+when d divides them (vectors along the output features f = k*d + j, contiguous in Y, X's
+d values of a step broadcast from its rows); *phased* for d = 3*2^m up to two vectors
+(the same in slivers of lcm(lanes, d) = 3 vectors, X's values shuffled into the three
+phases once per row and block). The factors are packed in one pass in C (``pack``, read
+through their strides). The gradients run in the same kernel: dX = dY K is the product by
+K^T (``multiply_transposed``; K's rows as they are on the flat and phased paths), dw a
+product with the batch as its inner dimension (``grad_factor``).
 
 The vector width and the tile come from the instruction set the compiler targets
 (``-march=native`` unless ``PATHLIFT_KRON_CFLAGS`` adds flags such as ``-mno-avx512f``):

@@ -20,6 +20,8 @@ sparse routines and the C kernel have no half-precision path) and cast back.
 
 ``prepare(w, pattern, algorithm)`` converts w to the storage of the algorithm once;
 ``apply`` runs it, so a layer or a benchmark pays for conversion only when w changes.
+``ks_multiply`` does the same by itself: it keeps the prepared factor while w's storage,
+view and version are unchanged (where autograd does not record w).
 """
 
 from __future__ import annotations
@@ -376,8 +378,9 @@ def _cached_prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict
     hit = _PREPARED.get(key)
     if hit is None or hit[0]() is not storage or hit[1] != w._version:
         _PREPARED.pop(key, None)
-        while len(_PREPARED) >= _PREPARED_MAX:
-            _PREPARED.pop(next(iter(_PREPARED)))
+        # the oldest first; keys listed at once (an entry's storage may die meanwhile)
+        for old in list(_PREPARED)[:max(0, len(_PREPARED) - _PREPARED_MAX + 1)]:
+            _PREPARED.pop(old, None)
         hit = (weakref.ref(storage, lambda _, key=key: _forget(key)), w._version,
                prepare(w, pattern, algorithm))
         _PREPARED[key] = hit
@@ -388,4 +391,4 @@ def _forget(key: tuple) -> None:
     """Drop the entry of a storage that died (unless a newer one took its key)."""
     hit = _PREPARED.get(key)
     if hit is not None and hit[0]() is None:
-        del _PREPARED[key]
+        _PREPARED.pop(key, None)
