@@ -588,10 +588,21 @@ static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict
     store_tile(&acc[0][0], NP, C, cr, 1, mr, nr, accumulate, NP);
 }
 
-static void phase_index(long d, ivec *idx)
+/* idx[v][t] = (v*LANES + t) % d, the lanes of phase v; returns 0 (no failure yet). */
+static int phase_index(long d, ivec *idx)
 {
     for (int v = 0; v < NP; v++)
         for (int t = 0; t < LANES; t++) idx[v][t] = (ireal)((v * LANES + t) % d);
+    return 0;
+}
+
+/* A phased task's buffers: the expanded X (KCP x FRP x NP vectors) and a last sliver's
+   copy (KCP x WP); 0 where one could not be allocated. */
+static int phased_alloc(vec **Xe, real **Wt)
+{
+    *Xe = aligned_alloc(VBYTES, sizeof(vec) * KCP * FRP * NP);
+    *Wt = malloc(sizeof(real) * KCP * WP);
+    return *Xe && *Wt;
 }
 
 /* x (B, a, c, d) and y (B, a, b, d), rows xn and yn apart, x's storage ending at xend;
@@ -603,13 +614,12 @@ int ks_bsf_p(const real *x, const real *w, real *y, long B, long a, long b, long
 {
     const long nb = (B + mc - 1) / mc, f = b * d, nsl = (f + WP - 1) / WP;
     ivec idx[NP];
-    phase_index(d, idx);
-    int failed = 0;
+    int failed = phase_index(d, idx);
     #pragma omp parallel num_threads(threads)
     {
-        vec *Xe = aligned_alloc(VBYTES, sizeof(vec) * KCP * FRP * NP);
-        real *Wt = malloc(sizeof(real) * KCP * WP);
-        if (!Xe || !Wt) {
+        vec *Xe;
+        real *Wt;
+        if (!phased_alloc(&Xe, &Wt)) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -632,6 +642,53 @@ int ks_bsf_p(const real *x, const real *w, real *y, long B, long a, long b, long
                                     s == last ? tail : w + i * ws[0] + s * ws[1] + k0 * ws[2],
                                     s == last ? tl : ws[2], y + (n0 + m0) * yn + i * f + s * WP,
                                     yn, mr, lmin(WP, f - s * WP), k0 > 0);
+                    }
+                }
+            }
+        free(Xe);
+        free(Wt);
+    }
+    return failed;
+}
+
+/* The gradient of the factor on the phased path, batch-size-first (x (B, a, c, d) and g
+   (B, a, b, d), rows xn and gn apart, g's storage ending at gend; dw (a, b, c, d)): rows k
+   of dw, vectors along its features (l, j) in slivers of WP, dw[i, k, (l, j)] = sum_n g[n,
+   i, k, j] x[n, i, (l, j)], g's d values of each step n shuffled into the phases once per
+   row tile and block for every sliver, x read in place (its last sliver, where partial,
+   through a zero-padded copy). Tasks: blocks i x tiles of kb rows k. */
+int ks_grad_p(const real *x, const real *g, real *dw, long B, long a, long b, long c, long d,
+              long xn, long gn, const real *gend, long kb, int threads)
+{
+    const long f = c * d, nsl = (f + WP - 1) / WP, nkb = (b + kb - 1) / kb;
+    ivec idx[NP];
+    int failed = phase_index(d, idx);
+    #pragma omp parallel num_threads(threads)
+    {
+        vec *Xe;
+        real *Wt;
+        if (!phased_alloc(&Xe, &Wt)) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (long i = 0; i < a; i++)
+            for (long t = 0; t < nkb; t++) {
+                if (!Xe || !Wt) continue;
+                const long k1 = lmin(b, (t + 1) * kb), last = nsl - 1;
+                for (long n0 = 0; n0 < B; n0 += KCP) {
+                    const long kc = lmin(KCP, B - n0);
+                    const real *X = x + n0 * xn + i * f;
+                    long tl;
+                    const real *tail = sliver(X + last * WP, xn, kc, f - last * WP, WP, 0, Wt,
+                                              &tl);
+                    for (long k0 = t * kb; k0 < k1; k0 += FRP) {
+                        const long mr = lmin(FRP, k1 - k0);
+                        expand(kc, g + n0 * gn + (i * b + k0) * d, d, gn, mr, d, gend, idx, Xe);
+                        for (long s = 0; s < nsl; s++)
+                            micro_p(kc, Xe, s == last ? tail : X + s * WP, s == last ? tl : xn,
+                                    dw + (i * b + k0) * f + s * WP, f, mr, lmin(WP, f - s * WP),
+                                    n0 > 0);
                     }
                 }
             }
