@@ -80,8 +80,10 @@ def fresh_kernels(monkeypatch):
     allowed again."""
     monkeypatch.setattr(machine, "_WARNED", set())
     cpu_kernel._load.cache_clear()
+    cpu_kernel._load_for.cache_clear()
     yield
     cpu_kernel._load.cache_clear()
+    cpu_kernel._load_for.cache_clear()
 
 
 @pytest.fixture

@@ -86,6 +86,8 @@ def test_dense_support_known_chains(chain, dense):
 
 
 TILE = (3, 8, 2, 3)  # MR, NR, DR, DK of a made-up kernel
+BCAST = 2  # the largest d of its flat path
+WP = 12  # the width of its phased slivers (3 lanes)
 
 
 def synthetic_model(batch: int = 64, lanes: int = 4) -> CostModel:
@@ -94,7 +96,9 @@ def synthetic_model(batch: int = 64, lanes: int = 4) -> CostModel:
     tiled = (*theta, 5e-11, 1e-8)  # padded multiplications, micro-kernel calls
     return CostModel(batch, lanes, {"dense": (1e-6, 2e-11), "bmm": theta,
                                     "fused": tuple(0.5 * v for v in tiled),
-                                    "fused_d": tuple(0.4 * v for v in tiled)}, TILE)
+                                    "fused_d": tuple(0.4 * v for v in tiled),
+                                    "fused_f": tuple(0.3 * v for v in tiled),
+                                    "fused_p": tuple(0.35 * v for v in tiled)}, TILE, BCAST, WP)
 
 
 @given(st.sampled_from((*WIDTHS, 48, 64)), st.sampled_from((*WIDTHS, 48, 64)),
@@ -121,21 +125,31 @@ def test_candidates_are_dense_within_budget_and_complete(n_in, n_out, budget):
 def test_cost_model_fit_recovers_synthetic_times_and_takes_the_fastest_path():
     model = synthetic_model(batch=32, lanes=4)
     patterns = [KSPattern(a, b, c, d) for a, b, c, d in itertools.product(
-        (1, 2, 3), (2, 5, 16), (3, 8), (1, 2, 4, 8))]
-    x = _features(patterns, 32, 4, TILE)
+        (1, 2, 3), (2, 5, 16), (3, 8), (1, 2, 3, 4, 5, 8))]
+    x = _features(patterns, 32, 4, TILE, BCAST, WP)
     cols = cost_module._COLUMNS
+
+    def path(p: KSPattern) -> str:
+        return ("fused_d" if p.d % 4 == 0 else "fused_f" if p.d <= BCAST else
+                "fused_p" if p.d == 3 else "fused")
+
     times = {p: {alg: float(x[i, cols[key]] @ torch.tensor(model.coefficients[key]).numpy())
-                 for alg, key in (("dense", "dense"), ("bmm", "bmm"),
-                                  ("fused", "fused_d" if p.d % 4 == 0 else "fused"))}
+                 for alg, key in (("dense", "dense"), ("bmm", "bmm"), ("fused", path(p)))}
              for i, p in enumerate(patterns)}
-    fitted = fit_cost_model(times, 32, 4, TILE)
+    fitted = fit_cost_model(times, 32, 4, TILE, BCAST, WP)
+    assert set(fitted.coefficients) == {"dense", "bmm", "fused", "fused_d", "fused_f",
+                                        "fused_p"}
     predicted = fitted.factor_times(patterns)
     for p, t in zip(patterns, predicted, strict=True):
         assert t == pytest.approx(min(times[p].values()), rel=1e-6)
-    # fused_d only runs patterns whose d is a multiple of the lanes
+    # fused_d only runs patterns whose d is a multiple of the lanes, fused_f those whose d
+    # divides them up to the largest broadcast
     only_d = CostModel(32, 4, {"fused_d": (1.0,) * 7})
     assert math.isinf(only_d.factor_times([KSPattern(1, 2, 2, 3)])[0])
     assert math.isfinite(only_d.factor_times([KSPattern(1, 2, 2, 8)])[0])
+    only_f = CostModel(32, 4, {"fused_f": (1.0,) * 7}, TILE, BCAST)
+    assert [math.isfinite(t) for t in only_f.factor_times(
+        [KSPattern(1, 2, 2, d) for d in (1, 2, 3, 4)])] == [True, True, False, False]
 
 
 def test_hand_families_fit_their_shapes():

@@ -132,7 +132,8 @@ def test_each_instruction_set_build_has_its_tile_and_matches_dense(extra, isa, v
     """The tile follows the instruction set the compiler targets (-march=native, minus
     what PATHLIFT_KRON_CFLAGS removes): AVX-512 64-byte vectors, 12 x 32 float32 and 4 x 6
     vectors along d; AVX2/AVX 32 bytes, 6 x 16 and 2 x 6; SSE2 16 bytes, 6 x 8 and 2 x 6.
-    Every build is exact, on both batch-size-first paths (d = 16 runs along d)."""
+    Every build is exact, products and gradients, on every batch-size-first path (d = 16
+    runs along d; d = 1, 2 flat; d = 6, 12 phased where the build has shuffles)."""
     monkeypatch.setenv("PATHLIFT_KRON_CFLAGS", extra)
     kernel = cpu_kernel.load_kernel(torch.float32)
     assert kernel is not None and [f for f in kernel.flags if f.startswith("-mno-")] == \
@@ -148,12 +149,19 @@ def test_each_instruction_set_build_has_its_tile_and_matches_dense(extra, isa, v
     assert (kernel.dr, kernel.dk) == ((4, 6) if kernel.vector_bytes == 64 else (2, 6))
     assert isa in kernel.describe()
     for pattern, batch in [((1, 40, 300, 1), 13), ((2, 33, 17, 5), 601), ((3, 64, 16, 2), 7),
-                           ((2, 7, 300, 16), 9)]:
+                           ((2, 7, 300, 16), 9), ((1, 9, 50, 12), 11), ((2, 5, 31, 6), 6)]:
         p = KSPattern(*pattern)
         g = torch.Generator().manual_seed(5)
         w, x = random_factor(p, generator=g), torch.randn(batch, p.in_features, generator=g)
+        gy = torch.randn(batch, p.out_features, generator=g)
+        wd, xd = w.double().requires_grad_(), x.double().requires_grad_()
+        ((xd @ to_dense(wd, p).T) * gy.double()).sum().backward()
         for layout in LAYOUTS:
-            assert rel_err(run(x, w, p, "fused", layout), reference(x, w, p)) <= 1e-5
+            wf, xf = w.clone().requires_grad_(), x.clone().requires_grad_()
+            y = run(xf, wf, p, "fused", layout)
+            (y * gy).sum().backward()
+            assert rel_err(y, reference(x, w, p)) <= 1e-5
+            assert rel_err(xf.grad, xd.grad) <= 1e-5 and rel_err(wf.grad, wd.grad) <= 1e-5
 
 
 @pytest.mark.parametrize("pattern,batch", [((1, 40, 300, 1), 13), ((2, 33, 17, 5), 601),
@@ -224,7 +232,7 @@ for pattern, batch in [((1, 64, 64, 1), 70), ((2, 48, 192, 4), 33), ((1, 300, 70
     w, x = random_factor(p), torch.randn(batch, p.in_features)
     ref = x.double() @ to_dense(w.double(), p).T
     for layout in ("bsf", "bsl"):
-        y = triton_kernel._launch(x if layout == "bsf" else x.T.contiguous(), w, p, layout)
+        y = triton_kernel.launch(x if layout == "bsf" else x.T.contiguous(), w, p, layout)
         y = y if layout == "bsf" else y.T
         assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5, (p, layout)
 print("ok")

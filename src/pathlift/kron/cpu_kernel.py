@@ -11,7 +11,15 @@ NR/LANES vectors of one operand and broadcasts MR scalars of the other. Both ope
 the micro-kernel are contiguous: the weights are packed once (``pack``) into slivers of
 NR columns (batch-size-first) or MR rows (batch-size-last), and the strided block
 X[rows, col] of batch-size-first is packed into MR-row slivers per block of 256 columns,
-a copy that stays in the L2 cache.
+a copy that stays in the L2 cache. Batch-size-first has three more paths (``path_of``)
+that gather and scatter nothing: along d when d is a multiple of the vector lanes; *flat*
+when d divides them (vectors along the output features f = k*d + j, contiguous in Y, X's
+d values of a step broadcast from its rows); *phased* for d = 3*2^m up to two vectors
+(the same in slivers of lcm(lanes, d) = 3 vectors, X's values shuffled into the three
+phases once per row and block). The factors are packed in one pass in C (``pack``, read
+through their strides). The gradients run in the same kernel: dX = dY K is the product by
+K^T (``multiply_transposed``; K's rows as they are on the flat and phased paths), dw a
+product with the batch as its inner dimension (``grad_factor``).
 
 The vector width and the tile come from the instruction set the compiler targets
 (``-march=native`` unless ``PATHLIFT_KRON_CFLAGS`` adds flags such as ``-mno-avx512f``):
@@ -60,7 +68,8 @@ import torch.nn.functional as F
 from pathlift import files
 from pathlift.kron.machine import cache_dir, cpu_features, warn_unusable_cache
 
-__all__ = ["CpuKernel", "build_flags", "fused_bsf", "fused_bsl", "load_kernel", "pack"]
+__all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
+           "multiply_once", "multiply_transposed", "pack", "path_of"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -69,7 +78,7 @@ _BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu
 # per dtype: the name of its build and its defines; bfloat16 is float32 arithmetic on
 # bf16 operands (ks_bsf_bf16), built where the instruction set has bf16 dot products
 _TYPES = {torch.float32: ("float", ("-Dreal=float",)),
-          torch.float64: ("double", ("-Dreal=double",)),
+          torch.float64: ("double", ("-Dreal=double", "-Direal=long")),
           torch.bfloat16: ("bf16", ("-Dreal=float", "-DKS_BF16"))}
 _BSL_BATCH_TILE = 256  # batch columns per task (bsl): X block 256 x 256 in L2
 _BF16_INNER_BLOCK = 256  # KC of ks_fused.c: ks_bsf_bf16 writes bf16 when c fits one block
@@ -78,7 +87,13 @@ _BF16_INNER_BLOCK = 256  # KC of ks_fused.c: ks_bsf_bf16 writes bf16 when c fits
 def build_flags() -> tuple[str, ...]:
     """Compiler flags: ``-O3 -march=native -fopenmp ...`` then ``$PATHLIFT_KRON_CFLAGS``
     (e.g. ``-mno-avx512f`` to build the AVX2 kernel on an AVX-512 machine)."""
-    return _BASE_FLAGS + tuple(shlex.split(os.environ.get("PATHLIFT_KRON_CFLAGS", "")))
+    return _flags(os.environ.get("PATHLIFT_KRON_CFLAGS", ""))
+
+
+@functools.cache
+def _flags(extra: str) -> tuple[str, ...]:
+    # parsed once per value: every fused prepare asks for the kernel of the current flags
+    return _BASE_FLAGS + tuple(shlex.split(extra))
 
 
 def _compiler() -> str | None:
@@ -94,7 +109,9 @@ def _compiler_on_path(path: str) -> str | None:
 @dataclass(frozen=True)
 class CpuKernel:
     """A compiled kernel: its library, the instruction set it was built for and its tiles
-    (MR x NR scalars for the GEMM, DR x DK vectors along d for ``ks_bsf_d``)."""
+    (MR x NR scalars for the GEMM, DR x DK vectors along d for ``ks_bsf_d``), the largest
+    d that ``ks_bsf_f`` broadcasts (``bcast``), its slivers' width (``nf``) and those of
+    ``ks_bsf_p`` (``wp``, 0 where it is not built: no shuffle instructions)."""
 
     @property
     def lanes(self) -> int:
@@ -109,6 +126,9 @@ class CpuKernel:
     nr: int
     dr: int
     dk: int
+    bcast: int
+    nf: int
+    wp: int
     compiler: str
     flags: tuple[str, ...]
 
@@ -208,14 +228,35 @@ def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> C
         return None
     if dtype == torch.bfloat16 and not lib.ks_has_bf16():
         return None  # no bf16 dot products: the caller runs the float32 kernel
-    long, ptr = ctypes.c_long, ctypes.c_void_p
-    entries = (lib.ks_bsf_bf16,) if dtype == torch.bfloat16 else (lib.ks_bsf, lib.ks_bsf_d,
-                                                                    lib.ks_bsl)
-    for fn in entries:
-        fn.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
-        fn.restype = ctypes.c_int
+    long, ptr, longs = ctypes.c_long, ctypes.c_void_p, ctypes.POINTER(ctypes.c_long)
+    if dtype == torch.bfloat16:
+        lib.ks_bsf_bf16.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
+        lib.ks_bsf_bf16.restype = ctypes.c_int
+    else:
+        lib.ks_bsl.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
+        lib.ks_bsf.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, long, ctypes.c_int]
+        lib.ks_bsf_d.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, longs, long,
+                                 ctypes.c_int]
+        lib.ks_grad.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, longs, long,
+                                ctypes.c_int]
+        for fn in (lib.ks_bsl, lib.ks_bsf, lib.ks_bsf_d, lib.ks_grad):
+            fn.restype = ctypes.c_int
+        lib.ks_bsf_f.argtypes = [ptr, ptr, ptr, *[long] * 7, longs, ctypes.c_int, long,
+                                 ctypes.c_int]
+        lib.ks_grad_f.argtypes = [ptr, ptr, ptr, *[long] * 7, ctypes.c_int]
+        lib.ks_bsf_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, longs, ctypes.c_int, long,
+                                 ctypes.c_int]
+        lib.ks_bsf_fw.argtypes = [ptr, ptr, longs, ptr, *[long] * 5, ctypes.c_int, ptr, long,
+                                  ctypes.c_int]
+        lib.ks_grad_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, long, ctypes.c_int]
+        lib.ks_bsf_p.restype = lib.ks_bsf_fw.restype = lib.ks_grad_p.restype = ctypes.c_int
+        lib.ks_bsf_f.restype = lib.ks_grad_f.restype = ctypes.c_int
+        lib.ks_pack.argtypes = [ptr, longs, *[long] * 5, ptr]
+        lib.ks_pack_d.argtypes = [ptr, longs, *[long] * 4, ptr]
+        lib.ks_pack_f.argtypes = [ptr, longs, *[long] * 5, ptr]
+        lib.ks_pack.restype = lib.ks_pack_d.restype = lib.ks_pack_f.restype = None
     lib.ks_isa.restype = ctypes.c_char_p
-    tile = (ctypes.c_long * 5)()
+    tile = (ctypes.c_long * 8)()
     lib.ks_tile(tile)
     return CpuKernel(lib, dtype, lib.ks_isa().decode(), *tile, compiler, flags)
 
@@ -227,36 +268,81 @@ def load_kernel(dtype: torch.dtype) -> CpuKernel | None:
     set has none (AVX512-BF16); other dtypes give None without a warning."""
     if dtype not in _TYPES:
         return None
-    return _load(dtype, _compiler(), build_flags())
+    env = os.environ
+    return _load_for(dtype, env.get("CC"), env.get("PATH", os.defpath),
+                     env.get("PATHLIFT_KRON_CFLAGS", ""))
 
 
-def _slivers(w: torch.Tensor, width: int) -> torch.Tensor:
-    """(a, d, ceil(b/width), c, width) with [i, j, s, l, t] = w[i, s*width + t, l, j]."""
+@functools.cache
+def _load_for(dtype: torch.dtype, cc: str | None, path: str, cflags: str) -> CpuKernel | None:
+    # per value of the variables the build depends on: every fused prepare asks
+    return _load(dtype, cc or _compiler_on_path(path), _flags(cflags))
+
+
+@functools.lru_cache(maxsize=1024)
+def _longs(values: tuple[int, ...]) -> ctypes.Array:
+    """A C array of longs (strides), made once per value: the kernels only read it."""
+    return (ctypes.c_long * len(values))(*values)
+
+
+def path_of(lanes: int, bcast: int, wp: int, d: int, c: int) -> str:
+    """Which batch-size-first product of a kernel with ``lanes`` vector lanes, flat
+    broadcasts up to d = ``bcast`` and phased slivers of ``wp`` features (0: none) runs a
+    pattern with this d and c: ``"along_d"`` (``ks_bsf_d``) for d a multiple of the lanes,
+    ``"flat"`` (``ks_bsf_f``) for d dividing them up to ``bcast``, ``"phased"``
+    (``ks_bsf_p``) for d with lcm(d, lanes) = 3 lanes and d <= 2 lanes (3, 6, 12, 24 in
+    float32 with AVX-512) unless d = 3 and c >= 128, else ``"gemm"`` (``ks_bsf``). At d = 3
+    the GEMM's gathers and scatters share cache lines, and over a long inner dimension its
+    tile beat the phased one's (c = 192-1024: 1.15-1.2x); the phased path ran d = 6, 12, 24
+    1.1-2.2x and d = 3 with c <= 96 1.0-1.9x faster than the GEMM (float32, AVX-512)."""
+    if lanes and d % lanes == 0:
+        return "along_d"
+    if lanes and lanes % d == 0 and d <= bcast:
+        return "flat"
+    if wp and d <= 2 * lanes and d // math.gcd(d, lanes) == 3 and (d >= 6 or c < 128):
+        return "phased"
+    return "gemm"
+
+
+def bsf_path(kernel: CpuKernel, d: int, c: int) -> str:
+    """``path_of`` for this kernel."""
+    return path_of(kernel.lanes, kernel.bcast, kernel.wp, d, c)
+
+
+def pack(w: torch.Tensor, kernel: CpuKernel, layout: str) -> torch.Tensor:
+    """The factor w (a, b, c, d) in the kernel's storage for ``layout``, read through its
+    strides in one pass in C (``ks_pack``), so the transposed view ``w.transpose(1, 2)``
+    packs K^T without a copy.
+
+    Batch-size-first (``bsf_path``): along d, (a, d/LANES, ceil(b/DK), c, DK, LANES); flat
+    or phased, the output features f = k*d + j in slivers of NF or WP, (a, ceil(b*d/NF), c,
+    NF); else slivers of NR output features per j, (a, d, ceil(b/NR), c, NR). Batch-size-last:
+    slivers of MR, (a, d, ceil(b/MR), c, MR). Zero-padded. For the bfloat16 kernel
+    (batch-size-first only) the slivers of NR hold pairs of the inner dimension: (a, d,
+    ceil(b/NR), ceil(c/2), NR, 2)."""
     a, b, c, d = w.shape
-    padded = F.pad(w.permute(0, 3, 2, 1), (0, -(-b // width) * width - b))  # (a, d, c, bpad)
-    return padded.reshape(a, d, c, -1, width).permute(0, 1, 3, 2, 4).contiguous()
-
-
-def pack(w: torch.Tensor, kernel: CpuKernel) -> dict[str, torch.Tensor]:
-    """The factor w (a, b, c, d) in the kernel's storage for each layout: output features in
-    slivers of NR (batch-size-first) or MR (batch-size-last), zero-padded; and when d is a
-    multiple of the vector lanes, (a, d/LANES, ceil(b/DK), c, DK, LANES) for ``ks_bsf_d``.
-    For the bfloat16 kernel (batch-size-first only) the slivers of NR hold pairs of the
-    inner dimension: (a, d, ceil(b/NR), ceil(c/2), NR, 2)."""
+    w = w.detach()
     if kernel.dtype == torch.bfloat16:
-        a, b, c, d = w.shape
         nr = kernel.nr
         padded = F.pad(w.to(torch.bfloat16).permute(0, 3, 1, 2),
                        (0, c % 2, 0, -(-b // nr) * nr - b))  # (a, d, bpad, cpad)
         pairs = padded.reshape(a, d, -1, nr, (c + 1) // 2, 2).permute(0, 1, 2, 4, 3, 5)
-        return {"bsf_bf16": pairs.contiguous()}
-    out = {"bsf": _slivers(w, kernel.nr), "bsl": _slivers(w, kernel.mr)}
-    a, b, c, d = w.shape
-    lanes, dk = kernel.lanes, kernel.dk
-    if d % lanes == 0:
-        wv = F.pad(w.permute(0, 3, 2, 1), (0, -(-b // dk) * dk - b))  # (a, d, c, bpad)
-        wv = wv.reshape(a, d // lanes, lanes, c, -1, dk).permute(0, 1, 4, 3, 5, 2)
-        out["bsf_d"] = wv.contiguous()
+        return pairs.contiguous()
+    w = w.to(kernel.dtype)
+    strides, dt = _longs(tuple(w.stride())), kernel.dtype
+    path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
+    if path == "along_d":
+        out = torch.empty(a, d // kernel.lanes, -(-b // kernel.dk), c, kernel.dk, kernel.lanes,
+                          dtype=dt)
+        kernel.lib.ks_pack_d(w.data_ptr(), strides, a, b, c, d, out.data_ptr())
+    elif path in ("flat", "phased"):
+        width = kernel.nf if path == "flat" else kernel.wp
+        out = torch.empty(a, -(-b * d // width), c, width, dtype=dt)
+        kernel.lib.ks_pack_f(w.data_ptr(), strides, a, b, c, d, width, out.data_ptr())
+    else:
+        width = kernel.nr if layout == "bsf" else kernel.mr
+        out = torch.empty(a, d, -(-b // width), c, width, dtype=dt)
+        kernel.lib.ks_pack(w.data_ptr(), strides, a, b, c, d, width, out.data_ptr())
     return out
 
 
@@ -279,45 +365,203 @@ def _check(status: int) -> None:
                           "buffer; free memory or use algorithm='bmm'")
 
 
-def fused_bsf(kernel: CpuKernel, x: torch.Tensor, packed: dict[str, torch.Tensor],
+def _rows_per_task(kernel: CpuKernel, rows: int, shape: tuple[int, ...], along_d: bool,
+                   row_bytes: int) -> tuple[int, int]:
+    """(rows per task, threads): the task's block of X should stay in the L2 cache."""
+    a, _, _, d = shape
+    threads = _threads(rows, shape)
+    tile, tasks = (kernel.dr, a * d // kernel.lanes) if along_d else (kernel.mr, a)
+    l2_rows = (512 * 1024) // max(1, row_bytes)
+    return _tile(rows, max(tile, min(20 * tile, l2_rows)), tile, tasks, threads), threads
+
+
+def _gemm(kernel: CpuKernel, x: torch.Tensor, xs: tuple[int, ...], packed: torch.Tensor,
+          y: torch.Tensor, ys: tuple[int, ...], rows: int, shape: tuple[int, ...]) -> None:
+    """Y(n, i, k, j) = sum_l X(n, i, l, j) W(i, k, l, j) for n < rows, X and Y by strides
+    (n, i, feature, j), W packed in NR-column slivers (``ks_bsf``)."""
+    a, b, c, d = shape
+    mc, threads = _rows_per_task(kernel, rows, shape, False, c * d * x.element_size())
+    _check(kernel.lib.ks_bsf(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, a, b, c, d,
+                             _longs(xs), _longs(ys), mc, threads))
+
+
+def _along_d(kernel: CpuKernel, x: torch.Tensor, xs: tuple[int, ...], w: torch.Tensor,
+             ws: tuple[int, ...], y: torch.Tensor, ys: tuple[int, ...], rows: int,
+             shape: tuple[int, ...]) -> None:
+    """The same product with the vectors along j (``ks_bsf_d``; d a multiple of the lanes,
+    j contiguous in X and Y), W(i, s*DK + q, l, v*LANES + t) at w[i*ws[0] + v*ws[1] +
+    s*ws[2] + q*ws[3] + l*ws[4] + t]."""
+    a, b, c, d = shape
+    mc, threads = _rows_per_task(kernel, rows, shape, True, c * kernel.vector_bytes)
+    _check(kernel.lib.ks_bsf_d(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, a, b, c, d,
+                               _longs(xs), _longs(ws), _longs(ys), mc, threads))
+
+
+def _packed_d_strides(kernel: CpuKernel, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides (i, v, s, q, l) of ``ks_pack_d``'s storage for ``ks_bsf_d``."""
+    _, b, c, d = shape
+    lanes, dk = kernel.lanes, kernel.dk
+    step = c * dk * lanes
+    return d // lanes * -(-b // dk) * step, -(-b // dk) * step, step, lanes, dk * lanes
+
+
+def multiply(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
+             shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """Y = X K^T from x contiguous, (B, acd) batch-size-first or (acd, B) batch-size-last,
+    and packed = pack(w, kernel, layout): Y (B, abd) or (abd, B)."""
+    a, b, c, d = shape
+    if layout == "bsl":
+        batch = x.shape[1]
+        y = torch.empty(a * b * d, batch, dtype=x.dtype)
+        cols = _tile(batch, _BSL_BATCH_TILE, kernel.nr, a * d, _threads(batch, shape))
+        _check(kernel.lib.ks_bsl(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch, a, b,
+                                 c, d, cols, _threads(batch, shape)))
+        return y
+    batch = x.shape[0]
+    if kernel.dtype == torch.bfloat16:  # float32 accumulation, rounded to bfloat16 once
+        return _bsf_bf16(kernel, x, packed, shape)
+    y = torch.empty(batch, a * b * d, dtype=x.dtype)
+    xs, ys = (a * c * d, c * d, d, 1), (a * b * d, b * d, d, 1)
+    path = bsf_path(kernel, d, c)
+    if path == "along_d":
+        _along_d(kernel, x, xs, packed, _packed_d_strides(kernel, shape), y, ys, batch, shape)
+    elif path == "gemm":
+        _gemm(kernel, x, xs, packed, y, ys, batch, shape)
+    else:
+        _along_features(kernel, path, x, packed, packed.stride()[:3], True, y, shape)
+    return y
+
+
+def _along_features(kernel: CpuKernel, path: str, x: torch.Tensor, w: torch.Tensor,
+                    ws: tuple[int, ...], padded: bool, y: torch.Tensor,
+                    shape: tuple[int, ...]) -> None:
+    """Y = X K^T, contiguous and batch-size-first, on the flat or phased path, the weights
+    of sliver s of block i at step l at w + i*ws[0] + s*ws[1] + l*ws[2] (``padded``: the
+    slivers are zero-padded, as ``pack`` makes them)."""
+    a, b, c, d = shape
+    batch = x.shape[0]
+    mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
+    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), batch, a, b, c, d, a * c * d, a * b * d)
+    if path == "flat":
+        status = kernel.lib.ks_bsf_f(*args, _longs(ws), padded, mc, threads)
+    else:  # X's storage ends at end: its last values are read through a copy
+        end = x.data_ptr() + x.numel() * x.element_size()
+        status = kernel.lib.ks_bsf_p(*args, end, _longs(ws), padded, mc, threads)
+    _check(status)
+
+
+def multiply_once(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,
+                  shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """``multiply(kernel, x, pack(w, kernel, layout), shape, layout)`` for a factor used
+    once (a training step's forward): on the flat and phased paths packed and multiplied in
+    one call (``ks_bsf_fw``), the packing freed on return."""
+    a, b, c, d = shape
+    path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
+    if path not in ("flat", "phased") or kernel.dtype == torch.bfloat16:
+        return multiply(kernel, x, pack(w, kernel, layout), shape, layout)
+    if w.dtype != kernel.dtype:
+        w = w.detach().to(kernel.dtype)
+    batch = x.shape[0]
+    y = torch.empty(batch, a * b * d, dtype=x.dtype)
+    mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
+    end = x.data_ptr() + x.numel() * x.element_size()
+    _check(kernel.lib.ks_bsf_fw(x.data_ptr(), w.data_ptr(), _longs(w.stride()), y.data_ptr(),
+                                batch, a, b, c, d, path == "phased", end, mc, threads))
+    return y
+
+
+def multiply_transposed(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,
+                        shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """X K for the factor w of pattern ``shape`` (a, b, c, d), x contiguous, (B, abd)
+    batch-size-first or (abd, B) batch-size-last: the product by K^T (pattern (a, c, b, d)),
+    the gradient of the input of Y = X K^T. On the flat and phased paths K's rows are the
+    weights of that product as they are (w[i, k, l*d + j] at sliver (l*d + j) // width),
+    read in place; elsewhere w.transpose(1, 2) is packed."""
+    a, b, c, d = shape
+    transposed = (a, c, b, d)
+    path = bsf_path(kernel, d, b) if layout == "bsf" else "gemm"
+    if path in ("flat", "phased") and w.is_contiguous() and w.dtype == kernel.dtype:
+        width = kernel.nf if path == "flat" else kernel.wp
+        y = torch.empty(x.shape[0], a * c * d, dtype=x.dtype)
+        _along_features(kernel, path, x, w, (b * c * d, width, c * d), False, y, transposed)
+        return y
+    return multiply(kernel, x, pack(w.transpose(1, 2), kernel, layout), transposed, layout)
+
+
+def _bsf_bf16(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
               shape: tuple[int, ...]) -> torch.Tensor:
-    """Y (B, abd) from x (B, acd) contiguous and packed = pack(w): along d when d is a
-    multiple of the vector lanes (``ks_bsf_d``), else the GEMM on packed rows."""
     a, b, c, d = shape
     batch = x.shape[0]
     threads = _threads(batch, shape)
-    if "bsf_bf16" in packed:  # float32 accumulation, rounded to bfloat16 once
-        # one block of the inner dimension: the kernel rounds as it stores
-        single = c <= _BF16_INNER_BLOCK
-        y = torch.empty(batch, a * b * d, dtype=torch.bfloat16 if single else torch.float32)
-        rows = _tile(batch, max(kernel.mr, min(20 * kernel.mr, (512 * 1024) // max(
-            1, c * d * 2))), kernel.mr, a, threads)
-        _check(kernel.lib.ks_bsf_bf16(x.data_ptr(), packed["bsf_bf16"].data_ptr(),
-                                      y.data_ptr(), batch, a, b, c, d, rows, threads))
-        return y if single else y.to(torch.bfloat16)
-    y = torch.empty(batch, a * b * d, dtype=x.dtype)
-    if "bsf_d" in packed:
-        tile, tasks, fn, w = kernel.dr, a * d // kernel.lanes, kernel.lib.ks_bsf_d, "bsf_d"
-        row_bytes = c * kernel.vector_bytes  # X[row, i, :, one vector of j]
-    else:
-        tile, tasks, fn, w = kernel.mr, a, kernel.lib.ks_bsf, "bsf"
-        row_bytes = c * d * x.element_size()  # X[row, i, :, :]
-    # rows of one task: the task's block of X should stay in the L2 cache
-    l2_rows = (512 * 1024) // max(1, row_bytes)
-    rows = _tile(batch, max(tile, min(20 * tile, l2_rows)), tile, tasks, threads)
-    _check(fn(x.data_ptr(), packed[w].data_ptr(), y.data_ptr(), batch, a, b, c, d, rows,
-              threads))
-    return y
+    # one block of the inner dimension: the kernel rounds as it stores
+    single = c <= _BF16_INNER_BLOCK
+    y = torch.empty(batch, a * b * d, dtype=torch.bfloat16 if single else torch.float32)
+    rows = _tile(batch, max(kernel.mr, min(20 * kernel.mr, (512 * 1024) // max(
+        1, c * d * 2))), kernel.mr, a, threads)
+    _check(kernel.lib.ks_bsf_bf16(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch, a, b,
+                                  c, d, rows, threads))
+    return y if single else y.to(torch.bfloat16)
 
 
-def fused_bsl(kernel: CpuKernel, x: torch.Tensor, packed: dict[str, torch.Tensor],
-              shape: tuple[int, ...]) -> torch.Tensor:
-    """Y (abd, B) from x (acd, B) contiguous and packed = pack(w)."""
+def _use(rows: int, cols: int, tile: tuple[int, int]) -> float:
+    """The fraction of the micro-tiles' work that is not zero padding."""
+    return rows / (-(-rows // tile[0]) * tile[0]) * cols / (-(-cols // tile[1]) * tile[1])
+
+
+def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
+                shape: tuple[int, ...], layout: str) -> torch.Tensor:
+    """dw[i, k, l, j] = sum_n gy[n, (i, k, j)] x[n, (i, l, j)], the gradient of the factor
+    of Y = X K^T, from x and gy contiguous in ``layout``: per pair (i, j) a GEMM with the
+    batch as inner dimension (``ks_grad``, both operands packed block by block in the
+    cache); batch-size-first with d a multiple of the vector lanes, ``ks_bsf_d`` with x's
+    rows l and gy read in place as its weights; with d dividing them (``bsf_path`` flat),
+    ``ks_grad_f``: vectors along dw's (l, j), gy broadcast, nothing packed; phased,
+    ``ks_grad_p``: the same with gy's values shuffled into the phases. Columns l (rows k),
+    unless rows l and columns k pad the micro-tile far less."""
     a, b, c, d = shape
-    batch = x.shape[1]
-    y = torch.empty(a * b * d, batch, dtype=x.dtype)
-    threads = _threads(batch, shape)
-    cols = _tile(batch, _BSL_BATCH_TILE, kernel.nr, a * d, threads)
-    _check(kernel.lib.ks_bsl(x.data_ptr(), packed["bsl"].data_ptr(), y.data_ptr(), batch, a, b,
-                             c, d, cols, threads))
-    return y
+    dw = torch.empty(a, b, c, d, dtype=x.dtype)
+    batch = x.shape[0] if layout == "bsf" else x.shape[1]
+    if batch == 0:
+        return dw.zero_()
+
+    def strides(size: int) -> tuple[int, int, int, int]:
+        """(n, i, feature, j) strides of an operand with ``size`` features per (i, j)."""
+        if layout == "bsf":
+            return a * size * d, size * d, d, 1
+        return 1, size * d * batch, d * batch, batch
+
+    path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
+    if path == "flat":
+        _check(kernel.lib.ks_grad_f(x.data_ptr(), gy.data_ptr(), dw.data_ptr(), batch, a, b, c,
+                                    d, a * c * d, a * b * d, _threads(batch, shape)))
+        return dw
+    # phased from d = 6 (at d = 3, c < 128, ks_grad's gathers share cache lines: it ran
+    # (1, 512, 32, 3) 1.6x faster; d = 6-24 ran 1.1-2.6x faster phased); rows k in tiles of
+    # 48 for the team's tasks
+    if path == "phased" and d >= 6:
+        threads = _threads(batch, shape)
+        end = gy.data_ptr() + gy.numel() * gy.element_size()
+        _check(kernel.lib.ks_grad_p(x.data_ptr(), gy.data_ptr(), dw.data_ptr(), batch, a, b, c,
+                                    d, a * c * d, a * b * d, end,
+                                    _tile(b, 48, 8, a, threads), threads))
+        return dw
+    along_d = path == "along_d"
+    tile = (kernel.dr, kernel.dk) if along_d else (kernel.mr, kernel.nr)
+    # (rows operand, its features, columns operand, its features, dw's strides (i, col, row, j))
+    by_l = (x, c, gy, b, (b * c * d, c * d, d, 1))
+    by_k = (gy, b, x, c, (b * c * d, d, c * d, 1))
+    # columns l unless rows l pad far less: their stores run along dw's inner index
+    # (contiguous for d = 1), those of columns k are c*d apart (the same L1 set when 4 kB)
+    rows_t, m, cols_t, n, ws = by_l if _use(c, b, tile) > 1.25 * _use(b, c, tile) else by_k
+    rs, cs = strides(m), strides(n)
+    if along_d:  # X rows (row, i, n, j); the columns operand read in place as the weights
+        lanes, dk = kernel.lanes, kernel.dk
+        _along_d(kernel, rows_t, (rs[2], rs[1], rs[0], 1), cols_t,
+                 (cs[1], lanes, dk * cs[2], cs[2], cs[0]), dw, (ws[2], ws[0], ws[1], 1), m,
+                 (a, n, batch, d))
+        return dw
+    nb = _tile(n, 256, kernel.nr, a * d, _threads(batch, shape))
+    _check(kernel.lib.ks_grad(rows_t.data_ptr(), cols_t.data_ptr(), dw.data_ptr(), batch, a, n,
+                              m, d, _longs(rs), _longs(cs), _longs(ws), nb,
+                              _threads(batch, shape)))
+    return dw

@@ -20,6 +20,8 @@ sparse routines and the C kernel have no half-precision path) and cast back.
 
 ``prepare(w, pattern, algorithm)`` converts w to the storage of the algorithm once;
 ``apply`` runs it, so a layer or a benchmark pays for conversion only when w changes.
+``ks_multiply`` does the same by itself: it keeps the prepared factor while w's storage,
+view and version are unchanged (where autograd does not record w).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -182,21 +185,78 @@ def _bmm(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
 
 # --- fused (Alg. 5.1.1 in one pass) ------------------------------------------------------
 def _prep_fused(w: torch.Tensor, p: KSPattern) -> dict:
-    """The C kernel's packing of w for both layouts (so the layout can be chosen per call),
-    when the kernel for w's dtype (float32 for half precision) can be built; for bfloat16
-    also the packing of the bf16 kernel (batch-size-first, bf16 dot products) where the
-    instruction set has one."""
+    """w and the C kernel for its dtype (float32 for half precision) where it can be built;
+    the kernel's packing of w for a layout (``packed``) is made on the first product in
+    that layout (``_packed``), so the layout can be chosen per call and a training step
+    packs only the one it uses. For bfloat16 also the packing of the bf16 kernel
+    (batch-size-first, bf16 dot products) where the instruction set has one."""
     kernel = cpu_kernel.load_kernel(torch.float32 if w.dtype in HALF else w.dtype)
     if w.device.type != "cpu" or kernel is None:
         return {"w": w}
-    op = {"packed": cpu_kernel.pack(w.to(kernel.dtype), kernel), "w": w, "kernel": kernel}
+    op = {"w": w, "kernel": kernel, "packed": {}}
     if w.dtype == torch.bfloat16 and (bf16 := cpu_kernel.load_kernel(torch.bfloat16)):
-        op["bf16"] = (bf16, cpu_kernel.pack(w, bf16))
+        op["bf16"] = (bf16, cpu_kernel.pack(w, bf16, "bsf"))
     return op
 
 
+def _packed(op: dict, layout: str) -> torch.Tensor:
+    if layout not in op["packed"]:
+        op["packed"][layout] = cpu_kernel.pack(op["w"], op["kernel"], layout)
+    return op["packed"][layout]
+
+
+def _run_fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str,
+               once: bool = False) -> torch.Tensor:
+    """The C kernel's product (no autograd): the bf16 kernel for bfloat16 batch-size-first
+    where there is one, else the kernel of op["kernel"] on x in its dtype. ``once``: the
+    factor is used for this product only (autograd records it: a training step changes it
+    before the next), so it is not kept packed in op."""
+    if x.dtype == torch.bfloat16 and layout == "bsf" and "bf16" in op:
+        kernel, packed = op["bf16"]
+        return cpu_kernel.multiply(kernel, x.contiguous(), packed, p.as_tuple(), layout)
+    kernel = op["kernel"]
+    xk = x if x.dtype == kernel.dtype and x.is_contiguous() else \
+        x.to(kernel.dtype).contiguous()
+    if once and layout not in op["packed"]:
+        y = cpu_kernel.multiply_once(kernel, xk, op["w"], p.as_tuple(), layout)
+    else:
+        y = cpu_kernel.multiply(kernel, xk, _packed(op, layout), p.as_tuple(), layout)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+class _FusedProduct(torch.autograd.Function):
+    """The C kernel's product with its backward in the same kernel: dX = dY·K is the
+    product by K^T (pattern (a, c, b, d); ``cpu_kernel.multiply_transposed``: w read in
+    place on the flat and phased paths, packed through its transposed strides on the
+    others), and dw[i, k, l, j] = sum_n dY[n, i, k, j] X[n, i, l, j] the kernel's product
+    with the batch as inner dimension (``cpu_kernel.grad_factor``); no permutation of X,
+    dY or the gradients goes through torch. Half precision runs in float32 and is cast
+    back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, op: dict, p: KSPattern,
+                layout: str) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.kernel, ctx.p, ctx.layout = op["kernel"], p, layout
+        return _run_fused(x, op, p, layout, once=True)
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        kernel, p, layout = ctx.kernel, ctx.p, ctx.layout
+        g = gy.to(kernel.dtype).contiguous()
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            wk = w.detach().to(kernel.dtype)
+            gx = cpu_kernel.multiply_transposed(kernel, g, wk, p.as_tuple(), layout).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            gw = cpu_kernel.grad_factor(kernel, x.to(kernel.dtype).contiguous(), g,
+                                        p.as_tuple(), layout).to(w.dtype)
+        return gx, gw, None, None, None
+
+
 class _KernelProduct(torch.autograd.Function):
-    """Products whose kernel has no autograd formula (the C kernel, CPU BSR). Backward:
+    """Products whose kernel has no autograd formula (CPU BSR, the Triton kernel). Backward:
     dX = dY·K is the same algorithm on K^T (pattern (a, c, b, d), factor w transposed in
     (b, c)), and dw[i, k, l, j] = sum_n dY[n, i, k, j] X[n, i, l, j]."""
 
@@ -213,7 +273,9 @@ class _KernelProduct(torch.autograd.Function):
         p, layout = ctx.p, ctx.layout
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            gx = ks_multiply(gy, w.transpose(1, 2), p.transpose(), ctx.algorithm, layout)
+            wt = w.transpose(1, 2)
+            gx = apply(gy, prepare(wt, p.transpose(), ctx.algorithm), p.transpose(),
+                       ctx.algorithm, layout)
         if ctx.needs_input_grad[1]:
             a, b, c, d = p.as_tuple()
             if layout == "bsf":
@@ -225,28 +287,29 @@ class _KernelProduct(torch.autograd.Function):
         return gx, gw, None, None, None, None
 
 
+def _fused_cuda(x: torch.Tensor, w: torch.Tensor, p: KSPattern, layout: str) -> torch.Tensor:
+    """The Triton kernel, differentiable (backward as on CPU: the kernel on K^T for dX, a
+    batch contraction for dw); einsum where it does not apply (no triton, float64)."""
+    from pathlift.kron import triton_kernel  # imports triton: only on CUDA
+
+    if not triton_kernel.available() or x.dtype == torch.float64:
+        return _einsum(x, {"w": w}, p, layout)
+    return _KernelProduct.apply(x, w, lambda v: triton_kernel.launch(v, w.detach(), p, layout),
+                                p, layout, "fused")
+
+
 def _fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
     if x.device.type == "cuda":
-        from pathlift.kron import triton_kernel
-
-        return triton_kernel.ks_fused(x, op["w"], p, layout)
+        return _fused_cuda(x, op["w"], p, layout)
     kernel = op.get("kernel")
     if kernel is None:
         return _einsum(x, op, p, layout)
-    if x.dtype == torch.bfloat16 and layout == "bsf" and "bf16" in op:
-        kernel, packed = op["bf16"]
-    elif x.dtype in HALF:
-        return _fused(x.float(), op, p, layout).to(x.dtype)
-    else:
-        packed = op["packed"]
-    if x.dtype != kernel.dtype:
+    if (torch.float32 if x.dtype in HALF else x.dtype) != kernel.dtype:
         raise InvalidParameterError(f"fused: input dtype {x.dtype} != factor dtype "
                                     f"{op['w'].dtype}; cast one of them")
-    run = cpu_kernel.fused_bsf if layout == "bsf" else cpu_kernel.fused_bsl
     if not (torch.is_grad_enabled() and (x.requires_grad or op["w"].requires_grad)):
-        return run(kernel, x.contiguous(), packed, p.as_tuple())  # no autograd node to build
-    return _KernelProduct.apply(x, op["w"], lambda v: run(kernel, v.contiguous(), packed,
-                                                          p.as_tuple()), p, layout, "fused")
+        return _run_fused(x, op, p, layout)  # no autograd node to build
+    return _FusedProduct.apply(x, op["w"], op, p, layout)
 
 
 _REGISTRY: dict[str, tuple[Callable, Callable]] = {
@@ -285,5 +348,47 @@ def ks_multiply(x: torch.Tensor, w: torch.Tensor, pattern: KSPattern,
 
     x: (B, acd) for layout "bsf", (acd, B) for "bsl"; returns (B, abd) or (abd, B).
     Differentiable in x and w for every algorithm.
+
+    The factor in the algorithm's storage (``prepare``) is kept between calls where
+    autograd does not record w (it does not require grad, or under ``torch.no_grad``), as
+    ``KSLinear`` keeps its factors': while w's storage lives and its version counter is
+    unchanged, the next call with the same w (or the same view of it) reuses it; an
+    in-place change (an optimizer step, ``copy_``) or a new tensor (``.to(dtype)``, a
+    recomputed pruning product) prepares it again. Writes that bypass the version counter
+    (through ``w.data`` or a NumPy view) are not seen: call ``apply(x, prepare(w, ...),
+    ...)`` after those. Where autograd records w, every call prepares it (the fused
+    kernel packs it in one pass in C).
     """
-    return apply(x, prepare(w, pattern, algorithm), pattern, algorithm, layout)
+    return apply(x, _cached_prepare(w, pattern, algorithm), pattern, algorithm, layout)
+
+
+_PREPARED: dict[tuple, tuple[weakref.ref, int, dict]] = {}
+_PREPARED_MAX = 64  # entries kept (oldest dropped first); each also dies with its storage
+
+
+def _cached_prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict:
+    """``prepare(w, pattern, algorithm)``, from ``_PREPARED`` when autograd does not record
+    w and w's storage (the same Python object, so not a new tensor at a reused address),
+    view and version match."""
+    if w.device.type == "meta" or (torch.is_grad_enabled() and w.requires_grad):
+        return prepare(w, pattern, algorithm)
+    storage = w.untyped_storage()
+    key = (algorithm, pattern, storage.data_ptr(), w.storage_offset(), tuple(w.shape),
+           w.stride(), w.dtype, w.device)
+    hit = _PREPARED.get(key)
+    if hit is None or hit[0]() is not storage or hit[1] != w._version:
+        _PREPARED.pop(key, None)
+        # the oldest first; keys listed at once (an entry's storage may die meanwhile)
+        for old in list(_PREPARED)[:max(0, len(_PREPARED) - _PREPARED_MAX + 1)]:
+            _PREPARED.pop(old, None)
+        hit = (weakref.ref(storage, lambda _, key=key: _forget(key)), w._version,
+               prepare(w, pattern, algorithm))
+        _PREPARED[key] = hit
+    return hit[2]
+
+
+def _forget(key: tuple) -> None:
+    """Drop the entry of a storage that died (unless a newer one took its key)."""
+    hit = _PREPARED.get(key)
+    if hit is not None and hit[0]() is None:
+        _PREPARED.pop(key, None)

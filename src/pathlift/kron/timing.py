@@ -16,7 +16,8 @@ import torch
 
 def round_robin(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
                 device: torch.device | str = "cpu", min_sample: float = 2e-3,
-                setup: bool = False) -> dict[Hashable, list[float]]:
+                setup: bool = False, clock: Callable[[], float] = time.perf_counter
+                ) -> dict[Hashable, list[float]]:
     """Seconds per call of each function over ``repeats`` rounds, each round timing every
     function once; interleaving makes a change of machine load hit all functions alike.
 
@@ -32,17 +33,22 @@ def round_robin(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
     With ``setup=True`` each value is a setup returning the call to time: the setup (a
     fresh copy of a model, an in-place weight update) runs untimed before every timed
     call, and a sample is that one call. ``min_sample=0`` times single calls.
+
+    ``clock`` is wall-clock time by default; ``time.thread_time`` (the CPU time of this
+    thread) leaves out the time other processes hold the core, which on a shared machine
+    is most of the noise, and is exact where all the work runs on this thread (one
+    intra-op thread, the fused kernel's one-thread path).
     """
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def seconds(fn: Callable[[], object], n: int) -> float:
         sync()
-        start = time.perf_counter()
+        start = clock()
         for _ in range(n):
             fn()
         sync()
-        return (time.perf_counter() - start) / n
+        return (clock() - start) / n
 
     def call(name: Hashable) -> Callable[[], object]:
         return fns[name]() if setup else fns[name]

@@ -23,7 +23,7 @@ except ImportError:  # the module must import without triton
     triton = None
     tl = None
 
-__all__ = ["available", "ks_fused"]
+__all__ = ["available", "launch"]
 
 
 def available() -> bool:
@@ -63,7 +63,9 @@ if triton is not None:
                  mask=(offs_n[:, None] < B) & (offs_k[None, :] < b))
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, p: KSPattern, layout: str) -> torch.Tensor:
+def launch(x: torch.Tensor, w: torch.Tensor, p: KSPattern, layout: str) -> torch.Tensor:
+    """Y = X K^T on CUDA (no autograd: ``pathlift.kron.multiply`` wraps it, with its
+    backward and the einsum fallback where triton or the dtype does not fit)."""
     a, b, c, d = p.as_tuple()
     wp = w.permute(0, 3, 2, 1).contiguous()  # (a, d, c, b)
     if layout == "bsf":
@@ -81,16 +83,3 @@ def _launch(x: torch.Tensor, w: torch.Tensor, p: KSPattern, layout: str) -> torc
                      IEEE=x.dtype == torch.float32)
     return y
 
-
-def ks_fused(x: torch.Tensor, w: torch.Tensor, p: KSPattern, layout: str) -> torch.Tensor:
-    """Y = X K^T on CUDA with the Triton kernel, differentiable (backward as on CPU: the
-    kernel on K^T for dX, a batch contraction for dw). Falls back to einsum where the
-    kernel does not apply (no triton, float64)."""
-    from pathlift.kron import multiply
-
-    if not available() or x.dtype == torch.float64:
-        return multiply._einsum(x, {"w": w}, p, layout)
-    def run(v: torch.Tensor) -> torch.Tensor:
-        return _launch(v, w.detach(), p, layout)
-
-    return multiply._KernelProduct.apply(x, w, run, p, layout, "fused")

@@ -138,6 +138,7 @@ class Design:
             for c in data["candidates"])
         model = CostModel(data["model"]["batch"], data["model"]["lanes"],
                           {k: tuple(v) for k, v in data["model"]["coefficients"].items()},
-                          tuple(data["model"]["tile"]))
+                          tuple(data["model"]["tile"]), data["model"].get("bcast", 0),
+                          data["model"].get("wp", 0))
         return cls(**(data | {"candidates": cands, "model": model}))
 

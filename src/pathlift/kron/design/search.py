@@ -50,7 +50,7 @@ def _fit(n_in: int, n_out: int, budget: float, batch: int, dtype: torch.dtype,
     found = [*candidates(n_in, n_out, budget, model, lengths, per_length), *named]
     used = list(dict.fromkeys(p for chain in found for p in chain))
     model = fit_cost_model(time_factors(used, batch, dtype, repeats, step), batch,
-                           model.lanes, model.tile)
+                           model.lanes, model.tile, model.bcast, model.wp)
     chains = list(dict.fromkeys([*candidates(n_in, n_out, budget, model, lengths, per_length),
                                  *named]))
     if not chains:
