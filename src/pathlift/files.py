@@ -191,15 +191,24 @@ def check_archive(fh: BinaryIO, path: str | os.PathLike[str]) -> None:
 def read_safetensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """The tensors and the metadata of a ``.safetensors`` file, read with ``read_regular``
     (the file's bytes and the tensors copied out of them: twice its size must fit) and
-    parsed from memory, so any path the operating system takes works (not only UTF-8).
+    parsed from memory (``parse_safetensors``), so any path the operating system takes
+    works, not only UTF-8 ones.
 
     Raises:
         FileSystemError, MemoryLimitError: as ``read_regular``.
         safetensors.SafetensorError: the bytes are not a valid safetensors file.
     """
+    return parse_safetensors(read_regular(path, memory_per_byte=2))
+
+
+def parse_safetensors(data: bytes) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors and the metadata held by the bytes of a ``.safetensors`` file.
+
+    Raises:
+        safetensors.SafetensorError: the bytes are not a valid safetensors file.
+    """
     from safetensors.torch import load  # imported with torch, on first use
 
-    data = read_regular(path, memory_per_byte=2)
     tensors = load(data)  # checks the header: its length, JSON, offsets and dtypes
     header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
     return tensors, header.get("__metadata__") or {}
