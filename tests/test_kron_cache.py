@@ -152,7 +152,8 @@ def test_a_read_only_cache_gives_correct_results_and_one_warning(tmp_path, monke
         cache.store("design", "a key", {"a": 1})
     assert kernel is not None and error <= 1e-5
     assert [str(m.message).count("unusable") for m in caught] == [1], caught
-    assert not any(tmp_path.rglob("*")), "nothing may be written"
+    # nothing written (the cache folder itself is made, mode 0700, before it is trusted)
+    assert not [p for p in tmp_path.rglob("*") if not p.is_dir()], "nothing may be written"
     # the measurements are kept for the process
     assert layer_module.known_algorithm(KSPattern(1, 8, 8, 3), 9, torch.float32) == choice
     assert cache.lookup("design", "a key") == {"a": 1}
