@@ -62,6 +62,9 @@ _ADVICE = {
                  "path",
 }
 TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".pathlift-", ".tmp"
+# memory per byte of a CSV (text) file while it is parsed: its rows are held as Python
+# strings first (measured: about 28 bytes per byte for two-digit fields)
+TEXT_MEMORY_PER_BYTE = 32
 
 
 def describe(err: OSError, path: str | os.PathLike[str], action: str) -> FileSystemError:
@@ -123,7 +126,7 @@ def remove_temporaries(*folders: str | os.PathLike[str]) -> None:
 
 
 def open_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
-                 follow_links: bool = True) -> BinaryIO:
+                 follow_links: bool = True, action: str = "read") -> BinaryIO:
     """``path`` opened for binary reading, once it is known to be a regular file whose size
     times ``memory_per_byte`` (the memory its reader needs per byte of file) fits the memory
     limit (``pathlift.graph.memory.check_bytes``): nothing has been read yet.
@@ -132,19 +135,20 @@ def open_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
     socket or a folder is refused at once, by what the opened file is (no race with a
     rename). A symbolic link is followed (what it points to is checked) unless
     ``follow_links`` is False: then it is refused, as for the files pathlift rewrites.
+    ``action`` ("read", "write") is what the one-line messages say pathlift could not do.
 
     Raises:
         FileSystemError: not a regular file, or unreadable (one line, with the path).
         MemoryLimitError: the file is larger than the memory limit allows.
     """
     path = os.fspath(path)
-    with os_errors(path, "read"):
+    with os_errors(path, action):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
                      | (0 if follow_links else os.O_NOFOLLOW))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FileSystemError(errno.EINVAL, f"cannot read '{path}': it is "
+            raise FileSystemError(errno.EINVAL, f"cannot {action} '{path}': it is "
                                   f"{_kind(info.st_mode)}, not a regular file; give a file")
         os.set_blocking(fd, True)
         _check_memory(int(info.st_size * memory_per_byte), f"reading '{path}'")
@@ -154,18 +158,39 @@ def open_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
         raise
 
 
+def open_text(path: str | os.PathLike[str], encoding: str = "utf-8",
+              memory_per_byte: float = TEXT_MEMORY_PER_BYTE) -> IO[str]:
+    """``open_regular`` as text (``newline=""``, as the csv module wants), for a file parsed
+    into rows of Python strings (``memory_per_byte`` of memory per byte of file)."""
+    return io.TextIOWrapper(open_regular(path, memory_per_byte), encoding=encoding,
+                            newline="")
+
+
 def read_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
                  follow_links: bool = True) -> bytes:
     """The bytes of the regular file ``path`` (``open_regular``'s checks first); a file
     that grows while it is read is refused rather than read past the size checked."""
-    with open_regular(path, memory_per_byte, follow_links=follow_links) as fh, \
-            os_errors(path, "read"):
+    with open_regular(path, memory_per_byte, follow_links=follow_links) as fh:
+        return _read_all(fh, path)
+
+
+def _read_all(fh: BinaryIO, path: str | os.PathLike[str]) -> bytes:
+    with os_errors(path, "read"):
         size = os.fstat(fh.fileno()).st_size
         data = fh.read(size + 1)
     if len(data) > size:
         raise FileSystemError(errno.EIO, f"cannot read '{os.fspath(path)}': it grew while "
                               "it was read (another program is writing it); try again")
     return data
+
+
+def check_appendable(path: str | os.PathLike[str]) -> None:
+    """Refuse at once, before any work, a file ``append_rows`` would refuse when the work
+    is done: an existing ``path`` that is a symbolic link, not a regular file (a FIFO, a
+    device such as /dev/full) or too large to read back. A missing one is fine."""
+    fh = _open_rewritten(path)
+    if fh is not None:
+        fh.close()
 
 
 def check_archive(fh: BinaryIO, path: str | os.PathLike[str]) -> None:
@@ -280,24 +305,28 @@ def append_rows(path: str | os.PathLike[str], header: Sequence[str],
                 rows: Iterable[Sequence[object]]) -> Path:
     """Add CSV ``rows`` to ``path``, the ``header`` first when the file is new or empty.
 
-    The file is replaced whole (``atomic_write``), so a kill or a full disk leaves the
-    previous rows; fine for the few hundred rows of an experiment log."""
+    An existing ``path`` must be a regular file, not a link (``check_appendable``); it is
+    read back size-checked and replaced whole (``atomic_write``), so a kill or a full disk
+    leaves the previous rows; fine for the few hundred rows of an experiment log."""
     path = Path(path)
-    old = _read_own(path)
+    old, fh = b"", _open_rewritten(path)
+    if fh is not None:
+        with fh:
+            old = _read_all(fh, path)
     if old and not old.endswith(b"\n"):
         old += b"\n"
     new = b"".join(csv_line(r) for r in rows)
     return write_bytes(path, (old or csv_line(header)) + new)
 
 
-def _read_own(path: Path) -> bytes:
-    """The content of a file pathlift rewrites (b"" when there is none): a regular file,
-    not a link, size-checked (``read_regular``)."""
+def _open_rewritten(path: str | os.PathLike[str]) -> BinaryIO | None:
+    """A file pathlift reads back to rewrite it whole (a CSV it appends to), opened with
+    ``open_regular``'s checks and without following a link; None when there is none."""
     try:
-        return read_regular(path, follow_links=False)
+        return open_regular(path, follow_links=False, action="write")
     except FileSystemError as err:
         if err.errno == errno.ENOENT:
-            return b""
+            return None
         raise
 
 

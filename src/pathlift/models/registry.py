@@ -107,7 +107,7 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
                 from err
     known = ", ".join(sorted(REFERENCE_MODELS))
     extra = "" if torchvision_models is None else ", a torchvision model name"
-    raise InvalidParameterError(f"unknown model '{name}'; choose one of: {known}{extra}, or "
+    raise InvalidParameterError(f"unknown model {name!r}; choose one of: {known}{extra}, or "
                                 "module:callable / path/to/file.py:callable for your own")
 
 

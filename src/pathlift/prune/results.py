@@ -349,7 +349,7 @@ class RunFolder:
             ResultsFileError: naming the file, line and column of anything unparsable, a
                 damaged header, or two different rows for one run.
         """
-        if not self.csv.is_file():
+        if not os.path.lexists(self.csv):  # anything else there is read, or refused
             self._text = b""
             return []
         data = read_regular(self.csv)
