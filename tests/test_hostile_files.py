@@ -231,6 +231,8 @@ def test_a_user_names_or_trusts_their_own_class(tmp_path, monkeypatch):
                  ["--trust-arch", "norm", str(path), "-q", "1"]):
         result = invoke(*args)
         assert result.exit_code == 0 and f"{expected:.6f}" in result.stdout, result.output
+    with pytest.raises(UntrustedArchitectureError):  # --trust-arch was for that command only
+        load_model(path)
     with pytest.raises(ArchitectureMismatchError):  # a wrong name is caught by the keys
         load_model(path, arch="mlp")
 
@@ -569,6 +571,19 @@ def test_a_kron_chain_larger_than_its_factors_is_refused_before_building(tmp_pat
                                     "8G")
     assert kind == "ArchitectureMismatchError" and grown < 100, message
     assert "saved chain" in message
+
+
+@pytest.mark.parametrize(("arch", "kwargs", "expected"), [
+    ("mobilenet_relu", {"num_classes": -1}, "negative dimension"),
+    ("unet", {"depth": 70}, "overflowed"),
+    ("mlp", {"hidden": [10**12]}, "needs about")])
+def test_constructor_arguments_of_a_file_are_sized_before_building(tmp_path, arch, kwargs,
+                                                                   expected):
+    """Unlisted: sizes in a checkpoint's constructor arguments that torch cannot build
+    (negative, overflowing) or that exceed the limit are one line, nothing allocated."""
+    path = _evil_safetensors(tmp_path / "k.safetensors", arch, kwargs)
+    line = _one_line_error(invoke("summary", str(path)))
+    assert expected in line and arch in line
 
 
 def test_a_huge_sample_count_is_refused_before_drawing(tmp_path):

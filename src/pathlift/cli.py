@@ -72,6 +72,7 @@ def main() -> None:
 
 @app.callback()
 def _group(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=version_callback,
         help="Print the versions of pathlift, torch and Python, then exit.")] = False,
@@ -106,9 +107,10 @@ def _group(
     if max_memory is not None:
         from pathlift import set_memory_limit
         set_memory_limit(max_memory)
-    if trust_arch:
+    if trust_arch:  # for this command only
         from pathlift.models import set_trust_arch
         set_trust_arch(True)
+        ctx.call_on_close(lambda: set_trust_arch(False))
     if timeout is not None:
         from pathlift.distributed import set_collective_timeout
         set_collective_timeout(timeout)

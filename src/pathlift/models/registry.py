@@ -118,12 +118,18 @@ def check_model_size(name: str, kwargs: dict[str, Any]) -> None:
     or a class count from data never allocate.
 
     Raises:
-        MemoryLimitError: too large; InvalidParameterError: as ``get_model``.
+        MemoryLimitError: too large; InvalidParameterError: as ``get_model``, or sizes
+            torch cannot build (negative, overflowing).
     """
     from pathlift.graph.memory import check_bytes
 
-    with torch.device("meta"):
-        skeleton = get_model(name, **kwargs)
+    try:
+        with torch.device("meta"):
+            skeleton = get_model(name, **kwargs)
+    except (RuntimeError, ValueError, OverflowError) as err:  # torch refusing the sizes
+        raise InvalidParameterError(
+            f"model {name!r} cannot be built with {kwargs} ({str(err).splitlines()[0][:200]}); "
+            "check its constructor arguments") from err
     size = sum(t.numel() * t.element_size() for t in skeleton.state_dict().values())
     check_bytes(size, f"model '{name}'" + (f" {kwargs}" if kwargs else ""))
 
