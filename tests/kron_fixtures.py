@@ -1,9 +1,41 @@
 """Fixtures of the Kronecker-sparse tests: one kernel and measurement cache per session in a
-temporary folder, never the user's ~/.cache/pathlift."""
+temporary folder, never the user's ~/.cache/pathlift; a fresh process loading the kernel."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+# A fresh process: the float32 kernel from $PATHLIFT_CACHE_DIR, its product against the
+# dense matrix in float64, and the warnings it gave.
+KERNEL_CHILD = """
+import json, warnings, torch
+from pathlift.kron import KSPattern, cpu_kernel, ks_multiply, random_factor, to_dense
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    kernel = cpu_kernel.load_kernel(torch.float32)
+    p = KSPattern(2, 24, 20, 3)
+    g = torch.Generator().manual_seed(0)
+    w, x = random_factor(p, generator=g), torch.randn(33, p.in_features, generator=g)
+    y = ks_multiply(x, w, p, "fused").double()
+ref = x.double() @ to_dense(w.double(), p).T
+print(json.dumps({"kernel": kernel is not None, "error": float((y - ref).abs().max()
+                  / ref.abs().max()), "warnings": [str(m.message) for m in caught]}))
+"""
+
+
+def kernel_child(cache_dir: Path, **env: str) -> dict:
+    """What ``KERNEL_CHILD`` reports, run with ``PATHLIFT_CACHE_DIR=cache_dir`` and ``env``."""
+    env = os.environ | {"PATHLIFT_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1", **env}
+    proc = subprocess.run([sys.executable, "-c", KERNEL_CHILD], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 @pytest.fixture(scope="session")

@@ -121,8 +121,7 @@ def test_cli_symmetry_commands(tmp_path):
     from typer.testing import CliRunner
 
     from pathlift.cli import app
-    from pathlift.models import get_model
-    from pathlift.models.checkpoints import load_model, save_checkpoint
+    from pathlift.models import get_model, load_model, save_checkpoint
 
     torch.manual_seed(0)
     base = save_checkpoint(get_model("mlp"), tmp_path / "base.safetensors", "mlp")

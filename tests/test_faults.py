@@ -173,13 +173,14 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
 def test_temporaries_of_killed_writes_are_removed_when_the_folder_is_opened(tmp_path):
     with RunFolder(tmp_path) as folder:
         folder.open({"setting": 1})
-    left = [tmp_path / ".runs.csv.k2j4x9ab.tmp", tmp_path / "dense" / ".seed0.a1b2c3d4.tmp"]
-    for p in left:
+    left = [tmp_path / ".pathlift-k2j4x9ab.tmp", tmp_path / "dense" / ".pathlift-a1b2c3d4.tmp"]
+    foreign = tmp_path / "models" / "src" / ".pathlift-x.tmp"  # not a folder pathlift writes
+    for p in [*left, foreign]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"half a file")
     with RunFolder(tmp_path) as folder:
         folder.open({"setting": 1})
-    assert not any(p.exists() for p in left)
+    assert not any(p.exists() for p in left) and foreign.read_bytes() == b"half a file"
     assert json.loads((tmp_path / "manifest.json").read_text()) == {"setting": 1}
 
 

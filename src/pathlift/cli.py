@@ -72,6 +72,7 @@ def main() -> None:
 
 @app.callback()
 def _group(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=version_callback,
         help="Print the versions of pathlift, torch and Python, then exit.")] = False,
@@ -83,6 +84,12 @@ def _group(
         help="Refuse, before allocating, any pass or checkpoint estimated to need more "
         "than SIZE (e.g. 8G, 512M) [default: PATHLIFT_MAX_MEMORY, else the memory "
         "available now]")] = None,
+    trust_arch: Annotated[bool, typer.Option(
+        "--trust-arch",
+        help="Build the architecture a checkpoint names by an import path (module:callable): "
+        "this runs code the file chose, so give it only for files you trust as your own "
+        "code. Without it such a file is refused; name the architecture yourself instead "
+        "(MODEL mymodule:Net --weights FILE)")] = False,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", metavar="SECONDS",
         help="Under torchrun: how long a collective waits for the other ranks before the "
@@ -100,6 +107,10 @@ def _group(
     if max_memory is not None:
         from pathlift import set_memory_limit
         set_memory_limit(max_memory)
+    if trust_arch:  # for this command only
+        from pathlift.models import set_trust_arch
+        set_trust_arch(True)
+        ctx.call_on_close(lambda: set_trust_arch(False))
     if timeout is not None:
         from pathlift.distributed import set_collective_timeout
         set_collective_timeout(timeout)
@@ -195,7 +206,8 @@ def bounds(
     with working(console, f"bounds of {model} on {data}"):
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize, seed=seed)
-        net, shape = load_model(model, input_shape or split.input_shape, weights, seed=seed)
+        net, shape = load_model(model, input_shape, weights, seed=seed,
+                                data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed))
     m = b.measured
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}", f"{o:.1f}"] for r, v, o in
@@ -406,8 +418,8 @@ def quantize(
         split = None if data is None else load_data(data, input_shape=input_shape,
                                                     test_fraction=test_fraction,
                                                     normalize=normalize, seed=seed)
-        net, shape = load_model(model, input_shape or (split and split.input_shape), weights,
-                                seed=seed)
+        net, shape = load_model(model, input_shape, weights, seed=seed,
+                                data_shape=split and split.input_shape)
         result = compare_bits(net, shape, bits, data=split, samples=samples,
                               rescale_seed=rescale_seed, per_channel=per_channel,
                               symmetry_aware=symmetry_aware, csv=csv, name=model)

@@ -40,6 +40,8 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     unless --debug is given; --help and a missing command print the help (status 0 / 2).
     """
     args = list(sys.argv[1:] if args is None else args)
+    if hasattr(sys.stdout, "reconfigure"):  # a path that is not UTF-8 prints as its bytes
+        sys.stdout.reconfigure(errors="surrogateescape")
     command = typer.main.get_command(app)
     debug = "--debug" in args or os.environ.get("PATHLIFT_DEBUG", "") not in ("", "0")
     try:

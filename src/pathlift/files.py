@@ -1,11 +1,23 @@
-"""Files written atomically, and file-system errors as one-line typed errors.
+"""Every file pathlift opens: written atomically, read only when it is a regular file that
+fits in memory, locked without following links; file-system errors as one-line typed errors.
 
-Every file pathlift writes (checkpoints, CSV rows, JSON, figures, HTML, the kernel cache)
-goes through ``atomic_write``: the bytes go to a temporary file in the target's folder,
-are flushed and fsynced, and the temporary file is renamed over the target. A crash, a
-kill or a full disk at any moment leaves either the previous file or the new one, never a
-partial one. An ``OSError`` becomes a ``FileSystemError`` naming the path and saying what
-to do (``os_errors``).
+- Writing: every file pathlift writes (checkpoints, CSV rows, JSON, figures, HTML, the
+  kernel cache) goes through ``atomic_write``: the bytes go to a new temporary file
+  ``.pathlift-XXXXXXXX.tmp`` in the target's folder (created exclusively, so never through
+  a link, and short, so any legal target name works), are flushed and fsynced, and the
+  temporary file is renamed over the target. A crash, a kill or a full disk at any moment
+  leaves either the previous file or the new one, never a partial one; an existing target
+  is replaced, never written into (a link there is replaced, its target left alone).
+  ``remove_temporaries`` removes only those temporary names, only in the folders named.
+- Reading: ``open_regular`` (and ``read_regular``) open a file without blocking and
+  refuse anything but a regular file (a FIFO, a device such as /dev/zero, a folder) and a
+  file too large for the memory limit (``pathlift.graph.memory``) before a byte is read;
+  ``check_archive`` does the same for what a zip archive (.pt, .npz) unpacks to.
+- Locking: ``open_own`` opens a file pathlift keeps open (a lock) without following a
+  link, and only when it is a regular file with no other name (no hard link).
+
+An ``OSError`` becomes a ``FileSystemError`` naming the path and saying what to do
+(``os_errors``).
 """
 
 from __future__ import annotations
@@ -15,11 +27,13 @@ import errno
 import io
 import json
 import os
+import stat
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from pathlift.errors import PathliftError
 
@@ -44,7 +58,13 @@ _ADVICE = {
     errno.ENOENT: "no such file or folder; check the path",
     errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
     errno.ENOLCK: "the file system does not support locks; use a folder on a local disk",
+    errno.ELOOP: "it is a symbolic link, which pathlift does not follow here; give the real "
+                 "path",
 }
+TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".pathlift-", ".tmp"
+# memory per byte of a CSV (text) file while it is parsed: its rows are held as Python
+# strings first (measured: about 28 bytes per byte for two-digit fields)
+TEXT_MEMORY_PER_BYTE = 32
 
 
 def describe(err: OSError, path: str | os.PathLike[str], action: str) -> FileSystemError:
@@ -74,13 +94,14 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     path = Path(path)
     with os_errors(path, "write"):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX,
+                                   dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
                 write(fh)
                 fh.flush()
+                os.fchmod(fh.fileno(), 0o666 & ~_umask())
                 os.fsync(fh.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, path)
         except BaseException:
             with suppress(OSError):
@@ -90,12 +111,172 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     return path
 
 
-def remove_temporaries(folder: str | os.PathLike[str]) -> None:
-    """Delete the temporary files that ``atomic_write`` calls killed in ``folder`` (and its
-    subfolders) left behind. Only for a folder no other process is writing (locked)."""
-    for tmp in Path(folder).rglob(".*.tmp"):
-        with os_errors(tmp, "remove"):
-            tmp.unlink(missing_ok=True)
+def remove_temporaries(*folders: str | os.PathLike[str]) -> None:
+    """Delete the temporary files (``.pathlift-XXXXXXXX.tmp``) that ``atomic_write`` calls
+    killed in each of ``folders`` left behind: only those names, only in those folders (not
+    their subfolders), never a folder. Only for folders no other pathlift process is
+    writing (locked); a folder that does not exist is skipped."""
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            continue
+        for tmp in folder.glob(f"{TEMPORARY_PREFIX}*{TEMPORARY_SUFFIX}"):
+            with os_errors(tmp, "remove"):
+                if not stat.S_ISDIR(tmp.lstat().st_mode):
+                    tmp.unlink(missing_ok=True)
+
+
+def open_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
+                 follow_links: bool = True, action: str = "read") -> BinaryIO:
+    """``path`` opened for binary reading, once it is known to be a regular file whose size
+    times ``memory_per_byte`` (the memory its reader needs per byte of file) fits the memory
+    limit (``pathlift.graph.memory.check_bytes``): nothing has been read yet.
+
+    The file is opened without blocking, so a FIFO, a device (/dev/zero, /dev/full), a
+    socket or a folder is refused at once, by what the opened file is (no race with a
+    rename). A symbolic link is followed (what it points to is checked) unless
+    ``follow_links`` is False: then it is refused, as for the files pathlift rewrites.
+    ``action`` ("read", "write") is what the one-line messages say pathlift could not do.
+
+    Raises:
+        FileSystemError: not a regular file, or unreadable (one line, with the path).
+        MemoryLimitError: the file is larger than the memory limit allows.
+    """
+    path = os.fspath(path)
+    with os_errors(path, action):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+                     | (0 if follow_links else os.O_NOFOLLOW))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileSystemError(errno.EINVAL, f"cannot {action} '{path}': it is "
+                                  f"{_kind(info.st_mode)}, not a regular file; give a file")
+        os.set_blocking(fd, True)
+        _check_memory(int(info.st_size * memory_per_byte), f"reading '{path}'")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_text(path: str | os.PathLike[str], encoding: str = "utf-8",
+              memory_per_byte: float = TEXT_MEMORY_PER_BYTE) -> IO[str]:
+    """``open_regular`` as text (``newline=""``, as the csv module wants), for a file parsed
+    into rows of Python strings (``memory_per_byte`` of memory per byte of file)."""
+    return io.TextIOWrapper(open_regular(path, memory_per_byte), encoding=encoding,
+                            newline="")
+
+
+def read_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
+                 follow_links: bool = True) -> bytes:
+    """The bytes of the regular file ``path`` (``open_regular``'s checks first); a file
+    that grows while it is read is refused rather than read past the size checked."""
+    with open_regular(path, memory_per_byte, follow_links=follow_links) as fh:
+        return _read_all(fh, path)
+
+
+def _read_all(fh: BinaryIO, path: str | os.PathLike[str]) -> bytes:
+    with os_errors(path, "read"):
+        size = os.fstat(fh.fileno()).st_size
+        data = fh.read(size + 1)
+    if len(data) > size:
+        raise FileSystemError(errno.EIO, f"cannot read '{os.fspath(path)}': it grew while "
+                              "it was read (another program is writing it); try again")
+    return data
+
+
+def check_appendable(path: str | os.PathLike[str]) -> None:
+    """Refuse at once, before any work, a file ``append_rows`` would refuse when the work
+    is done: an existing ``path`` that is a symbolic link, not a regular file (a FIFO, a
+    device such as /dev/full) or too large to read back. A missing one is fine."""
+    fh = _open_rewritten(path)
+    if fh is not None:
+        fh.close()
+
+
+def check_archive(fh: BinaryIO, path: str | os.PathLike[str]) -> None:
+    """If ``fh`` (a file opened by ``open_regular``) is a zip archive (a .pt written by
+    ``torch.save``, an .npz), refuse it when what its entries unpack to does not fit the
+    memory limit, before anything is unpacked: each entry's declared size bounds what
+    its readers allocate (torch and numpy stop at it), so a deflate bomb is refused
+    here. ``fh`` is left at its start."""
+    try:
+        if not zipfile.is_zipfile(fh):
+            return
+        fh.seek(0)
+        with zipfile.ZipFile(fh) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        return  # not a readable archive: the reader says so in its own words
+    finally:
+        fh.seek(0)
+    total = sum(e.file_size for e in entries)
+    _check_memory(total, f"unpacking '{os.fspath(path)}' ({len(entries)} entries)")
+
+
+def read_safetensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors and the metadata of a ``.safetensors`` file, read with ``read_regular``
+    (the file's bytes and the tensors copied out of them: twice its size must fit) and
+    parsed from memory (``parse_safetensors``), so any path the operating system takes
+    works, not only UTF-8 ones.
+
+    Raises:
+        FileSystemError, MemoryLimitError: as ``read_regular``.
+        safetensors.SafetensorError: the bytes are not a valid safetensors file.
+    """
+    return parse_safetensors(read_regular(path, memory_per_byte=2))
+
+
+def parse_safetensors(data: bytes) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors and the metadata held by the bytes of a ``.safetensors`` file.
+
+    Raises:
+        safetensors.SafetensorError: the bytes are not a valid safetensors file.
+    """
+    from safetensors.torch import load  # imported with torch, on first use
+
+    tensors = load(data)  # checks the header: its length, JSON, offsets and dtypes
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    return tensors, header.get("__metadata__") or {}
+
+
+def open_own(path: str | os.PathLike[str]) -> tuple[int, bool]:
+    """A file pathlift keeps open and rewrites (a lock), as a read-write descriptor and
+    whether this call created it: created exclusively, else opened without following a
+    symbolic link and only when it is a regular file with no other name (one hard link),
+    so that nothing else (a link's target, another file) is ever written through it.
+
+    Raises:
+        FileSystemError: a link, not a regular file, a file with other names, or an OS
+            error (one line, with the path).
+    """
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    with os_errors(path, "open"):
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            fd = os.open(path, flags)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = _kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else \
+            f"a file with {info.st_nlink} names (hard links)"
+        raise FileSystemError(errno.EINVAL, f"cannot open '{os.fspath(path)}': it is {what}, "
+                              "which pathlift does not write into; remove it")
+    os.set_blocking(fd, True)
+    return fd, False
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _check_memory(needed: int, what: str) -> None:
+    from pathlift.graph.memory import check_bytes  # the limit's one home (imports torch)
+
+    check_bytes(needed, what, device="cpu")
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -124,15 +305,29 @@ def append_rows(path: str | os.PathLike[str], header: Sequence[str],
                 rows: Iterable[Sequence[object]]) -> Path:
     """Add CSV ``rows`` to ``path``, the ``header`` first when the file is new or empty.
 
-    The file is replaced whole (``atomic_write``), so a kill or a full disk leaves the
-    previous rows; fine for the few hundred rows of an experiment log."""
+    An existing ``path`` must be a regular file, not a link (``check_appendable``); it is
+    read back size-checked and replaced whole (``atomic_write``), so a kill or a full disk
+    leaves the previous rows; fine for the few hundred rows of an experiment log."""
     path = Path(path)
-    with os_errors(path, "read"):
-        old = path.read_bytes() if path.exists() else b""
+    old, fh = b"", _open_rewritten(path)
+    if fh is not None:
+        with fh:
+            old = _read_all(fh, path)
     if old and not old.endswith(b"\n"):
         old += b"\n"
     new = b"".join(csv_line(r) for r in rows)
     return write_bytes(path, (old or csv_line(header)) + new)
+
+
+def _open_rewritten(path: str | os.PathLike[str]) -> BinaryIO | None:
+    """A file pathlift reads back to rewrite it whole (a CSV it appends to), opened with
+    ``open_regular``'s checks and without following a link; None when there is none."""
+    try:
+        return open_regular(path, follow_links=False, action="write")
+    except FileSystemError as err:
+        if err.errno == errno.ENOENT:
+            return None
+        raise
 
 
 def _umask() -> int:

@@ -162,7 +162,7 @@ def write_csv(rows: Sequence[Timing], path: str | Path, machine: str = "") -> Pa
 
 def read_csv(path: str | Path) -> list[Timing]:
     """Timings written by ``write_csv``."""
-    with Path(path).open() as fh:
+    with files.open_text(path) as fh:
         lines = [line for line in fh if not line.startswith("#")]
     out = []
     for row in csv.DictReader(lines):

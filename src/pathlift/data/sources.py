@@ -1,12 +1,25 @@
 """Data by name: the embedded sets, ``.npz`` and CSV files, image folders and your own
-``module:callable``, as one train/test ``Split`` (``load_data``)."""
+``module:callable``, as one train/test ``Split`` (``load_data``).
+
+Every file is opened through ``pathlift.files.open_regular``: only a regular file (a FIFO
+or a device is refused at once, without blocking), and only when what reading it needs
+fits the memory limit, checked before anything is read or decoded: an .npz by what its
+zip entries and the arrays they declare unpack to, a CSV by its size times what its rows
+take as Python text, an image by its pixel count (Pillow's decompression-bomb limit also
+applies).
+"""
 
 from __future__ import annotations
 
 import csv
+import importlib.util
+import io
 import math
+import os
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,6 +27,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from pathlift.data.embedded import Split, load_digits, synthetic
 from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.files import FileSystemError, check_archive, open_regular, open_text
+from pathlift.graph.memory import check_bytes
 from pathlift.models.registry import import_callable, is_import_path
 
 __all__ = ["IMAGE_SUFFIXES", "NORMALIZATIONS", "load_data"]
@@ -74,7 +89,7 @@ def _read(spec: str, input_shape: Sequence[int] | None, test_fraction: float,
         return synthetic(input_shape=tuple(input_shape or (1, 8, 8)), seed=seed)
     if path.is_dir():
         return _split(*_image_folder(path), test_fraction, seed, spec)
-    if path.suffix in (".npz", ".csv") and not path.is_file():
+    if path.suffix in (".npz", ".csv") and not os.path.lexists(path):
         raise InvalidParameterError(f"no data at '{spec}': no such file (current folder: "
                                     f"{Path.cwd()})")
     if path.suffix == ".npz":
@@ -92,9 +107,14 @@ def _read(spec: str, input_shape: Sequence[int] | None, test_fraction: float,
 
 def _npz(path: Path, test_fraction: float, seed: int) -> Split:
     try:
-        with np.load(path, allow_pickle=False) as arrays:
-            found = dict(arrays)
+        with open_regular(path) as fh:
+            check_archive(fh, path)
+            _check_arrays(fh, path)
+            with np.load(fh, allow_pickle=False) as arrays:
+                found = dict(arrays)
     except (OSError, ValueError) as err:
+        if isinstance(err, FileSystemError):
+            raise
         raise InvalidParameterError(f"'{path}' is not a readable .npz file: {err}") from err
     if {"x_train", "y_train", "x_test", "y_test"} <= found.keys():
         return _split_given(found["x_train"], found["y_train"], found["x_test"],
@@ -105,8 +125,28 @@ def _npz(path: Path, test_fraction: float, seed: int) -> Split:
     return _split(found["x"], found["y"], test_fraction, seed, str(path))
 
 
+def _check_arrays(fh: io.BufferedIOBase, path: Path) -> None:
+    """Refuse an .npz whose arrays declare (in their .npy headers) more data than their zip
+    entries hold: numpy allocates what the header declares before reading."""
+    with zipfile.ZipFile(fh) as archive:
+        for entry in archive.infolist():
+            if not entry.filename.endswith(".npy"):
+                continue
+            with archive.open(entry) as member:
+                version = np.lib.format.read_magic(member)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(member)
+            declared = math.prod(shape) * dtype.itemsize
+            if declared > entry.file_size:
+                raise InvalidParameterError(
+                    f"'{path}': array {entry.filename[:-4]!r} declares {shape} {dtype} "
+                    f"({declared:,} bytes) but holds {entry.file_size:,}: the file is damaged")
+    fh.seek(0)
+
+
 def _csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with path.open(newline="", encoding="utf-8") as fh:
+    with open_text(path) as fh:
         rows = [row for row in csv.reader(fh) if row]
     if not rows:
         raise InvalidParameterError(f"'{path}' is empty")
@@ -130,25 +170,43 @@ def _is_number(text: str) -> bool:
 
 
 def _image_folder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        from PIL import Image
-    except ImportError as err:
+    if importlib.util.find_spec("PIL") is None:
         raise InvalidParameterError("image folders are read with Pillow: pip install "
-                                    "'pathlift[data]'") from err
+                                    "'pathlift[data]'")
     classes = sorted(p for p in folder.iterdir() if p.is_dir())
     files = [(f, label) for label, c in enumerate(classes) for f in sorted(c.iterdir())
              if f.suffix.lower() in IMAGE_SUFFIXES]
     if len(classes) < 2 or not files:
         raise InvalidParameterError(f"'{folder}' must hold one sub-folder of images "
                                     f"({', '.join(IMAGE_SUFFIXES)}) per class, at least two")
-    images, mode, size = [], None, None
+    images, mode, size, kept = [], None, None, 0
     for file, _ in files:
-        with Image.open(file) as image:
+        with open_regular(file) as fh, _open_image(fh, file) as image:
             mode = mode or ("L" if image.mode in ("1", "L", "I", "F") else "RGB")
             size = size or image.size
+            # decoded and converted at full size, kept as float32 at the first's size
+            out = math.prod(size) * (1 if mode == "L" else 3) * 4
+            check_bytes(kept + 2 * math.prod(image.size) * len(image.getbands()) * 4 + out,
+                        f"reading the images of '{folder}' (at '{file}')")
             pixels = np.asarray(image.convert(mode).resize(size), dtype=np.float32) / 255.0
+        kept += 2 * out  # the list and the stacked array
         images.append(pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1))
     return np.stack(images), np.array([label for _, label in files])
+
+
+def _open_image(fh: io.BufferedIOBase, file: Path) -> Any:
+    """``PIL.Image.open`` on ``fh`` (nothing decoded yet); Pillow's decompression-bomb
+    limits (more pixels than twice ``Image.MAX_IMAGE_PIXELS``, a compressed text chunk
+    larger than ``PngImagePlugin.MAX_TEXT_CHUNK``) as one line."""
+    from PIL import Image
+
+    try:
+        return Image.open(fh)
+    except Image.DecompressionBombError as err:
+        raise InvalidParameterError(f"'{file}' is refused as a decompression bomb ({err}); "
+                                    "use smaller images") from None
+    except ValueError as err:  # Pillow's limits on decompressed metadata
+        raise InvalidParameterError(f"'{file}' is refused: {err}") from None
 
 
 def _labels(y: np.ndarray, where: str) -> np.ndarray:

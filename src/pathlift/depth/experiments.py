@@ -28,7 +28,8 @@ from pathlift.depth.model import DepthResNet
 from pathlift.depth.pvar import p_variation
 from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError
-from pathlift.files import append_rows
+from pathlift.files import append_rows, check_appendable
+from pathlift.graph.memory import check_samples
 
 __all__ = ["CSV_FIELDS", "DepthExperiment", "DepthRow", "DepthRun", "RhoFit", "append_csv",
            "c10k", "depth_experiment", "depth_table", "digits", "fit_rate", "grid", "maxima",
@@ -69,6 +70,7 @@ class RhoFit:
 def c10k(n_samples: int = 10_000, target: float = 0.01, seed: int = 0,
          dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """The synthetic C10k set (thesis Sec. 4.1): x ~ U[-1, 1], y = ``target``; shapes (N, 1)."""
+    check_samples(n_samples, (1,), "C10k")
     gen = torch.Generator().manual_seed(10_000 + seed)
     x = (torch.rand(n_samples, 1, generator=gen, dtype=torch.float64) * 2 - 1).to(dtype)
     return x, torch.full_like(x, target)
@@ -216,6 +218,9 @@ def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds:
     ``csv`` as it ends (``append_csv``: a kill keeps the runs done) before ``on_run`` sees
     it, then ||L^beta W_k|| against k/L for the seed-0 runs drawn to ``plot``
     (``pathlift.plots.depth_trajectories``) and the table computed (``depth_table``)."""
+
+    if csv is not None:
+        check_appendable(csv)  # a CSV that cannot take the rows is refused before any run
 
     def ended(r: DepthRun) -> None:
         if csv is not None:

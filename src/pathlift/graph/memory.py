@@ -13,7 +13,9 @@ memory for a graph on a GPU; no check where none can be read). An explicit limit
 the available memory, so it can also raise the bar.
 
 ``graph_of`` checks each model and input shape once, when it traces them; checkpoints
-whose architecture is too large are refused by ``check_bytes`` before they are built.
+whose architecture is too large are refused by ``check_bytes`` before they are built;
+buffers of random inputs by ``check_samples`` before they are drawn; files before they
+are read (``pathlift.files``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,12 +35,14 @@ if TYPE_CHECKING:
     from pathlift.graph.trace import LayerGraph
 
 __all__ = ["MemoryEstimate", "MemoryLimitError", "available_memory", "check", "check_bytes",
-           "estimate", "memory_limit", "parse_size", "set_memory_limit"]
+           "check_samples", "estimate", "memory_limit", "parse_size", "set_memory_limit"]
 
 ENV = "PATHLIFT_MAX_MEMORY"
 _PASS_BYTES = 8  # passes run in float64
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _limit: int | None = None
+_CPU_ROOM_FRESH_S = 1.0
+_cpu_room: tuple[float, int | None] = (-math.inf, None)  # (when read, bytes available)
 
 
 class MemoryLimitError(PathliftError):
@@ -98,11 +104,21 @@ def memory_limit() -> int | None:
 
 
 def available_memory(device: str = "cpu") -> int | None:
-    """Bytes that can be allocated now on ``device`` ("cpu" or "cuda:i"), None if unknown."""
+    """Bytes that can be allocated now on ``device`` ("cpu" or "cuda:i"), None if unknown.
+    On the CPU it is read at most once a second: reading it costs about 0.2 ms, and every
+    file pathlift reads (each image of a folder) is checked."""
+    global _cpu_room
     if device.startswith("cuda"):
         import torch
 
         return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    now = time.monotonic()
+    if now - _cpu_room[0] > _CPU_ROOM_FRESH_S:
+        _cpu_room = (now, _cpu_available())
+    return _cpu_room[1]
+
+
+def _cpu_available() -> int | None:
     found = [v for v in (_meminfo(), _cgroup_room()) if v is not None]
     if found:
         return min(found)
@@ -182,6 +198,19 @@ def check_bytes(needed: int, what: str, detail: str = "", device: str = "cpu") -
         f"{what} needs about {_show(needed)}, more than {source} ({_show(limit)}); {detail}"
         f"use a smaller input shape or model, or set a higher limit (pathlift --max-memory "
         f"64G, or {ENV}=64G)")
+
+
+def check_samples(samples: int, input_shape: Sequence[int], what: str,
+                  itemsize: int = _PASS_BYTES) -> None:
+    """Refuse a buffer of ``samples`` random inputs of ``input_shape`` (``itemsize`` bytes a
+    value) before it is drawn: ``samples`` must be a positive integer
+    (``InvalidParameterError``) and the buffer must fit (``check_bytes``). ``what`` names
+    the computation they are for."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise InvalidParameterError(f"{what}: samples={samples!r} must be a positive integer")
+    check_bytes(samples * math.prod(input_shape) * itemsize,
+                f"{what} on {samples:,} random inputs of shape {tuple(input_shape)}",
+                "use fewer samples, or ")
 
 
 def _show(size: int) -> str:

@@ -5,7 +5,8 @@ The fingerprint hashes the CPU (model name and instruction-set flags), the machi
 the torch version, torch's intra-op thread count, the fused kernel's build (compiler,
 flags, source) and the source of the timing procedure (``timing.round_robin``), so a
 measurement is reused only where it would come out the same. One JSON file per
-fingerprint lives in ``pathlift.kron.machine.cache_dir()``; writes are atomic
+fingerprint lives in ``pathlift.kron.machine.trusted_cache_dir()`` (only a folder nobody
+else can write: elsewhere the entries stay in memory, one warning); writes are atomic
 (``pathlift.files.atomic_write``: a concurrent writer may drop the other's newest entry,
 never corrupt the file). A file that is not a JSON object reads as empty and a malformed
 entry is the caller's to ignore (it measures again); where the folder cannot be written
@@ -28,8 +29,9 @@ from typing import Any
 import torch
 
 from pathlift import files
+from pathlift.errors import PathliftError
 from pathlift.kron import cpu_kernel, timing
-from pathlift.kron.machine import cache_dir, cpu_features, cpu_name, warn_unusable_cache
+from pathlift.kron.machine import cpu_features, cpu_name, trusted_cache_dir, warn_unusable_cache
 from pathlift.kron.multiply import HALF
 
 __all__ = ["fingerprint", "lookup", "machine_description", "store"]
@@ -59,8 +61,9 @@ def machine_description(dtype: torch.dtype = torch.float32) -> str:
             f"{torch.__version__}, {torch.get_num_threads()} thread(s)")
 
 
-def _path(kind: str) -> Path:
-    return cache_dir() / f"{kind}-{fingerprint()}.json"
+def _path(kind: str, create: bool = False) -> Path | None:
+    folder = trusted_cache_dir(create)
+    return None if folder is None else folder / f"{kind}-{fingerprint()}.json"
 
 
 # entries this process measured but could not write: (kind, fingerprint) -> {key: value}
@@ -68,9 +71,12 @@ _MEMORY: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 def _read(kind: str) -> dict[str, Any]:
+    path = _path(kind)
+    if path is None:
+        return {}
     try:
-        data = json.loads(_path(kind).read_text())
-    except (OSError, ValueError):
+        data = json.loads(files.read_regular(path, follow_links=False))
+    except (OSError, ValueError, PathliftError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -84,8 +90,11 @@ def lookup(kind: str, key: str) -> Any | None:
 def store(kind: str, key: str, value: Any) -> None:
     """Store a JSON-serialisable value under ``key`` for this machine: on disk, or for this
     process only (one warning) where the cache folder cannot be written."""
+    path = _path(kind, create=True)
     try:
-        files.write_json(_path(kind), _read(kind) | {key: value}, indent=None)
+        if path is not None:
+            files.write_json(path, _read(kind) | {key: value}, indent=None)
+            return
     except files.FileSystemError as err:
         warn_unusable_cache(err)
-        _MEMORY.setdefault((kind, fingerprint()), {})[key] = value
+    _MEMORY.setdefault((kind, fingerprint()), {})[key] = value

@@ -37,12 +37,15 @@ The shared objects are built on first use (``gcc -O3 -march=native -fopenmp``, a
 second each) from ``ks_fused.c`` (package data beside this module) into
 ``$PATHLIFT_CACHE_DIR/kron`` (default ``~/.cache/pathlift``), keyed by a hash of the
 source, the compiler, the flags and the CPU, so a fresh machine builds its own and nothing
-prebuilt ships. Each library is written atomically under a name carrying its digest, with
-a record of its size and SHA-256; both are checked before loading, and a library that
-fails the check (truncated, empty, replaced) is rebuilt. Where the cache cannot be
-written the library is built in a private temporary folder, loaded and removed (one
-warning). ``load_kernel`` returns None (and warns once) when no compiler works; the
-caller then runs einsum.
+prebuilt ships. The cache is used only where nobody but the user can write
+(``pathlift.kron.machine.trusted_cache_dir``). Each library is written atomically under a
+name carrying its digest, with a record of its size and SHA-256; both are checked before
+loading, with the library itself (the user's regular file, not a link, writable by nobody
+else), and a library that fails the check (truncated, empty, replaced, foreign) is
+rebuilt, as is one that does not load or lacks a symbol. Where the cache cannot be trusted
+or written the library is built in a private temporary folder, loaded and removed (one
+warning). ``load_kernel`` returns None (and warns once) when no compiler works or no build
+loads; the caller then runs einsum.
 """
 
 from __future__ import annotations
@@ -66,7 +69,13 @@ import torch
 import torch.nn.functional as F
 
 from pathlift import files
-from pathlift.kron.machine import cache_dir, cpu_features, warn_unusable_cache
+from pathlift.errors import PathliftError
+from pathlift.kron.machine import (
+    cpu_features,
+    trusted_cache_dir,
+    unsafe_to_load,
+    warn_unusable_cache,
+)
 
 __all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
            "multiply_once", "multiply_transposed", "pack", "path_of"]
@@ -158,16 +167,20 @@ def _digest(data: bytes) -> str:
 
 def _verified(record: Path) -> Path | None:
     """The shared object ``record`` (JSON: file, size, sha256 written at build) names, if it
-    is there with that size and digest; None for anything else (no record, a malformed
-    one, a truncated, empty or replaced library): the caller rebuilds."""
+    is there with that size and digest and is safe to load (``unsafe_to_load``: the user's
+    regular file, not a link, writable by nobody else); None for anything else (no record,
+    a malformed one, a truncated, empty, replaced or foreign library): the caller rebuilds."""
     try:
-        entry = json.loads(record.read_text())
-        library = record.with_name(entry["file"])
-        if (not isinstance(entry["file"], str) or "/" in entry["file"]
-                or library.stat().st_size != entry["size"]):
+        entry = json.loads(files.read_regular(record, follow_links=False))
+        name = entry["file"]
+        if not isinstance(name, str) or "/" in name or name in (".", ".."):
             return None
-        return library if _digest(library.read_bytes()) == entry["sha256"] else None
-    except (OSError, ValueError, KeyError, TypeError):
+        library = record.with_name(name)
+        if unsafe_to_load(library) is not None or library.stat().st_size != entry["size"]:
+            return None
+        data = files.read_regular(library, follow_links=False)
+        return library if _digest(data) == entry["sha256"] else None
+    except (OSError, ValueError, KeyError, TypeError, PathliftError):
         return None
 
 
@@ -186,46 +199,68 @@ def _build(defines: tuple[str, ...], compiler: str, flags: tuple[str, ...]) -> b
         return out.read_bytes()
 
 
-def _compile(dtype: torch.dtype, compiler: str, flags: tuple[str, ...]) -> tuple[Path, bool]:
-    """The verified shared object of this build in the cache, built (and recorded with its
-    size and digest) if missing or damaged, and False; where the cache cannot be written, a
-    private copy in a temporary folder (one warning) and True: the caller loads it and
-    removes the folder, and the next process builds it again."""
+def _compile(dtype: torch.dtype, compiler: str, flags: tuple[str, ...],
+             rebuild: bool = False) -> tuple[Path, bool]:
+    """The verified shared object of this build in the trusted cache (``trusted_cache_dir``),
+    built (and recorded with its size and digest) if missing, damaged or ``rebuild``, and
+    False; where the cache cannot be trusted or written, a private copy in a temporary
+    folder (one warning) and True: the caller loads it and removes the folder, and the next
+    process builds it again."""
     ctype, defines = _TYPES[dtype]
     key = _key(ctype, compiler, (*flags, *defines))
-    record = cache_dir() / f"ks_fused_{ctype}_{key}.json"
-    if (library := _verified(record)) is not None:
+    folder = trusted_cache_dir()
+    record = None if folder is None else folder / f"ks_fused_{ctype}_{key}.json"
+    if record is not None and not rebuild and (library := _verified(record)) is not None:
         return library, False
     data = _build(defines, compiler, flags)
     digest = _digest(data)
     # named by its digest: concurrent builders never replace a library another one loads
-    target = record.with_name(f"ks_fused_{ctype}_{key}_{digest[:12]}.so")
+    name = f"ks_fused_{ctype}_{key}_{digest[:12]}.so"
+    if record is not None:
+        try:
+            target = files.write_bytes(record.with_name(name), data)
+            files.write_json(record, {"file": name, "size": len(data), "sha256": digest})
+            return target, False
+        except files.FileSystemError as err:
+            warn_unusable_cache(err)
+    private = Path(tempfile.mkdtemp(prefix="pathlift-kron-")) / name
+    private.write_bytes(data)
+    return private, True
+
+
+def _open(dtype: torch.dtype, compiler: str, flags: tuple[str, ...],
+          rebuild: bool) -> ctypes.CDLL:
+    library, private = _compile(dtype, compiler, flags, rebuild)
     try:
-        files.write_bytes(target, data)
-        files.write_json(record, {"file": target.name, "size": len(data), "sha256": digest})
-        return target, False
-    except files.FileSystemError as err:
-        warn_unusable_cache(err)
-        private = Path(tempfile.mkdtemp(prefix="pathlift-kron-")) / target.name
-        private.write_bytes(data)
-        return private, True
+        return ctypes.CDLL(str(library))
+    finally:
+        if private:  # mapped now: the file is no longer needed
+            shutil.rmtree(library.parent, ignore_errors=True)
 
 
 @functools.cache
 def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> CpuKernel | None:
+    """The kernel, from the cache or built; a library that does not load or lacks a symbol
+    is built again once, and if that fails too the caller falls back to einsum (one
+    warning): never an exception."""
     try:
         if compiler is None:
             raise RuntimeError("no C compiler found (set CC or install gcc)")
-        library, private = _compile(dtype, compiler, flags)
         try:
-            lib = ctypes.CDLL(str(library))
-        finally:
-            if private:  # mapped now: the file is no longer needed
-                shutil.rmtree(library.parent, ignore_errors=True)
-    except (RuntimeError, OSError) as err:
-        warnings.warn(f"pathlift.kron: the fused CPU kernel could not be built ({err}); "
-                      "falling back to the einsum algorithm", RuntimeWarning, stacklevel=4)
+            return _bind(_open(dtype, compiler, flags, rebuild=False), dtype, compiler, flags)
+        except (OSError, AttributeError):  # a cached library that does not load: build anew
+            return _bind(_open(dtype, compiler, flags, rebuild=True), dtype, compiler, flags)
+    except (RuntimeError, OSError, AttributeError) as err:
+        warnings.warn(f"pathlift.kron: the fused CPU kernel could not be built or loaded "
+                      f"({err}); falling back to the einsum algorithm", RuntimeWarning,
+                      stacklevel=4)
         return None
+
+
+def _bind(lib: ctypes.CDLL, dtype: torch.dtype, compiler: str,
+          flags: tuple[str, ...]) -> CpuKernel | None:
+    """The kernel's entry points typed (AttributeError for a missing one); None for
+    bfloat16 where the instruction set has no bf16 dot products."""
     if dtype == torch.bfloat16 and not lib.ks_has_bf16():
         return None  # no bf16 dot products: the caller runs the float32 kernel
     long, ptr, longs = ctypes.c_long, ctypes.c_void_p, ctypes.POINTER(ctypes.c_long)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.kron.design import design as design_chain
 from pathlift.kron.layer import KSLinear, chain_from_tensor
 from pathlift.kron.pattern import KSPattern, check_chain
@@ -219,6 +219,7 @@ def rebuild_layers(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> 
             raise InvalidParameterError(f"layer {name!r}: {err}") from err
         if isinstance(old, KSLinear) and old.patterns == chain:
             continue
+        _check_factors(name, prefix, chain, state_dict)
         ref = old.weight if isinstance(old, nn.Linear) else old.factors[0]
         algorithm = old.algorithm if isinstance(old, KSLinear) else "auto"
         layer = KSLinear(chain, bias=prefix + "bias" in state_dict, algorithm=algorithm,
@@ -228,6 +229,23 @@ def rebuild_layers(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> 
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
     return model
+
+
+def _check_factors(name: str, prefix: str, chain: tuple[KSPattern, ...],
+                   state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Refuse a ``chain`` whose factors are not the ones ``state_dict`` holds, before the
+    layer is built: a chain read from a file never allocates more than the file's own
+    factors (a chain of huge patterns is refused, not built)."""
+    count = sum(1 for k in state_dict if k.startswith(prefix + "factors.")
+                and k[len(prefix) + 8:].isdigit())
+    held = [tuple(getattr(state_dict.get(f"{prefix}factors.{i}"), "shape", ()))
+            for i in range(count)]
+    wanted = [(p.a, p.b, p.c, p.d) for p in chain]
+    if held != wanted:
+        raise ArchitectureMismatchError(
+            f"layer {name!r}: its saved chain {[list(s) for s in wanted][:4]} needs factors "
+            f"of those shapes, the checkpoint holds {[list(s) for s in held][:4]}; the file "
+            "is damaged: save it again")
 
 
 def load_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> nn.Module:

@@ -4,12 +4,18 @@ from pathlift.models.alexnet import alexnet
 from pathlift.models.checkpoints import (
     Checkpoint,
     UnsafeCheckpointError,
-    load_model,
     load_weights,
     read_checkpoint,
     save_checkpoint,
 )
-from pathlift.models.factory import load_model_pair, model_factory, save_like
+from pathlift.models.loading import (
+    UntrustedArchitectureError,
+    load_model,
+    load_model_pair,
+    model_factory,
+    save_like,
+    set_trust_arch,
+)
 from pathlift.models.mobilenet import mobilenet_relu
 from pathlift.models.registry import (
     REFERENCE_MODELS,
@@ -31,6 +37,7 @@ __all__ = [
     "ModelSpec",
     "ReferenceModel",
     "UnsafeCheckpointError",
+    "UntrustedArchitectureError",
     "alexnet",
     "default_input_shape",
     "get_model",
@@ -50,6 +57,7 @@ __all__ = [
     "resnet152",
     "save_checkpoint",
     "save_like",
+    "set_trust_arch",
     "small_cnn",
     "unet",
     "vgg11",

@@ -1,40 +1,50 @@
 """Checkpoints: safetensors (architecture in JSON metadata) and weights-only torch files.
 
-Nothing here unpickles arbitrary objects: ``.pt``/``.pth`` files are read with
-``torch.load(weights_only=True)``, which refuses any pickle that would run code.
+Nothing here unpickles arbitrary objects or calls what a file names: ``.pt``/``.pth``
+files are read with ``torch.load(weights_only=True)``, which refuses any pickle that would
+run code, and the architecture a file names is only returned (``pathlift.models.loading``
+decides whether it may be built). A file is read only when it is a regular file that fits
+the memory limit, a ``.pt``'s zip entries included (``pathlift.files``); weights load into
+the widest floating dtype they hold, never rounded.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import operator
+import os
 import pickle
 import typing
 from collections import abc
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 from torch.nn.utils import prune
 
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
-from pathlift.files import atomic_write, os_errors, write_bytes
+from pathlift.files import (
+    atomic_write,
+    check_archive,
+    open_regular,
+    parse_safetensors,
+    write_bytes,
+)
 from pathlift.graph.boundary import cpu_state, unwrap
-from pathlift.graph.memory import check_bytes
-from pathlift.models.registry import REFERENCE_MODELS, default_input_shape, get_model
+from pathlift.models.registry import REFERENCE_MODELS, check_model_size, get_model
 
-__all__ = ["Checkpoint", "UnsafeCheckpointError", "load_model", "load_weights",
+__all__ = ["CHECKPOINT_SUFFIXES", "Checkpoint", "UnsafeCheckpointError", "load_weights",
            "read_checkpoint", "save_checkpoint"]
 
 _ARCH, _KWARGS, _SHAPE = "pathlift.arch", "pathlift.kwargs", "pathlift.input_shape"
 _SAFETENSORS, _TORCH = (".safetensors",), (".pt", ".pth")
+CHECKPOINT_SUFFIXES = _SAFETENSORS + _TORCH
 
 
 class UnsafeCheckpointError(InvalidParameterError):
@@ -75,7 +85,7 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str | None = None,
     path = Path(path)
     arch = _class_path(model) if arch is None else arch
     state = cpu_state(unwrap(model).state_dict())
-    _check_size(arch, kwargs)
+    check_model_size(arch, kwargs)
     with torch.random.fork_rng(devices=[]):  # the check's initialisation leaves no trace
         load_weights(get_model(arch, **kwargs), state)
     shape = None if input_shape is None else _shape(input_shape)
@@ -105,28 +115,35 @@ def _class_path(model: nn.Module) -> str:
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint without executing anything it contains."""
+    """Read a checkpoint without executing anything it contains.
+
+    Raises:
+        FileSystemError: not a regular file (a FIFO, a device, a folder), or unreadable.
+        MemoryLimitError: the file, or what a .pt's zip entries unpack to, does not fit
+            the memory limit (checked before reading or unpacking).
+        InvalidParameterError: not a checkpoint (named suffix, format, schema).
+    """
     path = Path(path)
-    if not path.is_file():
-        raise InvalidParameterError(f"no checkpoint file at '{path}'")
-    if path.suffix not in _SAFETENSORS + _TORCH:
+    if path.suffix not in CHECKPOINT_SUFFIXES:
         raise InvalidParameterError(
             f"checkpoint '{path}' must end in .safetensors, .pt or .pth")
-    with os_errors(path, "read"):
-        empty = path.stat().st_size == 0
-        with path.open("rb"):  # unreadable files fail here, with the path
-            pass
-    if empty:
-        raise InvalidParameterError(f"checkpoint '{path}' is empty (0 bytes): was its writing "
-                                    "interrupted? Save it again")
-    return _read_safetensors(path) if path.suffix in _SAFETENSORS else _read_torch(path)
+    if not os.path.lexists(path):
+        raise InvalidParameterError(f"no checkpoint file at '{path}'")
+    safetensors = path.suffix in _SAFETENSORS
+    # safetensors: the bytes and the tensors parsed from them; torch reads what it needs
+    with open_regular(path, memory_per_byte=2 if safetensors else 1) as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise InvalidParameterError(f"checkpoint '{path}' is empty (0 bytes): was its "
+                                        "writing interrupted? Save it again")
+        if safetensors:
+            return _read_safetensors(fh.read(), path)
+        check_archive(fh, path)
+        return _read_torch(fh, path)
 
 
-def _read_safetensors(path: Path) -> Checkpoint:
+def _read_safetensors(data: bytes, path: Path) -> Checkpoint:
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+        state, meta = parse_safetensors(data)
         kwargs = json.loads(meta.get(_KWARGS, "{}"))
         shape = json.loads(meta[_SHAPE]) if _SHAPE in meta else None
     except Exception as err:  # safetensors raises its own SafetensorError on bad files
@@ -135,9 +152,9 @@ def _read_safetensors(path: Path) -> Checkpoint:
     return _checked(state, meta.get(_ARCH), kwargs, shape, path)
 
 
-def _read_torch(path: Path) -> Checkpoint:
+def _read_torch(fh: BinaryIO, path: Path) -> Checkpoint:
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(fh, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise UnsafeCheckpointError(
             f"refused to load '{path}': it contains pickled objects that are not weights "
@@ -241,9 +258,12 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     Pruned checkpoints (``<name>_orig`` and ``<name>_mask``) re-attach their
     torch.nn.utils.prune masks. Kronecker-sparse layers saved with their chain
     (``<name>.chain``) are rebuilt in ``model`` first (``pathlift.kron.rebuild_layers``),
-    so a dense architecture loads its designed version. A floating dtype differing from
-    the model's converts the model to it (never rounding the checkpoint). Raises
-    ArchitectureMismatchError naming the first missing, unexpected and mis-shaped keys.
+    so a dense architecture loads its designed version. The model is converted to the
+    widest floating dtype the checkpoint holds (the smallest that holds every one of its
+    floating dtypes exactly, ``torch.promote_types``: float64 when any tensor is float64),
+    so no weight is ever rounded; integer, boolean or complex tensors where the model holds
+    floating-point ones are refused, not cast. Raises ArchitectureMismatchError naming the
+    first missing, unexpected and mis-shaped keys.
     """
     if any(k == "chain" or k.endswith(".chain") for k in state_dict):
         from pathlift.kron import rebuild_layers  # imported only for Kronecker-sparse models
@@ -255,12 +275,12 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
             and not v.is_floating_point()]
     if cast:
         raise InvalidParameterError(
-            f"{', '.join(cast[:3])}: integer or boolean weights where {type(model).__name__} "
-            "holds floating-point ones; pathlift does not cast them silently: convert them "
-            "yourself (state_dict values .float()) and save again")
+            f"{', '.join(cast[:3])}: integer, boolean or complex weights where "
+            f"{type(model).__name__} holds floating-point ones; pathlift does not cast them "
+            "silently: convert them yourself (state_dict values .float()) and save again")
     float_dtypes = {v.dtype for v in state_dict.values() if v.is_floating_point()}
-    if len(float_dtypes) == 1:
-        model.to(float_dtypes.pop())
+    if float_dtypes:
+        model.to(functools.reduce(torch.promote_types, float_dtypes))
     _reattach_pruning(model, state_dict)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
@@ -295,67 +315,3 @@ def _reattach_pruning(model: nn.Module, state_dict: Mapping[str, Tensor]) -> Non
             with torch.no_grad():
                 param.copy_(orig)
             prune.custom_from_mask(module, name, mask.to(param.device))
-
-
-def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
-               weights: str | Path | None = None, *,
-               seed: int | None = None) -> tuple[nn.Module, tuple[int, ...]]:
-    """An eval-mode model and its input shape from a model name or a checkpoint file.
-
-    ``spec`` is a model name as ``get_model`` takes it (reference architecture,
-    ``module:callable``, ``path/to/file.py:callable``, torchvision name), with random
-    weights or those of ``weights`` (a plain or pathlift state_dict file), or a checkpoint
-    written by ``save_checkpoint`` (a file whose metadata names the architecture). The
-    input shape is ``input_shape`` if given, else the one stored in the checkpoint, else
-    the architecture's default (``default_input_shape``: a factory's ``input_shape``
-    attribute). ``seed`` seeds the
-    random initialisation (in a forked RNG: the caller's RNG state is left as it was), so
-    one architecture name and one seed always give the same weights.
-
-    Example:
-        >>> model, shape = load_model("resnet18", seed=0)       # random init, (3, 224, 224)
-        >>> model, shape = load_model("net.safetensors")        # arch and shape from the file
-    """
-    if _is_path(spec):
-        if weights is not None:
-            raise InvalidParameterError("give either a checkpoint file or weights=, not both")
-        ckpt = read_checkpoint(spec)
-        if ckpt.arch is None:
-            raise InvalidParameterError(
-                f"'{spec}' is a plain state_dict without an architecture name; load it as "
-                f"load_model('<architecture>', weights='{spec}')")
-    else:
-        ckpt = Checkpoint({}, str(spec))
-        if weights is not None:
-            ckpt = read_checkpoint(weights)
-            if ckpt.arch not in (None, str(spec)):
-                raise ArchitectureMismatchError(
-                    f"'{weights}' was saved from '{ckpt.arch}', not '{spec}'")
-    name = str(ckpt.arch if ckpt.arch is not None else spec)
-    _check_size(name, ckpt.kwargs)
-    with nullcontext() if seed is None else torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
-        model = get_model(name, **ckpt.kwargs)
-    if ckpt.state_dict:
-        load_weights(model, ckpt.state_dict)
-    model.eval()
-    if input_shape:
-        return model, tuple(int(s) for s in input_shape)
-    if ckpt.input_shape is not None:
-        return model, ckpt.input_shape
-    return model, default_input_shape(name, **ckpt.kwargs)
-
-
-def _check_size(name: str, kwargs: dict[str, Any]) -> None:
-    """Build ``name`` on the meta device (no memory) and refuse it, before it is built for
-    real, when its parameters and buffers exceed the memory limit (graph/memory.py)."""
-    with torch.device("meta"):
-        skeleton = get_model(name, **kwargs)
-    size = sum(t.numel() * t.element_size() for t in skeleton.state_dict().values())
-    check_bytes(size, f"model '{name}'" + (f" {kwargs}" if kwargs else ""))
-
-
-def _is_path(spec: str | Path) -> bool:
-    return isinstance(spec, PurePath) or Path(spec).suffix in _SAFETENSORS + _TORCH \
-        or Path(spec).is_file()

@@ -24,8 +24,9 @@ from pathlift.models.small import mlp, small_cnn
 from pathlift.models.unet import unet
 from pathlift.models.vgg import vgg11, vgg11_bn, vgg16, vgg16_bn
 
-__all__ = ["REFERENCE_MODELS", "ModelSpec", "ReferenceModel", "default_input_shape", "get_model",
-           "import_callable", "is_import_path", "reference_models"]
+__all__ = ["REFERENCE_MODELS", "ModelSpec", "ReferenceModel", "check_model_size",
+           "default_input_shape", "get_model", "import_callable", "is_import_path",
+           "reference_models"]
 
 _IMAGENET = (3, 224, 224)
 
@@ -72,7 +73,8 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
     ``module:callable`` or ``path/to/file.py:callable`` (a class or factory returning an
     ``nn.Module``, called with ``kwargs``; the current folder is importable, as with
     ``python -m``), or, when torchvision is installed, a torchvision classification model
-    name (pathlift's own names win).
+    name (pathlift's own names win; detection, segmentation, video and quantised models,
+    which download weights when asked, are not taken).
 
     Raises:
         InvalidParameterError: unknown name, module or attribute, bad ``kwargs``, or a
@@ -96,12 +98,40 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
                 f"'{name}' returned a {type(model).__name__}; it must return an nn.Module")
         return model
     torchvision_models = _torchvision_models()
-    if torchvision_models is not None and name in torchvision_models.list_models():
-        return torchvision_models.get_model(name, weights=None, **kwargs)
+    if torchvision_models is not None and \
+            name in torchvision_models.list_models(module=torchvision_models):
+        try:
+            return torchvision_models.get_model(name, weights=None, **kwargs)
+        except TypeError as err:
+            raise InvalidParameterError(f"bad arguments {kwargs} for model '{name}': {err}") \
+                from err
     known = ", ".join(sorted(REFERENCE_MODELS))
     extra = "" if torchvision_models is None else ", a torchvision model name"
-    raise InvalidParameterError(f"unknown model '{name}'; choose one of: {known}{extra}, or "
+    raise InvalidParameterError(f"unknown model {name!r}; choose one of: {known}{extra}, or "
                                 "module:callable / path/to/file.py:callable for your own")
+
+
+def check_model_size(name: str, kwargs: dict[str, Any]) -> None:
+    """Build ``name`` on the meta device (no memory, no initialisation) and refuse it,
+    before it is built for real, when its parameters and buffers exceed the memory limit
+    (``pathlift.graph.memory.check_bytes``): huge constructor arguments from a checkpoint
+    or a class count from data never allocate.
+
+    Raises:
+        MemoryLimitError: too large; InvalidParameterError: as ``get_model``, or sizes
+            torch cannot build (negative, overflowing).
+    """
+    from pathlift.graph.memory import check_bytes
+
+    try:
+        with torch.device("meta"):
+            skeleton = get_model(name, **kwargs)
+    except (RuntimeError, ValueError, OverflowError) as err:  # torch refusing the sizes
+        raise InvalidParameterError(
+            f"model {name!r} cannot be built with {kwargs} ({str(err).splitlines()[0][:200]}); "
+            "check its constructor arguments") from err
+    size = sum(t.numel() * t.element_size() for t in skeleton.state_dict().values())
+    check_bytes(size, f"model '{name}'" + (f" {kwargs}" if kwargs else ""))
 
 
 def is_import_path(name: str) -> bool:

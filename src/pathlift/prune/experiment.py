@@ -52,8 +52,10 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     Rank 0 writes ``out``/runs.csv (resumed when it holds runs of the same settings), the
     dense weights and ``out``/summary.png (accuracy against the pruning level, the
     magnitude / Path-Mag scatter of Figure 3.8 without and with a random rescale, and the
-    mask overlaps of Table 3.1). ``out`` may be a callable returning the folder: it is
-    called once the model and the data have been checked, so a refused run leaves no folder.
+    mask overlaps of Table 3.1). ``out`` may be a callable creating a new folder: it is
+    called once the model and the data have been checked, and the folder is removed if the
+    run then fails before writing a result, so a refused run leaves no folder. A finished
+    folder that cannot be written is read back (its summary.png kept as it is).
 
     Raises:
         ShapeError: the model's outputs do not match the data's classes.
@@ -82,7 +84,8 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
                              "classes")
         train, test = loaders(split, batch_size=batch_size, seed=0)
         training = SGDTraining(train, test, lr)
-        folder = RunFolder(out() if callable(out) else out) if world.main else None
+        folder = (RunFolder(out(), fresh=True) if callable(out) else RunFolder(out)) \
+            if world.main else None
         with reproducible():
             result = prune_rewind_retrain(make, split.input_shape, training.train,
                                           training.evaluate, config, spread=spread,
@@ -96,7 +99,8 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         rescaled = random_rescale(trained, config.rescale_factors, 0, split.input_shape)
         scatters = {False: scatter(trained, split.input_shape),
                     True: scatter(rescaled, split.input_shape)}
-    png = plots.pruning_experiment(result, folder.path / "summary.png",
-                                   f"{model} on {data}, {len(config.seeds)} seeds, "
-                                   f"{world.size} process(es)", scatters)
+    png = folder.path / "summary.png"
+    if folder.writable or not png.is_file():
+        plots.pruning_experiment(result, png, f"{model} on {data}, {len(config.seeds)} "
+                                 f"seeds, {world.size} process(es)", scatters)
     return PruneExperiment(result, folder.path, folder.csv, png, world.size, note)

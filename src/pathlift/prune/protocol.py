@@ -366,6 +366,8 @@ def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: 
     methods = {m.name: m for m in config.methods}  # type: ignore[union-attr]
     done = world.broadcast(done)
     pending = [k for k in config.grid() if k not in done]
+    if folder is not None and pending:  # before any training: a read-only one is refused
+        folder.check_writable(f"{len(pending)} of {len(config.grid())} runs are not done")
     seeds = [s for s in config.seeds if any(k.seed == s for k in pending)]
 
     saved = world.broadcast({s: folder.load_dense(s) for s in seeds}

@@ -9,11 +9,19 @@ What a folder guarantees:
 
 - one run at a time: ``open`` takes an exclusive lock (``.lock``, holding the pid and
   host of its owner); a second run gets ``RunFolderBusyError`` naming them. The lock is
-  the operating system's (``flock``), so a killed run's lock is free again at once.
+  the operating system's (``flock``), so a killed run's lock is free again at once. The
+  lock file is never written through a link or into anything but pathlift's own lock
+  (``pathlift.files.open_own``): a ``.lock`` that is a symbolic link, a hard link, another
+  kind of file or holds other text is refused, and left as it is.
+- a folder that cannot be written (read-only, or on a read-only file system) opens
+  read-only, under a shared lock: its finished runs are read back, and anything to write
+  is refused at once (``writable`` is False).
 - the same settings: ``open`` compares the manifest with the folder's and names the first
   difference (``InvalidParameterError``).
 - whole files only: every file is written to a temporary file, fsynced and renamed
-  (``pathlift.files``), so a kill or a full disk leaves the previous file.
+  (``pathlift.files``), so a kill or a full disk leaves the previous file; opening the
+  folder removes pathlift's temporary files that a kill left in it, ``dense/`` and
+  ``models/``, and nothing else.
 - strict reading: anything in ``runs.csv`` that cannot be parsed raises
   ``ResultsFileError`` naming the file, line and column; a last line without its newline
   (a file cut by an older writer or by hand) is dropped and its run computed again; rows
@@ -23,25 +31,30 @@ What a folder guarantees:
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import socket
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, PathliftError
 from pathlift.files import (
+    FileSystemError,
     csv_line,
     describe,
+    open_own,
     os_errors,
+    read_regular,
+    read_safetensors,
     remove_temporaries,
     write_bytes,
     write_json,
@@ -59,6 +72,9 @@ class ResultsFileError(InvalidParameterError):
 
 class RunFolderBusyError(InvalidParameterError):
     """Another process holds the run folder's lock."""
+
+
+_LOCK_TEXT = re.compile(r"(pid \d+ on [^\n]*\n)?")  # what _acquire writes, or nothing yet
 
 
 class RunKey(NamedTuple):
@@ -180,37 +196,46 @@ class RunFolder:
         folder.records()                                     # every finished run
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, fresh: bool = False):
+        """``fresh``: the caller has just created the (empty) folder for this run, so it is
+        removed like one ``open`` creates when the run writes nothing."""
         self.path = Path(path)
         self.csv = self.path / "runs.csv"
         self.manifest = self.path / "manifest.json"
+        self.writable = True
         self._lock: int | None = None
+        self._locked = False
+        self._fresh = fresh
         self._created = False
         self._wrote = False
         self._text = b""  # runs.csv's complete lines, what the next row is added to
 
     def open(self, manifest: dict[str, Any]) -> dict[RunKey, RunRecord]:
         """Lock the folder (creating it), then check that it holds runs made with the same
-        ``manifest`` (or write it); returns the runs already finished there.
+        ``manifest`` (or write it); returns the runs already finished there. A folder that
+        cannot be written opens read-only (``writable`` False) when it has a manifest.
 
         Raises:
             RunFolderBusyError: another process is running into this folder.
             InvalidParameterError: the folder holds runs of other settings (the first
                 difference is named) or results without a manifest.
             ResultsFileError: the manifest or ``runs.csv`` is damaged.
-            FileSystemError: the folder cannot be created or written.
+            FileSystemError: the folder cannot be created or written, or its ``.lock`` is
+                not pathlift's (a link, or another file).
         """
         try:
             manifest = json.loads(json.dumps(manifest))  # tuples -> lists, as read back
         except (TypeError, ValueError) as err:
             raise InvalidParameterError(f"the run's settings must be JSON values: {err}") \
                 from None
-        self._created = not self.path.exists()
         with os_errors(self.path, "create"):
+            self._created = self._fresh or not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
-        self._acquire()
+        self._locked = True
         try:
-            remove_temporaries(self.path)  # left by writes that a kill interrupted
+            self._acquire()
+            if self.writable:  # left by writes that a kill interrupted
+                remove_temporaries(self.path, self.path / "dense", self.path / "models")
             if self.manifest.is_file():
                 _compare(self._read_manifest(), manifest, self.path)
             elif self.csv.exists() or (self.path / "dense").exists():
@@ -218,6 +243,7 @@ class RunFolder:
                     f"'{self.path}' holds results but no manifest.json (written by an older "
                     "pathlift?): choose another output folder")
             else:
+                self.check_writable()
                 write_json(self.manifest, manifest)
             return {r.key: r for r in self.records()}
         except BaseException:
@@ -226,12 +252,13 @@ class RunFolder:
 
     def close(self) -> None:
         """Release the lock; remove the folder if this run created it and wrote nothing."""
-        if self._lock is None:
+        if not self._locked:
             return
         if self._created and not self._wrote:
             shutil.rmtree(self.path, ignore_errors=True)
-        os.close(self._lock)  # closing the descriptor releases the flock
-        self._lock, self._created = None, False
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor releases the flock
+        self._lock, self._locked, self._created, self._fresh = None, False, False, False
 
     def __enter__(self) -> RunFolder:
         return self
@@ -240,28 +267,69 @@ class RunFolder:
         self.close()
 
     def _acquire(self) -> None:
+        """Take ``.lock``: exclusively, or shared (read-only) when the folder cannot be
+        written; the file is pathlift's own or is refused (``open_own``)."""
         path = self.path / ".lock"
-        with os_errors(path, "lock"):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
+            fd, created = open_own(path)
+        except FileSystemError as err:
+            if not self._read_only(err):
+                raise
+            self.writable = False
+            self._lock = self._shared_lock(path)
+            return
+        try:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace")
+            if not created and not _LOCK_TEXT.fullmatch(holder):
+                raise FileSystemError(
+                    errno.EINVAL, f"'{path}' is not pathlift's lock (it holds "
+                    f"{holder[:40]!r}...): remove it, or choose another output folder")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
             os.close(fd)
             raise RunFolderBusyError(
-                f"'{self.path}' is in use by another run ({holder}): wait for it to end or "
-                "choose another output folder") from None
+                f"'{self.path}' is in use by another run ({holder.strip() or 'unknown'}): "
+                "wait for it to end or choose another output folder") from None
         except OSError as err:
             os.close(fd)
             raise describe(err, path, "lock") from err
         with os_errors(path, "write"):
-            os.ftruncate(fd, 0)
+            os.ftruncate(fd, 0)  # pathlift's lock (checked above): rewritten as this run's
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._lock = fd
 
+    def _read_only(self, err: FileSystemError) -> bool:
+        """Whether ``err`` (opening the lock) says the folder cannot be written."""
+        return err.errno == errno.EROFS or (
+            err.errno in (errno.EACCES, errno.EPERM) and not os.access(self.path, os.W_OK))
+
+    def _shared_lock(self, path: Path) -> int | None:
+        """A shared lock on an existing ``.lock`` (a writer holding it makes this a busy
+        folder), None when there is none to take."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise describe(err, path, "lock") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RunFolderBusyError(f"'{self.path}' is in use by another run: wait for it "
+                                     "to end or choose another output folder") from None
+        return fd
+
+    def check_writable(self, why: str = "") -> None:
+        """Raise ``FileSystemError`` if the folder was opened read-only; ``why`` says what
+        needed writing."""
+        if not self.writable:
+            raise FileSystemError(errno.EROFS, f"cannot write '{self.path}': it is "
+                                  f"read-only{' and ' + why if why else ''}; make it "
+                                  "writable or choose another output folder")
+
     def _read_manifest(self) -> dict[str, Any]:
-        with os_errors(self.manifest, "read"):
-            text = self.manifest.read_bytes()
+        text = read_regular(self.manifest)
         try:
             saved = json.loads(text)
         except ValueError as err:
@@ -281,11 +349,10 @@ class RunFolder:
             ResultsFileError: naming the file, line and column of anything unparsable, a
                 damaged header, or two different rows for one run.
         """
-        if not self.csv.is_file():
+        if not os.path.lexists(self.csv):  # anything else there is read, or refused
             self._text = b""
             return []
-        with os_errors(self.csv, "read"):
-            data = self.csv.read_bytes()
+        data = read_regular(self.csv)
         complete = data[:data.rfind(b"\n") + 1]
         lines = _decode(complete, self.csv).splitlines()
         if not lines:
@@ -327,6 +394,7 @@ class RunFolder:
     def append(self, record: RunRecord) -> None:
         """Add one row to ``runs.csv`` (the header first if the file is new): the file is
         replaced whole, so a kill or a full disk leaves the previous one."""
+        self.check_writable()
         if not self._text:
             self._text = csv_line(COLUMNS)
         text = self._text + csv_line(record.to_row())
@@ -340,6 +408,7 @@ class RunFolder:
         """Write one seed's trained and rewind weights (plain state_dicts, loadable with
         ``pathlift.models.load_model(<arch>, weights=...)``); the accuracy goes in the
         metadata. Each file is written whole or not at all, the trained one last."""
+        self.check_writable()
         for part, state in (("rewind", states.rewind), ("trained", states.trained)):
             meta = {"seed": str(states.seed), "accuracy": repr(states.accuracy)}
             write_bytes(self.dense_path(states.seed, part),
@@ -358,11 +427,13 @@ class RunFolder:
         states, accuracy = [], math.nan
         for p in paths:
             try:
-                with safe_open(str(p), framework="pt") as f:
-                    states.append({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
-                    accuracy = float((f.metadata() or {})["accuracy"])
-            except OSError as err:
+                state, metadata = read_safetensors(p)
+                states.append(state)
+                accuracy = float(metadata["accuracy"])
+            except OSError as err:  # the file is there but cannot be read: not damaged
                 raise describe(err, p, "read") from err
+            except PathliftError:  # too large for the memory limit: not damaged either
+                raise
             except Exception as err:  # safetensors' own error, a missing or bad accuracy
                 raise ResultsFileError(
                     f"'{p}' is damaged ({type(err).__name__}: {str(err)[:80]}); delete it to "
@@ -379,6 +450,7 @@ class RunFolder:
     def save_model(self, state: dict[str, Tensor], record: RunRecord) -> Path:
         """A run's final (pruned) network: its state_dict with the masks
         (``weight_orig``/``weight_mask``; ``load_model`` re-attaches them)."""
+        self.check_writable()
         path = write_bytes(self.model_path(record), safetensors_bytes(cpu_state(state)))
         self._wrote = True
         return path

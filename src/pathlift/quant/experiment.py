@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from pathlift.data import Split
+from pathlift.files import check_appendable
+from pathlift.graph.memory import check_samples
 from pathlift.quant.symmetry_aware import QuantReport, append_csv, compare
 from pathlift.symmetry import random_rescale
 
@@ -47,9 +49,12 @@ def compare_bits(model: nn.Module, input_shape: Sequence[int], bits: Sequence[in
     ``csv``, one row per report is appended, with the columns model (``name``),
     random_rescale and per_channel first.
     """
+    if csv is not None:
+        check_appendable(csv)  # a CSV that cannot take the rows is refused before any work
     if data is not None:
         inputs, labels = data.test.tensors
     else:
+        check_samples(samples, input_shape, "quantisation", 4)
         inputs, labels = torch.randn((samples, *input_shape),
                                      generator=torch.Generator().manual_seed(0)), None
     if rescale_seed is not None:

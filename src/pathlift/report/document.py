@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pathlift.files import write_text
+from pathlift.files import read_regular, write_text
 
 
 def _md_row(cells: Sequence[str]) -> str:
@@ -69,7 +69,7 @@ class Document:
                 body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>")
             else:
                 path, caption = value
-                data = base64.b64encode(path.read_bytes()).decode("ascii")
+                data = base64.b64encode(read_regular(path)).decode("ascii")
                 body.append(f'<figure><img src="data:image/png;base64,{data}" '
                             f'alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}'
                             "</figcaption></figure>")

@@ -123,8 +123,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
 
 def _model(model: str | nn.Module, input_shape: Sequence[int] | None, weights: str | None,
            data: Split | None) -> tuple[nn.Module, tuple[int, ...]]:
-    """The model and its input shape: given, else the checkpoint's or the factory's, else
-    the data's."""
+    """The model and its input shape: given, else the checkpoint's, else the data's, else
+    the architecture's (``load_model``'s order)."""
     from pathlift.models import load_model
 
     shape = None if input_shape is None else tuple(input_shape)
@@ -133,9 +133,4 @@ def _model(model: str | nn.Module, input_shape: Sequence[int] | None, weights: s
         if shape is None:
             raise ShapeError("give input_shape (or data) with an nn.Module")
         return model, shape
-    try:
-        return load_model(model, shape, weights)
-    except ShapeError:
-        if data is None:
-            raise
-        return load_model(model, data.input_shape, weights)
+    return load_model(model, shape, weights, data_shape=data.input_shape if data else None)

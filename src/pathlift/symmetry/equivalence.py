@@ -23,6 +23,7 @@ from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import flat_outputs, stored
 from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import refuse_shared_parameters
+from pathlift.graph.memory import check_samples
 from pathlift.graph.normalize import normalize
 from pathlift.graph.structure import paired_parameters
 
@@ -279,6 +280,7 @@ def equivalent(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph,
     gap = max((float((a.double() - b.double()).abs().max()) for _, a, b in pairs if a.numel()),
               default=0.0)
     relative = gap / scale if scale > 0 else gap
+    check_samples(samples, graph_a.input_shape, "comparing the outputs", 4)
     shape = (samples, *graph_a.input_shape)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(graph_a.dtype)
     with torch.no_grad():

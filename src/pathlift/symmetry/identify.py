@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import LayerGraph
 from pathlift.graph.channels import analyse
+from pathlift.graph.memory import check_samples
 from pathlift.graph.ops import Kind
 from pathlift.symmetry.jacobian import Parameterized, activation_patterns
 from pathlift.symmetry.obstructions import Obstructions, obstructions
@@ -102,8 +103,7 @@ class Identifiability:
 def _inputs(par: Parameterized, inputs: Tensor | int, seed: int) -> Tensor:
     shape = par.graph.input_shape
     if isinstance(inputs, int):
-        if inputs < 1:
-            raise InvalidParameterError(f"samples must be at least 1, got {inputs}")
+        check_samples(inputs, shape, "identifiability")
         generator = torch.Generator().manual_seed(seed)
         return torch.randn((inputs, *shape), generator=generator, dtype=torch.float64)
     if tuple(inputs.shape[1:]) != shape:

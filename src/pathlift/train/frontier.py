@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from pathlift.data import Digits, load_digits
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError
-from pathlift.files import atomic_write, write_text
+from pathlift.files import atomic_write, read_safetensors, write_text
 from pathlift.models import mlp, small_cnn
 from pathlift.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
 from pathlift.prune.results import RunFolder
@@ -283,11 +283,8 @@ def _imp(dataset: str, model_name: str, config: FrontierConfig, cache: dict[tupl
         seconds = (time.perf_counter() - start) / max(len(result.runs), 1)
         points = []
         if world.main:
-            from safetensors.torch import load_file
             for record in result.runs:
-                state = load_file(str(folder.path / "models" /
-                                      f"seed{record.seed}-{record.method}-{record.amount:g}"
-                                      ".safetensors"))
+                state, _ = read_safetensors(folder.model_path(record))
                 model = model_fn()
                 dense = {k.removesuffix("_orig"): v * state[k.removesuffix("_orig") + "_mask"]
                          if k.endswith("_orig") else v

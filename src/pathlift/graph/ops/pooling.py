@@ -159,13 +159,23 @@ class MaxPoolHandler(_Pooling):
                    else call.arg(6 if not self.adaptive else 2, "return_indices", False))
         if indices:
             return "max-pooling with return_indices=True (unpooling) is not a DAG neuron op"
-        x = call.args[0]
-        if not self.adaptive:  # probe one channel of real zeros: only the geometry matters
-            probe = call.run(torch.zeros((1, 1, *x.shape[2:]), dtype=torch.float32))
-            if torch.isinf(probe).any():
-                return ("a pooling window lies entirely in the padding (its output is -inf); "
-                        "reduce the padding or the dilation")
+        if not self.adaptive and self._window_in_padding(call):
+            return ("a pooling window lies entirely in the padding (its output is -inf); "
+                    "reduce the padding or the dilation")
         return None
+
+    def _window_in_padding(self, call: Call) -> bool:
+        """Whether some window holds only padding. A window is a product of one interval
+        per dimension, so it does iff its interval along some dimension does: probed one
+        dimension at a time on a line of real zeros (as many numbers as that dimension,
+        never the input's size); the output size comes from the op run on meta tensors."""
+        spatial = tuple(call.args[0].shape[2:])
+        out = call.run(torch.empty((1, 1, *spatial), device="meta")).shape[2:]
+        g = self.geometry(call)
+        return any(bool(torch.isinf(window_max(
+            torch.zeros((1, 1, n)), [g.kernel[i]], [g.stride[i]], [g.padding[i]],
+            [g.dilation[i]], [o])).any()) for i, (n, o) in enumerate(zip(spatial, out,
+                                                                         strict=True)))
 
     def abs_pow(self, x: Tensor, q: float, call: Call) -> tuple[Tensor, float]:
         out_spatial = call.node.meta["tensor_meta"].shape[2:]
