@@ -54,8 +54,8 @@ class Scaled:
         exponent = math.frexp(peak)[1]
         if abs(exponent) <= _DRIFT:
             return Scaled(t, log_scale)
-        factor = math.ldexp(1.0, -exponent)
-        t = t * factor if t.requires_grad else t.mul_(factor)
+        for step in _power_steps(-exponent):  # factors every float dtype holds exactly
+            t = t * step if t.requires_grad else t.mul_(step)
         return Scaled(t, log_scale + exponent * _LN2)
 
     def log(self) -> Tensor:
@@ -64,6 +64,14 @@ class Scaled:
 
 
 _LN2 = math.log(2.0)
+_STEP = 100  # 2^(+-100) is a normal float32: a peak from subnormal to huge in a few steps
+
+
+def _power_steps(exponent: int) -> list[float]:
+    """Powers of two, each within 2^(+-100), whose product is 2^exponent."""
+    sign = 1 if exponent > 0 else -1
+    whole, rest = divmod(abs(exponent), _STEP)
+    return [*[math.ldexp(1.0, sign * _STEP)] * whole, math.ldexp(1.0, sign * rest)]
 
 
 def _align(values: list[Scaled]) -> tuple[list[Tensor], float]:
@@ -228,13 +236,20 @@ class AbsPowInterpreter(ScaledWalker):
 
     def _affine(self, handler: AffineHandler, x: Tensor, log_scale: float, call: Call
                 ) -> Scaled:
-        """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q (|W/u|^q x e^s + |b/u|^q)
-        with u the layer's largest parameter when ``unit_weights`` is set."""
-        unit = handler.largest(call.module) if self.unit_weights else 1.0
-        gain = self.q * math.log(unit)
+        """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q |W/u|^q x e^s + v^q |b/v|^q
+        with (u, v) the layer's ``units``: |theta|^q itself never leaves the float range."""
+        unit, bias_unit = self.units(handler, call)
         return scaled_affine(lambda bias: self.weight_part(handler, x, call, bias, unit),
-                             log_scale + gain, self.bias_magnitude(handler, call, unit),
-                             handler.channel_dim, gain)
+                             log_scale + self.q * math.log(unit),
+                             self.bias_magnitude(handler, call, bias_unit),
+                             handler.channel_dim, self.q * math.log(bias_unit))
+
+    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+        """(u, v): the layer's weights and bias enter as |W/u|^q and |b/v|^q (a hook:
+        subclasses that supply their own magnitudes say which units they took). Powers
+        of two that bring the largest entries near 1 (``unit_of``); with
+        ``unit_weights``, the largest entries themselves."""
+        return handler.units(call.module, exact=self.unit_weights)
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:

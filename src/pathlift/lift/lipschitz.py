@@ -20,10 +20,10 @@ from torch import fx, nn
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import Call, LayerGraph, Scaled, graph_of
 from pathlift.graph.abs_pow import ScaledWalker, channel_bias, output_logs, scaled_affine
-from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
+from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler, abs_power
 from pathlift.graph.structure import lfcn_layers
 from pathlift.lift.path_metric import PathMetric, path_metric
-from pathlift.lift.path_norm import PathNorm, log_r_norm, path_norm
+from pathlift.lift.path_norm import PathNorm, check_finite, log_r_norm, path_norm
 from pathlift.logspace import LN10, format_log10, power10
 
 
@@ -84,17 +84,21 @@ class _ProductPass(ScaledWalker):
                                  + math.exp(log_c - peak), peak)
 
     def on_affine(self, handler: AffineHandler, call: Call) -> Scaled:
+        """||theta^{->v}||_q^q max_u M_u + |b_v|^q, the layer taken as u^q |W/u|^q and
+        v^q |b/v|^q (its ``units``), so that |theta|^q never leaves the float range."""
         if handler.out_dim != 0:
             raise self.unsupported(handler, call, " (a transposed convolution)")
         x = call.args[0]
         ones = torch.ones_like(x.mantissa)
         peak = handler.antecedent_max(x.mantissa, call.replace(x.mantissa))
-        y = handler.weight_part(ones, self.q, call.replace(ones)) * peak
+        unit, bias_unit = handler.units(call.module)
+        y = handler.weight_part(ones, self.q, call.replace(ones), unit=unit) * peak
         bias = handler.bias(call.module)
         dim = handler.channel_dim
         return scaled_affine(lambda b: y if b is None else y + channel_bias(b, y.dim(), dim),
-                             x.log_scale, None if bias is None else
-                             bias.to(torch.float64).abs().pow(self.q), dim)
+                             x.log_scale + self.q * math.log(unit), None if bias is None else
+                             abs_power(bias, self.q, torch.float64, unit=bias_unit), dim,
+                             self.q * math.log(bias_unit))
 
     def on_add(self, handler: Handler, call: Call) -> Scaled:
         raise self.unsupported(handler, call, " (a residual sum)")
@@ -129,7 +133,9 @@ def layer_norm_product(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     graph.check_values()
     with torch.no_grad():
         out = _ProductPass(graph, q).run()
-    total = float(log_r_norm(output_logs(out) / q, r))
+    logs = output_logs(out)
+    check_finite(graph, logs, f"Pi_(q={q:g}) of an output neuron")
+    total = float(log_r_norm(logs / q, r))
     return LayerNormProduct(q, r, total / LN10)
 
 

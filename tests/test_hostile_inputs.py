@@ -1,0 +1,270 @@
+"""Hostile and careless inputs of issue 29 (part B): every one gives the exact number or a
+typed error, on one line with exit status 2 at the command line, never a wrong number.
+
+Classes, each with several instances (the issue's, and some it does not list):
+
+1. Networks at the edges of the float range: every pass (path-norms, the product of layer
+   norms, the path-metric, path-magnitude scores, magnitude gradients, the differentiable
+   path-norm) at x1e+-150, x1e+-300 and subnormal weights (float64 networks; float32
+   networks at x1e+-15, x1e+-30 and subnormal), q in {0.5, 1, 2, 4}, against a pure-Python
+   log-domain computation (``_Oracle``: sums of logs with math.fsum, never a float
+   product) and the explicit path enumeration ``NeuronDAG``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nets import residual_cnn
+from pathlift.errors import PrecisionError
+from pathlift.graph.neurons import NeuronDAG
+from pathlift.lift import path_norm
+from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
+from pathlift.lift.lipschitz import layer_norm_product
+from pathlift.lift.path_metric import path_metric
+from pathlift.prune import path_magnitude_scores
+
+LN10 = math.log(10.0)
+QS = (0.5, 1.0, 2.0, 4.0)
+#: factors applied to every parameter; the last one of each dtype makes them subnormal
+FACTORS = {torch.float64: (1e150, 1e-150, 1e300, 1e-300, 1e-310),
+           torch.float32: (1e15, 1e-15, 1e30, 1e-30, 1e-40)}
+TOLERANCE = 1e-9  # on the natural log of every number: 1e-9 relative
+
+
+# --------------------------------------------------------------------------- 1. numbers
+class UserMLP(nn.Module):
+    """Written as users write them: layers in a ModuleList, functional ReLU."""
+
+    def __init__(self, widths: tuple[int, ...] = (3, 4, 3, 2), bias: bool = True):
+        super().__init__()
+        self.fc = nn.ModuleList(nn.Linear(a, b, bias=bias)
+                                for a, b in itertools.pairwise(widths))
+
+    def forward(self, x):
+        for layer in self.fc[:-1]:
+            x = F.relu(layer(x))
+        return self.fc[-1](x)
+
+
+def _mlp(factor: float, dtype: torch.dtype, seed: int = 0, bias: bool = True) -> UserMLP:
+    torch.manual_seed(seed)
+    model = UserMLP(bias=bias).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(factor)
+    assert all(bool(torch.isfinite(p).all() and (p != 0).any()) for p in model.parameters())
+    return model
+
+
+def _ln(x: float) -> float:
+    return math.log(abs(x)) if x else -math.inf
+
+
+def _lse(logs: list[float]) -> float:
+    """ln sum e^v, the sum by math.fsum of the terms scaled by the largest."""
+    top = max(logs, default=-math.inf)
+    if top == -math.inf:
+        return top
+    return top + math.log(math.fsum(math.exp(v - top) for v in logs))
+
+
+class _Oracle:
+    """Everything about an MLP's path-lifting in pure Python, in logs: the stored weights
+    read exactly (``tolist``), ln |w| summed along paths, sums by ``_lse``.
+
+    ``forward[l][j]`` = ln sum over the paths p ending at unit j of layer l of |Phi_p|^q
+    (l = 0: the inputs, 0); ``backward[l][j]`` = ln sum over the paths from unit j of
+    layer l (l >= 1) to an output of the product of their |w|^q (outputs: 0).
+    """
+
+    def __init__(self, model: UserMLP, q: float):
+        self.q = q
+        self.w = [m.weight.tolist() for m in model.fc]
+        self.b = [m.bias.tolist() if m.bias is not None else [0.0] * len(w)
+                  for m, w in zip(model.fc, self.w, strict=True)]
+        self.forward = [[0.0] * len(self.w[0][0])]
+        for w, b in zip(self.w, self.b, strict=True):
+            prev = self.forward[-1]
+            self.forward.append([_lse([q * _ln(b[j])] + [q * _ln(w[j][k]) + prev[k]
+                                                          for k in range(len(prev))])
+                                 for j in range(len(w))])
+        self.backward = [[0.0] * len(self.w[-1])]
+        for w in reversed(self.w[1:]):
+            after = self.backward[0]
+            self.backward.insert(0, [_lse([q * _ln(w[j][k]) + after[j] for j in range(len(w))])
+                                     for k in range(len(w[0]))])
+        self.backward.insert(0, [])  # layer l's outputs at index l, like ``forward``
+
+    def norm(self) -> float:
+        """ln ||Phi||_q."""
+        return _lse(self.forward[-1]) / self.q
+
+    def per_output(self) -> list[float]:
+        """ln ||Phi^{->v}||_q for each output v."""
+        return [v / self.q for v in self.forward[-1]]
+
+    def product(self) -> float:
+        """ln Pi_{q,q} (Def. 3.3.1): M_v = ||theta^{->v}||_q^q max_u M_u + |b_v|^q."""
+        m = [0.0] * len(self.w[0][0])
+        for w, b in zip(self.w, self.b, strict=True):
+            top = max(m)
+            m = [_lse([q_w + top, self.q * _ln(b[j])]) for j, q_w in
+                 enumerate(_lse([self.q * _ln(x) for x in row]) for row in w)]
+        return _lse(m) / self.q
+
+    def edge(self, layer: int, j: int, k: int) -> float:
+        """ln d||Phi||_q^q / d|w|^q for the weight w of unit j of fc[layer] from unit k."""
+        return self.forward[layer][k] + self.backward[layer + 1][j]
+
+
+def _close(got: float, expected: float, what: object) -> None:
+    assert abs(got - expected) <= TOLERANCE, (what, got, expected)
+
+
+def _logs(t: torch.Tensor) -> list[float]:
+    return [_ln(v) for v in t.reshape(-1).tolist()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("index", range(5), ids=["e+150", "e-150", "e+300", "e-300", "subnormal"])
+def test_path_norms_and_products_at_the_edges_of_the_float_range(dtype, index):
+    """x1e+300 once gave log10 ||Phi||_2 = nan, x1e-300 -inf, subnormals an OverflowError."""
+    factor = FACTORS[dtype][index]
+    model = _mlp(factor, dtype)
+    for q in QS:
+        oracle = _Oracle(model, q)
+        for mantissa in (torch.float64, dtype):
+            got = path_norm(model, (3,), q=q, r=q, dtype=mantissa)
+            tolerance = TOLERANCE if mantissa == torch.float64 else 1e-5
+            assert abs(got.log10 * LN10 - oracle.norm()) <= tolerance, (factor, q, mantissa)
+        for got_v, want_v in zip(path_norm(model, (3,), q=q, r=1.0).per_output_log10,
+                                 oracle.per_output(), strict=True):
+            _close(got_v * LN10, want_v, (factor, q, "per output"))
+        _close(layer_norm_product(model, (3,), q=q, r=q).log10 * LN10, oracle.product(),
+               (factor, q, "Pi"))
+        # a second oracle: explicit enumeration of the paths (NeuronDAG)
+        _close(NeuronDAG.from_module(model, (3,)).path_norm_log10(q, q) * LN10, oracle.norm(),
+               (factor, q, "NeuronDAG"))
+
+
+@pytest.mark.parametrize("factor", [1e150, 1e-150, 1e300, 1e-300, 1e-310])
+def test_conv_pool_batchnorm_network_at_the_edges_equals_enumeration(factor):
+    """Conv, eval BatchNorm, max-pool, a residual sum and average pooling at every scale."""
+    model = residual_cnn()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(factor)
+    dag = NeuronDAG.from_module(model, (2, 4, 4))
+    for q in QS:
+        _close(path_norm(model, (2, 4, 4), q=q, r=q).log10 * LN10,
+               dag.path_norm_log10(q, q) * LN10, (factor, q))
+
+
+#: a float64 scale holds values within e^+-700 of the largest (and keeps 1e-9 near the
+#: bottom of that range only above ~e^-690, where subnormals start losing digits)
+_HELD = 690.0
+
+
+def _entries_or_refusal(compute, expected: list[float], what: object):
+    """``compute()`` -> (logs of the entries, in order), compared with ``expected`` entry
+    by entry; or a PrecisionError, which is only right when ``expected`` spans more than
+    one float scale holds."""
+    spread = max(expected) - min(expected)
+    try:
+        got = compute()
+    except PrecisionError as err:
+        assert spread > _HELD, (what, spread, str(err))
+        return
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if e > max(expected) - _HELD:
+            _close(g, e, (what, i))
+
+
+@pytest.mark.parametrize("index", range(4), ids=["e+150", "e-150", "e+300", "e-300"])
+def test_scores_gradients_and_penalty_at_the_edges_of_the_float_range(index):
+    """Path-magnitude scores (q = 1), magnitude gradients and the differentiable
+    path-norm with its gradient, entry by entry against the oracle: exact, or refused
+    (PrecisionError) exactly when the entries span more than one float64 scale."""
+    model = _mlp(FACTORS[torch.float64][index], torch.float64)
+    one = _Oracle(model, 1.0)
+    expected = [_ln(w) + one.edge(layer, j, k) for layer in range(len(model.fc))
+                for j, row in enumerate(one.w[layer]) for k, w in enumerate(row)]
+    expected += [_ln(b) + one.backward[layer + 1][j] for layer in range(len(model.fc))
+                 for j, b in enumerate(one.b[layer])]
+
+    def scores() -> list[float]:
+        found = path_magnitude_scores(model, (3,), include_biases=True)
+        shift = found.log10_scale * LN10
+        return [v + shift for part in ("weight", "bias") for layer in range(len(model.fc))
+                for v in _logs(found.tensors[f"fc.{layer}.{part}"])]
+
+    _entries_or_refusal(scores, expected, "scores")
+    for q in (1.0, 2.0):
+        oracle = _Oracle(model, q)
+        wanted = [oracle.edge(layer, j, k) for layer in range(len(model.fc))
+                  for j, row in enumerate(oracle.w[layer]) for k in range(len(row))]
+        wanted += [v for layer in range(len(model.fc)) for v in oracle.backward[layer + 1]]
+
+        def gammas(q: float = q) -> list[float]:
+            found = magnitude_gradients(model, (3,), q=q)
+            return [v + found.log_scale for part in ("weight", "bias") for fc in model.fc
+                    for v in _logs(found.mantissas[getattr(fc, part)])]
+
+        _entries_or_refusal(gammas, wanted, ("gammas", q))
+        model.zero_grad()
+        value = differentiable_path_norm(model, (3,), q=q)
+        value.backward()
+        _close(value.item(), oracle.norm(), ("penalty", q))
+        total = q * oracle.norm()  # d ln||Phi||_q / dw = sign(w) |w|^(q-1) e^(edge - total)
+        for layer, fc in enumerate(model.fc):
+            grads = fc.weight.grad.tolist()
+            for j, row in enumerate(oracle.w[layer]):
+                for k, w in enumerate(row):
+                    want = (q - 1) * _ln(w) + oracle.edge(layer, j, k) - total
+                    if want > -_HELD:  # float64 holds it with 1e-9
+                        _close(_ln(grads[j][k]), want, ("gradient", q, layer, j, k))
+                        assert math.copysign(1, grads[j][k]) == math.copysign(1, w)
+
+
+@pytest.mark.parametrize("factor", [1e150, 1e-150, 1e300, 1e-300, 1e-310])
+def test_path_metric_at_the_edges_of_the_float_range(factor):
+    """The exact case (Lemma 3.4.1): theta' = theta with the output layer's weights halved,
+    d = (1/2) sum over the paths through them of |Phi_p(theta)|."""
+    model = _mlp(factor, torch.float64)
+    pruned = _mlp(factor, torch.float64)
+    with torch.no_grad():
+        pruned.fc[-1].weight.mul_(0.5)
+    found = path_metric(model, pruned, (3,))
+    oracle = _Oracle(model, 1.0)
+    last = len(model.fc) - 1
+    expected = math.log(0.5) + _lse([_ln(w) + oracle.forward[last][k]
+                                     for row in oracle.w[last] for k, w in enumerate(row)])
+    if expected - oracle.norm() > math.log(1e-12):  # float64 resolves it: exact
+        assert found.exact
+        _close(found.lower_log10 * LN10, expected, factor)
+    else:  # d / ||Phi||_1 ~ 1e-150 at x1e-150 (the output bias dominates): never "d = 0"
+        assert not found.exact and "precision" in found.reason
+        assert found.lower_log10 * LN10 <= expected <= found.upper_log10 * LN10
+
+
+@pytest.mark.parametrize("q", QS)
+def test_layers_at_opposite_ends_of_the_range(q):
+    """Not in the issue: each layer far from 1 but Phi near it (x1e+300 then x1e-300, and
+    the reverse), and a bias 1e+300 times its weights: the scaling is per tensor."""
+    for first, second in ((1e300, 1e-300), (1e-300, 1e300), (1e-170, 2e-170)):
+        model = _mlp(1.0, torch.float64, seed=3)
+        with torch.no_grad():
+            model.fc[0].weight.mul_(first)
+            model.fc[1].weight.mul_(second)
+            model.fc[2].bias.mul_(1 / first)
+        oracle = _Oracle(model, q)
+        _close(path_norm(model, (3,), q=q, r=q).log10 * LN10, oracle.norm(), (first, q))
+        _close(layer_norm_product(model, (3,), q=q, r=q).log10 * LN10, oracle.product(),
+               (first, q, "Pi"))
