@@ -9,20 +9,27 @@ Classes, each with several instances (the issue's, and some it does not list):
    networks at x1e+-15, x1e+-30 and subnormal), q in {0.5, 1, 2, 4}, against a pure-Python
    log-domain computation (``_Oracle``: sums of logs with math.fsum, never a float
    product) and the explicit path enumeration ``NeuronDAG``.
+2. Data files and datasets: checked when loaded (``load_data``), one line naming the file:
+   encodings (a byte-order mark is read, Latin-1 refused), header-only and ragged CSVs,
+   non-finite, complex, text and object inputs, labels that are not class indices (checked
+   before any cast), one class, every zip and Pillow error, items that are not pairs.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nets import residual_cnn
-from pathlift.errors import PrecisionError
+from pathlift.data import load_data
+from pathlift.errors import InvalidParameterError, PathliftError, PrecisionError
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
@@ -268,3 +275,157 @@ def test_layers_at_opposite_ends_of_the_range(q):
         _close(path_norm(model, (3,), q=q, r=q).log10 * LN10, oracle.norm(), (first, q))
         _close(layer_norm_product(model, (3,), q=q, r=q).log10 * LN10, oracle.product(),
                (first, q, "Pi"))
+
+
+# --------------------------------------------------------------------------- 2. data files
+def _xy(n: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 4)), np.arange(n) % 3
+
+
+def _csv_text(x: np.ndarray, y: np.ndarray, header: bool = True) -> str:
+    rows = [",".join(["a", "b", "c", "d", "label"])] if header else []
+    rows += [",".join([*(repr(float(v)) for v in xi), str(yi)]) for xi, yi in zip(x, y,
+                                                                                strict=True)]
+    return "\n".join(rows) + "\n"
+
+
+def test_a_csv_with_a_byte_order_mark_gives_the_same_split_as_without(tmp_path):
+    """Once: the label column was not found, the last pixel became the label (17 classes)."""
+    x, y = _xy()
+    (tmp_path / "plain.csv").write_text(_csv_text(x, y), encoding="utf-8")
+    (tmp_path / "bom.csv").write_text(_csv_text(x, y), encoding="utf-8-sig")
+    assert (tmp_path / "bom.csv").read_bytes()[:3] == b"\xef\xbb\xbf"
+    plain, bom = load_data(str(tmp_path / "plain.csv")), load_data(str(tmp_path / "bom.csv"))
+    assert bom.num_classes == plain.num_classes == 3 and bom.input_shape == (4,)
+    for a, b in ((plain.train, bom.train), (plain.test, bom.test)):
+        assert torch.equal(a.tensors[0], b.tensors[0])
+        assert torch.equal(a.tensors[1], b.tensors[1])
+    assert sorted(torch.cat([bom.train.tensors[1], bom.test.tensors[1]]).tolist()) == \
+        sorted(y.tolist())
+
+
+def _write(path: Path, content: object) -> str:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, str):
+        path.write_text(content, encoding="utf-8")
+    else:
+        np.savez(path, **content)
+    return str(path)
+
+
+_X, _Y = _xy()
+_NAN_TEST = {"x_train": _X, "y_train": _Y, "x_test": np.where(np.eye(40, 4) > 0, np.nan, _X),
+             "y_test": _Y}
+#: (file name, content, what the one-line error says); bytes and str are written as they
+#: are, a dict with numpy.savez
+BAD_FILES = {
+    "latin-1 csv": ("a.csv", "caf\xe9,b,label\n1,2,0\n3,4,1\n".encode("latin-1"), "not UTF-8"),
+    "cp1252 csv": ("b.csv", "x,\u2019y,label\n1,2,0\n3,4,1\n".encode("cp1252"), "not UTF-8"),
+    "header-only csv": ("c.csv", "a,b,label\n", "header and no samples"),
+    "ragged csv": ("d.csv", "a,b,label\n1,2,0\n3,1\n", "line 3: 2 fields"),
+    "string labels csv": ("e.csv", "a,b,label\n1,2,cat\n3,4,dog\n", "'cat' is not a number"),
+    "NaN in the test inputs": ("f.npz", _NAN_TEST, "NaN or inf"),
+    "inf inputs": ("g.npz", {"x": np.full((40, 4), np.inf), "y": _Y}, "NaN or inf"),
+    "inputs beyond float32": ("h.npz", {"x": _X * 1e300, "y": _Y}, "beyond float32"),
+    "label 1e300": ("i.npz", {"x": _X, "y": np.where(_Y == 2, 1e300, _Y)}, "integer class"),
+    "negative label": ("j.npz", {"x": _X, "y": _Y - 1}, "integer class"),
+    "fractional label": ("k.npz", {"x": _X, "y": _Y + 0.5}, "integer class"),
+    "string labels npz": ("l.npz", {"x": _X, "y": _Y.astype(str)}, "labels are text"),
+    "one class": ("m.npz", {"x": _X, "y": np.zeros(40)}, "at least two classes"),
+    "one-class csv": ("n.csv", _csv_text(_X, np.ones(40, dtype=int)), "at least two classes"),
+    "complex inputs": ("o.npz", {"x": _X + 1j, "y": _Y}, "complex"),
+    "text inputs": ("p.npz", {"x": _X.astype(str), "y": _Y}, "inputs are text"),
+    "object arrays": ("q.npz", {"x": np.array([[1, "a"]] * 40, dtype=object), "y": _Y},
+                      "not a readable .npz"),
+    "0-d arrays": ("r.npz", {"x": np.array(5.0), "y": np.array(1)}, "one array of values"),
+    "one value per sample": ("s.npz", {"x": _X[:, 0], "y": _Y}, "one array of values"),
+    "zero-byte npz": ("t.npz", b"", "not a readable .npz"),
+    "not a zip": ("u.npz", b"PK\x03\x04 this is not a zip file at all", "not a readable .npz"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_data_files_are_one_typed_line_naming_the_file(case, tmp_path):
+    name, content, says = BAD_FILES[case]
+    spec = _write(tmp_path / name, content)
+    with pytest.raises(InvalidParameterError) as err:
+        load_data(spec)
+    assert says in str(err.value) and name in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_truncated_npz_is_one_line(tmp_path):
+    np.savez_compressed(tmp_path / "full.npz", x=_X, y=_Y)
+    data = (tmp_path / "full.npz").read_bytes()
+    for cut in (len(data) // 3, len(data) - 30):
+        (tmp_path / "cut.npz").write_bytes(data[:cut])
+        with pytest.raises(InvalidParameterError, match=r"cut\.npz' is not a readable \.npz"):
+            load_data(str(tmp_path / "cut.npz"))
+
+
+def _image_folder(root: Path) -> Path:
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 255, (6, 6), dtype=np.uint8), mode="L").save(
+                root / f"class{c}" / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("damage", ["zero-byte", "truncated", "corrupt", "text"])
+def test_every_pillow_error_is_one_line_naming_the_image(damage, tmp_path):
+    root = _image_folder(tmp_path / "images")
+    victim = root / "class1" / "2.png"
+    data = victim.read_bytes()
+    victim.write_bytes({"zero-byte": b"", "truncated": data[:len(data) // 2],
+                        "corrupt": data[:16] + bytes(len(data) - 16),
+                        "text": b"hello, not an image"}[damage])
+    with pytest.raises(InvalidParameterError, match=r"2\.png' is not a readable image"):
+        load_data(str(root))
+    assert load_data(str(_image_folder(tmp_path / "good"))).num_classes == 2
+
+
+class _Dicts(torch.utils.data.Dataset):
+    """A dataset whose items are dicts, as Hugging Face datasets give them."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        return {"image": torch.ones(4) * i, "label": i % 2}
+
+
+CALLABLES = {
+    "dicts": ("(_Dicts(), _Dicts())", "item 0 is a dict"),
+    "triples": ("([(torch.ones(4), 0, 'x')] * 4, [(torch.ones(4), 1, 'x')] * 4)",
+                "item 0 is a tuple of 3"),
+    "lone tensors": ("([torch.ones(4)] * 4, [torch.ones(4)] * 4)", "item 0 is a Tensor"),
+    "fractional labels": ("([(torch.ones(4), 0.5)] * 4, [(torch.ones(4), 1)] * 4)",
+                          "integer class"),
+    "complex tensors": ("(TensorDataset(torch.ones(4, 2, dtype=torch.cfloat), "
+                        "torch.tensor([0, 1, 0, 1])),) * 2", "complex"),
+    "NaN in a Split": ("Split(TensorDataset(torch.ones(4, 2), torch.tensor([0, 1, 0, 1])), "
+                       "TensorDataset(torch.full((2, 2), float('nan')), torch.tensor([0, 1])),"
+                       " (2,), 2)", "NaN or inf"),
+    "ragged inputs": ("([(torch.ones(4), 0), (torch.ones(3), 1)],) * 2", "every input needs"),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLABLES))
+def test_datasets_whose_items_are_not_pairs_are_one_line(case, tmp_path, monkeypatch):
+    body, says = CALLABLES[case]
+    module = f"hostile_data_{list(CALLABLES).index(case)}"  # one module name per case
+    (tmp_path / f"{module}.py").write_text(
+        "import torch\nfrom torch.utils.data import TensorDataset\n"
+        "from pathlift.data import Split\n"
+        "from test_hostile_inputs import _Dicts\n"
+        f"def load():\n    return {body}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    with pytest.raises(PathliftError) as err:
+        load_data(f"{module}:load")
+    assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
