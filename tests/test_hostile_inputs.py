@@ -13,12 +13,19 @@ Classes, each with several instances (the issue's, and some it does not list):
    encodings (a byte-order mark is read, Latin-1 refused), header-only and ragged CSVs,
    non-finite, complex, text and object inputs, labels that are not class indices (checked
    before any cast), one class, every zip and Pillow error, items that are not pairs.
+3. Run folders: a changed ``forward`` is named on resume, hand-edited rows and files of
+   the wrong kind are refused before anything is computed, a network is written before
+   its row (a SIGKILL between them loses nothing), ``--csv`` never appends under another
+   table's header.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
+import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cli_runner import invoke
 from nets import residual_cnn
 from pathlift.data import load_data
 from pathlift.errors import InvalidParameterError, PathliftError, PrecisionError
@@ -35,7 +43,8 @@ from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.lift.lipschitz import layer_norm_product
 from pathlift.lift.path_metric import path_metric
-from pathlift.prune import path_magnitude_scores
+from pathlift.prune import PruneConfig, RunFolder, path_magnitude_scores, prune_rewind_retrain
+from pathlift.prune.results import COLUMNS, ResultsFileError, RunRecord
 
 LN10 = math.log(10.0)
 QS = (0.5, 1.0, 2.0, 4.0)
@@ -429,3 +438,173 @@ def test_datasets_whose_items_are_not_pairs_are_one_line(case, tmp_path, monkeyp
     with pytest.raises(PathliftError) as err:
         load_data(f"{module}:load")
     assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+# --------------------------------------------------------------------------- 3. run folders
+GRID = PruneConfig(amounts=(0.5, 0.7), methods=("magnitude-global",), seeds=(0,), epochs=2,
+                   rewind_epoch=1, rescaled=(False,))
+
+
+class Twin(nn.Module):
+    """One set of parameters, two forwards (``variant``): the user edits forward between
+    a run and its resume."""
+
+    variant = "relu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = self.a(x.flatten(1))
+        return self.b(F.relu(h) if self.variant == "relu" else F.relu(-h))
+
+
+def _twin() -> nn.Module:
+    return Twin()
+
+
+def _no_training(model: nn.Module, epochs: int, phase) -> None:
+    for _ in phase.epochs(epochs):
+        pass
+
+
+def _run(out: Path, model_fn=_twin, train=_no_training, evaluate=lambda m: 0.5, **kwargs):
+    return prune_rewind_retrain(model_fn, (1, 8, 8), train, evaluate, GRID,
+                                folder=RunFolder(out), **kwargs)
+
+
+def test_a_changed_forward_is_named_on_resume(tmp_path, monkeypatch):
+    """Once: the manifest held the class and parameter shapes only, and the runs of two
+    different networks were mixed in one runs.csv."""
+    _run(tmp_path / "out")
+    before = (tmp_path / "out" / "runs.csv").read_bytes()
+    monkeypatch.setattr(Twin, "variant", "flipped")
+    with pytest.raises(InvalidParameterError, match="other settings: forward was") as err:
+        _run(tmp_path / "out")
+    assert "Twin: " in str(err.value) and "\n" not in str(err.value)
+    assert (tmp_path / "out" / "runs.csv").read_bytes() == before
+    monkeypatch.setattr(Twin, "variant", "relu")  # the original forward resumes
+    assert len(_run(tmp_path / "out").runs) == 2
+
+
+#: (column, value written, what the error says): values a hand edit may leave
+EDITS = {
+    "accuracy inf": ("accuracy", "inf", "accuracy inf is not in [0, 1]"),
+    "accuracy -5": ("accuracy", "-5.0", "accuracy -5.0 is not in [0, 1]"),
+    "accuracy nan": ("dense_accuracy", "nan", "dense_accuracy nan is not in [0, 1]"),
+    "sparsity 2": ("sparsity", "2.0", "sparsity 2.0 is not in [0, 1]"),
+    "world_size 7": ("world_size", "7", "world_size 7 differs from the folder's 1"),
+    "amount outside the grid": ("amount", "0.9", "amount 0.9 is not one of the folder's"),
+    "seed outside the grid": ("seed", "3", "seed 3 is not one of the folder's seeds"),
+    "unknown method": ("method", "random", "method 'random' is not one of"),
+    "other spread": ("spread", "runs", "spread 'runs' differs"),
+    "other rounds": ("rounds", "4", "rounds 4 differs"),
+    "overlap 500": ("overlap", "500.0", "overlap 500.0 is not a percentage"),
+    "digest": ("mask_digest", "xyz", "mask_digest 'xyz' is not 16 hex digits"),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_hand_edited_rows_are_refused_before_anything_is_computed(edit, tmp_path):
+    column, value, says = EDITS[edit]
+    out = tmp_path / "out"
+    _run(out)
+    lines = (out / "runs.csv").read_text().splitlines()
+    cells = lines[2].split(",")
+    cells[COLUMNS.index(column)] = value
+    lines[2] = ",".join(cells)
+    (out / "runs.csv").write_text("\n".join(lines) + "\n")
+    before = (out / "runs.csv").read_bytes()
+    calls = []
+    with pytest.raises(ResultsFileError) as err:
+        _run(out, train=lambda *a: calls.append(a))
+    assert f"runs.csv' line 3: {says}" in str(err.value) and "\n" not in str(err.value)
+    assert not calls and (out / "runs.csv").read_bytes() == before
+    with pytest.raises(ResultsFileError, match="line 3"):
+        RunFolder(out).records()  # read without opening: checked against the manifest too
+
+
+@pytest.mark.parametrize("name", ["runs.csv", "manifest.json", "dense"])
+def test_a_results_file_of_the_wrong_kind_fails_before_any_training(name, tmp_path):
+    """Once: runs.csv replaced by a folder recomputed every run, then failed at the first
+    row."""
+    out = tmp_path / "out"
+    _run(out)
+    target = out / name
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    target.mkdir() if name != "dense" else target.write_text("not a folder")
+    calls = []
+    with pytest.raises(ResultsFileError, match=f"'{target}' is not a") as err:
+        _run(out, train=lambda *a: calls.append(a))
+    assert not calls and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", [95.0, math.nan, -0.1, "0.5", None])
+def test_an_evaluate_that_is_not_an_accuracy_is_refused_before_it_is_written(value, tmp_path):
+    with pytest.raises(InvalidParameterError, match="must return an accuracy"):
+        _run(tmp_path / "out", evaluate=lambda m: value)
+    assert not (tmp_path / "out" / "runs.csv").exists()
+
+
+def _killed_at_the_row(out: Path, row: int) -> int:
+    """Run the protocol with --save-models in a forked child that SIGKILLs itself when it
+    is about to write its ``row``-th row (its network written just before): the exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            written = []
+            real = RunFolder.append
+
+            def append(self, record):
+                written.append(record)
+                if len(written) == row:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                real(self, record)
+
+            RunFolder.append = append
+            _run(out, save_models=True)
+        finally:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _every_row_has_its_network(out: Path) -> list[RunRecord]:
+    folder = RunFolder(out)
+    records = folder.records()
+    assert all(folder.model_path(r).is_file() for r in records)
+    return records
+
+
+def test_a_kill_between_a_network_and_its_row_loses_nothing(tmp_path):
+    """Once: the row was written first, and a kill before the network lost it for good
+    (resume saw the row and skipped the run)."""
+    out = tmp_path / "out"
+    assert _killed_at_the_row(out, 2) == -signal.SIGKILL
+    assert len(_every_row_has_its_network(out)) == 1
+    result = _run(out, save_models=True)
+    assert len(result.runs) == 2 and len(_every_row_has_its_network(out)) == 2
+    # a folder left by the old order (a row without its network): that run is redone
+    lost = RunFolder(out).model_path(result.runs[0])
+    lost.unlink()
+    again = _run(out, save_models=True)
+    assert [r.to_row() for r in again.runs] == [r.to_row() for r in result.runs]
+    assert lost.is_file() and len(_every_row_has_its_network(out)) == 2
+
+
+def test_a_csv_under_another_header_is_refused_not_appended(tmp_path):
+    """``--csv`` once appended depth or quantisation rows under any file's header."""
+    from pathlift.files import append_rows
+
+    table = tmp_path / "mine.csv"
+    table.write_text("name,score\nalice,3\n")
+    with pytest.raises(InvalidParameterError, match="holds another table"):
+        append_rows(table, ["model", "depth"], [["mlp", 3]])
+    assert table.read_text() == "name,score\nalice,3\n"
+    result = invoke("depth", "--model", "C10k-B12c", "--depths", "4", "--seeds", "1",
+                    "--samples", "16", "--csv", str(table))
+    assert result.exit_code == 2 and "holds another table" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+    append_rows(tmp_path / "new.csv", ["model", "depth"], [["mlp", 3]])
+    append_rows(tmp_path / "new.csv", ["model", "depth"], [["mlp", 4]])  # its own: appended
+    assert (tmp_path / "new.csv").read_text() == "model,depth\nmlp,3\nmlp,4\n"
