@@ -17,6 +17,9 @@ Classes, each with several instances (the issue's, and some it does not list):
    the wrong kind are refused before anything is computed, a network is written before
    its row (a SIGKILL between them loses nothing), ``--csv`` never appends under another
    table's header.
+4. Command lines: every broken input is one line on stderr with exit status 2 (counts of
+   0, NaN bounds, input shapes too small, inconsistent torchrun variables, a dead rank 0,
+   a full or closed standard output), and what no check foresaw one line with status 1.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import math
 import os
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -608,3 +614,137 @@ def test_a_csv_under_another_header_is_refused_not_appended(tmp_path):
     append_rows(tmp_path / "new.csv", ["model", "depth"], [["mlp", 3]])
     append_rows(tmp_path / "new.csv", ["model", "depth"], [["mlp", 4]])  # its own: appended
     assert (tmp_path / "new.csv").read_text() == "model,depth\nmlp,3\nmlp,4\n"
+
+
+# --------------------------------------------------------------------------- 4. one line
+def _one_line(result, says: str, status: int = 2) -> None:
+    """Exit ``status`` with one 'Error: ...' line holding ``says`` and no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == status, result.output
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0], lines
+    assert "Traceback" not in result.output
+
+
+#: command lines that once printed a traceback, an empty table or nan (exit 0)
+BROKEN = {
+    "depth --seeds 0 (empty table)": (["depth", "--model", "C10k-B12c", "--depths", "4",
+                                       "--seeds", "0", "--samples", "16"], "seeds must be"),
+    "depth --samples 0": (["depth", "--model", "C10k-B12c", "--depths", "4", "--seeds", "1",
+                           "--samples", "0"], "n_samples must be"),
+    "quantize --samples 0": (["quantize", "mlp", "--samples", "0"], "samples must be"),
+    "quantize --samples -5": (["quantize", "mlp", "--samples", "-5"], "samples must be"),
+    "rescale --samples 0": (["rescale", "mlp", "--samples", "0"], "samples must be"),
+    "normalize --samples 0": (["normalize", "mlp", "--samples", "0"], "samples must be"),
+    "identify --samples 0": (["identify", "mlp", "--samples", "0"], "samples must be"),
+    "lipschitz --x-inf nan (printed nan)": (["lipschitz", "mlp", "--x-inf", "nan"],
+                                            "x_inf must be a finite number"),
+    "lipschitz --x-inf -1": (["lipschitz", "mlp", "--x-inf", "-1"], "x_inf must be"),
+    "identify --scale nan": (["identify", "mlp", "--scale", "nan"], "scale must be"),
+    "equivalent --tolerance nan": (["equivalent", "mlp", "mlp", "--tolerance", "nan"],
+                                   "tolerance must be"),
+    "equivalent --tolerance -1": (["equivalent", "mlp", "mlp", "--tolerance", "-1"],
+                                  "tolerance must be"),
+    "kron-bench --repeats 0": (["kron-bench", "--repeats", "0"], "repeats must be"),
+    "kron-bench --every 0": (["kron-bench", "--every", "0"], "every must be"),
+    "kron-bench --max-dense 1": (["kron-bench", "--max-dense", "1"], "no pattern of the grid"),
+    "kron-design --batch 0": (["kron-design", "64", "64", "--batch", "0"], "batch must be"),
+    "input shape too small for pooling": (["norm", "small_cnn", "--input-shape", "1", "1",
+                                           "1"], "'features.2' (MaxPool2d) cannot take"),
+    "vgg11 at 8x8": (["summary", "vgg11", "--input-shape", "3", "8", "8"], "MaxPool2d"),
+    "rescale --factor 1e308 (read as NaN weights)": (["rescale", "mlp", "--factor", "1e308"],
+                                                     "rescaling takes '1.weight' out of"),
+    "rescale --factor 1e-320": (["rescale", "mlp", "--factor", "1e-320"], "out of torch."),
+    "digits --test-fraction 0.999": (["bounds", "mlp", "--data", "digits", "--test-fraction",
+                                      "0.999"], "fewer samples than the 10 classes"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_command_lines_are_one_line_with_status_2(case):
+    args, says = BROKEN[case]
+    _one_line(invoke(*args), says)
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK=5 with WORLD_SIZE=2"),  # once: read as a timeout
+    ({"RANK": "0", "WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not an integer"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1 with WORLD_SIZE=2"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "99999"}, "MASTER_PORT=99999"),
+])
+def test_an_inconsistent_torchrun_environment_is_one_line_at_once(env, says, monkeypatch,
+                                                                   tmp_path):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29555")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = invoke("prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1",
+                    "--seeds", "1", "--amount", "0.5", "--out", str(tmp_path / "out"))
+    _one_line(result, says)
+    assert not (tmp_path / "out").exists()
+
+
+def _pathlift(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pathlift.cli", *args], text=True,
+                          stderr=subprocess.PIPE, timeout=300, **kwargs)
+
+
+def test_a_full_or_closed_standard_output_is_one_line():
+    """Once: /dev/full ended in a traceback, a closed stdout exited 0 having printed
+    nothing."""
+    with open("/dev/full", "w") as full:
+        done = _pathlift("summary", "mlp", stdout=full)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "Error: cannot write to standard output (No space left on " \
+                                  "device); the results were not printed"
+    closed = _pathlift("summary", "mlp", stdout=subprocess.DEVNULL,
+                       preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr.strip().startswith("Error: standard output is closed")
+
+
+DYING = """
+import os
+from pathlift.distributed import launched
+with launched():
+    os._exit(3)  # rank 0 is killed right after the rendezvous
+"""
+
+
+def test_the_surviving_rank_of_a_dead_rank_0_is_one_line(tmp_path):
+    """Once: gloo's "Connection closed by peer" ended the surviving rank in a traceback."""
+    (tmp_path / "dying.py").write_text(DYING)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    rank0 = subprocess.Popen([sys.executable, "dying.py"], cwd=tmp_path,
+                             env={**env, "RANK": "0", "LOCAL_RANK": "0"})
+    try:
+        rank1 = subprocess.run(
+            [sys.executable, "-m", "pathlift.cli", "--timeout", "60", "prune", "--model",
+             "mlp", "--epochs", "2", "--rewind-epoch", "1", "--seeds", "1", "--amount", "0.5",
+             "--out", str(tmp_path / "out")], cwd=tmp_path, env={**env, "RANK": "1",
+                                                                 "LOCAL_RANK": "1"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=240)
+    finally:
+        rank0.wait(timeout=60)
+    lines = rank1.stderr.strip().splitlines()
+    assert rank1.returncode == 2 and len(lines) == 1, rank1.stderr
+    assert lines[0].startswith("Error: rank 1: lost the connection to another rank")
+
+
+def test_an_unexpected_exception_is_one_line_saying_it_is_a_bug(monkeypatch):
+    """The last net: what no check foresaw is one line with status 1 (a bug, not the
+    user's input), and --debug shows the traceback."""
+    import pathlift.lift as module
+
+    def broken(*args, **kwargs):
+        raise KeyError("an internal table")
+
+    monkeypatch.setattr(module, "path_norms", broken)
+    _one_line(invoke("norm", "mlp"), "internal error, not your input (KeyError", status=1)
+    with pytest.raises(KeyError):
+        from pathlift.cli import app
+        from pathlift.cli_support import run
+        run(app, ["--debug", "norm", "mlp"])

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from pathlift.errors import check_count
+
 
 def round_robin(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
                 device: torch.device | str = "cpu", min_sample: float = 2e-3,
@@ -33,6 +35,7 @@ def round_robin(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
     fresh copy of a model, an in-place weight update) runs untimed before every timed
     call, and a sample is that one call. ``min_sample=0`` times single calls.
     """
+    repeats = check_count("repeats", repeats)
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from pathlift.errors import UnsupportedModelError
+from pathlift.errors import UnsupportedModelError, check_number
 from pathlift.graph import Call, LayerGraph, Scaled, graph_of
 from pathlift.graph.abs_pow import ScaledWalker, channel_bias, output_logs, scaled_affine
 from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler, abs_power
@@ -191,6 +191,7 @@ def lipschitz_params(model_a: nn.Module | LayerGraph, model_b: nn.Module | Layer
                      input_shape: Sequence[int] | None = None, x_inf: float = 1.0
                      ) -> ParameterLipschitz:
     """max(||x||_inf, 1) d(theta, theta') (thesis Cor. 3.4.1) for ||x||_inf <= ``x_inf``."""
+    x_inf = check_number("x_inf", x_inf, 0.0)
     graph_a = graph_of(model_a, input_shape)
     graph_b = graph_of(model_b, graph_a.input_shape)
     metric = path_metric(graph_a, graph_b)
@@ -227,6 +228,7 @@ def lipschitz_bounds(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
                      x_inf: float = 1.0) -> LipschitzBounds:
     """``lipschitz_input(model, input_shape, r)`` and, with ``other``, ``lipschitz_params(
     model, other, input_shape, x_inf)``, in one call (``pathlift lipschitz``)."""
+    x_inf = check_number("x_inf", x_inf, 0.0)  # checked also when no second model uses it
     params = None if other is None else lipschitz_params(model, other, input_shape, x_inf)
     return LipschitzBounds(lipschitz_input(model, input_shape, r), params)
 

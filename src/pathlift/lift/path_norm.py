@@ -128,8 +128,9 @@ def check_finite(graph: LayerGraph, logs: Tensor, what: str) -> None:
         return
     graph.check_values()
     raise PrecisionError(f"{what} came out {'NaN' if bool(logs.isnan().any()) else 'inf'} "
-                         "although every parameter is finite; please report this network "
-                         "(pathlift --debug shows where)")
+                         "although every parameter is finite: beyond what scaling in log "
+                         "space covers (an extreme q?), else a bug to report (pathlift "
+                         "--debug shows where)")
 
 
 def _support(graph: LayerGraph) -> Tensor:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from pathlift.data import Split
+from pathlift.errors import check_count
 from pathlift.quant.symmetry_aware import QuantReport, append_csv, compare
 from pathlift.symmetry import random_rescale
 
@@ -47,6 +48,7 @@ def compare_bits(model: nn.Module, input_shape: Sequence[int], bits: Sequence[in
     ``csv``, one row per report is appended, with the columns model (``name``),
     random_rescale and per_channel first.
     """
+    samples = check_count("samples", samples)
     if data is not None:
         inputs, labels = data.test.tensors
     else:
