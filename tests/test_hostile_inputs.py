@@ -24,14 +24,17 @@ Classes, each with several instances (the issue's, and some it does not list):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -255,6 +258,23 @@ def test_scores_gradients_and_penalty_at_the_edges_of_the_float_range(index):
                         assert math.copysign(1, grads[j][k]) == math.copysign(1, w)
 
 
+def test_a_zero_bias_keeps_its_magnitude_gradient():
+    """gamma_b = d||Phi||_2^2 / d|b|^2 does not depend on b: a BatchNorm whose folded bias
+    c is 0 (zero running mean and bias, as at initialisation) once got gamma 0, and
+    Path-SGD never moved its bias. Expected: the sum over its neurons' outgoing paths,
+    here the squared Linear weights reading each channel (2 x 2 positions)."""
+    for shift in (0.0, 1e-3):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.ReLU(),
+                              nn.Flatten(), nn.Linear(12, 2)).double().eval()
+        with torch.no_grad():
+            model[1].bias.fill_(shift)
+        found = magnitude_gradients(model, (1, 4, 4), q=2.0)
+        expected = model[4].weight.detach().pow(2).reshape(2, 3, 4).sum(dim=(0, 2))
+        torch.testing.assert_close(found.mantissas[model[1].bias] * math.exp(found.log_scale),
+                                   expected, rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize("factor", [1e150, 1e-150, 1e300, 1e-300, 1e-310])
 def test_path_metric_at_the_edges_of_the_float_range(factor):
     """The exact case (Lemma 3.4.1): theta' = theta with the output layer's weights halved,
@@ -402,6 +422,24 @@ def test_every_pillow_error_is_one_line_naming_the_image(damage, tmp_path):
     with pytest.raises(InvalidParameterError, match=r"2\.png' is not a readable image"):
         load_data(str(root))
     assert load_data(str(_image_folder(tmp_path / "good"))).num_classes == 2
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return (struct.pack(">I", len(data)) + kind + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+
+def test_a_decompression_bomb_image_is_one_line(tmp_path):
+    """A 30000 x 30000 PNG header (900M pixels) over a few bytes: refused when opened,
+    before anything is decoded."""
+    root = _image_folder(tmp_path / "images")
+    header = struct.pack(">IIBBBBB", 30000, 30000, 1, 0, 0, 0, 0)
+    (root / "class0" / "bomb.png").write_bytes(
+        b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + _chunk(b"IEND", b""))
+    with pytest.raises(InvalidParameterError, match=r"bomb\.png' is not a readable image "
+                       r"\(DecompressionBombError"):
+        load_data(str(root))
 
 
 class _Dicts(torch.utils.data.Dataset):
@@ -596,6 +634,19 @@ def test_a_kill_between_a_network_and_its_row_loses_nothing(tmp_path):
     again = _run(out, save_models=True)
     assert [r.to_row() for r in again.runs] == [r.to_row() for r in result.runs]
     assert lost.is_file() and len(_every_row_has_its_network(out)) == 2
+
+
+def test_finished_runs_whose_dense_weights_were_deleted_are_one_line(tmp_path):
+    """Once: an AttributeError traceback when the summary plot reloaded seed 0's network."""
+    from pathlift.prune import prune_experiment
+
+    config = dataclasses.replace(GRID, amounts=(0.5,))
+    prune_experiment("mlp", "digits", config, tmp_path / "out")
+    (tmp_path / "out" / "dense" / "seed0-trained.safetensors").unlink()
+    with pytest.raises(ResultsFileError, match=r"seed0-trained\.safetensors' \(or its rewind "
+                       r"file\) is missing: the runs of seed 0 are finished") as err:
+        prune_experiment("mlp", "digits", config, tmp_path / "out")
+    assert "\n" not in str(err.value)
 
 
 def test_a_csv_under_another_header_is_refused_not_appended(tmp_path):

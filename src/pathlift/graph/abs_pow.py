@@ -108,15 +108,20 @@ def scaled_affine(weight_part: Callable[[Tensor | None], Tensor], log_scale: flo
     for free); otherwise e^m (y e^{s-m} + b e^{t-m}) with m = ln max b + t, in one fused add.
     """
     peak = float(bias.detach().max()) if bias is not None and bias.numel() else 0.0
-    if peak == 0.0:
+    if peak == 0.0 and not (bias is not None and bias.requires_grad
+                            and abs(bias_log_scale - log_scale) < _EXP_RANGE):
         return Scaled.normalised(weight_part(None), log_scale)
-    top = math.log(peak) + bias_log_scale
+    # a zero bias that is an autograd leaf stays in the graph: its gradient is not zero
+    top = math.log(peak) + bias_log_scale if peak > 0 else -math.inf
     if top <= log_scale:
         gain = math.exp(bias_log_scale - log_scale)
         return Scaled.normalised(weight_part(bias if gain == 1.0 else bias * gain), log_scale)
     y = weight_part(None)
     return Scaled.normalised(torch.add(channel_bias(bias / peak, y.dim(), channel_dim), y,
                                        alpha=math.exp(log_scale - top)), top)
+
+
+_EXP_RANGE = 700.0  # |x| below which math.exp(x) is a normal float64
 
 
 def channel_bias(bias: Tensor, ndim: int, channel_dim: int) -> Tensor:
@@ -177,6 +182,7 @@ class AbsPowInterpreter(ScaledWalker):
         super().__init__(graph)
         self.q, self.dtype = q, dtype
         self.unit_weights = unit_weights  # divide each layer by its largest |w| (large q)
+        self.rescaled = False  # a layer entered in a unit other than 1 (far from 1 in scale)
         self.workspace: Workspace | None = None
 
     def run_all_ones(self) -> Scaled | tuple[Scaled, ...]:
@@ -239,6 +245,7 @@ class AbsPowInterpreter(ScaledWalker):
         """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q |W/u|^q x e^s + v^q |b/v|^q
         with (u, v) the layer's ``units``: |theta|^q itself never leaves the float range."""
         unit, bias_unit = self.units(handler, call)
+        self.rescaled = self.rescaled or unit != 1.0 or bias_unit != 1.0
         return scaled_affine(lambda bias: self.weight_part(handler, x, call, bias, unit),
                              log_scale + self.q * math.log(unit),
                              self.bias_magnitude(handler, call, bias_unit),

@@ -221,10 +221,12 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
               for name, units in tape.layer_units.items()}
     shift = max((shifts[name][i] for name, pair in found.items()
                  for i, g in enumerate(pair) if g is not None), default=0.0)
-    found = {name: tuple(None if g is None else g * math.exp(shifts[name][i] - shift)
+    found = {name: tuple(g if g is None or shifts[name][i] == shift
+                         else g * math.exp(shifts[name][i] - shift)
                          for i, g in enumerate(pair)) for name, pair in found.items()}
-    refuse_flushed(graph, {name: [(g, None) for g in pair] for name, pair in found.items()},
-                   "magnitude gradients")
+    if tape.rescaled:  # scales beyond the float range: zeros may be flushed values
+        refuse_flushed(graph, {name: [(g, None) for g in pair] for name, pair in found.items()},
+                       "magnitude gradients")
     scales: dict[nn.Parameter, Tensor] = {}
     for name, (g_w, g_b) in found.items():
         module = graph.module.get_submodule(name)
@@ -265,8 +267,10 @@ def refuse_flushed(graph: LayerGraph,
     """PrecisionError when an entry of ``found`` (per layer, (values, parameter) pairs for
     its weight and bias; parameter None: any) is zero although its parameter is non-zero
     and lies on a path p with Phi_p != 0: a number flushed to zero by one float scale
-    (paths of the network that differ by more than the float's range). Which entries lie
-    on such a path is asked only when some entry is zero: the pass at q = 2^-60 counts the
+    (paths of the network that differ by more than the float's range). Called after a
+    pass that took some layer in a unit other than 1 (``AbsPowInterpreter.rescaled``):
+    a network whose weights lie within 2^(+-16) of 1 pays nothing. Which entries lie on
+    such a path is asked only when some entry is zero: the pass at q = 2^-60 counts the
     non-zero paths through each one (``COUNTING_Q``)."""
     zero = {name: [None if v is None else (v == 0) if p is None else (v == 0) & (p != 0)
                    for v, p in pairs] for name, pairs in found.items()}

@@ -151,8 +151,9 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
         bias_scores = {name: b.detach() * g if g is not None else torch.zeros_like(b.detach())
                        for (name, b), g in zip(tape.biases.items(), grads[len(wanted):],
                                                strict=True)}
-    module = graph.module.get_submodule
-    refuse_flushed(graph, {name: [(weights.get(name), param(module(name), "weight")),
-                                  (bias_scores.get(name), param(module(name), "bias"))]
-                           for name in {*weights, *bias_scores}}, "path-magnitudes")
+    if tape.rescaled:  # scales beyond the float range: zeros may be flushed values
+        module = graph.module.get_submodule
+        refuse_flushed(graph, {name: [(weights.get(name), param(module(name), "weight")),
+                                      (bias_scores.get(name), param(module(name), "bias"))]
+                               for name in {*weights, *bias_scores}}, "path-magnitudes")
     return PathMagnitudes(weights, bias_scores, log_scale)
