@@ -90,7 +90,7 @@ class _Tape(AbsPowInterpreter):
         neurons = pieces.neurons()
         gain = sum(_magnitude(c) for _, _, c in neurons)
         offset = sum(_magnitude(c) * abs(beta) for _, beta, c in neurons) + abs(pieces.value)
-        size = float(offset.max()) if isinstance(offset, Tensor) else float(offset)
+        size = float(offset.detach().max()) if isinstance(offset, Tensor) else float(offset)
         top = max(x.log_scale, math.log(size)) if size > 0 else x.log_scale
         y = x.mantissa * gain * math.exp(x.log_scale - top) + offset * math.exp(-top)
         self.records[name] = (handler, x.mantissa, y)

@@ -365,8 +365,9 @@ def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], trai
 def forward_digest(model: nn.Module, input_shape: Sequence[int]) -> str:
     """The traced forward of ``model`` in one line: its class, its number of graph nodes
     and the start of the sha256 of every node's op, target, arguments and output shape
-    (what ``forward`` computes, not the weights)."""
-    graph = graph_of(model, input_shape)
+    (what ``forward`` computes, not the weights), traced as in eval mode (no flag of the
+    model is changed)."""
+    graph = graph_of(model, input_shape, as_eval=True)
     lines = []
     for n in graph.graph.nodes:
         meta = n.meta.get("tensor_meta")
