@@ -83,8 +83,8 @@ def unit_of(t: Tensor | None, exact: bool = False) -> float:
     """
     if t is None or not t.numel():
         return 1.0
-    low, high = torch.aminmax(t.detach())
-    peak = float(torch.maximum(high, low.neg()))
+    low, high = torch.aminmax(t.detach())  # one pass over t
+    peak = max(-float(low), float(high))
     if not (0.0 < peak < math.inf):
         return 1.0
     if exact:
