@@ -258,6 +258,33 @@ def test_scores_gradients_and_penalty_at_the_edges_of_the_float_range(index):
                         assert math.copysign(1, grads[j][k]) == math.copysign(1, w)
 
 
+@pytest.mark.parametrize("q", [1.0, 2.0, 4.0])
+def test_an_output_that_underflows_is_computed_again_or_refused(q):
+    """A hidden unit whose incoming weights are 1e-300 times its layer's largest, read by
+    one output with weight 1e+300: per-layer units cannot hold both, and that output comes
+    out 0 although its paths weigh ~1. It is computed again on the normalised copy (Alg.
+    3.2.1), exactly; with incoming weights too small to normalise (1e-320), PrecisionError,
+    never 0."""
+    model = _mlp(1.0, torch.float64, seed=4, bias=False)
+    with torch.no_grad():
+        model.fc[0].weight[0].mul_(1e-300)
+        model.fc[1].weight[:, 0].mul_(1e300)
+    oracle = _Oracle(model, q)
+    assert all(v > -50 for v in oracle.per_output())
+    _close(path_norm(model, (3,), q=q, r=q).log10 * LN10, oracle.norm(), q)
+    for got, want in zip(path_norm(model, (3,), q=q, r=1.0).per_output_log10,
+                         oracle.per_output(), strict=True):
+        _close(got * LN10, want, (q, "per output"))
+    if q == 1.0:
+        return  # 1e-320 is a subnormal, not 0, at q = 1: its few digits are the limit
+    with torch.no_grad():
+        model.fc[0].weight[0].mul_(1e-20)  # now subnormal: 1/||.|| overflows
+        model.fc[1].weight[:, 0].mul_(1e8)
+        model.fc[1].weight[:, 1:].zero_()  # only the lost unit reaches the outputs
+    with pytest.raises(PrecisionError, match="cannot normalise it exactly"):
+        path_norm(model, (3,), q=q, r=q)
+
+
 def test_a_zero_bias_keeps_its_magnitude_gradient():
     """gamma_b = d||Phi||_2^2 / d|b|^2 does not depend on b: a BatchNorm whose folded bias
     c is 0 (zero running mean and bias, as at initialisation) once got gamma 0, and
