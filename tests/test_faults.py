@@ -343,8 +343,8 @@ def test_results_without_a_manifest_are_refused(tmp_path, finished):
 
 
 def test_float_fields_read_back_exactly(tmp_path):
-    record = RunRecord(3, "m,ethod", True, 0.1 + 0.2, 1, 1 / 3, 0.5, float("nan"), 0.25,
-                       float("-inf"), 1e-300, 100.0, "abc", 2, "runs")
+    record = RunRecord(3, "m,ethod", True, 0.1 + 0.2, 1, 1 / 3, 0.5, 1 / 7, 0.25,
+                       float("-inf"), 1e-300, float("nan"), "0123456789abcdef", 2, "runs")
     folder = RunFolder(tmp_path)
     folder.append(record)
     (read,) = folder.records()

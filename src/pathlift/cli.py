@@ -539,7 +539,7 @@ def kron_design(
                        ] = 5,
     threads: Annotated[int | None, typer.Option("--threads", help="intra-op threads; "
                                                 "default torch's")] = None,
-    rows: Annotated[int, typer.Option("--rows", help="candidates shown")] = 20,
+    rows: Annotated[int, typer.Option("--rows", min=1, help="candidates shown")] = 20,
     out: Out = None,
 ) -> None:
     """Fastest Kronecker-sparse chain for an N_OUT x N_IN weight (thesis Sec. 7.4.1).

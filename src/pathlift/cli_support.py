@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
 import sys
 import typing
@@ -38,15 +41,23 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
 
     Usage errors and user errors print ``Error: ...`` on one line of stderr (exit status 2)
     unless --debug is given; --help and a missing command print the help (status 0 / 2).
+    A standard output that is closed, full or a broken pipe is a user error too (nothing
+    is computed when it is closed at the start). Any other exception is a bug: one line
+    saying so, exit status 1, the traceback with --debug.
     """
     args = list(sys.argv[1:] if args is None else args)
     if hasattr(sys.stdout, "reconfigure"):  # a path that is not UTF-8 prints as its bytes
         sys.stdout.reconfigure(errors="surrogateescape")
     command = typer.main.get_command(app)
     debug = "--debug" in args or os.environ.get("PATHLIFT_DEBUG", "") not in ("", "0")
+    if _closed(sys.stdout):
+        typer.echo("Error: standard output is closed, so nothing could be printed; redirect "
+                   "it to a file or /dev/null instead", err=True)
+        sys.exit(USAGE_EXIT)
     try:
         code = command.main(spread_list_values(args, _list_options(command)),
                             prog_name="pathlift", standalone_mode=False)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
     except typer.TyperException as err:  # click's usage errors: bad option, bad value
         message = one_line(err.format_message())
         context = getattr(err, "ctx", None)
@@ -63,7 +74,52 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     except typer.Abort:
         typer.echo("Aborted!", err=True)
         sys.exit(1)
+    except OSError as err:
+        if debug or not _output_failed(err):
+            raise
+        typer.echo(f"Error: cannot write to standard output ({err.strerror or err}); the "
+                   "results were not printed", err=True)
+        sys.exit(USAGE_EXIT)
+    except Exception as err:
+        if debug:
+            raise
+        typer.echo(f"Error: internal error, not your input ({type(err).__name__}: "
+                   f"{one_line(err)[:300]}); please report it with the command line "
+                   "(pathlift --debug ... shows where)", err=True)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _closed(stream: typing.TextIO | None) -> bool:
+    """Whether ``stream`` is gone (Python sets sys.stdout to None when descriptor 1 was
+    closed before it started) or its descriptor is no longer open."""
+    if stream is None:
+        return True
+    try:
+        os.fstat(stream.fileno())
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False  # not a file descriptor: a test's buffer
+    except OSError:
+        return True
+    return False
+
+
+#: what writing to a full disk, a closed pipe or a failing device raises; pathlift's own
+#: files raise FileSystemError naming the path, so such an error without a file name is
+#: the standard output's
+_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG)
+
+
+def _output_failed(err: OSError) -> bool:
+    """Whether ``err`` is standard output failing; if so it is pointed at /dev/null, so that
+    the interpreter's own flush at exit prints no second error."""
+    if err.errno not in _OUTPUT_ERRNOS or err.filename is not None:
+        return False
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    return True
 
 
 def _list_options(group: Any) -> dict[str, type]:

@@ -216,6 +216,7 @@ def launched(backend: str | None = None,
             not all(k in os.environ for k in _TORCHRUN):
         yield World.current()
         return
+    _check_environment()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -223,14 +224,14 @@ def launched(backend: str | None = None,
     try:
         dist.init_process_group(backend, timeout=wait)
     except RuntimeError as err:
-        _raise_timeout(err, wait)
+        _raise_lost(err, wait)
         raise
     global _launched_here
     _launched_here = True
     try:
         yield World.current()
     except RuntimeError as err:
-        _raise_timeout(err, wait)
+        _raise_lost(err, wait)
         raise
     finally:
         dist.destroy_process_group()
@@ -271,16 +272,48 @@ def exit_process(code: int | str | None = 0) -> NoReturn:
     os._exit(status)
 
 
-def _raise_timeout(err: RuntimeError, wait: timedelta) -> None:
+def _check_environment() -> None:
+    """torchrun's variables, checked before the rendezvous: a RANK outside 0..WORLD_SIZE-1
+    once waited for ranks that never come (and read as a timeout), a WORLD_SIZE that is
+    not a number ended in a traceback."""
+    values = {}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        text = os.environ.get(key)
+        try:
+            values[key] = None if text is None else int(text)
+        except ValueError:
+            raise DistributedError(f"{key}={text!r} is not an integer; {_UNSET}") from None
+    rank, size, port = values["RANK"], values["WORLD_SIZE"], values["MASTER_PORT"]
+    if size < 1 or not 0 <= rank < size:
+        raise DistributedError(f"RANK={rank} with WORLD_SIZE={size}: the ranks of a run are "
+                               f"0..WORLD_SIZE-1; {_UNSET}")
+    if not 0 < port < 65536:
+        raise DistributedError(f"MASTER_PORT={port} is not a TCP port; {_UNSET}")
+
+
+_UNSET = ("start the processes with torchrun, or unset RANK, WORLD_SIZE, MASTER_ADDR and "
+          "MASTER_PORT to run one process")
+#: what gloo, NCCL and the TCP store say when another rank's process is gone
+_LOST = ("connection reset", "connection closed", "broken pipe", "connection refused",
+         "socket closed", "end of file")
+
+
+def _raise_lost(err: RuntimeError, wait: timedelta) -> None:
     """Raise a one-line ``DistributedError`` if ``err`` is a collective or rendezvous that
-    timed out (gloo raises a plain RuntimeError, NCCL and the store
-    torch.distributed.DistError subclasses; all say "timed out")."""
-    if "timed out" not in str(err).lower():
-        return
+    timed out, or lost its connection to another rank (gloo raises a plain RuntimeError,
+    NCCL and the store torch.distributed.DistError subclasses)."""
+    text = str(err).lower()
     rank = os.environ.get("RANK", "?")
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if any(marker in text for marker in _LOST):
+        raise DistributedError(
+            f"rank {rank}: lost the connection to another rank ({first[:160]}); that rank "
+            "ended or was killed, and its own output says why") from err
+    if "timed out" not in text:
+        return
     raise DistributedError(
         f"rank {rank}: the other ranks did not answer within {wait.total_seconds():g} s "
-        f"({str(err).strip().splitlines()[0]}); one of them failed or is frozen, or works "
+        f"({first}); one of them failed or is frozen, or works "
         "alone longer than that: raise the limit with 'pathlift --timeout SECONDS' or "
         f"{TIMEOUT_ENV}") from err
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 
 class PathliftError(Exception):
     """Base class of every error pathlift raises on purpose."""
@@ -82,3 +85,26 @@ class Problem:
 
     def __str__(self) -> str:
         return f"node '{self.node}' ({self.op}): {self.reason}"
+
+
+def check_count(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` if it is an integer >= ``minimum`` (a count of samples, seeds, repeats),
+    else InvalidParameterError saying so: a count of 0 once gave an empty table or a
+    reduction over nothing."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise InvalidParameterError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_number(name: str, value: object, low: float = -math.inf, high: float = math.inf,
+                 *, above: bool = False) -> float:
+    """``value`` as a float if it is a finite real number in [low, high] (in (low, high]
+    with ``above``), else InvalidParameterError saying so: NaN compares false with every
+    bound and once passed through as a result."""
+    number = float(value) if isinstance(value, numbers.Real) and \
+        not isinstance(value, bool) else math.nan
+    if not (math.isfinite(number) and (number > low if above else number >= low)
+            and number <= high):
+        domain = f"{'(' if above else '['}{low:g}, {high:g}]".replace("inf]", "inf)")
+        raise InvalidParameterError(f"{name} must be a finite number in {domain}, got {value!r}")
+    return number

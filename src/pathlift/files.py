@@ -35,7 +35,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from pathlift.errors import PathliftError
+from pathlift.errors import InvalidParameterError, PathliftError
 
 
 class FileSystemError(PathliftError, OSError):
@@ -313,6 +313,7 @@ def append_rows(path: str | os.PathLike[str], header: Sequence[str],
     if fh is not None:
         with fh:
             old = _read_all(fh, path)
+    _check_header(old, header, path)
     if old and not old.endswith(b"\n"):
         old += b"\n"
     new = b"".join(csv_line(r) for r in rows)
@@ -328,6 +329,18 @@ def _open_rewritten(path: str | os.PathLike[str]) -> BinaryIO | None:
         if err.errno == errno.ENOENT:
             return None
         raise
+
+
+def _check_header(old: bytes, header: Sequence[str], path: Path) -> None:
+    """InvalidParameterError unless ``old`` is empty or starts with ``header``'s line:
+    rows are never added under another table's columns."""
+    first = old.split(b"\n", 1)[0].rstrip(b"\r")
+    if old.strip() and first != csv_line(header).rstrip(b"\n"):
+        shown = first[:60].decode("utf-8", "replace")
+        raise InvalidParameterError(
+            f"'{path}' holds another table (its header is {shown!r}, not "
+            f"{','.join(header)[:60]!r}...): give a new file, or the file this command "
+            "wrote before")
 
 
 def _umask() -> int:

@@ -30,6 +30,7 @@ from pathlift.bench.kron import (
     write_csv,
     write_vit_csv,
 )
+from pathlift.errors import InvalidParameterError, check_count
 from pathlift.kron import (
     ALGORITHMS,
     Design,
@@ -131,7 +132,14 @@ def run_kron_benchmark(out: str | Path, *, device: str | torch.device = "cpu",
         >>> result.runs[0].summary.speedup_vs_bmm["best"]
     """
     dev, torch_dtype = torch.device(device), getattr(torch, dtype)
+    every = check_count("every", every)
+    for name, count in (("max_dense", max_dense), ("batch", batch), ("vit_batch", vit_batch)):
+        if count is not None:
+            check_count(name, count)
     patterns = benchmark_patterns()[::every] if full else cpu_patterns(max_dense, every)
+    if not patterns:
+        raise InvalidParameterError(f"no pattern of the grid has M*N <= max_dense = "
+                                    f"{max_dense}; raise it")
     batch = batch or thesis_batch(dev)
     algs = tuple(algorithms or ALGORITHMS)
     folder = Path(out)

@@ -43,8 +43,13 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
     bunch = sk_load_digits()
     images = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
     labels = bunch.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        images, labels, test_size=test_fraction, random_state=seed, stratify=labels)
+    try:
+        x_tr, x_te, y_tr, y_te = train_test_split(
+            images, labels, test_size=test_fraction, random_state=seed, stratify=labels)
+    except ValueError as err:  # a side smaller than the 10 classes cannot be stratified
+        raise InvalidParameterError(
+            f"test_fraction={test_fraction} leaves fewer samples than the 10 classes on one "
+            f"side of the split ({err}); use a fraction between 0.01 and 0.99") from None
     return Split(_dataset(x_tr, y_tr), _dataset(x_te, y_te), (1, 8, 8), 10)
 
 

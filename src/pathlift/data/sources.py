@@ -17,6 +17,7 @@ import io
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,8 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from pathlift.data.embedded import Split, load_digits, synthetic
-from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.files import FileSystemError, check_archive, open_regular, open_text
+from pathlift.errors import InvalidParameterError, PathliftError, ShapeError
+from pathlift.files import TEXT_MEMORY_PER_BYTE, check_archive, open_regular, read_regular
 from pathlift.graph.memory import check_bytes
 from pathlift.models.registry import import_callable, is_import_path
 
@@ -112,10 +113,16 @@ def _npz(path: Path, test_fraction: float, seed: int) -> Split:
             _check_arrays(fh, path)
             with np.load(fh, allow_pickle=False) as arrays:
                 found = dict(arrays)
-    except (OSError, ValueError) as err:
-        if isinstance(err, FileSystemError):
-            raise
-        raise InvalidParameterError(f"'{path}' is not a readable .npz file: {err}") from err
+    except (PathliftError, PermissionError):
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        # a truncated or corrupt archive, an object array (refused: it would unpickle)
+        raise InvalidParameterError(
+            f"'{path}' is not a readable .npz file ({type(err).__name__}: "
+            f"{str(err)[:100]}); save it with numpy.savez from numeric arrays") from None
+    if not isinstance(found, dict):  # np.load read a plain .npy saved under .npz
+        raise InvalidParameterError(f"'{path}' holds one array, not the named arrays of an "
+                                    ".npz; save it with numpy.savez(path, x=..., y=...)")
     if {"x_train", "y_train", "x_test", "y_test"} <= found.keys():
         return _split_given(found["x_train"], found["y_train"], found["x_test"],
                             found["y_test"], str(path))
@@ -146,18 +153,47 @@ def _check_arrays(fh: io.BufferedIOBase, path: Path) -> None:
 
 
 def _csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with open_text(path) as fh:
-        rows = [row for row in csv.reader(fh) if row]
+    return _csv_table(_csv_text(read_regular(path, TEXT_MEMORY_PER_BYTE), path), path)
+
+
+def _csv_text(data: bytes, path: Path) -> str:
+    """The file's text: UTF-8, a byte-order mark dropped (a spreadsheet's "CSV UTF-8")."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InvalidParameterError(
+            f"'{path}' line {line}: bytes that are not UTF-8 text (saved as Latin-1 or "
+            "another code page?); save the file as UTF-8 CSV") from None
+
+
+def _csv_table(text: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels) of a CSV's text: numbers only, one sample a row, the label in a
+    column named ``label`` or ``y`` (else the last); a header row is optional."""
+    rows = [(number, row) for number, row in enumerate(csv.reader(io.StringIO(text)), 1)
+            if row]
     if not rows:
         raise InvalidParameterError(f"'{path}' is empty")
-    header = [c.strip().lower() for c in rows[0]]
+    header = [c.strip().lower() for c in rows[0][1]]
     has_header = not all(_is_number(c) for c in header)
     column = next((header.index(n) for n in ("label", "y") if has_header and n in header), -1)
-    try:
-        table = np.array(rows[has_header:], dtype=np.float64)
-    except ValueError as err:
-        raise InvalidParameterError(f"'{path}': every row after the header must hold numbers "
-                                    f"only ({err})") from err
+    body = rows[has_header:]
+    if not body:
+        raise InvalidParameterError(f"'{path}' holds a header and no samples: add one row "
+                                    "of numbers per sample")
+    width = len(rows[0][1])
+    if width < 2:
+        raise InvalidParameterError(f"'{path}' has one column: each row needs the inputs and "
+                                    "a label (comma-separated)")
+    for number, row in body:
+        if len(row) != width:
+            raise InvalidParameterError(f"'{path}' line {number}: {len(row)} fields, the first "
+                                        f"row has {width}; every row needs as many")
+        bad = next((c for c in row if not _is_number(c)), None)
+        if bad is not None:
+            raise InvalidParameterError(f"'{path}' line {number}: {bad[:40]!r} is not a number; "
+                                        "every row after the header must hold numbers only")
+    table = np.array([row for _, row in body], dtype=np.float64)
     return np.delete(table, column, axis=1), table[:, column]
 
 
@@ -181,14 +217,23 @@ def _image_folder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
                                     f"({', '.join(IMAGE_SUFFIXES)}) per class, at least two")
     images, mode, size, kept = [], None, None, 0
     for file, _ in files:
-        with open_regular(file) as fh, _open_image(fh, file) as image:
-            mode = mode or ("L" if image.mode in ("1", "L", "I", "F") else "RGB")
-            size = size or image.size
-            # decoded and converted at full size, kept as float32 at the first's size
-            out = math.prod(size) * (1 if mode == "L" else 3) * 4
-            check_bytes(kept + 2 * math.prod(image.size) * len(image.getbands()) * 4 + out,
-                        f"reading the images of '{folder}' (at '{file}')")
-            pixels = np.asarray(image.convert(mode).resize(size), dtype=np.float32) / 255.0
+        try:
+            with open_regular(file) as fh, _open_image(fh, file) as image:
+                mode = mode or ("L" if image.mode in ("1", "L", "I", "F") else "RGB")
+                size = size or image.size
+                # decoded and converted at full size, kept as float32 at the first's size
+                out = math.prod(size) * (1 if mode == "L" else 3) * 4
+                check_bytes(kept + 2 * math.prod(image.size) * len(image.getbands()) * 4
+                            + out, f"reading the images of '{folder}' (at '{file}')")
+                pixels = np.asarray(image.convert(mode).resize(size),
+                                    dtype=np.float32) / 255.0
+        except (PathliftError, PermissionError):
+            raise
+        except (OSError, ValueError, SyntaxError, EOFError) as err:
+            # Pillow's errors: not an image, a zero-byte or truncated file
+            raise InvalidParameterError(
+                f"'{file}' is not a readable image ({type(err).__name__}: {str(err)[:100]}); "
+                "replace or remove it") from None
         kept += 2 * out  # the list and the stacked array
         images.append(pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1))
     return np.stack(images), np.array([label for _, label in files])
@@ -209,19 +254,83 @@ def _open_image(fh: io.BufferedIOBase, file: Path) -> Any:
         raise InvalidParameterError(f"'{file}' is refused: {err}") from None
 
 
-def _labels(y: np.ndarray, where: str) -> np.ndarray:
-    if y.ndim != 1 or not np.all(np.isfinite(y)) or np.any(y != np.round(y)) or np.any(y < 0):
-        raise InvalidParameterError(f"{where}: labels must be one non-negative integer class "
-                                    "index per sample")
+
+#: Labels are class indices below this (int32's range): a larger one is a mistake, and
+#: would be cast or allocated for before anything else noticed.
+MAX_LABEL = 2**31 - 1
+
+
+def _inputs(x: object, where: str) -> np.ndarray:
+    """The inputs as a float32 array (samples first), or a one-line refusal: no text or
+    objects, no complex numbers (their imaginary part would be dropped), no NaN or inf,
+    nothing beyond float32's range."""
+    x = _array(x)
+    if x.dtype.kind not in "biufc":
+        raise InvalidParameterError(f"{where}: the inputs are {_kind(x)}, not numbers; give "
+                                    "numeric arrays")
+    if x.dtype.kind == "c":
+        raise InvalidParameterError(
+            f"{where}: the inputs are complex numbers; pathlift's networks take real inputs "
+            "(give the real and imaginary parts as two channels)")
+    if x.ndim < 2:
+        raise InvalidParameterError(f"{where}: the inputs have shape {x.shape}; give one "
+                                    "array of values per sample (samples first)")
+    with np.errstate(over="ignore"):  # beyond float32: inf, refused below
+        out = np.asarray(x, dtype=np.float32)
+    finite = np.isfinite(out)
+    if not finite.all():
+        first = int(np.argwhere(~finite.reshape(len(out), -1).all(axis=1))[0, 0])
+        source = "NaN or inf" if not np.isfinite(x).all() else "beyond float32's range"
+        raise InvalidParameterError(
+            f"{where}: {int((~finite).sum())} input value(s) are {source} (the first in "
+            f"sample {first}); remove or impute those samples")
+    return out
+
+
+def _labels(y: object, where: str) -> np.ndarray:
+    """Labels as int64 class indices, checked before any cast: one per sample, integers
+    in 0..MAX_LABEL (1e300 would wrap to a negative int64, 0.5 be truncated)."""
+    y = _array(y)
+    if y.dtype.kind not in "biuf":
+        raise InvalidParameterError(f"{where}: the labels are {_kind(y)}; labels must be one "
+                                    "non-negative integer class index per sample")
+    if y.ndim != 1 or not np.all(np.isfinite(y)) or np.any(y != np.round(y)) \
+            or np.any(y < 0) or np.any(y > MAX_LABEL):
+        raise InvalidParameterError(
+            f"{where}: labels must be one non-negative integer class index per sample "
+            f"(0..{MAX_LABEL}); found shape {y.shape}" + (
+                f", values {_range(y)}" if y.ndim == 1 and y.size else ""))
     return y.astype(np.int64)
 
 
-def _tensors(x: np.ndarray, y: np.ndarray, where: str) -> TensorDataset:
-    if len(x) != len(y) or len(x) == 0:
-        raise InvalidParameterError(f"{where}: {len(x)} inputs and {len(y)} labels; need the "
-                                    "same positive number")
-    inputs = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    return TensorDataset(inputs, torch.from_numpy(_labels(np.asarray(y), where)))
+def _array(v: object) -> np.ndarray:
+    """``v`` as a numpy array (a tensor without copy where numpy holds its dtype)."""
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu()
+        if v.dtype in (torch.bfloat16, torch.float16):
+            v = v.float()
+        return v.numpy()
+    return np.asarray(v)
+
+
+def _kind(a: np.ndarray) -> str:
+    return {"U": "text", "S": "bytes", "O": "Python objects", "c": "complex numbers",
+            "M": "dates", "m": "time spans", "V": "records"}.get(a.dtype.kind, str(a.dtype))
+
+
+def _range(y: np.ndarray) -> str:
+    finite = y[np.isfinite(y)]
+    bad = "NaN/inf, " if finite.size < y.size else ""
+    return bad + (f"from {finite.min():g} to {finite.max():g}" if finite.size else "none finite")
+
+
+def _tensors(x: object, y: object, where: str) -> TensorDataset:
+    inputs, labels = _inputs(x, where), _labels(y, where)
+    if len(inputs) != len(labels) or len(inputs) == 0:
+        raise InvalidParameterError(f"{where}: {len(inputs)} inputs and {len(labels)} labels; "
+                                    "need the same positive number")
+    return TensorDataset(torch.from_numpy(np.ascontiguousarray(inputs)),
+                         torch.from_numpy(labels))
 
 
 def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, where: str) -> Split:
@@ -246,13 +355,20 @@ def _finish(train: TensorDataset, test: TensorDataset, where: str) -> Split:
     if tuple(test.tensors[0].shape[1:]) != shape:
         raise ShapeError(f"{where}: train inputs have shape {shape}, test inputs "
                          f"{tuple(test.tensors[0].shape[1:])}")
-    classes = int(max(train.tensors[1].max(), test.tensors[1].max())) + 1
-    return Split(train, test, shape, classes)
+    labels = torch.cat([train.tensors[1], test.tensors[1]]).unique()
+    if len(labels) < 2:
+        raise InvalidParameterError(
+            f"{where}: every sample has label {int(labels[0])}; a classification task needs "
+            "at least two classes (is the label column the right one?)")
+    return Split(train, test, shape, int(labels.max()) + 1)
 
 
 def _from_callable(spec: str, value: object) -> Split:
-    if isinstance(value, Split):
-        return value
+    if isinstance(value, Split):  # checked like every other source
+        split = _finish(_as_tensors(value.train, f"{spec} (train)"),
+                        _as_tensors(value.test, f"{spec} (test)"), spec)
+        return Split(split.train, split.test, split.input_shape,
+                     max(split.num_classes, value.num_classes))
     if not (isinstance(value, tuple) and len(value) == 2 and
             all(hasattr(d, "__len__") and hasattr(d, "__getitem__") for d in value)):
         raise InvalidParameterError(f"'{spec}' returned a {type(value).__name__}; it must "
@@ -263,11 +379,30 @@ def _from_callable(spec: str, value: object) -> Split:
 
 
 def _as_tensors(data: Dataset | Sequence, where: str) -> TensorDataset:
+    """A dataset of (input, label) items as checked tensors (``_tensors``): items of
+    another form (a dict, a lone tensor) and inputs of different shapes are refused."""
     if isinstance(data, TensorDataset) and len(data.tensors) == 2:
-        return TensorDataset(data.tensors[0].float(), data.tensors[1].long())
-    pairs = [data[i] for i in range(len(data))]
-    x = torch.stack([torch.as_tensor(p[0], dtype=torch.float32) for p in pairs])
-    return TensorDataset(x, torch.as_tensor([int(p[1]) for p in pairs]))
+        return _tensors(*data.tensors, where)
+    inputs, labels = [], []
+    for i in range(len(data)):
+        item = data[i]
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            what = f"a {type(item).__name__}" + (
+                f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
+            raise InvalidParameterError(
+                f"{where}: item {i} is {what}; each item must be an (input, label) pair "
+                "(for a dict, return (item['input'], item['label']))")
+        x = _array(item[0])
+        if inputs and x.shape != inputs[0].shape:
+            raise ShapeError(f"{where}: item {i} has an input of shape {x.shape}, item 0 "
+                             f"{inputs[0].shape}; every input needs one shape")
+        inputs.append(x)
+        labels.append(_array(item[1]).reshape(-1))
+    if not inputs:
+        raise InvalidParameterError(f"{where}: the dataset is empty")
+    if any(y.size != 1 for y in labels):
+        raise InvalidParameterError(f"{where}: each label must be one class index")
+    return _tensors(np.stack(inputs), np.concatenate(labels), where)
 
 
 def _reshape(split: Split, shape: tuple[int, ...]) -> Split:

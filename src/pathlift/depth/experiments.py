@@ -27,7 +27,7 @@ from pathlift.depth.classes import parse_model
 from pathlift.depth.model import DepthResNet
 from pathlift.depth.pvar import p_variation
 from pathlift.depth.train import train
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, check_count
 from pathlift.files import append_rows, check_appendable
 from pathlift.graph.memory import check_samples
 
@@ -113,6 +113,10 @@ def grid(model: str, depths: Iterable[int], seeds: int = 3, n_samples: int = 10_
          dtype: torch.dtype = torch.float64,
          on_run: Callable[[DepthRun], None] | None = None) -> list[DepthRun]:
     """Every depth x seeds 0..seeds-1 of one class; ``on_run`` sees each run as it ends."""
+    seeds, n_samples = check_count("seeds", seeds), check_count("n_samples", n_samples)
+    depths = list(depths)
+    if not depths:
+        raise InvalidParameterError("give at least one depth")
     runs = []
     for depth in depths:
         for seed in range(seeds):

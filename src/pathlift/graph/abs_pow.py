@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from pathlift.graph.boundary import output_leaves
@@ -54,8 +54,8 @@ class Scaled:
         exponent = math.frexp(peak)[1]
         if abs(exponent) <= _DRIFT:
             return Scaled(t, log_scale)
-        factor = math.ldexp(1.0, -exponent)
-        t = t * factor if t.requires_grad else t.mul_(factor)
+        for step in _power_steps(-exponent):  # factors every float dtype holds exactly
+            t = t * step if t.requires_grad else t.mul_(step)
         return Scaled(t, log_scale + exponent * _LN2)
 
     def log(self) -> Tensor:
@@ -64,6 +64,14 @@ class Scaled:
 
 
 _LN2 = math.log(2.0)
+_STEP = 100  # 2^(+-100) is a normal float32: a peak from subnormal to huge in a few steps
+
+
+def _power_steps(exponent: int) -> list[float]:
+    """Powers of two, each within 2^(+-100), whose product is 2^exponent."""
+    sign = 1 if exponent > 0 else -1
+    whole, rest = divmod(abs(exponent), _STEP)
+    return [*[math.ldexp(1.0, sign * _STEP)] * whole, math.ldexp(1.0, sign * rest)]
 
 
 def _align(values: list[Scaled]) -> tuple[list[Tensor], float]:
@@ -100,15 +108,20 @@ def scaled_affine(weight_part: Callable[[Tensor | None], Tensor], log_scale: flo
     for free); otherwise e^m (y e^{s-m} + b e^{t-m}) with m = ln max b + t, in one fused add.
     """
     peak = float(bias.detach().max()) if bias is not None and bias.numel() else 0.0
-    if peak == 0.0:
+    if peak == 0.0 and not (bias is not None and bias.requires_grad
+                            and abs(bias_log_scale - log_scale) < _EXP_RANGE):
         return Scaled.normalised(weight_part(None), log_scale)
-    top = math.log(peak) + bias_log_scale
+    # a zero bias that is an autograd leaf stays in the graph: its gradient is not zero
+    top = math.log(peak) + bias_log_scale if peak > 0 else -math.inf
     if top <= log_scale:
         gain = math.exp(bias_log_scale - log_scale)
         return Scaled.normalised(weight_part(bias if gain == 1.0 else bias * gain), log_scale)
     y = weight_part(None)
     return Scaled.normalised(torch.add(channel_bias(bias / peak, y.dim(), channel_dim), y,
                                        alpha=math.exp(log_scale - top)), top)
+
+
+_EXP_RANGE = 700.0  # |x| below which math.exp(x) is a normal float64
 
 
 def channel_bias(bias: Tensor, ndim: int, channel_dim: int) -> Tensor:
@@ -127,6 +140,10 @@ class ScaledWalker(OpWalker):
     """A pass whose values are ``Scaled`` tensors: relabelling ops move mantissas (several
     inputs, as in ``cat``, brought to one scale first) and keep the scale; Python-level
     ops see mantissas."""
+
+    #: Each layer divided by its largest entry rather than a power of two near it (the
+    #: pass at large q on normalised parameters).
+    unit_weights = False
 
     def on_reshape(self, handler: Handler, call: Call) -> object:
         first = call.args[0] if call.args else None
@@ -169,6 +186,7 @@ class AbsPowInterpreter(ScaledWalker):
         super().__init__(graph)
         self.q, self.dtype = q, dtype
         self.unit_weights = unit_weights  # divide each layer by its largest |w| (large q)
+        self.rescaled = False  # a layer entered in a unit other than 1 (far from 1 in scale)
         self.workspace: Workspace | None = None
 
     def run_all_ones(self) -> Scaled | tuple[Scaled, ...]:
@@ -228,23 +246,33 @@ class AbsPowInterpreter(ScaledWalker):
 
     def _affine(self, handler: AffineHandler, x: Tensor, log_scale: float, call: Call
                 ) -> Scaled:
-        """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q (|W/u|^q x e^s + |b/u|^q)
-        with u the layer's largest parameter when ``unit_weights`` is set."""
-        unit = self.largest(handler, call) if self.unit_weights else 1.0
-        gain = self.q * math.log(unit)
+        """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q |W/u|^q x e^s + v^q |b/v|^q
+        with (u, v) the layer's ``units``: |theta|^q itself never leaves the float range."""
+        unit, bias_unit = self.units(handler, call)
+        self.rescaled = self.rescaled or unit != 1.0 or bias_unit != 1.0
         return scaled_affine(lambda bias: self.weight_part(handler, x, call, bias, unit),
-                             log_scale + gain, self.bias_magnitude(handler, call, unit),
-                             handler.channel_dim, gain)
+                             log_scale + self.q * math.log(unit),
+                             self.bias_magnitude(handler, call, bias_unit),
+                             handler.channel_dim, self.q * math.log(bias_unit))
+
+    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+        """(u, v): the layer's weights and bias enter as |W/u|^q and |b/v|^q (a hook:
+        subclasses that supply their own magnitudes say which units they took; sharded layers
+        all-reduce their peaks). Powers
+        of two that bring the largest entries near 1 (``unit_of``); with
+        ``unit_weights``, the largest entries themselves."""
+        return self.module_units(handler, call.module)
+
+    def module_units(self, handler: AffineHandler, module: nn.Module) -> tuple[float, float]:
+        """``units`` of the layer ``module`` (a hook: a sharded layer's are those of the
+        whole layer, the same on every rank)."""
+        return handler.units(module, exact=self.unit_weights)
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
         """|W/unit|^q x (+ bias) of one affine layer (a hook: subclasses substitute or
         record |W|^q)."""
         return handler.weight_part(x, self.q, call, bias, self.workspace, unit)
-
-    def largest(self, handler: AffineHandler, call: Call) -> float:
-        """The layer's largest |w| or |b|, its unit (a hook: sharded layers all-reduce it)."""
-        return handler.largest(call.module)
 
     def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
                        ) -> Tensor | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, PrecisionError
 from pathlift.graph.boundary import copy_model
 from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import apply_, incoming_norms, refuse_shared_parameters
@@ -88,7 +88,13 @@ def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
         dead += int((lam == 0).sum())
         group_grow = torch.ones(cmap.num_groups, dtype=torch.float64)
         group_shrink = torch.ones_like(group_grow)
-        group_grow[groups] = torch.where(lam > 0, 1 / lam.clamp_min(1e-300), 1.0)
+        grow = 1 / torch.where(lam > 0, lam, 1.0)
+        if not bool(torch.isfinite(grow).all()):  # a norm below 1/float64-max: 1/lam is inf
+            raise PrecisionError(
+                f"layer '{producer.name}' has a neuron whose incoming weights have q-norm "
+                f"{float(lam[lam > 0].min()):.3g}, below what float64 can divide by; "
+                "Alg. 3.2.1 cannot normalise it exactly (scale the network up first)")
+        group_grow[groups] = grow
         group_shrink[groups] = lam
         touched = {p.name: p for g in groups.tolist() for p, _ in members[g]}
         touched.update({p.name: p for g in groups.tolist() for p in readers.get(g, ())})

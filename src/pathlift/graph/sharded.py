@@ -45,6 +45,7 @@ from pathlift.graph.collectives import (
     sum_ranks,
 )
 from pathlift.graph.ops import AffineHandler, Call, Handler
+from pathlift.graph.ops.affine import peak_of, unit_of_peak
 from pathlift.graph.trace import LayerGraph
 
 OUTPUTS, INPUTS = "outputs", "inputs"
@@ -112,19 +113,14 @@ class ShardedLayer:
             return t
         return t.narrow(0, rows.start if self.split is None else 0, rows.count)
 
-    def largest(self, handler: AffineHandler) -> float:
-        """The layer's largest |w| or |b| (1 if all are zero), the same on every rank."""
+    def units(self, handler: AffineHandler, exact: bool) -> tuple[float, float]:
+        """``AffineHandler.units`` of the whole layer, the same on every rank: each
+        tensor's peak is the largest of its ranks'."""
         if self.split is None:
-            return handler.largest(self.view)
-        peak = max((_peak(t) for t in handler.dag_parameters(self.view)
-                    if t is not None and t.numel()), default=0.0)
-        return all_max(peak, self.rows.group) or 1.0
-
-
-def _peak(t: Tensor) -> float:
-    """max |t| without a copy of |t|."""
-    low, high = torch.aminmax(t.detach())
-    return max(-float(low), float(high))
+            return handler.units(self.view, exact)
+        weight, bias = handler.dag_parameters(self.view)
+        return (unit_of_peak(all_max(peak_of(weight), self.rows.group), exact),
+                unit_of_peak(all_max(peak_of(bias), self.rows.group), exact))
 
 
 def _layer(module: nn.Module, handler: Handler, shards: dict[str, Tensor]) -> ShardedLayer:
@@ -181,7 +177,7 @@ class ShardedLayers:
 
 
 class ShardedWalker:
-    """The hooks of a |theta|^q pass (``weight_part``, ``bias_magnitude``, ``largest``) for
+    """The hooks of a |theta|^q pass (``weight_part``, ``bias_magnitude``, ``module_units``) for
     a graph with sharded layers: put it first among the bases of a pass class,
     ``class ShardedAbsPow(ShardedWalker, AbsPowInterpreter)``. The pass then runs over the
     layers' views, each split layer combined across ranks as the module docstring says;
@@ -206,9 +202,10 @@ class ShardedWalker:
         local = super().bias_magnitude(handler, call, unit)
         return local if layer is None else layer.gathered_bias(local)
 
-    def largest(self, handler: AffineHandler, call: Call) -> float:
-        layer = self.shards.layer(call.module)
-        return super().largest(handler, call) if layer is None else layer.largest(handler)
+    def module_units(self, handler: AffineHandler, module: nn.Module) -> tuple[float, float]:
+        layer = self.shards.layer(module)
+        return super().module_units(handler, module) if layer is None else \
+            layer.units(handler, self.unit_weights)
 
 
 def as_shard_of(local: Tensor, param: Tensor) -> Tensor:

@@ -33,7 +33,13 @@ from torch.nn.utils import prune
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from pathlift.errors import LeadingDimensionWarning, Problem, ShapeError, UnsupportedModelError
+from pathlift.errors import (
+    LeadingDimensionWarning,
+    PathliftError,
+    Problem,
+    ShapeError,
+    UnsupportedModelError,
+)
 from pathlift.graph.boundary import (
     dtype_device,
     eval_mode,
@@ -692,6 +698,10 @@ class _Validate(fx.Interpreter):
             try:
                 n.meta[HANDLER] = n.meta[HANDLER].resolve(call)  # this call's operation
                 reason = n.meta[HANDLER].problem(call)
+            except PathliftError:
+                raise
+            except Exception as err:  # a probe the shape cannot take (a pool too large)
+                raise _shape_error(n, module, tuple(args), err) from None
             finally:
                 self.recorder.paused = False
             if reason is not None:

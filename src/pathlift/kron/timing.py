@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from pathlift.errors import check_count
+
 
 def round_robin(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
                 device: torch.device | str = "cpu", min_sample: float = 2e-3,
@@ -39,6 +41,7 @@ def round_robin(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
     is most of the noise, and is exact where all the work runs on this thread (one
     intra-op thread, the fused kernel's one-thread path).
     """
+    repeats = check_count("repeats", repeats)
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 

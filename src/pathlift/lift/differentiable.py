@@ -23,13 +23,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, Problem, UnsupportedModelError
+from pathlift.errors import InvalidParameterError, PrecisionError, Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs, output_sum
 from pathlift.graph.boundary import is_fsdp1, param
-from pathlift.graph.ops import AffineHandler, BatchNormHandler, Call, batchnorm_affine
+from pathlift.graph.ops import (
+    AffineHandler,
+    BatchNormHandler,
+    Call,
+    batchnorm_affine,
+)
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
-from pathlift.lift.path_norm import log_r_norm
+from pathlift.lift.path_norm import COUNTING_Q, log_r_norm
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
            "magnitude_gradients"]
@@ -48,33 +53,43 @@ def dag_parameters(handler: AffineHandler, module: nn.Module, dtype: torch.dtype
 class LivePass(AbsPowInterpreter):
     """The |theta|^q network (Thm 3.1.1) whose |W|^q and |b|^q are computed from the live
     parameters (``leaves=False``: the outputs are differentiable in them) or are fresh
-    autograd leaves, one pair per layer, kept in ``leaves`` (``leaves=True``)."""
+    autograd leaves, one pair per layer, kept in ``leaves`` (``leaves=True``).
+
+    Each layer enters in its units (``AffineHandler.units``, powers of two, constants of
+    the pass like its log scales): |W/u|^q and |b/v|^q, u^q and v^q carried in log space.
+    The leaves are those scaled magnitudes; ``units`` keeps (u, v) per layer."""
 
     def __init__(self, graph: LayerGraph, q: float, dtype: torch.dtype, leaves: bool = False):
         super().__init__(graph, q, dtype)
         self.make_leaves = leaves
         self.leaves: dict[str, tuple[Tensor, Tensor | None]] = {}
         self.handlers: dict[str, AffineHandler] = {}
+        self.layer_units: dict[str, tuple[float, float]] = {}
         self._current: tuple[str, tuple[Tensor, Tensor | None]] | None = None
 
     def _magnitudes(self, handler: AffineHandler, call: Call) -> tuple[Tensor, Tensor | None]:
-        """|W|^q, |b|^q of the layer of ``call`` (computed once per call of the layer; with
-        leaves, once per layer). The pass runs without ``unit_weights``, so the hooks'
-        ``unit`` is always 1."""
+        """|W/u|^q, |b/v|^q of the layer of ``call`` (computed once per call of the layer;
+        with leaves, once per layer)."""
         if self._current is not None and self._current[0] == call.node.name:
             return self._current[1]
-        name = call.node.target if isinstance(call.node.target, str) else call.node.name
+        name = _layer_name(call)
         if self.make_leaves and name in self.leaves:
             pair = self.leaves[name]
         else:
             w, b = dag_parameters(handler, call.module, self.dtype)
-            pair = (_abs_pow(w, self.q), None if b is None else _abs_pow(b, self.q))
+            unit, bias_unit = self.layer_units[name] = self.module_units(handler, call.module)
+            pair = (_abs_pow(w, self.q, unit),
+                    None if b is None else _abs_pow(b, self.q, bias_unit))
             if self.make_leaves:
                 pair = (pair[0].detach().requires_grad_(),
                         None if pair[1] is None else pair[1].detach().requires_grad_())
                 self.leaves[name], self.handlers[name] = pair, handler
         self._current = (call.node.name, pair)
         return pair
+
+    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+        self._magnitudes(handler, call)
+        return self.layer_units[_layer_name(call)]
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
@@ -89,11 +104,19 @@ class ShardedLivePass(ShardedWalker, LivePass):
     """``LivePass`` over a model with sharded layers (FSDP2): each rank's |W|^q is that of
     its local rows (``pathlift.graph.sharded``), so ``backward`` puts the gradient of
     every shard, exact, in its DTensor parameter's ``.grad``, where FSDP2 adds the
-    reduce-scattered gradient of the rest of the loss."""
+    reduce-scattered gradient of the rest of the loss. A sharded layer's units are those
+    of the whole layer (its peaks all-reduced), the same on every rank."""
 
 
-def _abs_pow(t: Tensor, q: float) -> Tensor:
-    """|t|^q with the fewest autograd nodes: |t| for q = 1, t*t for q = 2."""
+def _layer_name(call: Call) -> str:
+    return call.node.target if isinstance(call.node.target, str) else call.node.name
+
+
+def _abs_pow(t: Tensor, q: float, unit: float = 1.0) -> Tensor:
+    """|t / unit|^q with the fewest autograd nodes: |t| for q = 1, t*t for q = 2 (no
+    division for unit 1)."""
+    if unit != 1.0:
+        t = t / unit
     if q == 1:
         return t.abs()
     return t.square() if q == 2 else t.abs().pow(q)
@@ -212,17 +235,21 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
         raise UnsupportedModelError(
             "magnitude gradients (Path-SGD scales) of a sharded (FSDP2) model are not "
             "implemented; differentiable_path_norm and path_magnitude_scores are")
-    tape = LivePass(graph, q, dtype or graph.dtype, leaves=True)
-    with torch.enable_grad():
-        total, top = output_sum(tape.run_all_ones())
-        flat = [t for pair in tape.leaves.values() for t in pair if t is not None]
-        grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
-                         strict=True))
+    tape, found, top = _leaf_gradients(graph, q, dtype or graph.dtype)
+    # the leaves are |W/u|^q: d/d|W|^q = u^-q d/d|W/u|^q, brought to one scale
+    shifts = {name: tuple(-q * math.log(u) for u in units)
+              for name, units in tape.layer_units.items()}
+    shift = max((shifts[name][i] for name, pair in found.items()
+                 for i, g in enumerate(pair) if g is not None), default=0.0)
+    found = {name: tuple(g if g is None or shifts[name][i] == shift
+                         else g * math.exp(shifts[name][i] - shift)
+                         for i, g in enumerate(pair)) for name, pair in found.items()}
+    if tape.rescaled:  # scales beyond the float range: zeros may be flushed values
+        refuse_flushed(graph, {name: [(g, None) for g in pair] for name, pair in found.items()},
+                       "magnitude gradients")
     scales: dict[nn.Parameter, Tensor] = {}
-    for name, (wq, bq) in tape.leaves.items():
+    for name, (g_w, g_b) in found.items():
         module = graph.module.get_submodule(name)
-        g_w = _grad(grads, wq)
-        g_b = None if bq is None else _grad(grads, bq)
         if isinstance(tape.handlers[name], BatchNormHandler):
             if q != 2:
                 raise InvalidParameterError(
@@ -237,7 +264,46 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
             p = _stored_parameter(module, pname)
             if p is not None and gamma is not None:
                 scales[p] = gamma.detach()
-    return MagnitudeGradients(q, scales, top)
+    return MagnitudeGradients(q, scales, top + shift)
+
+
+def _leaf_gradients(graph: LayerGraph, q: float, dtype: torch.dtype
+                    ) -> tuple[LivePass, dict[str, tuple[Tensor, Tensor | None]], float]:
+    """The pass with leaves, and for each layer d(sum_v o_v)/d|W/u|^q and d/d|b/v|^q, as
+    mantissas of the natural-log scale returned last."""
+    tape = LivePass(graph, q, dtype, leaves=True)
+    with torch.enable_grad():
+        total, top = output_sum(tape.run_all_ones())
+        flat = [t for pair in tape.leaves.values() for t in pair if t is not None]
+        grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
+                         strict=True))
+    return tape, {name: (_grad(grads, w), None if b is None else _grad(grads, b))
+                  for name, (w, b) in tape.leaves.items()}, top
+
+
+def refuse_flushed(graph: LayerGraph,
+                   found: dict[str, list[tuple[Tensor | None, Tensor | None]]], what: str
+                   ) -> None:
+    """PrecisionError when an entry of ``found`` (per layer, (values, parameter) pairs for
+    its weight and bias; parameter None: any) is zero although its parameter is non-zero
+    and lies on a path p with Phi_p != 0: a number flushed to zero by one float scale
+    (paths of the network that differ by more than the float's range). Called after a
+    pass that took some layer in a unit other than 1 (``AbsPowInterpreter.rescaled``):
+    a network whose weights lie within 2^(+-16) of 1 pays nothing. Which entries lie on
+    such a path is asked only when some entry is zero: the pass at q = 2^-60 counts the
+    non-zero paths through each one (``COUNTING_Q``)."""
+    zero = {name: [None if v is None else (v == 0) if p is None else (v == 0) & (p != 0)
+                   for v, p in pairs] for name, pairs in found.items()}
+    if not any(bool(z.any()) for pairs in zero.values() for z in pairs if z is not None):
+        return
+    live = _leaf_gradients(graph, COUNTING_Q, torch.float64)[1]
+    for name, pairs in zero.items():
+        if name in live and any(z is not None and g is not None and bool((z & (g > 0)).any())
+                                for z, g in zip(pairs, live[name], strict=True)):
+            raise PrecisionError(
+                f"'{name}': {what} of some of its coordinates lie more than float64's range "
+                "below the largest (the network's paths span more than 1e308) and cannot be "
+                "given at one scale; normalise the network's scale first")
 
 
 def _grad(grads: dict[int, Tensor | None], leaf: Tensor) -> Tensor:

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
-from pathlift.errors import UnsupportedModelError
+from pathlift.errors import UnsupportedModelError, check_number
 from pathlift.graph import Call, LayerGraph, Scaled, graph_of
 from pathlift.graph.abs_pow import ScaledWalker, channel_bias, output_logs, scaled_affine
-from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
+from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler, abs_power
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.graph.structure import lfcn_layers
 from pathlift.lift.path_metric import PathMetric, path_metric
-from pathlift.lift.path_norm import PathNorm, log_r_norm, path_norm
+from pathlift.lift.path_norm import PathNorm, check_finite, log_r_norm, path_norm
 from pathlift.logspace import LN10, format_log10, power10
 
 
@@ -85,26 +85,35 @@ class _ProductPass(ScaledWalker):
                                  + math.exp(log_c - peak), peak)
 
     def on_affine(self, handler: AffineHandler, call: Call) -> Scaled:
+        """||theta^{->v}||_q^q max_u M_u + |b_v|^q, the layer taken as u^q |W/u|^q and
+        v^q |b/v|^q (its ``units``), so that |theta|^q never leaves the float range."""
         if handler.out_dim != 0:
             raise self.unsupported(handler, call, " (a transposed convolution)")
         x = call.args[0]
         ones = torch.ones_like(x.mantissa)
         peak = handler.antecedent_max(x.mantissa, call.replace(x.mantissa))
-        y = self.weight_part(handler, ones, call.replace(ones)) * peak
+        unit, bias_unit = self.units(handler, call)
+        y = self.weight_part(handler, ones, call.replace(ones), unit=unit) * peak
         dim = handler.channel_dim
         return scaled_affine(lambda b: y if b is None else y + channel_bias(b, y.dim(), dim),
-                             x.log_scale, self.bias_magnitude(handler, call), dim)
+                             x.log_scale + self.q * math.log(unit),
+                             self.bias_magnitude(handler, call, bias_unit), dim,
+                             self.q * math.log(bias_unit))
+
+    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+        """The layer's (u, v) (a hook, as ``AbsPowInterpreter``'s)."""
+        return handler.units(call.module)
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
-        """|W|^q x (+ bias) of one layer (a hook, as ``AbsPowInterpreter``'s)."""
-        return handler.weight_part(x, self.q, call, bias)
+        """|W/unit|^q x (+ bias) of one layer (a hook, as ``AbsPowInterpreter``'s)."""
+        return handler.weight_part(x, self.q, call, bias, unit=unit)
 
     def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
                        ) -> Tensor | None:
-        """|b|^q of one layer in float64, or None (a hook, as ``weight_part``)."""
+        """|b/unit|^q of one layer in float64, or None (a hook, as ``weight_part``)."""
         bias = handler.bias(call.module)
-        return None if bias is None else bias.to(torch.float64).abs().pow(self.q)
+        return None if bias is None else abs_power(bias, self.q, torch.float64, unit=unit)
 
 
 class _ShardedProductPass(ShardedWalker, _ProductPass):
@@ -144,7 +153,9 @@ def layer_norm_product(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     walker = _ShardedProductPass if is_sharded_graph(graph) else _ProductPass
     with torch.no_grad():
         out = walker(graph, q).run()
-    total = float(log_r_norm(output_logs(out) / q, r))
+    logs = output_logs(out)
+    check_finite(graph, logs, f"Pi_(q={q:g}) of an output neuron")
+    total = float(log_r_norm(logs / q, r))
     return LayerNormProduct(q, r, total / LN10)
 
 
@@ -200,6 +211,7 @@ def lipschitz_params(model_a: nn.Module | LayerGraph, model_b: nn.Module | Layer
                      input_shape: Sequence[int] | None = None, x_inf: float = 1.0
                      ) -> ParameterLipschitz:
     """max(||x||_inf, 1) d(theta, theta') (thesis Cor. 3.4.1) for ||x||_inf <= ``x_inf``."""
+    x_inf = check_number("x_inf", x_inf, 0.0)
     graph_a = graph_of(model_a, input_shape)
     graph_b = graph_of(model_b, graph_a.input_shape)
     metric = path_metric(graph_a, graph_b)
@@ -236,6 +248,7 @@ def lipschitz_bounds(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
                      x_inf: float = 1.0) -> LipschitzBounds:
     """``lipschitz_input(model, input_shape, r)`` and, with ``other``, ``lipschitz_params(
     model, other, input_shape, x_inf)``, in one call (``pathlift lipschitz``)."""
+    x_inf = check_number("x_inf", x_inf, 0.0)  # checked also when no second model uses it
     params = None if other is None else lipschitz_params(model, other, input_shape, x_inf)
     return LipschitzBounds(lipschitz_input(model, input_shape, r), params)
 

@@ -26,6 +26,7 @@ from pathlift.graph.abs_pow import output_sum
 from pathlift.graph.boundary import param
 from pathlift.graph.ops import Activation, AffineHandler, Call, Kind, abs_power
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
+from pathlift.lift.differentiable import refuse_flushed
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,25 @@ class _Tape(AbsPowInterpreter):
         super().__init__(graph, 1.0, dtype)
         handlers = {n.target: graph.handler(n) for n in graph.nodes() if n.op == "call_module"}
         module = graph.module.get_submodule
-        self.weights = {name: (handlers[name].magnitude(module(name), 1.0, dtype)
+        # each affine layer in its units (|W/u|, |b/v| as the leaves, u and v carried by
+        # the pass's scale): theta_i d/d theta_i is the same in any unit
+        self.layer_units = {name: self.module_units(handlers[name], module(name))
+                            for name in {*layers, *biases}
+                            if handlers[name].kind is Kind.AFFINE}
+        self.weights = {name: (handlers[name].magnitude(module(name), 1.0, dtype,
+                                                        unit=self.layer_units[name][0])
                                if handlers[name].kind is Kind.AFFINE
                                else abs_power(param(module(name), "weight"), 1.0, dtype)
                                ).requires_grad_() for name in layers}
-        self.biases = {name: abs_power(handlers[name].bias(module(name)), 1.0, dtype)
+        self.biases = {name: abs_power(handlers[name].bias(module(name)), 1.0, dtype,
+                                       unit=self.layer_units[name][1])
                        .requires_grad_() for name in biases}
         self.records: dict[str, tuple[AffineHandler, Tensor, Tensor]] = {}
+
+    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+        if call.node.target in self.layer_units:
+            return self.layer_units[call.node.target]
+        return super().units(handler, call)
 
     def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
@@ -79,9 +92,11 @@ class _Tape(AbsPowInterpreter):
         neurons = pieces.neurons()
         gain = sum(_magnitude(c) for _, _, c in neurons)
         offset = sum(_magnitude(c) * abs(beta) for _, beta, c in neurons) + abs(pieces.value)
-        y = x.mantissa * gain + offset * math.exp(-x.log_scale)
+        size = float(offset.detach().max()) if isinstance(offset, Tensor) else float(offset)
+        top = max(x.log_scale, math.log(size)) if size > 0 else x.log_scale
+        y = x.mantissa * gain * math.exp(x.log_scale - top) + offset * math.exp(-top)
         self.records[name] = (handler, x.mantissa, y)
-        return Scaled.normalised(y, x.log_scale)
+        return Scaled.normalised(y, top)
 
     def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
                        ) -> Tensor | None:
@@ -142,6 +157,13 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
         bias_scores = {name: b.detach() * g if g is not None else torch.zeros_like(b.detach())
                        for (name, b), g in zip(tape.biases.items(), grads[len(wanted):],
                                                strict=True)}
+    if tape.rescaled and not isinstance(tape, _ShardedTape):
+        # scales beyond the float range: zeros may be flushed values (the counting pass
+        # behind this check does not run sharded)
+        module = graph.module.get_submodule
+        refuse_flushed(graph, {name: [(weights.get(name), param(module(name), "weight")),
+                                      (bias_scores.get(name), param(module(name), "bias"))]
+                               for name in {*weights, *bias_scores}}, "path-magnitudes")
     if isinstance(tape, _ShardedTape):  # this rank's rows of each parameter
         layer = tape.shards.by_target.get
         weights = {n: layer(n).local_rows("weight", t) if layer(n) else t

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import UnsupportedModelError
+from pathlift.errors import PrecisionError, UnsupportedModelError
 from pathlift.graph import Call, Kind, LayerGraph, graph_of
 from pathlift.graph.channels import channel_map
 from pathlift.graph.collectives import all_true
@@ -135,17 +135,23 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
     log_a, log_b = log_outputs(graph_a, 1.0), log_outputs(graph_b, 1.0)
     norm_a = float(torch.logsumexp(log_a, 0)) / LN10
     norm_b = float(torch.logsumexp(log_b, 0)) / LN10
+    cancelled = False
     if signs and (b_le_a or a_le_b):
         big, small = (log_a, log_b) if b_le_a else (log_b, log_a)
         d, accuracy = _log_diff(big, small)
-        return PathMetric(EXACT, d / LN10, d / LN10, norm_a, norm_b, signs, accuracy,
-                          "signs agree and one model dominates the other (Lemma 3.4.1)")
+        identical = all(bool(torch.equal(a, b)) for _, a, b in pairs)
+        if d > -math.inf or identical:
+            return PathMetric(EXACT, d / LN10, d / LN10, norm_a, norm_b, signs, accuracy,
+                              "signs agree and one model dominates the other (Lemma 3.4.1)")
+        cancelled = True  # the models differ by less than float64 resolves: no exact 0
     totals = torch.tensor([norm_a, norm_b], dtype=torch.float64) * LN10
     lower, accuracy = _log_diff(totals.max().reshape(1), totals.min().reshape(1))
     upper, why = (math.inf, "Lemma F.3 needs the normalised models, which pathlift does "
                   "not compute for sharded models") if sharded[0] else \
         _upper_bound_log(graph_a, graph_b)
-    reason = ("signs differ" if not signs else "neither model dominates the other") + \
+    reason = ("the two path-norms agree to float64's precision, so Lemma 3.4.1's difference "
+              "is lost" if cancelled else "signs differ" if not signs
+              else "neither model dominates the other") + \
         "; lower bound: paper 002 eq. (6); upper bound: " + why
     return PathMetric(INTERVAL, lower / LN10, upper / LN10, norm_a, norm_b, signs,
                       accuracy, reason)
@@ -195,7 +201,14 @@ def _upper_bound_log(graph_a: LayerGraph, graph_b: LayerGraph) -> tuple[float, s
                           "after the last layer has fixed weights); no certified upper bound")
     normalised, sums, excess = [], [], 1.0
     for g in (graph_a, graph_b):
-        n = graph_of(normalize(g, None, 1.0))
+        try:
+            n = graph_of(normalize(g, None, 1.0))
+        except PrecisionError as err:
+            return math.inf, f"{err}; no certified upper bound"
+        if any(not bool((torch.isfinite(m) & ((m != 0) | (t == 0))).all())
+               for _, t, m in paired_parameters(g, n)):
+            return math.inf, ("the normalised parameters N(theta) leave float64's range (the "
+                              "network's scales are too far apart); no certified upper bound")
         problem, total, largest = _premise(n)
         if problem:
             return math.inf, problem + "; no certified upper bound"

@@ -75,46 +75,85 @@ LARGE_Q = 4.0
 
 def log_outputs(graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64) -> Tensor:
     """ln o_v = ln ||Phi^{->v}||_q^q for every output neuron v, across every returned tensor
-    in order (Thm 3.1.1: one |theta|^q pass on the all-ones input).
+    in order (Thm 3.1.1: one |theta|^q pass on the all-ones input), exact for any finite
+    parameters, subnormals included, or a PrecisionError.
 
-    For q > ``LARGE_Q`` the pass runs on a float64 copy normalised by Alg. 3.2.1 at exponent q
-    (Phi is invariant, Thm 2.4.1, and every hidden neuron's incoming (weights, bias) then
-    has q-norm 1, so |w|^q stays in range), every layer divided by its largest parameter
-    u and u^q carried in log space. An output that comes out zero although it is not
-    (underflow the normalisation could not prevent) raises PrecisionError.
-    NaN or inf parameters make the pass non-finite; only then are the parameters read to
-    name the layer (UnsupportedModelError), so a healthy network pays nothing for it.
+    Each layer enters as |W/u|^q with u a power of two near its largest weight (its bias
+    likewise, with its own unit) and u^q carried in log space, so |theta|^q never leaves
+    the float range. For q > ``LARGE_Q`` the pass runs on a float64 copy normalised by
+    Alg. 3.2.1 at exponent q (Phi is invariant, Thm 2.4.1, and every hidden neuron's
+    incoming (weights, bias) then has q-norm 1), every layer divided by its largest entry.
+    Every output is checked: NaN or +inf names the layer holding NaN/inf
+    (UnsupportedModelError; the parameters are only read then, so a healthy network pays
+    nothing), else is a PrecisionError; a zero output whose network has a non-zero path
+    (``_support``) is computed again on the normalised copy, and is a PrecisionError if it
+    stays zero.
     """
     large = q > LARGE_Q
-    sharded = is_sharded_graph(graph)  # then every layer is only divided by its unit
-    if large and not sharded:  # normalised in float64, so that rounding the factors loses nothing
-        wide = copy_model(graph.model).to(torch.float64)
-        normalised = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
-        graph = graph_of(normalised)
-    walker = ShardedAbsPow if sharded else AbsPowInterpreter
-    with torch.no_grad():
-        out = walker(graph, q, dtype, unit_weights=large).run_all_ones()
-    log_o = output_logs(out)
-    if not bool((log_o < math.inf).all()):  # NaN or +inf (a zero norm gives -inf)
-        graph.check_values()
-    if large and bool((log_o == -math.inf).any()):
-        _refuse_underflow(graph, q, dtype, log_o, walker)
+    # a sharded model is never copied: every layer is only divided by its unit
+    walker = ShardedAbsPow if is_sharded_graph(graph) else AbsPowInterpreter
+    normalisable = walker is AbsPowInterpreter
+    log_o = _pass(graph, q, dtype, walker, normalised=large and normalisable, unit_weights=large)
+    if bool((log_o == -math.inf).any()):
+        lost = (log_o == -math.inf) & _support(graph, walker)
+        if bool(lost.any()) and not large and normalisable:
+            # underflow: Alg. 3.2.1 balances the layers
+            log_o = torch.where(lost, _pass(graph, q, dtype, walker, normalised=True,
+                                            unit_weights=True), log_o)
+            lost = lost & (log_o == -math.inf)
+        if bool(lost.any()):
+            remedy = "a smaller q" if dtype == torch.float64 else \
+                "dtype=torch.float64 or a smaller q"
+            raise PrecisionError(
+                f"||Phi^(->v)||_q at q = {q:g} underflows {dtype} for {int(lost.sum())} "
+                f"output neuron(s) even after normalising the parameters (Alg. 3.2.1); use "
+                f"{remedy}")
     return log_o
 
 
-def _refuse_underflow(graph: LayerGraph, q: float, dtype: torch.dtype, log_o: Tensor,
-                      walker: type[AbsPowInterpreter]) -> None:
-    """PrecisionError when an output that is not zero (its q = 1 norm is positive)
-    came out zero at exponent q."""
+def _pass(graph: LayerGraph, q: float, dtype: torch.dtype, walker: type[AbsPowInterpreter],
+          normalised: bool, unit_weights: bool) -> Tensor:
+    """ln o_v of one |theta|^q pass, on the Alg. 3.2.1 float64 copy when ``normalised``
+    (rounding the factors then loses nothing), each layer divided by its largest entry
+    when ``unit_weights``; NaN or +inf checked (see ``log_outputs``)."""
+    source = graph
+    if normalised:
+        wide = copy_model(graph.model).to(torch.float64)
+        normalised_model = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
+        graph = graph_of(normalised_model)
     with torch.no_grad():
-        out = walker(graph, 1.0, torch.float64).run_all_ones()
-    log_1 = output_logs(out)
-    lost = (log_o == -math.inf) & (log_1 > -math.inf)
-    if bool(lost.any()):
-        remedy = "a smaller q" if dtype == torch.float64 else "dtype=torch.float64 or a smaller q"
-        raise PrecisionError(
-            f"||Phi^(->v)||_q at q = {q:g} underflows {dtype} for {int(lost.sum())} output "
-            f"neuron(s) even after normalising the parameters (Alg. 3.2.1); use {remedy}")
+        log_o = output_logs(walker(graph, q, dtype, unit_weights=unit_weights).run_all_ones())
+    check_finite(source, log_o, f"||Phi^(->v)||_q^q at q = {q:g}")
+    return log_o
+
+
+def check_finite(graph: LayerGraph, logs: Tensor, what: str) -> None:
+    """Nothing when no entry of ``logs`` is NaN or +inf (-inf, a zero, is left to the
+    caller). Else UnsupportedModelError naming the layers that hold NaN/inf, or, when every
+    parameter is finite, a PrecisionError: a bug or a range no scaling covers, never a
+    number."""
+    if bool((logs < math.inf).all()):
+        return
+    graph.check_values()
+    raise PrecisionError(f"{what} came out {'NaN' if bool(logs.isnan().any()) else 'inf'} "
+                         "although every parameter is finite: beyond what scaling in log "
+                         "space covers (an extreme q?), else a bug to report (pathlift "
+                         "--debug shows where)")
+
+
+def _support(graph: LayerGraph, walker: type[AbsPowInterpreter] = AbsPowInterpreter
+             ) -> Tensor:
+    """Whether each output neuron ends a path p with Phi_p != 0: the pass at q = 2^-60,
+    where |w|^q = 1 within 1e-15 for every non-zero float w and 0^q = 0 (it counts the
+    non-zero paths, ||Phi||_0, and a sum of such terms is zero only when it has none)."""
+    with torch.no_grad():
+        out = walker(graph, COUNTING_Q, torch.float64).run_all_ones()
+    return output_logs(out) > -math.inf
+
+
+#: q at which |w|^q is 1 within 1e-15 for every non-zero float w: the pass counts the
+#: non-zero paths (||Phi||_0), whatever their weights.
+COUNTING_Q = 2.0**-60
 
 
 def log_r_norm(per_output: Tensor, r: float) -> Tensor:

@@ -69,7 +69,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     from pathlift.models import model_factory
     from pathlift.prune.pipeline import SGDTraining, scatter
     from pathlift.prune.protocol import prune_rewind_retrain
-    from pathlift.prune.results import RunFolder
+    from pathlift.prune.results import ResultsFileError, RunFolder
     from pathlift.symmetry import random_rescale
 
     with launched() as world:
@@ -94,7 +94,14 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         if not world.main:
             return PruneExperiment(None, None, None, None, world.size, note)
         trained = make()
-        trained.load_state_dict(folder.load_dense(config.seeds[0]).trained)
+        states = folder.load_dense(config.seeds[0])
+        if states is None:  # every run was finished, then the weights were deleted
+            raise ResultsFileError(
+                f"'{folder.dense_path(config.seeds[0])}' (or its rewind file) is missing: the "
+                f"runs of seed {config.seeds[0]} are finished but the summary plot needs "
+                "their dense network; restore the file, or delete that seed's lines from "
+                f"'{folder.csv}' to train it again")
+        trained.load_state_dict(states.trained)
         trained.eval()
         rescaled = random_rescale(trained, config.rescale_factors, 0, split.input_shape)
         scatters = {False: scatter(trained, split.input_shape),

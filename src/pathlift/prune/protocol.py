@@ -24,8 +24,11 @@ never modified.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import numbers
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
@@ -37,7 +40,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from pathlift import __version__
 from pathlift.distributed import World, ddp, fingerprint, shard
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import copy_model, unwrap
+from pathlift.graph import copy_model, graph_of, unwrap
 from pathlift.graph.boundary import attach_masks_, cpu_state, prune_masks
 from pathlift.graph.trace import as_input_shape
 from pathlift.prune.methods import Criterion, PruningResult, Scope, ScoreFunction, prune_model
@@ -340,7 +343,9 @@ def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], trai
     so given weights count), the input shape, the training's
     ``settings()`` when ``train`` is a method of an object that has one (``SGDTraining``:
     data digest, batch size, SGD's hyper-parameters), your ``settings``, the grid and the
-    protocol's settings, the world size, the spread and the pathlift and torch versions."""
+    protocol's settings, the world size, the spread and the pathlift and torch versions.
+    ``forward`` is a digest of the traced forward (``forward_digest``): a model whose
+    ``forward`` changed, with the same parameters, is named on resume."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seeds[0])
         model = model_fn()
@@ -349,11 +354,49 @@ def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], trai
     layout = ";".join(f"{k}:{tuple(v.shape)}:{v.dtype}" for k, v in state.items())
     return {"model": f"{type(unwrap(model)).__name__} "
                      f"{hashlib.sha256(layout.encode()).hexdigest()[:16]}",
+            "forward": forward_digest(model, input_shape),
             "weights": fingerprint(state)[:16],
             "input_shape": list(input_shape),
             **(described() if callable(described) else {}), **(settings or {}),
             **config.settings(), "world_size": world_size, "spread": spread,
             "pathlift": __version__, "torch": torch.__version__}
+
+
+def forward_digest(model: nn.Module, input_shape: Sequence[int]) -> str:
+    """The traced forward of ``model`` in one line: its class, its number of graph nodes
+    and the start of the sha256 of every node's op, target, arguments and output shape
+    (what ``forward`` computes, not the weights), traced as in eval mode (no flag of the
+    model is changed)."""
+    graph = graph_of(model, input_shape, as_eval=True)
+    lines = []
+    for n in graph.graph.nodes:
+        meta = n.meta.get("tensor_meta")
+        shape = tuple(meta.shape) if hasattr(meta, "shape") else None
+        target = (repr(graph.submodule(n)) if n.op == "call_module" else
+                  getattr(n.target, "__module__", "") + "." +
+                  getattr(n.target, "__qualname__", str(n.target)))
+        lines.append(f"{n.op}|{target}|{n.args}|{n.kwargs}|{shape}")
+    text = _ADDRESS.sub("", "\n".join(lines))
+    return (f"{type(unwrap(model)).__name__}: {len(lines)} nodes, "
+            f"{hashlib.sha256(text.encode()).hexdigest()[:16]}")
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses change from run to run
+
+
+def _checked_accuracy(world: World, what: str, value: object) -> float:
+    """``evaluate``'s result as an accuracy in [0, 1], checked to be the same on every
+    rank."""
+    number = math.nan
+    if isinstance(value, (numbers.Real, Tensor)) and not isinstance(value, bool):
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):  # a tensor of several
+            number = float(value)
+    if not 0.0 <= number <= 1.0:
+        raise InvalidParameterError(
+            f"evaluate() returned {value!r} for the {what}; it must return an accuracy, a "
+            "number in [0, 1] (a percentage divided by 100)")
+    world.check_identical(what, number)
+    return number
 
 
 def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: Train,
@@ -364,6 +407,11 @@ def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: 
     """``prune_rewind_retrain`` once ``folder`` (rank 0's, None elsewhere) is open."""
     worker = World(device=world.device) if spread == "runs" else world
     methods = {m.name: m for m in config.methods}  # type: ignore[union-attr]
+    if folder is not None and save_models:  # a finished run must have its network
+        lost = [k for k, r in done.items() if not folder.model_path(r).is_file()]
+        if lost:  # (a kill between them under older versions): computed again
+            folder.drop(lost)
+            done = {k: r for k, r in done.items() if k not in lost}
     done = world.broadcast(done)
     pending = [k for k in config.grid() if k not in done]
     if folder is not None and pending:  # before any training: a read-only one is refused
@@ -396,10 +444,10 @@ def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: 
     records = dict(done)
     for record, state in _spread(pending, run, world, spread):
         records[record.key] = record
-        if folder is not None:
-            folder.append(record)
+        if folder is not None:  # the network first: a row always has its network
             if state is not None:
                 folder.save_model(state, record)
+            folder.append(record)
         note(f"seed {record.seed} {record.method}{' rescaled' if record.rescaled else ''} "
              f"{100 * record.amount:g}%: {100 * record.accuracy:.1f}%")
     return ProtocolResult(config, tuple(records[k] for k in config.grid()))
@@ -432,11 +480,6 @@ def _spread(tasks: list[T], work: Callable[[T], R], world: World, spread: Spread
         yield from world.gather(mine)[:len(chunk)]
 
 
-def _agreed(world: World, what: str, value: float) -> float:
-    world.check_identical(what, value)
-    return value
-
-
 def _train(train: Train, model: nn.Module, epochs: int, phase: Phase) -> None:
     """``train`` on ``model`` (DDP-wrapped when distributed), then rank 0's buffers
     everywhere and the check that every rank ends with the same weights."""
@@ -462,7 +505,7 @@ def _train_dense(seed: int, model_fn: Callable[[], nn.Module], train: Train,
             "point: loop `for epoch in phase.epochs(epochs)` or call phase.end_epoch(epoch) "
             "after each epoch")
     world.check_identical("rewind weights", phase.rewind_state)
-    accuracy = _agreed(world, "dense accuracies", evaluate(model))
+    accuracy = _checked_accuracy(world, "dense accuracies", evaluate(model))
     trained = cpu_state(model.state_dict(), snapshot=True)
     return DenseStates(seed, trained, phase.rewind_state, accuracy)
 
@@ -524,12 +567,12 @@ def _run(key: RunKey, dense: nn.Module, states: DenseStates, method: Method,
         digest = world.check_identical("pruning masks", masks)
         if first is None:
             first = choice
-            pruned_accuracy = _agreed(world, "accuracies after pruning",
-                                      evaluate(_masked(trained, None, masks)))
+            pruned_accuracy = _checked_accuracy(world, "accuracies after pruning",
+                                                evaluate(_masked(trained, None, masks)))
         current = _masked(trained, states.rewind, masks)
         _train(train, current, config.epochs - config.rewind_epoch,
                Phase("retrain", key.seed, config.rewind_epoch, world, current))
-    accuracy = _agreed(world, "final accuracies", evaluate(current))
+    accuracy = _checked_accuracy(world, "final accuracies", evaluate(current))
     kept = sum(float(m.sum()) for m in masks.values())
     record = RunRecord(key.seed, key.method, key.rescaled, key.amount, config.rounds,
                        1.0 - kept / first.result.total, states.accuracy, pruned_accuracy,

@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import socket
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -209,6 +210,7 @@ class RunFolder:
         self._created = False
         self._wrote = False
         self._text = b""  # runs.csv's complete lines, what the next row is added to
+        self._settings: dict[str, Any] | None = None  # the manifest, once open
 
     def open(self, manifest: dict[str, Any]) -> dict[RunKey, RunRecord]:
         """Lock the folder (creating it), then check that it holds runs made with the same
@@ -236,6 +238,7 @@ class RunFolder:
             self._acquire()
             if self.writable:  # left by writes that a kill interrupted
                 remove_temporaries(self.path, self.path / "dense", self.path / "models")
+            self._check_kinds()
             if self.manifest.is_file():
                 _compare(self._read_manifest(), manifest, self.path)
             elif self.csv.exists() or (self.path / "dense").exists():
@@ -245,6 +248,7 @@ class RunFolder:
             else:
                 self.check_writable()
                 write_json(self.manifest, manifest)
+            self._settings = manifest
             return {r.key: r for r in self.records()}
         except BaseException:
             self.close()
@@ -327,6 +331,17 @@ class RunFolder:
             raise FileSystemError(errno.EROFS, f"cannot write '{self.path}': it is "
                                   f"read-only{' and ' + why if why else ''}; make it "
                                   "writable or choose another output folder")
+    def _check_kinds(self) -> None:
+        """Before any run is computed: the folder's files are files and its folders
+        folders (a ``runs.csv`` replaced by a folder once failed only at the first row)."""
+        for path, folder in ((self.manifest, False), (self.csv, False),
+                             (self.path / "dense", True), (self.path / "models", True)):
+            if (path.exists() or path.is_symlink()) and \
+                    not (path.is_dir() if folder else path.is_file()):
+                raise ResultsFileError(
+                    f"'{path}' is {'not a folder' if folder else 'not a file'}: move it away "
+                    "(the run folder needs it as pathlift wrote it), or choose another "
+                    "output folder")
 
     def _read_manifest(self) -> dict[str, Any]:
         text = read_regular(self.manifest)
@@ -363,8 +378,15 @@ class RunFolder:
                 f"'{self.csv}' line 1: the header is damaged ({lines[0][:60]!r}); restore it "
                 f"as {','.join(COLUMNS)!r} or choose another output folder")
         seen: dict[RunKey, tuple[int, RunRecord]] = {}
+        settings = self._settings
+        if settings is None and self.manifest.is_file():
+            settings = self._read_manifest()
         for number, line in enumerate(lines[1:], start=2):
             record = self._parse(line, number)
+            problem = _out_of_range(record, settings or {})
+            if problem:
+                raise ResultsFileError(f"'{self.csv}' line {number}: {problem} (edited by "
+                                       "hand?); delete the line to compute that run again")
             first = seen.setdefault(record.key, (number, record))
             if first[1].to_row() != record.to_row():  # as text: NaN equals NaN
                 raise ResultsFileError(
@@ -400,6 +422,15 @@ class RunFolder:
         text = self._text + csv_line(record.to_row())
         write_bytes(self.csv, text)
         self._text, self._wrote = text, True
+
+    def drop(self, keys: Iterable[RunKey]) -> None:
+        """Remove the rows of ``keys`` from ``runs.csv`` (replaced whole): those runs are
+        computed again."""
+        gone = set(keys)
+        kept = [r for r in self.records() if r.key not in gone]
+        text = csv_line(COLUMNS) + b"".join(csv_line(r.to_row()) for r in kept)
+        write_bytes(self.csv, text)
+        self._text = text
 
     def dense_path(self, seed: int, part: str = "trained") -> Path:
         return self.path / "dense" / f"seed{seed}-{part}.safetensors"
@@ -465,6 +496,36 @@ def _decode(data: bytes, path: Path) -> str:
         raise ResultsFileError(
             f"'{path}' line {line}, column {column}: bytes that are not UTF-8 text; delete "
             "the line to compute that run again") from None
+
+
+_ACCURACIES = ("dense_accuracy", "pruned_accuracy", "accuracy", "sparsity")
+#: row field -> manifest setting holding every value the grid allows
+_GRID = {"seed": "seeds", "method": "methods", "rescaled": "rescaled", "amount": "amounts"}
+_SAME = {"rounds": "rounds", "world_size": "world_size", "spread": "spread"}
+
+
+def _out_of_range(record: RunRecord, settings: dict[str, Any]) -> str | None:
+    """What is impossible about a parsed row, or None: accuracies and sparsity finite in
+    [0, 1], overlap in [0, 100], a 16-digit hex mask digest, and, against the folder's
+    manifest, a key inside the grid and the protocol's rounds, world size and spread."""
+    for name in _ACCURACIES:
+        value = getattr(record, name)
+        if not 0.0 <= value <= 1.0:
+            return f"{name} {value!r} is not in [0, 1]"
+    if not (math.isnan(record.overlap) or 0.0 <= record.overlap <= 100.0):
+        return f"overlap {record.overlap!r} is not a percentage"
+    if not re.fullmatch(r"[0-9a-f]{16}", record.mask_digest):
+        return f"mask_digest {record.mask_digest!r} is not 16 hex digits"
+    for field, setting in _GRID.items():
+        allowed = settings.get(setting)
+        if isinstance(allowed, list) and getattr(record, field) not in allowed:
+            return f"{field} {getattr(record, field)!r} is not one of the folder's {setting} " \
+                   f"{json.dumps(allowed)}"
+    for field, setting in _SAME.items():
+        if setting in settings and getattr(record, field) != settings[setting]:
+            return f"{field} {getattr(record, field)!r} differs from the folder's " \
+                   f"{json.dumps(settings[setting])}"
+    return None
 
 
 def _compare(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from pathlift.data import Split
+from pathlift.errors import check_count
 from pathlift.files import check_appendable
 from pathlift.graph.memory import check_samples
 from pathlift.quant.symmetry_aware import QuantReport, append_csv, compare
@@ -49,6 +50,7 @@ def compare_bits(model: nn.Module, input_shape: Sequence[int], bits: Sequence[in
     ``csv``, one row per report is appended, with the columns model (``name``),
     random_rescale and per_channel first.
     """
+    samples = check_count("samples", samples)
     if csv is not None:
         check_appendable(csv)  # a CSV that cannot take the rows is refused before any work
     if data is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pathlift.errors import check_count
 from pathlift.graph.memory import check_samples
 from pathlift.graph.normalize import Normalized, normalize_report
 from pathlift.lift import path_norm
@@ -35,6 +36,7 @@ def compare_models(model: nn.Module, other: nn.Module, input_shape: Sequence[int
                    samples: int = 16, seed: int = 0) -> Comparison:
     """Parameter norms, l1 path-norms (Thm 3.1.1) and the relative output gap of two models
     of the same input shape, on ``samples`` seeded N(0, 1) inputs. Neither is modified."""
+    samples = check_count("samples", samples)
     check_samples(samples, input_shape, "comparing the outputs", 4)
     x = torch.randn((samples, *input_shape), generator=torch.Generator().manual_seed(seed))
     x = x.to(next(model.parameters()).dtype)

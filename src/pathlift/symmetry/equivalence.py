@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, check_count, check_number
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import flat_outputs, stored
 from pathlift.graph.channels import ChannelMap, Producer, analyse
@@ -271,6 +271,8 @@ def equivalent(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph,
     Each model is traced once (or its graph reused). ArchitectureMismatchError when the
     models do not share one architecture.
     """
+    tolerance = check_number("tolerance", tolerance, 0.0)
+    samples = check_count("samples", samples)
     graph_a = graph_of(model_a, input_shape)
     graph_b = graph_of(model_b, graph_a.input_shape)
     paired_parameters(graph_a, graph_b)  # same architecture

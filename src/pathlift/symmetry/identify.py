@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.errors import InvalidParameterError, ShapeError, check_number
 from pathlift.graph import LayerGraph
 from pathlift.graph.channels import analyse
 from pathlift.graph.memory import check_samples
@@ -229,7 +229,7 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
     par = Parameterized.of(model, None if input_shape is None else tuple(input_shape))
     x = _inputs(par, inputs, seed)
     if isinstance(inputs, int):
-        x = scale * x
+        x = check_number("scale", scale, 0.0, above=True) * x
     method = _method(method, par.size, exact_max)
     if domain is None:
         domain = _inputs(par, DOMAIN, seed + 2) * max(1.0, float(x.std()) if x.numel() > 1 else 1.0)

@@ -43,8 +43,24 @@ def rescaled_copy(cmap: ChannelMap, grow: Tensor) -> nn.Module:
     refuse_shared_parameters(source, cmap.producers)
     out = copy_model(source)
     apply_all_(out, cmap.producers, grow, 1.0 / grow)
+    _check_representable(source, out, cmap)
     cmap.graph.bind(out)
     return out
+
+
+def _check_representable(source: nn.Module, out: nn.Module, cmap: ChannelMap) -> None:
+    """InvalidParameterError naming the first layer whose rescaled parameters left the
+    range of their dtype (a finite entry became inf, or a non-zero one 0): the copy would
+    no longer compute the same function, and its path-norm would read as NaN weights."""
+    for p in cmap.producers:
+        before = dict(source.get_submodule(p.name).named_parameters())
+        for name, t in out.get_submodule(p.name).named_parameters():
+            old, new = before[name].detach(), t.detach()
+            if bool((torch.isfinite(old) & ~torch.isfinite(new)).any()) or \
+                    bool(((old != 0) & (new == 0)).any()):
+                raise InvalidParameterError(
+                    f"rescaling takes '{p.name}.{name}' out of {new.dtype}'s range (entries "
+                    "became inf or 0); use factors closer to 1, or a float64 model")
 
 
 def rescale(model: nn.Module | LayerGraph, lambdas: Mapping[str, float | Sequence[float] | Tensor],

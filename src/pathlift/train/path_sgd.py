@@ -76,7 +76,7 @@ class PathSGD(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         gammas = magnitude_gradients(self.model, self.input_shape, 2.0, self.dtype)
-        unscale = math.exp(-gammas.log_scale)
+        half = math.exp(-gammas.log_scale / 2)  # twice: e^-s may overflow, the steps not
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -88,7 +88,7 @@ class PathSGD(torch.optim.Optimizer):
                         "the traced network; Path-SGD scales only those")
                 grad = p.grad.to(gamma.dtype)
                 direction = torch.where(gamma > 0, grad / gamma, torch.zeros_like(grad))
-                direction.mul_(unscale)
+                direction.mul_(half).mul_(half)
                 if group["momentum"]:
                     buf = self.state[p].get("momentum_buffer")
                     if buf is None:

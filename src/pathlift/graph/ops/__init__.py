@@ -20,6 +20,7 @@ from pathlift.graph.ops.affine import (
     abs_power,
     batchnorm_affine,
     channel_view,
+    unit_of,
 )
 from pathlift.graph.ops.base import (
     FUNCTIONS,
@@ -59,6 +60,7 @@ __all__ = [
     "handler_for",
     "register",
     "supported_summary",
+    "unit_of",
     "window_max",
     "window_sum",
 ]

@@ -11,8 +11,10 @@ parameters (``dag_parameters``, ``entry_channels``, ``in_channels``, ``incoming_
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -71,6 +73,61 @@ def scaled_copy_(out: Tensor, source: Tensor, unit: float = 1.0) -> Tensor:
     if torch.finfo(out.dtype).bits < torch.finfo(source.dtype).bits:
         return out.copy_(source / unit).abs_()
     return out.copy_(source).div_(unit).abs_()
+#: |t|^q is taken as it is while max |t| lies within 2^(+-16) of 1; beyond, divided first.
+_UNIT_BAND = 16
+
+
+def unit_of(t: Tensor | None, exact: bool = False) -> float:
+    """The unit u in which a layer's |t|^q enters the pass, as |t / u|^q with u^q carried in
+    log space (Thm 3.1.1 on any finite float: |t|^q alone leaves float64 beyond |t| ~
+    1e+-154 at q = 2, and subnormals have lost their precision).
+
+    ``exact``: u is the largest |t_i| (the largest entry becomes 1, for large q). Else u
+    is the power of two 2^(e-1) <= max |t| < 2^e when max |t| lies outside 2^(+-16) (so the
+    division is exact, subnormals included), and 1 inside, where |t|^q needs no help. u = 1
+    for an empty, all-zero or non-finite t (whose values the caller checks).
+    """
+    return unit_of_peak(peak_of(t), exact)
+
+
+def peak_of(t: Tensor | None) -> float:
+    """max |t| (0 for None or an empty t), read without a copy of |t|."""
+    if t is None or not t.numel():
+        return 0.0
+    low, high = torch.aminmax(t.detach())  # one pass over t
+    return max(-float(low), float(high))
+
+
+def unit_of_peak(peak: float, exact: bool = False) -> float:
+    """``unit_of`` of a tensor whose largest |t_i| is ``peak`` (a sharded layer's peak is
+    the largest of its ranks')."""
+    if not (0.0 < peak < math.inf):
+        return 1.0
+    if exact:
+        return peak
+    exponent = math.frexp(peak)[1]
+    return 1.0 if abs(exponent) <= _UNIT_BAND else math.ldexp(1.0, exponent - 1)
+
+
+# A module's units with the state of its tensors they were found on.
+_UNITS: weakref.WeakKeyDictionary[nn.Module, tuple[list[tuple], tuple[float, float]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _tensor_state(module: nn.Module) -> list[tuple] | None:
+    """Each parameter and buffer of ``module`` (its own and its children's) as (itself,
+    storage, version): an in-place update, an optimiser step or an assignment changes
+    one of them. None when a tensor keeps no version (inference mode)."""
+    try:
+        return [(weakref.ref(t), t.data_ptr(), t._version)
+                for t in itertools.chain(module.parameters(), module.buffers())]
+    except RuntimeError:
+        return None
+
+
+def _same(a: list[tuple], b: list[tuple]) -> bool:
+    return len(a) == len(b) and all(x[0]() is y[0]() and x[1:] == y[1:]
+                                    for x, y in zip(a, b, strict=True))
 
 
 def channel_view(v: Tensor, ndim: int) -> Tensor:
@@ -102,12 +159,20 @@ class AffineHandler(Parametric, Handler):
         tensor or one inside ``workspace``."""
         return abs_power(param(module, "weight"), q, dtype, workspace, unit)
 
-    def largest(self, module: nn.Module) -> float:
-        """The largest |w| or |b| of the layer's DAG parameters (1 if all are zero)."""
+    def units(self, module: nn.Module, exact: bool = False) -> tuple[float, float]:
+        """(u_W, u_b): the layer enters the |theta|^q pass as |W / u_W|^q and |b / u_b|^q,
+        each unit that of its own tensor (``unit_of``), so that a bias far from the
+        weights' scale keeps its precision. Powers of two are kept per module until one
+        of its tensors changes (a repeated pass reads no weight twice)."""
+        state = None if exact else _tensor_state(module)
+        kept = _UNITS.get(module)
+        if kept is not None and state is not None and _same(kept[0], state):
+            return kept[1]
         weight, bias = self.dag_parameters(module)
-        top = max(float(t.detach().abs().max()) for t in (weight, bias)
-                  if t is not None and t.numel())
-        return top if top > 0 else 1.0
+        found = unit_of(weight, exact), unit_of(bias, exact)
+        if state is not None:
+            _UNITS[module] = (state, found)
+        return found
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:
@@ -395,8 +460,7 @@ class BatchNormHandler(AffineHandler):
         keeps the constant c in the bias. Without affine parameters, grow = 1/shrink."""
         mean = module.running_mean
         if not module.affine:
-            _scale_(mean, torch.where(shrink > 0, 1 / shrink.clamp_min(1e-300),
-                                      torch.ones_like(shrink)))
+            _scale_(mean, 1 / torch.where(shrink > 0, shrink, 1.0))
             return
         dead = shrink == 0
         c = batchnorm_affine(module, torch.float64)[1]
@@ -404,7 +468,8 @@ class BatchNormHandler(AffineHandler):
         assign_(module, "bias", torch.where(dead, grow * c, grow * bias))
         with torch.no_grad():
             mean.copy_(torch.where(dead, mean.to(torch.float64),
-                                   mean.to(torch.float64) / shrink.clamp_min(1e-300)))
+                                   mean.to(torch.float64)
+                                   / torch.where(dead, 1.0, shrink.to(torch.float64))))
         _scale_(stored(module, "weight"), grow * shrink)
 
     def permute_(self, module: nn.Module, outputs: Tensor | None = None,

@@ -56,11 +56,6 @@ class KSLinearHandler(AffineHandler):
     channel_dim = -1
     scored = False  # pruning scores one coordinate per weight of a Linear-like layer
 
-    def largest(self, module: nn.Module) -> float:
-        tensors = [*_factors(module), *([module.bias] if module.bias is not None else [])]
-        top = max(float(t.detach().abs().max()) for t in tensors if t.numel())
-        return top if top > 0 else 1.0
-
     def apply(self, x: Tensor, weight: Tensor | list[Tensor], call: Call,
               bias: Tensor | None = None) -> Tensor:
         """The chain with the factors ``weight`` (a list, output factor first) in place of

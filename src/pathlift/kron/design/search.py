@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, check_count
 from pathlift.kron import cache
 from pathlift.kron.design.cost import CostModel, calibrate, fit_cost_model
 from pathlift.kron.design.measure import measure, time_factors
@@ -136,6 +136,8 @@ def design(n_in: int, n_out: int, budget: float = 0.25, batch: int = 256,
         >>> d.chosen.patterns, d.chosen.speedup  # doctest: +SKIP
     """
     lengths = check_sizes(n_in, n_out, budget, lengths)
+    for name, count in (("batch", batch), ("top_k", top_k), ("per_length", per_length)):
+        check_count(name, count)
     if dtype not in (torch.float32, torch.float64):
         raise InvalidParameterError(f"design times float32 or float64, got {dtype}")
     key = (f"{n_in}|{n_out}|{budget}|{batch}|{dtype}|{lengths}|{top_k}|{per_length}|"
