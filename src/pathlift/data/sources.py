@@ -144,6 +144,11 @@ def _check_arrays(fh: io.BufferedIOBase, path: Path) -> None:
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
                     np.lib.format.read_array_header_2_0
                 shape, _, dtype = read(member)
+            if dtype.hasobject:
+                raise InvalidParameterError(
+                    f"'{path}' is not a readable .npz file: array {entry.filename[:-4]!r} "
+                    "holds Python objects (refused: numpy would unpickle them); save it with "
+                    "numpy.savez from numeric arrays")
             declared = math.prod(shape) * dtype.itemsize
             if declared > entry.file_size:
                 raise InvalidParameterError(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pathlift.errors import InvalidParameterError, PathliftError
+from pathlift.errors import InvalidParameterError, PathliftError, check_count
 
 if TYPE_CHECKING:
     from pathlift.graph.trace import LayerGraph
@@ -206,8 +206,7 @@ def check_samples(samples: int, input_shape: Sequence[int], what: str,
     value) before it is drawn: ``samples`` must be a positive integer
     (``InvalidParameterError``) and the buffer must fit (``check_bytes``). ``what`` names
     the computation they are for."""
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise InvalidParameterError(f"{what}: samples={samples!r} must be a positive integer")
+    check_count(f"{what}: samples", samples)
     check_bytes(samples * math.prod(input_shape) * itemsize,
                 f"{what} on {samples:,} random inputs of shape {tuple(input_shape)}",
                 "use fewer samples, or ")

@@ -336,8 +336,8 @@ class RunFolder:
         folders (a ``runs.csv`` replaced by a folder once failed only at the first row)."""
         for path, folder in ((self.manifest, False), (self.csv, False),
                              (self.path / "dense", True), (self.path / "models", True)):
-            if (path.exists() or path.is_symlink()) and \
-                    not (path.is_dir() if folder else path.is_file()):
+            # (a FIFO or device in a file's place is refused where the file is opened)
+            if (path.exists() or path.is_symlink()) and path.is_dir() != folder:
                 raise ResultsFileError(
                     f"'{path}' is {'not a folder' if folder else 'not a file'}: move it away "
                     "(the run folder needs it as pathlift wrote it), or choose another "
