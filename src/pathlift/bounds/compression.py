@@ -203,6 +203,22 @@ class CompressionBound:
                 "d": 10 ** self.d_log10, "tau": math.nan if self.tau is None else self.tau,
                 "bound": self.value}
 
+    def summary(self) -> dict[str, float | int | str]:
+        """The certificate as plain numbers (what ``report.json`` keeps)."""
+        return {"bound": self.value, "transfer": self.transfer, "n": self.n,
+                "delta": self.delta, "bits": self.length.total,
+                "bits_architecture": self.length.architecture,
+                "bits_header": self.length.header, "bits_symbols": self.length.symbols,
+                "bits_signs": self.length.signs, "bits_mantissas": self.length.mantissas,
+                "events": self.occam.events, "empirical": self.occam.empirical,
+                "budget": self.occam.budget, "d_log10": self.d_log10,
+                "tau": math.nan if self.tau is None else self.tau,
+                "train_error": self.train_error, "quantized_error": self.quantized_error,
+                "path_norm_log10": self.path_norm_log10,
+                "quantized_path_norm_log10": self.quantized_path_norm_log10,
+                "rescaling": self.rescaling, "prune_fraction": self.prune_fraction,
+                "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero}
+
     def statement(self) -> str:
         return (f"with probability >= {1 - self.delta:g} over the n = {self.n} training "
                 f"samples, the trained network's top-1 error is at most {self.value:.4f} "

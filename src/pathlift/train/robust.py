@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from pathlift.bounds.box import Interval, box_margins
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of
+from pathlift.graph.boundary import mask
 from pathlift.graph.ops import batchnorm_affine
 from pathlift.graph.ops.affine import BatchNormHandler
 
@@ -41,14 +42,22 @@ def live_boxes(graph: LayerGraph, model: nn.Module, relative: float
             values = dict(zip(("weight", "bias"), batchnorm_affine(module, detach=False),
                               strict=True))
         else:
-            values = {name: p for name, p in module.named_parameters(recurse=False)}
-        if set(values) - {"weight", "bias"}:
-            raise UnsupportedModelError(f"'{node.target}': box-robust training supports "
-                                        "layers with a weight and a bias only")
+            names = {n.removesuffix("_orig") for n, _ in module.named_parameters(recurse=False)}
+            if names - {"weight", "bias"}:
+                raise UnsupportedModelError(f"'{node.target}': box-robust training supports "
+                                            "layers with a weight and a bias only")
+            values = {n: getattr(module, n) for n in sorted(names)}  # masks applied
         boxes[node.target] = {name: Interval(v, relative * v.detach().abs().max()
-                                             * torch.ones_like(v))
+                                             * _free(module, name, v))
                               for name, v in values.items()}
     return boxes
+
+
+def _free(module: nn.Module, name: str, value: Tensor) -> Tensor:
+    """1 where the coordinate may move, 0 where a pruning mask holds it at 0 (the
+    certificate codes such a coordinate as exactly 0, a box of width 0)."""
+    held = mask(module, name)
+    return torch.ones_like(value) if held is None else (held != 0).to(value.dtype)
 
 
 def box_robust_loss(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor,
