@@ -87,9 +87,6 @@ def test_union_bound_is_never_below_the_fixed_class_one_and_above_by_the_stated_
     union = union_margin_bound(rad, m, delta, grid)
     fixed = fixed_class_margin_bound(rad, m, delta)
     assert union.log10 >= fixed.log10 - 1e-12
-    if math.isinf(fixed.gamma):  # best fixed-class bound is its limit 1 + confidence
-        assert union.value > 1
-        return
     # the stated allowance: gamma* rounded down to the grid point j' costs at most
     # 1 - 2^(-1/s) of margin loss, r and 1/gamma rounded up a factor 2^(2/s) on the
     # complexity, and ln 1/w(k) + ln 1/w(j') inside the confidence term
@@ -115,7 +112,7 @@ def test_fixed_class_form_is_the_minimum_over_every_gamma():
     fixed = fixed_class_margin_bound(rad, m, 0.05)
     base = 4 * math.sqrt(2) / 500 * rad.value  # complexity = base / gamma
     assert fixed.log10 < 0 and 10**fixed.complexity_log10 == pytest.approx(base / fixed.gamma)
-    for gamma in torch.linspace(0.01, 12, 3000).tolist():
+    for gamma in torch.linspace(0.01, float(m.max()), 3000).tolist():
         assert margin_loss(m, gamma) + base / gamma >= fixed.train_margin_loss + \
             10 ** fixed.complexity_log10 - 1e-12
     assert fixed.confidence == pytest.approx(3 * math.sqrt(math.log(40) / 1000))

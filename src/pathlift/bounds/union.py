@@ -39,7 +39,8 @@ ln 1/w(k)) / (2n)), same proof with the bounded-loss form of Thm 4.1.1.
 The *fixed-class* form (thesis Sec. 7.2.1: r = ||Phi(theta)||_1 and gamma chosen after
 seeing S; ``fixed_class_margin_bound``) stays available for comparison and is labelled as
 such: it is what the union bound would be if r and gamma had been fixed in advance at the
-values that turned out best, and it is never above the union bound (tested).
+values that turned out best, and it is never above the union bound (tested). In both,
+gamma ranges over (0, largest training margin].
 """
 
 from __future__ import annotations
@@ -204,7 +205,9 @@ def union_margin_bound(rademacher: RademacherBound, train_margins: torch.Tensor,
     """The top-1 bound of the union theorem (module docstring) for the network whose
     path-norm and Rademacher bound ``rademacher`` holds (at r = ||Phi(theta)||_1) and whose
     training margins are ``train_margins``: r rounded up to the grid, the margin gamma_j
-    of the grid that minimises the bound. Valid as stated, whatever produced the network.
+    of the grid that minimises the bound among those up to the largest training margin
+    (beyond it the margin loss only trades against the complexity term above 1). Valid
+    as stated, whatever produced the network.
     """
     n = len(train_margins)
     _check(delta, n)
@@ -212,9 +215,12 @@ def union_margin_bound(rademacher: RademacherBound, train_margins: torch.Tensor,
     base = _complexity_log10(rademacher, k / grid.steps * math.log10(2.0), n)
     m = train_margins.to(torch.float64)
     positive = m[m > 0]
-    if positive.numel():
+    if positive.numel():  # gamma_j in (0, largest margin], as the fixed-class form
         low = math.floor(grid.steps * math.log2(float(positive.min())))
-        high = math.ceil(grid.steps * math.log2(float(positive.max()))) + 1
+        high = math.floor(grid.steps * math.log2(float(positive.max())))
+        while grid.value(high) > float(positive.max()):
+            high -= 1
+        low = min(low, high)
     else:  # every margin <= 0: the margin loss is 1 at every gamma
         low = high = 0
     js = list(range(low, high + 1))
@@ -240,9 +246,9 @@ def fixed_class_margin_bound(rademacher: RademacherBound, train_margins: torch.T
     bound, both read off the trained network and its sample. It is valid only if r and
     gamma had been fixed before S was drawn: a comparison, not a certificate.
 
-    Between two consecutive training margins the bound is a + b/gamma, monotone, so its
-    infimum over gamma > 0 is its value at a positive margin or its limit 1 + confidence
-    as gamma -> inf (returned with gamma = inf): exact, not a grid search."""
+    gamma ranges over (0, largest training margin], as in ``union_margin_bound``; between
+    two consecutive margins the bound is a + b/gamma, monotone, so the minimum is at a
+    positive training margin: exact, not a grid search."""
     n = len(train_margins)
     _check(delta, n)
     m = train_margins.to(torch.float64)
@@ -255,9 +261,6 @@ def fixed_class_margin_bound(rademacher: RademacherBound, train_margins: torch.T
     losses = margin_losses(m, candidates)
     totals = losses + torch.pow(10.0, base - torch.log10(candidates))
     i = int(torch.argmin(totals))
-    if float(totals[i]) > 1.0:  # the limit gamma -> inf: margin loss 1, no complexity
-        return MarginBound(quantile=1.0, gamma=math.inf, train_margin_loss=1.0,
-                           complexity_log10=-math.inf, confidence=confidence)
     gamma = float(candidates[i])
     return MarginBound(quantile=float((m <= gamma).double().mean()), gamma=gamma,
                        train_margin_loss=float(losses[i]),

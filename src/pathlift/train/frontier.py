@@ -90,7 +90,8 @@ class FrontierConfig:
     mnist1d_sizes: tuple[int, ...] = (20_000, 100_000)
     size_epochs: int = 8
     size_budget: float = 1000.0
-    size_recipes: tuple[tuple[str, str, float], ...] = (("cnn-small", "box-robust", 2**-7),)
+    size_recipes: tuple[tuple[str, str, float], ...] = (("cnn-small", "prune-retrain", 0.5),
+                                                        ("cnn-small", "prune-retrain", 0.7))
     recipe_epochs: dict[str, int] = field(default_factory=lambda: {"digits": 150,
                                                                    "mnist1d": 20})
     recipe_batch: dict[str, int] = field(default_factory=lambda: {"digits": 64,
