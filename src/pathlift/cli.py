@@ -194,9 +194,7 @@ def bounds(
     in eval mode. Use the data and --seed it was trained with, so that the training split
     is the same.
     """
-    from pathlift.bounds import generalization_bounds
-    from pathlift.bounds.compression import compression_bound
-    from pathlift.bounds.verdict import verdict
+    from pathlift.bounds import compression_bound, generalization_bounds, verdict
     from pathlift.data import load_data, loaders
     from pathlift.models import load_model
 

@@ -1,5 +1,13 @@
-"""Generalisation bounds of ReLU DAG networks and their architecture constants (thesis Ch. 4)."""
+"""Generalisation bounds of ReLU DAG networks and their architecture constants (thesis Ch. 4),
+valid as stated (``union``), and the compression certificate of a trained network
+(``compression``)."""
 
+from pathlift.bounds.compression import (
+    CompressionBound,
+    CompressionSearch,
+    EventGrid,
+    compression_bound,
+)
 from pathlift.bounds.constants import (
     ArchitectureConstants,
     architecture_constants,
@@ -41,12 +49,16 @@ from pathlift.bounds.union import (
     union_gap_bound,
     union_margin_bound,
 )
+from pathlift.bounds.verdict import verdict
 
 __all__ = [
     "CROSS_ENTROPY_LIPSCHITZ",
     "DEFAULT_GRID",
     "ArchitectureConstants",
+    "CompressionBound",
+    "CompressionSearch",
     "CoveringNumber",
+    "EventGrid",
     "GeneralizationBounds",
     "MarginBound",
     "Measured",
@@ -56,6 +68,7 @@ __all__ = [
     "UnionGapBound",
     "UnionMarginBound",
     "architecture_constants",
+    "compression_bound",
     "covering_deep",
     "covering_shallow",
     "cross_entropy_gap_log10",
@@ -76,4 +89,5 @@ __all__ = [
     "sigma_of",
     "union_gap_bound",
     "union_margin_bound",
+    "verdict",
 ]

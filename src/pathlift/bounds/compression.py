@@ -325,7 +325,7 @@ class _Problem:
             c = q.codes[name].codes.to(torch.int64)
             v = value.detach()
             hidden = v[(c == 0) & (v != 0)].abs()
-            f = e if not hidden.numel() else max(e, math.ceil(math.log2(float(hidden.max()))))
+            f = e if not hidden.numel() else max(e, _ceil_log2(float(hidden.max())))
             codes.append(c)
             zero_exponents.append(f)
             exact.append(v == 0)
@@ -368,6 +368,12 @@ class _Problem:
         hits = [box_margins(graph, None, xb, yb, boxes) <= 0
                 for xb, yb in zip(x.split(batch), y.split(batch), strict=True)]
         return torch.cat(hits)
+
+
+def _ceil_log2(v: float) -> int:
+    """The smallest integer f with 2^f >= v > 0, exactly (frexp, no rounded logarithm)."""
+    mantissa, exponent = math.frexp(v)
+    return exponent - 1 if mantissa == 0.5 else exponent
 
 
 def _start_exponents(graph: LayerGraph, offset: int) -> list[int]:
