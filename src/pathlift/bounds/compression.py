@@ -65,6 +65,7 @@ from pathlift.graph import LayerGraph, copy_model, eval_mode, graph_of, unwrap
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_metric, path_norm
+from pathlift.prune.methods import prune_model
 from pathlift.quant import quantize
 
 __all__ = ["CompressionBound", "CompressionSearch", "EventGrid", "compression_bound",
@@ -284,7 +285,7 @@ class _Problem:
     def __init__(self, model: nn.Module, shape: tuple[int, ...], x: Tensor, y: Tensor,
                  family: Sequence[Architecture], events: EventGrid, delta: float,
                  transfers: Sequence[str]):
-        self.model, self.shape, self.x, self.y = model, shape, x, y
+        self.model, self.shape = model, shape
         self.family, self.events, self.delta = list(family), events, delta
         self.transfers = tuple(transfers)
         self.scale = input_scale(x)
@@ -305,8 +306,8 @@ class _Problem:
         return model, graph_of(model, self.shape)
 
     def pruned(self, graph: LayerGraph, fraction: float) -> nn.Module:
-        from pathlift.prune.methods import prune_model
-
+        """A copy of the rescaled network with ``fraction`` of its weights pruned by
+        path-magnitude (global), as torch.nn.utils.prune masks."""
         model = copy_model(graph.model)
         if fraction > 0:
             prune_model(model, self.shape, fraction)
