@@ -59,7 +59,7 @@ from pathlift.logspace import power10
 __all__ = ["DEFAULT_GRID", "PriorGrid", "UnionGapBound", "UnionMarginBound",
            "fixed_class_margin_bound", "margin_losses", "union_gap_bound", "union_margin_bound"]
 
-_LN2 = math.log(2.0)
+_LOG10_2 = math.log10(2.0)
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class UnionMarginBound:
     @property
     def radius_log10(self) -> float:
         """log10 r_k, the grid radius the network is certified in."""
-        return self.radius_index / self.steps * math.log10(2.0)
+        return self.radius_index / self.steps * _LOG10_2
 
     @property
     def log10(self) -> float:
@@ -292,7 +292,7 @@ class UnionGapBound:
 
     def __repr__(self) -> str:
         return (f"UnionGapBound(log10 {self.log10:.3f} on E min(CE, {self.clip:g}) - train, "
-                f"{self.theorem}, radius 10^{self.radius_index / self.steps * 0.30103:.3f}, "
+                f"{self.theorem}, radius 10^{self.radius_index / self.steps * _LOG10_2:.3f}, "
                 f"n {self.n}, delta {self.delta:g})")
 
 
