@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -104,6 +104,7 @@ def _sample(model: nn.Module, graph, boxes, rng: random.Random) -> nn.Module:
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**31 - 1))
+@example(12433)  # a Linear on the last dim of a signal returns the output
 def test_box_enclosure_and_margin_bound_hold_for_sampled_networks(seed):
     """Every op: Linear, Conv, ConvTranspose, eval BatchNorm, ReLU, max-pool, average pools,
     mean, interpolation, padding, slicing, residual sums, cat, LeakyReLU, PReLU, ReLU6,

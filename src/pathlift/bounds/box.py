@@ -125,7 +125,8 @@ class _BoxPass(OpWalker):
             raise self.unsupported(handler, call, ": its parameters are not a weight and a "
                                    "bias")
         w, b = params["weight"], params.get("bias")
-        if call.node in self.final and handler.channel_dim == -1 and w.center.dim() == 2:
+        if call.node in self.final and handler.channel_dim == -1 and w.center.dim() == 2 \
+                and x.center.dim() == 2:  # a Linear on (batch, features), not on a signal
             return _Final(x, w, b)  # the margin is enclosed through this layer
         run = call.replace(x.center)
         center = handler.apply(x.center, w.center, run, None if b is None else b.center)
