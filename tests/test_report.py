@@ -18,6 +18,7 @@ from pathlift.data.training import train_classifier
 from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.models import mlp, save_checkpoint, small_cnn
 from pathlift.report import PathNormTracker, run_report
+from pathlift.train.bound import certified_top1
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -47,8 +48,17 @@ def test_shortened_default_report(tmp_path):
     assert result.bound_ce_log10 == pytest.approx(bound, abs=1e-12)
     assert 0.0 < result.test_accuracy <= 1.0
     for section in ("Architecture constants", "Path-norms", "During training", "Margins",
-                    "Average-case vs worst-case", "Generalisation bounds against"):
+                    "Average-case vs worst-case", "Generalisation bounds against",
+                    "Certificates valid as stated"):
         assert f"## {section}" in md
+    # the two certificates, each with its verdict; the union bound recomputed
+    union = result.report.bounds.top1_union
+    x, y = (torch.cat(t) for t in zip(*train, strict=True))
+    assert union.log10 == pytest.approx(certified_top1(model, (1, 8, 8), x, y).log10,
+                                        abs=1e-9)
+    compression = result.report.compression
+    assert compression["bits"] > 0 and 0 < compression["bound"] <= 1
+    assert md.count("informative: ") == 2
     assert f"| D, depth of Thm 4.4.1 (identity neurons merged) | {c.depth} |" in md
 
 

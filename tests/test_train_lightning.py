@@ -12,12 +12,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pathlift.bounds import (
     architecture_constants,
-    default_quantile,
-    margin_bound,
     margins,
     rademacher_peeling,
     sigma_of,
 )
+from pathlift.bounds.union import fixed_class_margin_bound, union_margin_bound
 from pathlift.lift import path_norm
 from pathlift.models import mlp, small_cnn
 from pathlift.track import PathNormTracker
@@ -82,8 +81,13 @@ def test_tracker_top1_bound():
     m = margins(model, DataLoader(TensorDataset(x, y), batch_size=50))
     rademacher = rademacher_peeling(architecture_constants(model, SHAPE), sigma_of(x).peeling,
                                     path_norm(model, SHAPE).log10)
-    expected = margin_bound(rademacher, m, default_quantile(float((m <= 0).double().mean())))
+    expected = union_margin_bound(rademacher, m)
     assert row["bound_top1_log10"] == pytest.approx(expected.log10, rel=1e-12)
+    fixed = PathNormTracker(SHAPE, sparsity=False, train_data=(x, y),
+                            top1_form="fixed-class")(model, 0)
+    assert fixed["bound_top1_log10"] == pytest.approx(
+        fixed_class_margin_bound(rademacher, m).log10, rel=1e-12)
+    assert fixed["bound_top1_log10"] <= row["bound_top1_log10"]
 
 
 def test_lightning_callback_logs_the_top1_bound(tmp_path):
@@ -115,5 +119,5 @@ def test_lightning_callback_logs_the_top1_bound(tmp_path):
     m = margins(module.net, DataLoader(TensorDataset(x, y), batch_size=64))
     rademacher = rademacher_peeling(architecture_constants(module.net, SHAPE),
                                     sigma_of(x).peeling, path_norm(module.net, SHAPE).log10)
-    expected = margin_bound(rademacher, m, default_quantile(float((m <= 0).double().mean())))
+    expected = union_margin_bound(rademacher, m)
     assert rows[-1]["bound_top1_log10"] == pytest.approx(expected.log10, rel=1e-12)

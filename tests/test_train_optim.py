@@ -117,13 +117,20 @@ def test_certified_bound_terms_add_up():
     model = mlp(6, (8,), 3)
     x = torch.rand(200, 6)
     y = model(x).argmax(1)  # a network that fits its labels: train error 0
-    b = certified_top1(model, (6,), x, y)
-    assert b.train_error == 0.0
-    assert sum(b.terms_log10().values()) == pytest.approx(b.complexity_log10, abs=1e-12)
-    expected = math.log10(10 ** b.complexity_log10 + b.train_margin_loss + b.confidence)
-    assert b.log10 == pytest.approx(expected, rel=1e-12)
-    assert b.path_norm_log10 == pytest.approx(path_norm(model, (6,)).log10, rel=1e-12)
-    assert b.n == 200 and b.confidence == pytest.approx(3 * math.sqrt(math.log(40) / 400))
+    valid = certified_top1(model, (6,), x, y)
+    fixed = certified_top1(model, (6,), x, y, form="fixed-class")
+    for b in (valid, fixed):
+        assert b.train_error == 0.0
+        assert sum(b.terms_log10().values()) == pytest.approx(b.complexity_log10, abs=1e-12)
+        expected = math.log10(10 ** b.complexity_log10 + b.train_margin_loss + b.confidence)
+        assert b.log10 == pytest.approx(expected, rel=1e-12)
+        assert b.path_norm_log10 == pytest.approx(path_norm(model, (6,)).log10, rel=1e-12)
+    assert fixed.n == 200 and fixed.confidence == pytest.approx(3 * math.sqrt(math.log(40) / 400))
+    assert fixed.radius_log10 == fixed.path_norm_log10 <= valid.radius_log10
+    assert valid.confidence > fixed.confidence and valid.log10 >= fixed.log10
+    assert "valid as stated" in valid.validity and "NOT a certificate" in fixed.validity
+    with pytest.raises(InvalidParameterError):
+        certified_top1(model, (6,), x, y, form="thesis")
 
 
 def test_path_sgd_on_a_unet_commutes_with_rescaling():

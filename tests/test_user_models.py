@@ -92,6 +92,8 @@ def test_data_commands_take_every_kind_of_data(spec: str, data: str, in_project:
     bounds = generalization_bounds(model, shape, *loaders(split, 256, 0))
     out = _ok("bounds", *named, "--data", data)
     assert f"n = {len(split.train)}, log10 ||Phi||_1 = {bounds.path_norm_log10:.3f}" in out
+    assert "certificates valid as stated" in out  # union and compression, each a verdict
+    assert out.count("informative: ") == 2
     assert f"test {bounds.measured.test_error:.4f}" in out
     assert "quantised towards zero" in _ok("quantize", *named, "--data", data, "--bits", "8")
 

@@ -192,14 +192,20 @@ def bounds(
     test_fraction: TestFraction = 0.25,
     normalize: Normalize = "none",
     batch_size: BatchSize = 256,
+    compression: Annotated[bool, typer.Option(
+        "--compression/--no-compression", help="also the compression certificate (Occam "
+        "bound on a coded quantised network, carried to the trained one)")] = True,
 ) -> None:
     """Generalisation bounds of a trained model on its training data, with the measured gap.
 
-    Thm 4.4.1 and 4.3.1 (with Thm 4.1.1) bound the expected cross-entropy gap, Thm 4.1.2 the
-    top-1 error; the model is measured in eval mode. Use the data and --seed it was
-    trained with, so that the training split is the same.
+    First the certificates valid as stated (Thm 4.1.2 + 4.4.1 with a union over radii and
+    margins fixed in advance; the compression certificate), each with a one-line verdict;
+    then the thesis' fixed-class forms (Thm 4.4.1, 4.3.1 with Thm 4.1.1 on the expected
+    cross-entropy gap, Thm 4.1.2 on the top-1 error) for comparison. The model is measured
+    in eval mode. Use the data and --seed it was trained with, so that the training split
+    is the same.
     """
-    from pathlift.bounds import generalization_bounds
+    from pathlift.bounds import compression_bound, generalization_bounds, verdict
     from pathlift.data import load_data, loaders
     from pathlift.models import load_model
 
@@ -209,13 +215,27 @@ def bounds(
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed))
+        cert = compression_bound(net, shape, *split.train.tensors) if compression else None
     m = b.measured
+    u = b.top1_union
+    rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
+             f"margin loss {u.train_margin_loss:.4f} + complexity 10^{u.complexity_log10:.2f} "
+             f"+ confidence {u.confidence:.4f}", verdict(u.log10, m.test_error)]]
+    if cert is not None:
+        rows.append([f"compression (Occam, {cert.transfer} transfer)",
+                     f"kl^-1({cert.occam.empirical:.4f}, {cert.occam.budget:.4f}), "
+                     f"L = {cert.length.total} bits",
+                     verdict(math.log10(cert.value), m.test_error)])
+    console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
+                         f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
+                         rows))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}", f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]
     rows.append([f"Thm 4.1.2 top-1 error (gamma {b.top1.gamma:.3g})", "",
                  f"{b.top1.log10:.3f}", f"{b.top1_orders_above_measured:.1f}"])
     console.print(_table(
-        f"{model} on {data}: n = {b.n_train}, log10 ||Phi||_1 = {b.path_norm_log10:.3f}",
+        f"{model} on {data}: n = {b.n_train}, log10 ||Phi||_1 = {b.path_norm_log10:.3f} "
+        "(fixed-class form, thesis Sec. 7.2.1: not certificates)",
         ["bound", "log10 Rademacher", "log10 bound", "orders above measured"], rows,
         caption=f"measured: cross-entropy gap {m.cross_entropy_gap:.4f} (train "
         f"{m.train_loss:.4f}, test {m.test_loss:.4f}); top-1 error train "
@@ -760,25 +780,34 @@ def frontier(
         "--dataset", metavar="<str>...", help="digits and/or mnist1d, separated by spaces")
     ] = ["digits", "mnist1d"],  # noqa: B006
     model: Annotated[list[str], typer.Option(
-        "--model", metavar="<str>...", help="mlp and/or cnn, separated by spaces")
-    ] = ["mlp", "cnn"],  # noqa: B006
+        "--model", metavar="<str>...", help="mlp, cnn, mlp-small and/or cnn-small, "
+        "separated by spaces")] = ["mlp", "cnn"],  # noqa: B006
     method: Annotated[list[str] | None, typer.Option(
         "--method", metavar="<str>...", help="methods to run, separated by spaces (default: "
-        "all: none, weight-decay, l1, l2, log-l1, budget, path-sgd, imp-rewind)")] = None,
+        "all: none, weight-decay, l1, l2, log-l1, budget, path-sgd, imp-rewind, "
+        "prune-retrain, box-robust)")] = None,
     epochs: Annotated[int, typer.Option("--epochs", help="training epochs per run")] = 30,
     sizes: Annotated[list[int], typer.Option(
-        "--mnist1d-size", metavar="<int>...", help="extra MNIST-1D sample counts (the "
-        "sqrt(n) term), separated by spaces")] = [20_000, 100_000],  # noqa: B006
+        "--mnist1d-size", metavar="<int>...", help="extra MNIST-1D sample counts (train + "
+        "test; 80% train), separated by spaces")] = [20_000, 100_000],  # noqa: B006
+    compression: Annotated[bool, typer.Option(
+        "--compression/--no-compression", help="add the compression certificate of every "
+        "point")] = True,
+    data_cache: Annotated[str | None, typer.Option(
+        "--data-cache", help="folder keeping generated MNIST-1D sets between runs")] = None,
 ) -> None:
-    """Test accuracy vs certified top-1 bound across path-norm training methods.
+    """Test accuracy vs certified top-1 bounds across training methods.
 
     Trains MLPs and CNNs on digits and MNIST-1D under each method and strength, bounds each
-    with Thm 4.1.2 + Thm 4.4.1, and writes frontier.csv, frontier_table.csv, frontier.png
-    and frontier.md. Runs under `torchrun --nproc_per_node N` to use N processes."""
+    with Thm 4.1.2 + Thm 4.4.1 (valid as stated: union over radii and margins; the thesis'
+    fixed-class form beside it) and with the compression certificate, and writes
+    frontier.csv, frontier_table.csv, frontier.png and frontier.md. Runs under
+    `torchrun --nproc_per_node N` to use N processes."""
     from pathlift.train import FrontierConfig, frontier_experiment, with_sweep
 
     config = FrontierConfig(datasets=tuple(dataset), models=tuple(model), epochs=epochs,
-                            mnist1d_sizes=tuple(sizes))
+                            mnist1d_sizes=tuple(sizes), compression=compression,
+                            data_cache=data_cache)
     if method:
         config = with_sweep(config, method)
     done = frontier_experiment(

@@ -41,7 +41,8 @@ class PathNormTracker:
       3.1.1, one |theta|^q pass each);
     - ``bound_ce_log10`` (given ``n_train`` and ``sigma``): log10 of the bound on the
       expected cross-entropy gap, Thm 4.1.1 with the Rademacher bound of Thm 4.4.1 (sigma
-      is ``pathlift.bounds.Sigma.peeling``);
+      is ``pathlift.bounds.Sigma.peeling``) in the thesis' fixed-class form (r = the
+      network's own ||Phi||_1: a curve to follow, not a certificate);
     - ``sparsity``: the fraction of prunable coordinates (Linear/Conv weights) equal to 0;
       ``path_magnitude_sparsity``: the fraction whose Path-Mag is 0 (no path of non-zero
       weights crosses them: pruned, or cut off by pruning elsewhere; Sec. 3.5.1), one
@@ -49,8 +50,10 @@ class PathNormTracker:
     - ``average_case`` (given a ``probe`` batch): E_x ||A(theta, x)^T Phi(theta)||_1 (Sec.
       7.2.2);
     - ``bound_top1_log10`` (given ``train_data`` = (x, y), the training set): log10 of the
-      certified top-1 error bound of Thm 4.1.2 with Thm 4.4.1
-      (``pathlift.train.bound.certified_top1``: one |theta| pass and a forward over x).
+      certified top-1 error bound of Thm 4.1.2 with Thm 4.4.1, valid as stated (the union
+      over radii and margins fixed in advance, ``pathlift.bounds.union``; ``top1_form=
+      "fixed-class"`` for the thesis' form), by ``pathlift.train.bound.certified_top1``:
+      one |theta| pass and a forward over x.
 
     The model is measured as in eval mode (its flags are restored; BatchNorm counts as its
     affine map with running statistics, Def. 2.2.2), never modified, its autograd state
@@ -71,6 +74,7 @@ class PathNormTracker:
         qs: exponents q of the path-norms.
         sparsity: measure the two sparsities.
         train_data: the training inputs and labels, for ``bound_top1_log10``.
+        top1_form: "union" (valid as stated) or "fixed-class" (thesis Sec. 7.2.1).
         dtype: mantissa precision of the passes (values are carried as mantissa and scale,
             so none overflows): float64 is exact to ~1e-13; float32 is ~1e-6 relative and
             about twice as fast on CPU convolutions (``benchmarks/bench_track.py``), but
@@ -91,8 +95,10 @@ class PathNormTracker:
                  n_train: int | None = None, sigma: float | None = None,
                  qs: Sequence[float] = (1.0, 2.0, 4.0), sparsity: bool = True,
                  dtype: torch.dtype = torch.float64,
-                 train_data: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 train_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 top1_form: str = "union"):
         self.input_shape, self.dtype, self.train_data = tuple(input_shape), dtype, train_data
+        self.top1_form = top1_form
         self.probe, self.n_train, self.sigma = probe, n_train, sigma
         self.qs, self.sparsity = tuple(float(q) for q in qs), sparsity
         self.constants: ArchitectureConstants | None = None
@@ -142,6 +148,6 @@ class PathNormTracker:
                 row["bound_ce_log10"] = cross_entropy_gap_log10(
                     rademacher_peeling(self.constants, self.sigma, norms[1.0].log10), self.n_train)
             if self.train_data is not None:
-                row["bound_top1_log10"] = certified_top1(model, self.input_shape,
-                                                         *self.train_data).log10
+                row["bound_top1_log10"] = certified_top1(
+                    model, self.input_shape, *self.train_data, form=self.top1_form).log10
         return row if world.main else None

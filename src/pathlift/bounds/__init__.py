@@ -1,5 +1,13 @@
-"""Generalisation bounds of ReLU DAG networks and their architecture constants (thesis Ch. 4)."""
+"""Generalisation bounds of ReLU DAG networks and their architecture constants (thesis Ch. 4),
+valid as stated (``union``), and the compression certificate of a trained network
+(``compression``)."""
 
+from pathlift.bounds.compression import (
+    CompressionBound,
+    CompressionSearch,
+    EventGrid,
+    compression_bound,
+)
 from pathlift.bounds.constants import (
     ArchitectureConstants,
     architecture_constants,
@@ -31,26 +39,47 @@ from pathlift.bounds.risk import (
     margin_loss,
     margins,
 )
+from pathlift.bounds.union import (
+    DEFAULT_GRID,
+    PriorGrid,
+    UnionGapBound,
+    UnionMarginBound,
+    fixed_class_margin_bound,
+    margin_losses,
+    union_gap_bound,
+    union_margin_bound,
+)
+from pathlift.bounds.verdict import verdict
 
 __all__ = [
     "CROSS_ENTROPY_LIPSCHITZ",
+    "DEFAULT_GRID",
     "ArchitectureConstants",
+    "CompressionBound",
+    "CompressionSearch",
     "CoveringNumber",
+    "EventGrid",
     "GeneralizationBounds",
     "MarginBound",
     "Measured",
+    "PriorGrid",
     "RademacherBound",
     "Sigma",
+    "UnionGapBound",
+    "UnionMarginBound",
     "architecture_constants",
+    "compression_bound",
     "covering_deep",
     "covering_shallow",
     "cross_entropy_gap_log10",
     "default_quantile",
+    "fixed_class_margin_bound",
     "gap_bound_log10",
     "generalization_bounds",
     "loss_accuracy",
     "margin_bound",
     "margin_loss",
+    "margin_losses",
     "margins",
     "peeling_constant",
     "rademacher_covering",
@@ -58,4 +87,7 @@ __all__ = [
     "sharpened_constant",
     "sigma_from_loader",
     "sigma_of",
+    "union_gap_bound",
+    "union_margin_bound",
+    "verdict",
 ]

@@ -28,7 +28,7 @@ class Normalized:
 
 
 def normalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
-              q: float = 1.0) -> nn.Module:
+              q: float = 1.0, power_of_two: bool = False) -> nn.Module:
     """A functionally equivalent copy whose hidden neurons have ||(theta^{->v}, b_v)||_q in
     {0, 1} (thesis Alg. 3.2.1, Lemma 3.2.1). See ``normalize_report`` for the details.
 
@@ -36,6 +36,9 @@ def normalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None =
         model: the network or its ``LayerGraph``; it is not modified.
         input_shape: input size without the batch dimension.
         q: the exponent, in (0, inf].
+        power_of_two: round each factor lambda_v to the nearest power of two (norms then
+            lie in [2^-1/2, 2^1/2]): multiplying by a power of two is exact in floating
+            point, so the copy is an exact rescaling of the model, not one up to rounding.
 
     Returns:
         The normalised copy (of the plain module under DDP or torch.compile), sharing the
@@ -49,11 +52,11 @@ def normalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None =
 
         n = normalize(model, (3, 32, 32), q=2)   # same function, same path-norms
     """
-    return normalize_report(model, input_shape, q).model
+    return normalize_report(model, input_shape, q, power_of_two).model
 
 
 def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
-                     q: float = 1.0) -> Normalized:
+                     q: float = 1.0, power_of_two: bool = False) -> Normalized:
     """Alg. 3.2.1 on every hidden neuron group, in topological order; the model is not modified.
 
     Each hidden neuron v (a conv channel, a Linear unit, an affine BatchNorm channel; all
@@ -85,6 +88,8 @@ def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
     dead = 0
     for producer, groups in _batches(cmap):
         lam = _group_norms(out, cmap, producer, groups, q)[groups]
+        if power_of_two:
+            lam = torch.where(lam > 0, torch.exp2(torch.round(torch.log2(lam))), lam)
         dead += int((lam == 0).sum())
         group_grow = torch.ones(cmap.num_groups, dtype=torch.float64)
         group_shrink = torch.ones_like(group_grow)

@@ -16,7 +16,7 @@ pruned weight stays zero.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +39,7 @@ class QuantizedModel:
     model: nn.Module
     codes: dict[str, QuantizedTensor]
     bits: int | None
-    step: float | None
+    step: float | Mapping[str, float] | None
     rounding: Rounding
     per_channel: bool
 
@@ -50,13 +50,14 @@ class QuantizedModel:
 
 
 def quantize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None, *,
-             bits: int | None = None, step: float | None = None,
+             bits: int | None = None, step: float | Mapping[str, float] | None = None,
              rounding: Rounding | str = Rounding.ZERO, per_channel: bool = False
              ) -> QuantizedModel:
     """Uniform quantisation Q_eta of every affine layer (thesis Sec. 6.1), on a copy.
 
     Give exactly one of ``bits`` (signed codes of that width, a step per tensor or per
-    output channel) and ``step`` (one fixed eta everywhere). ``rounding="zero"`` keeps signs
+    output channel) and ``step`` (one fixed eta everywhere, or a mapping from every
+    quantised tensor's name, as in ``codes``, to its own eta). ``rounding="zero"`` keeps signs
     and |Q(theta)| <= |theta| coordinatewise, so ``certified_error`` is exact (Lemma 3.4.1).
     The caller's model is not modified (the copy shares its traced graph). Raises
     UnsupportedModelError for a model outside Def. 2.2.2 and InvalidParameterError for bad
@@ -80,12 +81,16 @@ def quantize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
             handler, module = graph.handler(node), copied.get_submodule(node.target)
             values = {}
             for pname, value, channel_dim in handler.quantizable(module):
+                name = f"{node.target}.{pname}"
                 try:
-                    q = quantize_tensor(value, bits=bits, step=step, rounding=rounding,
+                    eta = step[name] if isinstance(step, Mapping) else step
+                    q = quantize_tensor(value, bits=bits, step=eta, rounding=rounding,
                                         channel_dim=channel_dim if per_channel else None)
+                except KeyError:
+                    raise InvalidParameterError(f"no step given for '{name}'") from None
                 except InvalidParameterError as err:
                     raise InvalidParameterError(f"layer '{node.target}': {err}") from err
-                codes[f"{node.target}.{pname}"] = q
+                codes[name] = q
                 values[pname] = q.dequantize()
             handler.write_quantized_(module, values)
     graph.bind(copied)

@@ -25,6 +25,7 @@ from pathlift.bounds import (
     sharpened_constant,
     sigma_from_loader,
 )
+from pathlift.bounds.compression import CompressionSearch, compression_bound
 from pathlift.data import Split
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import copy_model, eval_mode, graph_of
@@ -35,6 +36,9 @@ __all__ = ["DEFAULT_EPOCHS", "QS", "Report", "measure_report"]
 QS = (1.0, 2.0, 4.0)
 DEFAULT_EPOCHS = 30
 PRUNE_AMOUNTS = (0.0, 0.2, 0.5, 0.8, 0.9)
+# the report's compression certificate: the network as trained, steps searched
+REPORT_SEARCH = CompressionSearch(rescalings=("none",), prune_fractions=(0.0,),
+                                  offsets=(2, 4, 6, 8, 10, 12), refine=1)
 EVAL_NOTE = ("BatchNorm/Dropout layers: trained in training mode, measured in eval mode "
              "(BatchNorm as its affine map with the running statistics, Def. 2.2.2)")
 
@@ -48,8 +52,10 @@ class Report:
     when it trained; ``bounds``: the generalisation bounds and the measured gap
     (``generalization_bounds``), ``average_case`` (Sec. 7.2.2) and ``pruning`` (one row
     per criterion and level: sparsity, accuracy, log10 ||Phi||_1, log10 bound, log10
-    certificate of Lemma 3.4.1) when data was given; ``samples_needed_log10``: without
-    data, log10 of the n above which the cross-entropy bound drops below 1.
+    certificate of Lemma 3.4.1) when data was given, with ``compression`` (the Occam
+    certificate of ``pathlift.bounds.compression`` for the trained network, as
+    ``CompressionBound.summary()``); ``samples_needed_log10``: without data, log10 of
+    the n above which the cross-entropy bound drops below 1.
     ``to_dict()`` is what ``report.json`` holds.
     """
 
@@ -67,6 +73,7 @@ class Report:
     average_case: AverageCasePathNorm | None = None
     worst_per_output_log10: tuple[float, ...] = ()
     pruning: list[dict[str, Any]] = field(default_factory=list)
+    compression: dict[str, Any] | None = None
     samples_needed_log10: float | None = None
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
@@ -146,8 +153,10 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
     bounds = generalization_bounds(net, shape, train, test)
     average = average_case_path_norm(net, shape, test, q=1.0, max_samples=samples)
     pruning = _pruning(net, shape, test, bounds)
+    x, y = (torch.cat(t) for t in zip(*train, strict=True))
+    compression = compression_bound(net, shape, x, y, search=REPORT_SEARCH).summary()
     return Report(**common, bounds=bounds, average_case=average, pruning=pruning,
-                  seconds=time.perf_counter() - start), net
+                  compression=compression, seconds=time.perf_counter() - start), net
 
 
 def _train(net: nn.Module, shape: tuple[int, ...], train: Any, test: Any, epochs: int,

@@ -1,0 +1,326 @@
+"""Interval arithmetic over a box of parameters: for each input x, an enclosure of the
+outputs R_theta'(x) of EVERY theta' in a box [low, high] of parameters, in one pass.
+
+Every value is an ``Interval`` (center c, radius r >= 0), meaning [c - r, c + r], in
+float64; each op encloses the image of its input intervals under every parameter of the
+box, and also the rounding of its own float64 arithmetic (the gamma_n bound of Higham,
+Accuracy and Stability of Numerical Algorithms, Thm 3.1: |fl(sum) - sum| <= gamma_n
+sum |terms|, gamma_n = n u / (1 - n u), u = 2^-53), so the enclosure is rigorous:
+
+- affine (Linear, Conv, ConvTranspose, eval BatchNorm x*a + c): W x + b with W in
+  [Wc - Wr, Wc + Wr], b likewise and x in [xc - xr, xc + xr] lies in
+  Wc xc + bc +- (|Wc| xr + Wr (|xc| + xr) + br) (Rump's midpoint-radius product);
+- ReLU, max-pooling: monotone in each input, applied to both ends;
+- fixed linear maps (average pools, mean, interpolation, padding, constant scales):
+  P c +- |P| r, |P| being the op's own |theta| pass (``FixedLinear.abs_pow``, q = 1);
+- residual sums and differences: centres combine, radii add; relabelling ops (views,
+  slicing, cat) move both;
+- piecewise-linear activations (the lowering of ``pathlift.graph.ops.activation``): the
+  extremes of a continuous piecewise-linear function of one variable over [lo, hi] are
+  among lo, hi and the breakpoints inside; PReLU, bilinear in (slope, z) on each piece,
+  reaches its extremes at the corners of (slope box) x (those points).
+
+``box_margins`` turns the pass into a lower bound on the multiclass margin
+R(x)_y - max_{c != y} R(x)_c of every network in the box, the per-input transfer of
+``pathlift.bounds.compression``. When the network returns the output of a Linear layer,
+the margin is enclosed through that layer directly: R_y - R_c = (W_y - W_c) h + b_y - b_c
+with W_y - W_c in [Wc_y - Wc_c -+ (Wr_y + Wr_c)] (distinct coordinates of the box, so
+independent), instead of low(R_y) - high(R_c), which would count h's uncertainty twice.
+For a network with one hidden layer the enclosure is then the exact range up to the
+midpoint-radius product: the hidden units depend on disjoint rows of the box.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_map
+
+from pathlift.errors import InvalidParameterError, UnsupportedModelError
+from pathlift.graph import Call, LayerGraph, graph_of
+from pathlift.graph.abs_pow import channel_bias
+from pathlift.graph.boundary import output_leaves
+from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
+from pathlift.graph.walk import OpWalker
+
+__all__ = ["Interval", "box_margins", "box_outputs", "margin_lower_bounds"]
+
+_U = 2.0 ** -53
+
+
+def _gamma(n: int) -> float:
+    """gamma_n = n u / (1 - n u): the relative error bound of a float64 sum of n terms."""
+    return n * _U / (1 - n * _U)
+
+
+def _up(t: Tensor) -> Tensor:
+    """The next float above (rounding outward); the identity on a differentiable tensor."""
+    return t if t.requires_grad else torch.nextafter(t, torch.full_like(t, math.inf))
+
+
+def _down(t: Tensor) -> Tensor:
+    return t if t.requires_grad else torch.nextafter(t, torch.full_like(t, -math.inf))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """[center - radius, center + radius], elementwise (float64 tensors of one shape)."""
+
+    center: Tensor
+    radius: Tensor
+
+    @staticmethod
+    def between(low: Tensor, high: Tensor) -> Interval:
+        """The smallest representable interval holding [low, high]."""
+        center = (low + high) / 2
+        return Interval(center, _up(torch.maximum(high - center, center - low)))
+
+    @property
+    def low(self) -> Tensor:
+        return _down(self.center - self.radius)
+
+    @property
+    def high(self) -> Tensor:
+        return _up(self.center + self.radius)
+
+
+def _inflate(radius: Tensor, magnitude: Tensor, n: int) -> Tensor:
+    """radius (1 + gamma) + gamma |terms|: the float64 rounding of a sum of n terms whose
+    absolute values sum to ``magnitude``, and of the radius computation itself."""
+    if radius.requires_grad:  # the differentiable pass of training: no rounding terms
+        return radius
+    g = _gamma(n + 3)
+    return _up(radius * (1 + g) + g * magnitude)
+
+
+class _BoxPass(OpWalker):
+    """The interval pass of the module docstring over a traced graph; ``boxes`` maps a
+    layer's qualified name to {quantised parameter name: Interval}."""
+
+    purpose = "interval arithmetic over a box of parameters"
+
+    def __init__(self, graph: LayerGraph, boxes: Mapping[str, Mapping[str, Interval]],
+                 stop_at_output: bool = False):
+        super().__init__(graph)
+        self.boxes = boxes
+        outputs = graph.outputs()
+        only = outputs[0] if len(outputs) == 1 else None  # returned alone, read by nothing
+        self.final = {only} if stop_at_output and only is not None and all(
+            u.op == "output" for u in only.users) else set()
+
+    def _params(self, handler: Handler, call: Call) -> Mapping[str, Interval]:
+        name = call.node.target
+        if name not in self.boxes:
+            raise self.unsupported(handler, call, ": no box was given for its parameters")
+        return self.boxes[name]
+
+    def on_affine(self, handler: AffineHandler, call: Call) -> Interval:
+        x: Interval = call.args[0]
+        params = self._params(handler, call)
+        if set(params) - {"weight", "bias"} or "weight" not in params:
+            raise self.unsupported(handler, call, ": its parameters are not a weight and a "
+                                   "bias")
+        w, b = params["weight"], params.get("bias")
+        if call.node in self.final and handler.channel_dim == -1 and w.center.dim() == 2 \
+                and x.center.dim() == 2:  # a Linear on (batch, features), not on a signal
+            return _Final(x, w, b)  # the margin is enclosed through this layer
+        run = call.replace(x.center)
+        center = handler.apply(x.center, w.center, run, None if b is None else b.center)
+        abs_w = w.center.abs()
+        radius = handler.apply(x.radius, abs_w, run) + handler.apply(
+            x.center.abs() + x.radius, w.radius, run)
+        magnitude = handler.apply(x.center.abs(), abs_w, run)
+        if b is not None:
+            dim = handler.channel_dim
+            radius = radius + channel_bias(b.radius, radius.dim(), dim)
+            magnitude = magnitude + channel_bias(b.center.abs(), radius.dim(), dim)
+        return Interval(center, _inflate(radius, magnitude, w.center.numel() + 1))
+
+    def on_relu(self, handler: Handler, call: Call) -> Interval:
+        x: Interval = call.args[0]
+        return Interval.between(x.low.clamp(min=0), x.high.clamp(min=0))
+
+    def on_maxpool(self, handler: FixedLinear, call: Call) -> Interval:
+        x: Interval = call.args[0]
+        return Interval.between(call.run(x.low), call.run(x.high))
+
+    def on_pool(self, handler: FixedLinear, call: Call) -> Interval:
+        x: Interval = call.args[0]
+        center = call.run(x.center)
+        spread, log_gain = handler.abs_pow(x.radius, 1.0, call.replace(x.radius))
+        size, _ = handler.abs_pow(x.center.abs(), 1.0, call.replace(x.center.abs()))
+        gain = math.exp(log_gain) * (1 + 4 * _U)
+        n = x.center[0].numel() if x.center.dim() else 1
+        return Interval(center, _inflate(spread * gain, size * gain, n))
+
+    def on_add(self, handler: Handler, call: Call) -> Interval:
+        a, b = call.args[:2]
+        center = call.run(a.center.clone(), b.center)  # + or -, as the op says (in place)
+        return Interval(center, _inflate(a.radius + b.radius,
+                                         a.center.abs() + b.center.abs(), 2))
+
+    def on_activation(self, handler: Activation, call: Call) -> Interval:
+        x: Interval = call.args[0]
+        low, high = x.low, x.high
+        if handler.parametric:  # PReLU: its slopes lie in the box too
+            slopes = self._params(handler, call)["weight"]
+            all_pieces = [handler.pieces_from(call.replace(x.center), s)
+                          for s in (slopes.low, slopes.high)]
+        else:
+            all_pieces = [handler.pieces(call.replace(x.center))]
+        points = [low, high]
+        for t in all_pieces[0].breakpoints:
+            points.append(torch.clamp(torch.full_like(low, t), low, high))
+        values = [_evaluate(p, z) for p in all_pieces for z in points]
+        stacked = [v for v, _ in values]
+        size = torch.stack([s for _, s in values]).amax(0)
+        g = _gamma(3 * (len(all_pieces[0].neurons()) + 2))
+        slack = g * size
+        return Interval.between(_down(torch.stack(stacked).amin(0) - slack),
+                                _up(torch.stack(stacked).amax(0) + slack))
+
+    def on_reshape(self, handler: Handler, call: Call) -> object:
+        intervals = [v for v in _leaves((call.args, call.kwargs)) if isinstance(v, Interval)]
+        if not intervals:
+            return call.run()
+        parts = []
+        for field in ("center", "radius"):
+            args, kwargs = tree_map(lambda v, f=field: getattr(v, f) if isinstance(v, Interval)
+                                    else v, (call.args, call.kwargs),
+                                    is_leaf=lambda v: isinstance(v, Interval))
+            parts.append(Call(call.node, call.module, args, kwargs).run())
+        return tree_map(lambda c, r: Interval(c, r), parts[0], parts[1])
+
+    def on_shape(self, handler: Handler, call: Call) -> object:
+        args, kwargs = tree_map(lambda v: v.center if isinstance(v, Interval) else v,
+                                (call.args, call.kwargs),
+                                is_leaf=lambda v: isinstance(v, Interval))
+        return Call(call.node, call.module, args, kwargs).run()
+
+
+@dataclass(frozen=True)
+class _Final:
+    """The input interval and parameter box of a Linear layer whose output is returned."""
+
+    x: Interval
+    weight: Interval
+    bias: Interval | None
+
+
+def _leaves(value: object) -> list[object]:
+    if isinstance(value, Interval):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    return [value]
+
+
+def _evaluate(pieces, z: Tensor) -> tuple[Tensor, Tensor]:
+    """f(z) = f(t_1) + sum_j c_j ReLU(sigma_j z + beta_j) (the lowering), and the sum of
+    the absolute values of its terms (for the rounding bound)."""
+    out = torch.full_like(z, float(pieces.value))
+    size = out.abs()
+    for sigma, beta, c in pieces.neurons():
+        c = c.to(z.dtype) if isinstance(c, Tensor) else torch.tensor(c, dtype=z.dtype)
+        out = out + c * torch.relu(sigma * z + beta)
+        size = size + c.abs() * (z.abs() + abs(beta))
+    return out, size
+
+
+def box_outputs(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None,
+                x: Tensor, boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor]]]
+                ) -> list[Interval]:
+    """Enclosures of the outputs of every network of ``model``'s architecture whose
+    parameters lie in ``boxes`` ({layer name: {parameter name: (low, high)}}, the names
+    and shapes of ``pathlift.bounds.code.quantized_tensors``; every parametric layer
+    needs one), on the inputs ``x``: one ``Interval`` per returned tensor, in order.
+
+    Raises UnsupportedModelError for a layer without a box or an op the pass does not
+    enclose, InvalidParameterError for a box with low > high.
+    """
+    graph = graph_of(model, input_shape)
+    leaves = output_leaves(_run(graph, x, boxes, stop_at_output=False), Interval)
+    if not leaves:
+        raise UnsupportedModelError("the model returns no tensor")
+    return leaves
+
+
+def margin_lower_bounds(outputs: Sequence[Interval], y: Tensor) -> Tensor:
+    """For each sample, low(R_y) - max_{c != y} high(R_c) over the enclosure: a lower bound
+    on the margin R(x)_y - max_{c != y} R(x)_c of every network in the box."""
+    return _pairwise_lower(outputs, y).amin(1)
+
+
+def _pairwise_lower(outputs: Sequence[Interval], y: Tensor) -> Tensor:
+    """low(R_y) - high(R_c) per sample and class c, +inf at c = y."""
+    batch = len(y)
+    low = torch.cat([o.low.reshape(batch, -1) for o in outputs], dim=1)
+    high = torch.cat([o.high.reshape(batch, -1) for o in outputs], dim=1)
+    index = y.reshape(-1, 1)
+    return _down(low.gather(1, index) - high).scatter(1, index, math.inf)
+
+
+def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, x: Tensor,
+                y: Tensor,
+                boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
+                per_class: bool = False) -> Tensor:
+    """A lower bound, per sample, on the margin R(x)_y - max_{c != y} R(x)_c of every
+    network whose parameters lie in ``boxes`` (as ``box_outputs``), through the last
+    Linear layer when the network returns its output (module docstring), else from the
+    output enclosure (``margin_lower_bounds``). With ``per_class``, the lower bounds of
+    each R_y - R_c instead, shape (batch, classes), +inf at c = y."""
+    graph = graph_of(model, input_shape)
+    out = _run(graph, x, boxes, stop_at_output=True)
+    if not isinstance(out, _Final):
+        low = _pairwise_lower(output_leaves(out, Interval), y)
+        return low if per_class else low.amin(1)
+    h, w, b = out.x, out.weight, out.bias
+    hc, hr = h.center.reshape(len(y), -1), h.radius.reshape(len(y), -1)
+    index = y.reshape(-1, 1)
+    # centre: (W_y - W_c) hc + b_y - b_c
+    scores = hc @ w.center.t() + (0.0 if b is None else b.center)
+    center = scores.gather(1, index) - scores
+    # radius: |W_y - W_c| hr + (Wr_y + Wr_c)(|hc| + hr) + br_y + br_c
+    diff = (w.center[y][:, None, :] - w.center[None, :, :]).abs()  # (batch, C, in)
+    spread = torch.einsum("bci,bi->bc", diff, hr)
+    uncertain = (hc.abs() + hr) @ w.radius.t()
+    radius = spread + uncertain.gather(1, index) + uncertain
+    magnitude = torch.einsum("bci,bi->bc", diff, hc.abs()) + 2 * (hc.abs() @ w.center.abs().t())
+    if b is not None:
+        radius = radius + b.radius[y][:, None] + b.radius[None, :]
+        magnitude = magnitude + b.center.abs()[y][:, None] + b.center.abs()[None, :]
+    radius = _inflate(radius, magnitude, w.center.shape[1] + 2)
+    low = _down(center - radius).scatter(1, index, math.inf)
+    return low if per_class else low.amin(1)
+
+
+def _run(graph: LayerGraph, x: Tensor,
+         boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
+         stop_at_output: bool) -> object:
+    """The pass on x. A box given as (low, high) is enclosed rigorously in float64; given
+    as ``Interval`` objects that require grad (training), the pass is differentiable, in
+    their dtype, without the rounding terms."""
+    intervals: dict[str, dict[str, Interval]] = {}
+    for layer, params in boxes.items():
+        intervals[layer] = {}
+        for name, ends in params.items():
+            if isinstance(ends, Interval):
+                intervals[layer][name] = ends
+                continue
+            low, high = ends[0].to(torch.float64), ends[1].to(torch.float64)
+            if bool((low > high).any()):
+                raise InvalidParameterError(f"box of '{layer}.{name}' has low > high")
+            intervals[layer][name] = Interval.between(low, high)
+    trained = any(i.center.requires_grad or i.radius.requires_grad
+                  for params in intervals.values() for i in params.values())
+    dtype = next((i.center.dtype for params in intervals.values() for i in params.values()),
+                 torch.float64) if trained else torch.float64
+    start = Interval(x.detach().to(dtype), torch.zeros_like(x, dtype=dtype))
+    with torch.set_grad_enabled(trained):
+        return _BoxPass(graph, intervals, stop_at_output).run(start)

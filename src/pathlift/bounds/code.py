@@ -1,0 +1,284 @@
+"""A prefix code for quantised ReLU networks: ``encode`` writes the bits, ``decode`` reads
+them back exactly, and the length of a code word is the number of bits written.
+
+What is coded (a ``CodedNetwork``): the architecture, as its index in a family of
+architectures fixed in advance (``ceil(log2 |family|)`` bits; the decoder knows every
+tensor's name and shape from it); then for each quantised tensor (the weight and bias of
+every Linear / Conv / ConvTranspose, the affine pair (a, c) of every eval BatchNorm, in
+the order of ``pathlift.quant.quantize``) the exponent e of its power-of-two step
+2^e (signed gamma code), the exponent f >= e of the radius 2^f of its zero codes (gamma
+code of f - e + 1), the largest bit length E of its integer codes (gamma code of E + 1);
+then one adaptive arithmetic-coded stream (a Krichevsky-Trofimov model per tensor) of
+one symbol per coordinate: "pruned" (the coordinate is exactly 0), "zero" (code 0) or
+the bit length 1..E of |code|; then the raw bits: for every non-zero code its sign and
+its mantissa (the bits of |code| below the leading one).
+
+The code is prefix-free: each part is (the uniform code, gamma codes and the arithmetic
+coder of ``pathlift.bounds.bitcode`` are decodable from any continuation, and the
+decoder knows where the arithmetic stream ends), so sum over coded networks of
+2^-length <= 1 (Kraft), which is all the Occam bound (``pathlift.bounds.kl``) needs.
+The "pruned" / "zero" distinction matters only to the box of ``CodedNetwork.box``: a
+pruned coordinate of the trained network is exactly 0, a zero code may hide any value in
+[-2^f, 2^f].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pathlift.bounds.bitcode import (
+    AdaptiveModel,
+    ArithmeticDecoder,
+    ArithmeticEncoder,
+    BitReader,
+    BitWriter,
+    read_gamma,
+    read_signed,
+    write_gamma,
+    write_signed,
+)
+from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
+from pathlift.graph import LayerGraph, graph_of
+
+__all__ = ["Architecture", "CodeLength", "CodedNetwork", "Encoded", "architecture_of",
+           "decode", "encode", "quantized_tensors"]
+
+_PRUNED, _ZERO = 0, 1  # symbols; bit length b of |code| is symbol b + 1
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the decoder knows of a network before reading it: a description of its
+    computation (``signature``: the traced graph's operations and module settings, and
+    the input shape) and the name and shape of every quantised tensor."""
+
+    signature: str
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.tensors)
+
+
+def quantized_tensors(graph: LayerGraph, model: nn.Module | None = None
+                      ) -> list[tuple[str, nn.Module, str, Tensor]]:
+    """(tensor name, module, parameter name, effective value) of every quantised tensor of
+    ``model`` (default: the graph's), once per layer, in the order of
+    ``pathlift.quant.quantize`` (handlers say what they quantise: BatchNorm its (a, c))."""
+    model = graph.model if model is None else model
+    out, seen = [], set()
+    for node in graph.parametric_nodes():
+        if node.target in seen:
+            continue
+        seen.add(node.target)
+        module = model.get_submodule(node.target)
+        for pname, value, _ in graph.handler(node).quantizable(module):
+            out.append((f"{node.target}.{pname}", module, pname, value))
+    return out
+
+
+def architecture_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
+                    ) -> Architecture:
+    """The ``Architecture`` of a network: its traced operations (each node's op, target
+    and, for modules, their settings) and its quantised tensors."""
+    graph = graph_of(model, input_shape)
+    ops = [f"{n.op} {n.target} {graph.submodule(n)!r}" for n in graph.nodes()]
+    signature = f"input {tuple(graph.input_shape)}\n" + "\n".join(ops)
+    tensors = tuple((name, tuple(value.shape)) for name, _, _, value in quantized_tensors(graph))
+    return Architecture(signature, tensors)
+
+
+@dataclass(frozen=True, eq=False)
+class CodedNetwork:
+    """A quantised network: the architecture's index in its family, and per tensor the step
+    exponent e, the zero radius exponent f >= e, the integer codes (int64) and the mask of
+    coordinates that are exactly 0 in the network it was made from ("pruned")."""
+
+    architecture: int
+    exponents: tuple[int, ...]
+    zero_exponents: tuple[int, ...]
+    codes: tuple[Tensor, ...]
+    pruned: tuple[Tensor, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.codes)
+        if not (len(self.exponents) == len(self.zero_exponents) == len(self.pruned) == n):
+            raise InvalidParameterError("one exponent, zero exponent and mask per tensor")
+        for e, f, c, p in zip(self.exponents, self.zero_exponents, self.codes, self.pruned,
+                              strict=True):
+            if f < e:
+                raise InvalidParameterError(f"zero radius 2^{f} below the step 2^{e}")
+            if c.dtype != torch.int64 or p.dtype != torch.bool or c.shape != p.shape:
+                raise InvalidParameterError("codes must be int64 and masks bool of one shape")
+            if bool((c[p] != 0).any()):
+                raise InvalidParameterError("a pruned coordinate must have code 0")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CodedNetwork):
+            return NotImplemented
+        return (self.architecture == other.architecture and self.exponents == other.exponents
+                and self.zero_exponents == other.zero_exponents
+                and len(self.codes) == len(other.codes)
+                and all(torch.equal(a, b) for a, b in zip(self.codes, other.codes, strict=True))
+                and all(torch.equal(a, b) for a, b in zip(self.pruned, other.pruned,
+                                                          strict=True)))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def values(self, dtype: torch.dtype = torch.float64) -> list[Tensor]:
+        """The quantised tensors, codes * 2^e (exact in float32 for |code| < 2^24)."""
+        return [torch.ldexp(c.to(dtype), torch.tensor(e, dtype=dtype))
+                for c, e in zip(self.codes, self.exponents, strict=True)]
+
+    def box(self) -> list[tuple[Tensor, Tensor]]:
+        """(low, high) per tensor, float64: the parameters this code stands for. A non-zero
+        code k: between k 2^e and (k + sign k) 2^e (truncation towards zero of any value
+        there gives k); a zero code: [-2^f, 2^f]; a pruned coordinate: [0, 0]."""
+        out = []
+        for c, e, f, p in zip(self.codes, self.exponents, self.zero_exponents, self.pruned,
+                              strict=True):
+            step, radius = math.ldexp(1.0, e), math.ldexp(1.0, f)
+            k = c.to(torch.float64)
+            ends = (k * step, (k + torch.sign(k)) * step)
+            low = torch.where(c == 0, -radius, torch.minimum(*ends))
+            high = torch.where(c == 0, radius, torch.maximum(*ends))
+            out.append((torch.where(p, 0.0, low), torch.where(p, 0.0, high)))
+        return out
+
+    @property
+    def num_nonzero(self) -> int:
+        return sum(int((c != 0).sum()) for c in self.codes)
+
+
+@dataclass(frozen=True)
+class CodeLength:
+    """Bits of one code word, by part (each counted from the bits written): the
+    architecture index, the per-tensor header (exponents, largest bit length), the
+    arithmetic-coded symbol stream (zero / pruned / bit length, termination included),
+    the signs and the mantissas."""
+
+    architecture: int
+    header: int
+    symbols: int
+    signs: int
+    mantissas: int
+
+    @property
+    def total(self) -> int:
+        return self.architecture + self.header + self.symbols + self.signs + self.mantissas
+
+    def __repr__(self) -> str:
+        return (f"CodeLength({self.total} bits: architecture {self.architecture}, header "
+                f"{self.header}, symbols {self.symbols}, signs {self.signs}, mantissas "
+                f"{self.mantissas})")
+
+
+@dataclass(frozen=True, repr=False)
+class Encoded:
+    """A code word and its length by part; ``len(bits) == length.total``."""
+
+    bits: tuple[int, ...]
+    length: CodeLength
+
+    def __repr__(self) -> str:
+        return f"Encoded({self.length!r})"
+
+
+def _index_width(family: Sequence[Architecture]) -> int:
+    if not family:
+        raise InvalidParameterError("the family of architectures is empty")
+    return (len(family) - 1).bit_length()
+
+
+def encode(network: CodedNetwork, family: Sequence[Architecture]) -> Encoded:
+    """The code word of ``network`` (module docstring), ``family`` the architectures fixed
+    in advance. Raises ArchitectureMismatchError when the tensors do not match the
+    architecture the network names."""
+    if not 0 <= network.architecture < len(family):
+        raise ArchitectureMismatchError(
+            f"architecture index {network.architecture} outside the family of {len(family)}")
+    arch = family[network.architecture]
+    shapes = [shape for _, shape in arch.tensors]
+    if [tuple(c.shape) for c in network.codes] != shapes:
+        raise ArchitectureMismatchError(
+            "the codes do not have the shapes of the architecture they name")
+    writer = BitWriter()
+    writer.write_uint(network.architecture, _index_width(family))
+    parts = [len(writer)]
+    flats = [c.reshape(-1) for c in network.codes]
+    lengths = [_bit_lengths(c) for c in flats]
+    for e, f, bl in zip(network.exponents, network.zero_exponents, lengths, strict=True):
+        write_signed(writer, e)
+        write_gamma(writer, f - e + 1)
+        write_gamma(writer, (int(bl.max()) if bl.numel() else 0) + 1)
+    parts.append(len(writer) - sum(parts))
+    encoder = ArithmeticEncoder(writer)
+    for bl, pruned in zip(lengths, network.pruned, strict=True):
+        model = AdaptiveModel((int(bl.max()) if bl.numel() else 0) + 2)
+        symbols = torch.where(pruned.reshape(-1), _PRUNED, bl + 1).tolist()
+        for s in symbols:
+            encoder.encode_symbol(model, s)
+    encoder.finish()
+    parts.append(len(writer) - sum(parts))
+    signs = mantissas = 0
+    for c, bl in zip(flats, lengths, strict=True):
+        nonzero = c != 0
+        for value, width in zip(c[nonzero].tolist(), bl[nonzero].tolist(), strict=True):
+            writer.write(value < 0)
+            writer.write_uint(abs(value) - (1 << (width - 1)), width - 1)
+            mantissas += width - 1
+        signs += int(nonzero.sum())
+    return Encoded(tuple(writer.bits), CodeLength(*parts, signs, mantissas))
+
+
+def _bit_lengths(codes: Tensor) -> Tensor:
+    """floor(log2 |k|) + 1 for each code k (0 for k = 0), exactly, as int64."""
+    magnitude = codes.abs()
+    out = torch.zeros_like(magnitude)
+    rest = magnitude.clone()
+    while bool((rest > 0).any()):
+        out += (rest > 0).to(out.dtype)
+        rest >>= 1
+    return out
+
+
+def decode(bits: Sequence[int], family: Sequence[Architecture]) -> tuple[CodedNetwork, int]:
+    """The network a code word stands for, and the number of bits it took (bits after it
+    are ignored, whatever they are). Inverse of ``encode``: decode(encode(Q).bits) == Q."""
+    reader = BitReader(bits)
+    index = reader.read_uint(_index_width(family))
+    if index >= len(family):
+        raise InvalidParameterError(f"corrupt code: architecture {index} of {len(family)}")
+    shapes = [shape for _, shape in family[index].tensors]
+    headers = []
+    for _ in shapes:
+        e = read_signed(reader)
+        f = e + read_gamma(reader) - 1
+        headers.append((e, f, read_gamma(reader) - 1))
+    decoder = ArithmeticDecoder(reader)
+    symbol_lists = []
+    for shape, (_, _, largest) in zip(shapes, headers, strict=True):
+        model = AdaptiveModel(largest + 2)
+        symbol_lists.append([decoder.decode_symbol(model) for _ in range(math.prod(shape))])
+    raw = BitReader(bits, decoder.start + decoder.length())
+    codes, pruned = [], []
+    for shape, symbols in zip(shapes, symbol_lists, strict=True):
+        values = []
+        for s in symbols:
+            if s <= _ZERO:
+                values.append(0)
+                continue
+            negative = raw.read()
+            magnitude = (1 << (s - 2)) | raw.read_uint(s - 2)
+            values.append(-magnitude if negative else magnitude)
+        codes.append(torch.tensor(values, dtype=torch.int64).reshape(shape))
+        pruned.append(torch.tensor([s == _PRUNED for s in symbols],
+                                   dtype=torch.bool).reshape(shape))
+    network = CodedNetwork(index, tuple(h[0] for h in headers), tuple(h[1] for h in headers),
+                           tuple(codes), tuple(pruned))
+    return network, raw.position

@@ -1,0 +1,460 @@
+"""A compression (Occam) certificate for the trained network itself, carried from a coded
+quantised network through the exact path-metric (thesis Lemma 3.4.1, Cor. 3.4.1) or
+through interval arithmetic on a box of parameters.
+
+**Theorem.** Fix in advance: a family of architectures (``pathlift.bounds.code``), delta
+in (0, 1), and the event grid (``EventGrid``): margins tau_t = 2^(t/s) for t = t_0..t_1,
+and the box event; T = its size. Let B(x) = max(1, ||x||_inf), m_f(x, y) = f(x)_y -
+max_{c != y} f(x)_c, and for a coded network Q (code word of L(Q) bits)
+
+    E_t(Q) = {(x, y): m_Q(x, y) <= tau_t B(x)},
+    E_box(Q) = {(x, y): the interval lower bound of m_theta'(x, y) over theta' in the box
+                of Q (``CodedNetwork.box``, ``pathlift.bounds.box``) is <= 0}.
+
+With probability >= 1 - delta over the n iid training samples S, for every trained
+parameter theta of an architecture of the family, every positive rescaling lambda
+(Def. 2.4.1) and every Q:
+
+(a) if |Q| <= |lambda.theta| coordinatewise with the same signs (truncation towards zero
+    of lambda.theta, after zeroing any coordinates), d = ||Phi(theta)||_1 -
+    ||Phi(Q)||_1 and tau_t >= d, then
+        P(argmax R_theta(x) != y) <= kl^-1(P_S[E_t(Q)], (L(Q) ln 2 + ln T + ln 1/delta)/n);
+(b) if lambda.theta lies in the box of Q, the same holds with E_box(Q).
+
+*Proof.* Occam (``pathlift.bounds.kl``): the code is prefix-free (Kraft) and T fixed,
+so with probability >= 1 - delta, P(E) <= kl^-1(P_S[E], (L ln 2 + ln T + ln 1/delta)/n)
+for every Q and every event of the grid at once. (a) R_{lambda.theta} = R_theta and
+Phi(lambda.theta) = Phi(theta) (Thm 2.4.2, rescaling invariance); by Lemma 3.4.1,
+||Phi(lambda.theta) - Phi(Q)||_1 = ||Phi(theta)||_1 - ||Phi(Q)||_1 = d exactly; by
+Cor. 3.4.1 with r = 1, ||R_theta(x) - R_Q(x)||_1 <= B(x) d for every x; the margin is
+1-Lipschitz from l1 (|m_f - m_g| <= |f_y - g_y| + max_{c != y} |f_c - g_c|), so if theta
+errs on (x, y) (m_theta <= 0) then m_Q(x, y) <= B(x) d <= tau_t B(x): (x, y) in E_t(Q).
+(b) If theta errs on (x, y), some theta' of the box (lambda.theta itself) has
+m_theta' <= 0, so the interval lower bound is <= 0: (x, y) in E_box(Q). In both cases
+P(theta errs) <= P(E), bounded above. Every choice made here on the training data (the
+rescaling, the pruned coordinates, the step sizes, the event) changes only Q, which is
+paid for by L(Q), or the event, paid for by ln T: the bound holds for the network chosen.
+
+Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
+computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
+rounded up by ten times its estimated relative error, the interval pass encloses its own
+rounding, and kl^-1 is approached from above: each rounds against the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from pathlift.bounds.box import box_margins
+from pathlift.bounds.code import (
+    Architecture,
+    CodedNetwork,
+    CodeLength,
+    architecture_of,
+    encode,
+    quantized_tensors,
+)
+from pathlift.bounds.kl import OccamBound, occam_bound
+from pathlift.errors import InvalidParameterError
+from pathlift.graph import LayerGraph, copy_model, eval_mode, graph_of, unwrap
+from pathlift.graph.boundary import flat_outputs
+from pathlift.graph.normalize import normalize
+from pathlift.lift import path_metric, path_norm
+from pathlift.prune.methods import prune_model
+from pathlift.quant import quantize
+
+__all__ = ["CompressionBound", "CompressionSearch", "EventGrid", "compression_bound",
+           "input_scale", "logit_margins"]
+
+PATH_METRIC, BOX = "path-metric", "box"
+_RESCALINGS = {"none": None, "l1": 1.0, "l2": 2.0, "linf": math.inf}
+
+
+@dataclass(frozen=True)
+class EventGrid:
+    """The events fixed in advance: margins tau_t = 2^(t/``per_octave``) for t in
+    [``lowest``, ``highest``], and the box event if ``box``. Each costs ln ``size`` nats."""
+
+    per_octave: int = 8
+    lowest: int = -200
+    highest: int = 80
+    box: bool = True
+
+    def __post_init__(self) -> None:
+        if self.per_octave < 1 or self.highest < self.lowest:
+            raise InvalidParameterError("an event grid needs per_octave >= 1 and highest >= "
+                                        "lowest")
+
+    @property
+    def size(self) -> int:
+        return self.highest - self.lowest + 1 + int(self.box)
+
+    def tau(self, t: int) -> float:
+        return 2.0 ** (t / self.per_octave)
+
+    def tau_index(self, d: float) -> int | None:
+        """The smallest t with tau_t >= d, or None beyond the grid."""
+        if d <= self.tau(self.lowest):
+            return self.lowest
+        t = math.ceil(self.per_octave * math.log2(d))
+        while self.tau(t) < d:
+            t += 1
+        return t if t <= self.highest else None
+
+
+DEFAULT_EVENTS = EventGrid()
+
+
+@dataclass(frozen=True)
+class CompressionSearch:
+    """The choices searched on training data (all paid for in the bound, see the module
+    docstring): rescalings ("none", or power-of-two normalisation Alg. 3.2.1 with q = 1, 2,
+    inf: "l1", "l2", "linf"), fractions of coordinates zeroed by path-magnitude (global,
+    Sec. 3.5), global step offsets o (each tensor's step 2^(floor(log2 max|w|) - o)),
+    ``refine`` rounds of +-1 changes of each tensor's step, the transfers tried, and the
+    training subsample (``subsample`` points, ``seed``) the search scores candidates on."""
+
+    rescalings: tuple[str, ...] = ("none", "l2")
+    prune_fractions: tuple[float, ...] = (0.0, 0.5)
+    offsets: tuple[int, ...] = tuple(range(1, 15))
+    refine: int = 2
+    transfers: tuple[str, ...] = (PATH_METRIC, BOX)
+    subsample: int = 4096
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [r for r in self.rescalings if r not in _RESCALINGS]
+        if unknown or not self.rescalings:
+            raise InvalidParameterError(f"rescalings must be among {list(_RESCALINGS)}, got "
+                                        f"{list(self.rescalings)}")
+        if any(t not in (PATH_METRIC, BOX) for t in self.transfers) or not self.transfers:
+            raise InvalidParameterError(f"transfers must be among {[PATH_METRIC, BOX]}")
+        if not self.offsets or any(not 0 <= p < 1 for p in self.prune_fractions):
+            raise InvalidParameterError("need step offsets and prune fractions in [0, 1)")
+
+
+DEFAULT_SEARCH = CompressionSearch()
+
+
+@dataclass(frozen=True, repr=False)
+class CompressionBound:
+    """The certificate of the module docstring for one trained network, every term laid out.
+
+    ``value``: with probability >= 1 - ``delta``, the top-1 error of the trained network
+    (its own function, not the compressed one) is at most ``value``. ``occam`` holds the
+    kl inverse (``empirical`` = P_S of the event, ``budget`` = (L ln 2 + ln T + ln
+    1/delta)/n); ``length`` the code length by part; ``transfer`` the event used
+    ("path-metric": tau = ``tau`` >= d = 10^``d_log10``; "box": the interval event);
+    ``quantized_error``: training error of Q itself.
+    """
+
+    occam: OccamBound
+    transfer: str
+    length: CodeLength
+    d_log10: float
+    tau: float | None
+    train_error: float
+    quantized_error: float
+    path_norm_log10: float
+    quantized_path_norm_log10: float
+    rescaling: str
+    prune_fraction: float
+    exponents: tuple[int, ...]
+    num_parameters: int
+    num_nonzero: int
+    family_size: int
+    coded: CodedNetwork = field(compare=False)
+
+    hypothesis_class = ("every network of an architecture of the family, through the "
+                        "quantised networks Q its prefix code names")
+    paid_by = ("the code length L(Q) (Kraft) and ln T for the event grid fixed in advance; "
+               "the rescaling, pruning and step sizes only change Q")
+
+    @property
+    def value(self) -> float:
+        return self.occam.value
+
+    @property
+    def n(self) -> int:
+        return self.occam.n
+
+    @property
+    def delta(self) -> float:
+        return self.occam.delta
+
+    @property
+    def informative(self) -> bool:
+        return self.value < 1
+
+    @property
+    def bits_per_parameter(self) -> float:
+        return self.length.total / self.num_parameters
+
+    def terms(self) -> dict[str, float]:
+        """Every term of the bound, by name (bits, nats, probabilities)."""
+        return {"L (bits)": self.length.total, "L ln 2 / n": self.length.total * math.log(2)
+                / self.n, "ln T / n": math.log(self.occam.events) / self.n,
+                "ln(1/delta) / n": math.log(1 / self.delta) / self.n,
+                "budget": self.occam.budget, "empirical": self.occam.empirical,
+                "d": 10 ** self.d_log10, "tau": math.nan if self.tau is None else self.tau,
+                "bound": self.value}
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The certificate as plain numbers (what ``report.json`` keeps)."""
+        return {"bound": self.value, "transfer": self.transfer, "n": self.n,
+                "delta": self.delta, "bits": self.length.total,
+                "bits_architecture": self.length.architecture,
+                "bits_header": self.length.header, "bits_symbols": self.length.symbols,
+                "bits_signs": self.length.signs, "bits_mantissas": self.length.mantissas,
+                "events": self.occam.events, "empirical": self.occam.empirical,
+                "budget": self.occam.budget, "d_log10": self.d_log10,
+                "tau": math.nan if self.tau is None else self.tau,
+                "train_error": self.train_error, "quantized_error": self.quantized_error,
+                "path_norm_log10": self.path_norm_log10,
+                "quantized_path_norm_log10": self.quantized_path_norm_log10,
+                "rescaling": self.rescaling, "prune_fraction": self.prune_fraction,
+                "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero}
+
+    def statement(self) -> str:
+        return (f"with probability >= {1 - self.delta:g} over the n = {self.n} training "
+                f"samples, the trained network's top-1 error is at most {self.value:.4f} "
+                f"(transfer: {self.transfer}); valid for {self.hypothesis_class}; paid by "
+                f"{self.paid_by}")
+
+    def __repr__(self) -> str:
+        event = (f"tau {self.tau:.4g} >= d {10 ** self.d_log10:.4g}" if self.tau is not None
+                 else f"box event, d {10 ** self.d_log10:.4g}")
+        return (f"CompressionBound({self.value:.4f} = kl^-1({self.occam.empirical:.4f}, "
+                f"{self.occam.budget:.4f}), {self.transfer}: {event}; L = "
+                f"{self.length.total} bits ({self.bits_per_parameter:.2f}/parameter, "
+                f"{self.num_nonzero}/{self.num_parameters} non-zero), rescaling "
+                f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}, train error "
+                f"{self.train_error:.4f}, Q's {self.quantized_error:.4f})")
+
+
+def input_scale(x: Tensor) -> Tensor:
+    """B(x) = max(1, ||x||_inf) per sample, float64."""
+    return x.detach().reshape(len(x), -1).abs().amax(1).to(torch.float64).clamp(min=1.0)
+
+
+def logit_margins(model: nn.Module, x: Tensor, y: Tensor, batch: int = 4096
+                  ) -> tuple[Tensor, Tensor]:
+    """(m(x, y) = R(x)_y - max_{c != y} R(x)_c, max_c |R(x)_c|) per sample, in float64 on
+    a float64 copy of ``model`` (eval mode)."""
+    net = copy_model(unwrap(model)).double().eval()
+    margins, sizes = [], []
+    with torch.no_grad():
+        for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+            out = flat_outputs(net(xb.to(torch.float64)), len(xb))
+            index = yb.reshape(-1, 1)
+            margins.append(out.gather(1, index).squeeze(1)
+                           - out.scatter(1, index, -math.inf).amax(1))
+            sizes.append(out.abs().amax(1))
+    return torch.cat(margins), torch.cat(sizes)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One Q of the search and the scores of its events on the data it was scored on."""
+
+    rescaling: str
+    prune_fraction: float
+    exponents: tuple[int, ...]
+    coded: CodedNetwork
+    length: CodeLength
+    d_log10: float
+    quantized_path_norm_log10: float
+    bounds: dict[str, tuple[OccamBound, float | None]]
+    quantized_error: float
+
+    @property
+    def best(self) -> tuple[str, OccamBound, float | None]:
+        transfer = min(self.bounds, key=lambda k: self.bounds[k][0].value)
+        return (transfer, *self.bounds[transfer])
+
+
+class _Problem:
+    """What every candidate of one certificate shares: the trained network, its rescaled
+    and pruned versions, the data, the family, the grid."""
+
+    def __init__(self, model: nn.Module, shape: tuple[int, ...], x: Tensor, y: Tensor,
+                 family: Sequence[Architecture], events: EventGrid, delta: float,
+                 transfers: Sequence[str]):
+        self.model, self.shape = model, shape
+        self.family, self.events, self.delta = list(family), events, delta
+        self.transfers = tuple(transfers)
+        self.scale = input_scale(x)
+        self.n = len(x)
+        arch = architecture_of(model, shape)
+        if arch not in self.family:
+            raise InvalidParameterError(
+                "the network's architecture is not in the family fixed in advance; add it "
+                "(pathlift.bounds.code.architecture_of) before certifying")
+        self.index = self.family.index(arch)
+
+    def rescaled(self, name: str) -> tuple[nn.Module, LayerGraph]:
+        """lambda.theta (a copy; powers of two, exact) and its graph (which holds only a
+        weak reference: keep the model)."""
+        q = _RESCALINGS[name]
+        model = copy_model(self.model) if q is None else normalize(
+            self.model, self.shape, q, power_of_two=True)
+        return model, graph_of(model, self.shape)
+
+    def pruned(self, graph: LayerGraph, fraction: float) -> nn.Module:
+        """A copy of the rescaled network with ``fraction`` of its weights pruned by
+        path-magnitude (global), as torch.nn.utils.prune masks."""
+        model = copy_model(graph.model)
+        if fraction > 0:
+            prune_model(model, self.shape, fraction)
+        return model
+
+    def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
+                  pruned: nn.Module, exponents: Sequence[int], x: Tensor, y: Tensor,
+                  scale: Tensor) -> _Candidate:
+        """Quantise ``pruned`` with steps 2^exponents (towards zero), code it, and score its
+        events on (x, y) with the budget of the full sample (the bound's n)."""
+        names = [name for name, _, _, _ in quantized_tensors(graph)]
+        q = quantize(pruned, self.shape, step={n: math.ldexp(1.0, e)
+                                               for n, e in zip(names, exponents, strict=True)})
+        codes, zero_exponents, exact = [], [], []
+        for (name, _, _, value), e in zip(quantized_tensors(graph), exponents, strict=True):
+            c = q.codes[name].codes.to(torch.int64)
+            v = value.detach()
+            hidden = v[(c == 0) & (v != 0)].abs()
+            f = e if not hidden.numel() else max(e, _ceil_log2(float(hidden.max())))
+            codes.append(c)
+            zero_exponents.append(f)
+            exact.append(v == 0)
+        coded = CodedNetwork(self.index, tuple(exponents), tuple(zero_exponents),
+                             tuple(codes), tuple(exact))
+        length = encode(coded, self.family).length
+        metric = path_metric(graph, q.model, self.shape)
+        if not metric.exact:
+            raise InvalidParameterError("the compressed network does not satisfy Lemma "
+                                        "3.4.1's |Q| <= |theta|, same signs")
+        d = 10 ** metric.upper_log10 * (1 + 10 * metric.relative_accuracy) + 1e-300
+        margins, sizes = logit_margins(q.model, x, y)
+        bounds: dict[str, tuple[OccamBound, float | None]] = {}
+        if PATH_METRIC in self.transfers:
+            t = self.events.tau_index(d)
+            if t is not None:
+                tau = self.events.tau(t)
+                hit = margins <= tau * scale + 1e-9 * (1 + sizes)
+                bounds[PATH_METRIC] = (self.occam(hit, length.total), tau)
+        if BOX in self.transfers and self.events.box:
+            hit = self.box_event(graph, coded, x, y)
+            bounds[BOX] = (self.occam(hit, length.total), None)
+        if not bounds:
+            raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
+                                        "event was asked for")
+        return _Candidate(rescaling, fraction, tuple(exponents), coded, length,
+                          metric.upper_log10, metric.norm_b_log10, bounds,
+                          float((margins <= 0).double().mean()))
+
+    def occam(self, hit: Tensor, bits: int) -> OccamBound:
+        return occam_bound(float(hit.double().mean()), self.n, bits, self.events.size,
+                           self.delta)
+
+    def box_event(self, graph: LayerGraph, coded: CodedNetwork, x: Tensor, y: Tensor,
+                  batch: int = 2048) -> Tensor:
+        boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
+        for (name, _, _, _), ends in zip(quantized_tensors(graph), coded.box(), strict=True):
+            layer, pname = name.rsplit(".", 1)
+            boxes.setdefault(layer, {})[pname] = ends
+        hits = [box_margins(graph, None, xb, yb, boxes) <= 0
+                for xb, yb in zip(x.split(batch), y.split(batch), strict=True)]
+        return torch.cat(hits)
+
+
+def _ceil_log2(v: float) -> int:
+    """The smallest integer f with 2^f >= v > 0, exactly (frexp, no rounded logarithm)."""
+    mantissa, exponent = math.frexp(v)
+    return exponent - 1 if mantissa == 0.5 else exponent
+
+
+def _start_exponents(graph: LayerGraph, offset: int) -> list[int]:
+    out = []
+    for _, _, _, value in quantized_tensors(graph):
+        top = float(value.detach().abs().max()) if value.numel() else 0.0
+        out.append((math.frexp(top)[1] - 1 if top > 0 else 0) - offset)
+    return out
+
+
+def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor, *,
+                      family: Sequence[Architecture] | None = None, delta: float = 0.05,
+                      events: EventGrid = DEFAULT_EVENTS,
+                      search: CompressionSearch = DEFAULT_SEARCH) -> CompressionBound:
+    """The certificate of the module docstring for ``model`` trained on (x, y): the coded
+    network Q (rescaling, pruning, steps) and the event found by ``search`` on the
+    training data, then the bound on all of (x, y). ``family`` is the list of
+    architectures fixed in advance (default: this model's alone, 0 bits).
+
+    The model is measured in eval mode and not modified. Raises InvalidParameterError
+    when the architecture is not in ``family`` or the arguments are out of range,
+    UnsupportedModelError for a model outside the supported ops.
+
+    Example::
+
+        cert = compression_bound(net, (1, 8, 8), x_train, y_train)
+        print(cert)            # the bound on the trained net and every term
+    """
+    shape = tuple(input_shape)
+    net = unwrap(model)
+    with eval_mode(net):
+        net = copy_model(net).eval()
+    family = [architecture_of(net, shape)] if family is None else list(family)
+    problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
+    gen = torch.Generator().manual_seed(search.seed)
+    pick = torch.randperm(len(x), generator=gen)[:search.subsample]
+    xs, ys, scale = x[pick], y[pick], problem.scale[pick]
+    best: _Candidate | None = None
+    for rescaling in search.rescalings:
+        _kept, graph = problem.rescaled(rescaling)  # _kept: the graph's model stays alive
+        for fraction in search.prune_fractions:
+            pruned = problem.pruned(graph, fraction)
+            local = None
+            for offset in search.offsets:
+                c = problem.candidate(rescaling, fraction, graph, pruned,
+                                      _start_exponents(graph, offset), xs, ys, scale)
+                if local is None or c.best[1].value < local.best[1].value:
+                    local = c
+            local = _refine(problem, graph, pruned, local, xs, ys, scale, search.refine)
+            if best is None or local.best[1].value < best.best[1].value:
+                best = local
+    _kept, graph = problem.rescaled(best.rescaling)
+    final = problem.candidate(best.rescaling, best.prune_fraction, graph,
+                              problem.pruned(graph, best.prune_fraction), best.exponents, x,
+                              y, problem.scale)
+    transfer, occam, tau = final.best
+    own, _ = logit_margins(net, x, y)
+    return CompressionBound(
+        occam, transfer, final.length, final.d_log10, tau, float((own <= 0).double().mean()),
+        final.quantized_error, path_norm(net, shape).log10, final.quantized_path_norm_log10,
+        final.rescaling, final.prune_fraction, final.exponents,
+        sum(v.numel() for *_, v in quantized_tensors(graph)), final.coded.num_nonzero,
+        len(family), final.coded)
+
+
+def _refine(problem: _Problem, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
+            x: Tensor, y: Tensor, scale: Tensor, rounds: int) -> _Candidate:
+    """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer)."""
+    best = start
+    for _ in range(rounds):
+        improved = False
+        for i in range(len(best.exponents)):
+            for move in (1, -1):
+                exponents = list(best.exponents)
+                exponents[i] += move
+                c = problem.candidate(best.rescaling, best.prune_fraction, graph, pruned,
+                                      exponents, x, y, scale)
+                if c.best[1].value < best.best[1].value:
+                    best, improved = c, True
+                    break
+        if not improved:
+            break
+    return best
