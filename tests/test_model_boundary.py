@@ -213,3 +213,20 @@ def test_tied_weights_path_norms_quantisation_and_metric_are_exact():
     worst = float((_outputs(model, TX) - _outputs(quantized, TX)).abs().sum(1).max())
     assert worst <= float(d.bound(TX).max()) * (1 + 1e-9)
     assert not math.isnan(lift.layer_norm_product(model, TIED_SHAPE).log10)
+
+
+def test_meta_clone_copies_parametrized_modules():
+    """weight_norm / spectral_norm modules refuse copy.copy (torch's __reduce__); the meta
+    clone copies them shallowly, so tracing and the |theta|^q pass run on them."""
+    from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+
+    model = residual_cnn()
+    weight_norm(model.stem)
+    spectral_norm(model.head)
+    plain = ResidualCNN().double().eval()
+    plain.load_state_dict({**residual_cnn().state_dict(),
+                           "stem.weight": model.stem.weight.detach(),
+                           "head.weight": model.head.weight.detach()})
+    for q in (1.0, 2.0):
+        assert lift.path_norm(model.eval(), SHAPE, q).log10 == pytest.approx(
+            NeuronDAG.from_module(plain, SHAPE).path_norm_log10(q), abs=1e-12)

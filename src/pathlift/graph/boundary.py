@@ -158,7 +158,8 @@ def meta_clone(model: nn.Module) -> nn.Module:
 
     def clone(m: nn.Module) -> nn.Module:
         if id(m) not in modules:
-            new = modules[id(m)] = copy.copy(m)
+            new = modules[id(m)] = object.__new__(type(m))
+            new.__dict__.update(vars(m))
             for key, value in vars(m).items():
                 if isinstance(value, Tensor):
                     new.__dict__[key] = meta(value)
