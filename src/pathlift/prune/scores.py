@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
+from pathlift.errors import UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, param
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
@@ -82,6 +84,19 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
         if include_biases and param(module, "bias") is not None:
             entries.append((node.target, module, "bias"))
     return entries
+
+
+def refuse_parametrized(targets: Sequence[tuple[str, nn.Module, str]]) -> None:
+    """Refuse, naming them all, the targets computed by a torch.nn.utils.parametrize
+    parametrization (weight_norm, spectral_norm, ...): torch.nn.utils.prune cannot prune
+    them. Their scores are fine; ``pathlift.graph.writable_copy`` makes them plain."""
+    names = [f"{m}.{p}" for m, module, p in targets if parametrize.is_parametrized(module, p)]
+    if names:
+        raise UnsupportedModelError(
+            f"{', '.join(names)}: computed by a torch.nn.utils.parametrize parametrization "
+            "(weight_norm, spectral_norm, ...), which torch.nn.utils.prune cannot prune; "
+            "prune pathlift.graph.writable_copy(model) instead (the same function, with "
+            "plain parameters)")
 
 
 def magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,

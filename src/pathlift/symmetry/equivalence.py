@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import LayerGraph, copy_model, graph_of
+from pathlift.graph import LayerGraph, graph_of, writable_copy
 from pathlift.graph.boundary import flat_outputs, stored
 from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import refuse_shared_parameters
@@ -157,7 +157,7 @@ def permute(model: nn.Module | LayerGraph, perms: Mapping[str, Sequence[int] | T
     cmap = analyse(model, input_shape)
     units = {u.producer.name: u for u in permutable_units(cmap)}
     refuse_shared_parameters(cmap.graph.model, cmap.producers)
-    out = copy_model(cmap.graph.model)
+    out = writable_copy(cmap.graph.model)
     for name, perm in perms.items():
         if name not in units:
             raise InvalidParameterError(
@@ -235,7 +235,7 @@ def canonicalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | Non
     if normalized:
         current = normalize(graph, None, q)
     else:
-        current = copy_model(graph.model)
+        current = writable_copy(graph.model)
         graph.bind(current)
     cmap = analyse(current, graph.input_shape)
     permutations = {}
