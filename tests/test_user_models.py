@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import user_zoo
 from cli_runner import invoke
 from pathlift.bounds import (
     architecture_constants,
@@ -21,12 +22,19 @@ from pathlift.bounds import (
 )
 from pathlift.data import load_data, loaders
 from pathlift.data.training import train_classifier
-from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
+from pathlift.errors import (
+    ArchitectureMismatchError,
+    InvalidParameterError,
+    ShapeError,
+    UnsupportedModelError,
+)
+from pathlift.graph.ops import supported_summary
 from pathlift.lift import path_norm
 from pathlift.models import get_model, load_model, save_checkpoint
 from pathlift.report import run_report
 from user_files import MODULE, write_project
 
+ZOO = Path(__file__).with_name("user_zoo.py")
 SPECS = {"name": "mlp", "module": f"{MODULE}:relu_mlp", "file": "lib/nets.py:Net",
          "checkpoint": "relu_mlp.safetensors"}
 
@@ -184,3 +192,101 @@ def test_a_factory_without_input_shape_asks_for_one(in_project: Path) -> None:
     result = invoke("norm", "noshape.py:make")
     assert result.exit_code == 2 and "give --input-shape" in result.stderr
     assert invoke("norm", "noshape.py:make", "--input-shape", "5").exit_code == 0
+
+
+# ----------------------------------------------------------------------- refusals
+
+
+def test_a_transformer_is_refused_once_per_cause_with_the_supported_ops_once() -> None:
+    """LayerNorm, the attention products, softmax and GELU: each cause on one line (the
+    nodes sharing it counted), then the op table's supported operations, once."""
+    with pytest.raises(UnsupportedModelError) as info:
+        path_norm(user_zoo.tiny_transformer(), (6, 4))
+    *causes, supported = str(info.value).splitlines()[1:]
+    for op, count in (("LayerNorm", 2), ("matmul", 2), ("softmax", 1), ("GELU", 1)):
+        [line] = [c for c in causes if f"({op})" in c]
+        assert line.lstrip().startswith(f"{count} nodes" if count > 1 else "node ")
+    assert len(causes) == 4 and supported == f"  supported: {supported_summary()}"
+    assert "Linear" in supported and "LayerNorm" not in supported
+    result = invoke("norm", f"{ZOO}:tiny_transformer")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.count("pooling:") == 1
+    summary = invoke("summary", f"{ZOO}:tiny_transformer")
+    assert summary.exit_code == 1 and summary.stdout.count("pooling:") == 1
+
+
+# ----------------------------------------------------------------------- several outputs
+
+
+def _zoo(name: str) -> str:
+    return f"{ZOO}:{name}"
+
+
+def _refused(*args: str) -> str:
+    """The one-line error of a refused command line (exit status 2)."""
+    result = invoke(*args)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+    return result.stderr
+
+
+class _Logits(torch.nn.Module):
+    """The (logits, features) model as its user would cut it: the logits branch only."""
+
+    def __init__(self, model: user_zoo.LogitsAndFeatures):
+        super().__init__()
+        self.body, self.fc = model.body, model.fc
+
+    def forward(self, x):
+        return self.fc(self.body(x))
+
+
+def test_a_logits_and_features_model_is_bounded_on_the_output_it_names(in_project: Path
+                                                                        ) -> None:
+    spec, data = _zoo("logits_and_features"), "images3.npz"
+    assert "0: (3,), 1: (5,)" in _refused("bounds", spec, "--data", data)  # which, and how
+    assert "--output" in _refused("bounds", spec, "--data", data)
+    assert "5 values per sample" in _refused("bounds", spec, "--data", data, "--output", "1")
+    assert "positions 0 to 1" in _refused("bounds", spec, "--data", data, "--output", "2")
+    model, shape = load_model(spec, seed=0)
+    split = load_data(data)
+    want = generalization_bounds(_Logits(model), shape, *loaders(split, 256, 0))
+    got = generalization_bounds(model, shape, *loaders(split, 256, 0), outputs=0)
+    assert got.path_norm_log10 == pytest.approx(want.path_norm_log10, abs=1e-12)
+    assert got.cross_entropy_log10 == pytest.approx(want.cross_entropy_log10, abs=1e-12)
+    assert got.measured == want.measured and got.constants.d_out == 3
+    out = _ok("bounds", spec, "--data", data, "--output", "0")
+    assert f"log10 ||Phi||_1 = {want.path_norm_log10:.3f}" in out
+    assert f"test {want.measured.test_error:.4f}" in out
+    with pytest.raises(ShapeError, match="2 outputs"):
+        generalization_bounds(model, shape, *loaders(split, 256, 0))
+
+
+def test_a_unet_is_refused_by_bounds_and_report_and_its_label_head_is_bounded(
+        in_project: Path) -> None:
+    """A U-Net's per-pixel output is not one logit per class: a typed refusal, in one line,
+    from Python, bounds and report; with a label head, --output label is bounded (and
+    equals the Python API), --output mask refused."""
+    data = "images3.npz"
+    split = load_data(data)
+    unet, shape = load_model(_zoo("unet"), seed=0)
+    with pytest.raises(ShapeError, match="64 values per sample"):
+        generalization_bounds(unet, shape, *loaders(split, 256, 0))
+    for command in (("bounds", _zoo("unet"), "--data", data),
+                    ("report", "--model", _zoo("unet"), "--data", data, "--out", "unet")):
+        assert "64 values per sample (shape (1, 8, 8)), the data has 3 classes" in \
+            _refused(*command)
+    assert not Path("unet").exists()  # refused before anything is written
+    spec = _zoo("unet_with_label")
+    assert "'mask': (1, 8, 8), 'label': (3,)" in _refused("bounds", spec, "--data", data)
+    assert "64 values" in _refused("bounds", spec, "--data", data, "--output", "mask")
+    assert "keys 'mask', 'label'" in _refused("bounds", spec, "--data", data, "--output", "0")
+    model, _ = load_model(spec, seed=0)
+    want = generalization_bounds(model, shape, *loaders(split, 256, 0), outputs="label")
+    out = _ok("bounds", spec, "--data", data, "--output", "label")
+    assert f"log10 ||Phi||_1 = {want.path_norm_log10:.3f}" in out
+    _ok("report", "--model", spec, "--data", data, "--output", "label", "--epochs", "1",
+        "--out", "rep")
+    saved = json.loads(Path("rep/report.json").read_text())
+    assert saved["bounds"]["n_train"] == len(split.train)
+    assert saved["constants"]["d_out"] == 3

@@ -53,6 +53,9 @@ Normalize = Annotated[str, typer.Option(
     "--normalize", help="none, or standard: subtract the training mean and divide by the "
     "training standard deviation per input value")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="batch size")]
+Output = Annotated[str | None, typer.Option(
+    "--output", metavar="KEY", help="for a model returning several tensors (a tuple, list or "
+    "dict): the one holding the class logits, by position (0) or key (logits)")]
 Out = Annotated[str | None, typer.Option(
     "--out", help="output folder (default: a new runs/COMMAND-TIMESTAMP)")]
 
@@ -159,6 +162,8 @@ def summary(
                       "(thesis Def. 2.2.2):")
         for problem in s.unsupported:
             console.print(f"  - {problem}")
+        if s.supported_ops:
+            console.print(f"supported: {s.supported_ops}")
         raise typer.Exit(1)
     c = s.constants
     rows = [["parameters", f"{s.parameters:,}"], ["D, depth (Thm 4.4.1)", c.depth],
@@ -181,6 +186,7 @@ def bounds(
     test_fraction: TestFraction = 0.25,
     normalize: Normalize = "none",
     batch_size: BatchSize = 256,
+    output: Output = None,
 ) -> None:
     """Generalisation bounds of a trained model on its training data, with the measured gap.
 
@@ -196,7 +202,7 @@ def bounds(
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize, seed=seed)
         net, shape = load_model(model, input_shape or split.input_shape, weights, seed=seed)
-        b = generalization_bounds(net, shape, *loaders(split, batch_size, seed))
+        b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
     m = b.measured
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}", f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]
@@ -236,13 +242,14 @@ def report(
     test_fraction: TestFraction = 0.25,
     normalize: Normalize = "none",
     batch_size: BatchSize = 64,
+    output: Output = None,
 ) -> None:
     """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md, .html, .json."""
     from pathlift.report import run_report
 
     result = run_report(out or default_out("report"), model, input_shape, data, epochs, seed,
                         weights=weights, test_fraction=test_fraction, normalize=normalize,
-                        batch_size=batch_size)
+                        batch_size=batch_size, outputs=output)
     for note in result.report.notes:
         console.print(f"note: {note}")
     rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]

@@ -33,7 +33,13 @@ from torch.nn.utils import prune
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from pathlift.errors import LeadingDimensionWarning, Problem, ShapeError, UnsupportedModelError
+from pathlift.errors import (
+    LeadingDimensionWarning,
+    PathliftError,
+    Problem,
+    ShapeError,
+    UnsupportedModelError,
+)
 from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, structure_key, unwrap
 from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import (
@@ -42,6 +48,7 @@ from pathlift.graph.ops import (
     Call,
     Handler,
     Kind,
+    UnsupportedHandler,
     handler_for,
     supported_summary,
 )
@@ -470,6 +477,8 @@ def _symbolic_trace(model: nn.Module) -> fx.Graph:
     tracer = _Tracer()
     try:
         graph = tracer.trace(model)
+    except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
+        raise
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
         where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -482,8 +491,13 @@ def _symbolic_trace(model: nn.Module) -> fx.Graph:
     return graph
 
 
+_UNKNOWN = "not an operation of the ReLU DAG model (Def. 2.2.2)"
+
+
 def _classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
-    """Attach a handler to every node; problems for unknown ops (instance checks come later)."""
+    """Attach a handler to every node, an ``UnsupportedHandler`` to unknown ops (so that
+    validation lists their problem beside every other one); problems for parameter
+    reads outside layers."""
     problems = []
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
@@ -494,14 +508,8 @@ def _classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
                                     "supported; use nn.Linear / nn.Conv modules"))
             continue
         module = model.get_submodule(node.target) if node.op == "call_module" else None
-        handler = handler_for(node, module)
-        if handler is None:
-            problems.append(Problem(
-                _node_label(node), _op_label(node, module),
-                "not an operation of the ReLU DAG model (Def. 2.2.2); supported: "
-                + supported_summary()))
-            continue
-        node.meta[HANDLER] = handler
+        node.meta[HANDLER] = handler_for(node, module) or UnsupportedHandler(
+            _op_label(node, module), _UNKNOWN)
     return problems
 
 
@@ -526,12 +534,12 @@ def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
     order = {n: i for i, n in enumerate(graph.nodes)}
     problems = []
     for node in graph.nodes:
-        if node.op in ("placeholder", "output") or not _mutates_input(node, model):
+        if node.op in ("placeholder", "output", "get_attr") or not _mutates_input(node, model):
             continue
         root = node.args[0]
         if not isinstance(root, fx.Node):
             continue
-        while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output")
+        while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output", "get_attr")
                and (_aliases(root) or _mutates_input(root, model))):
             root = root.args[0]
         aliases, todo = set(), [root]
@@ -539,7 +547,8 @@ def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
             a = todo.pop()
             aliases.add(a)
             todo += [u for u in a.users if u is not node and u not in aliases
-                     and u.op != "output" and (_aliases(u) or _mutates_input(u, model))]
+                     and u.op not in ("output", "get_attr")
+                     and (_aliases(u) or _mutates_input(u, model))]
         late = [u for a in aliases for u in a.users
                 if u is not node and u not in aliases and order[u] > order[node]]
         if late:
@@ -641,11 +650,12 @@ class _Validate(fx.Interpreter):
     each node's output ``tensor_meta``; asks each node's handler about its concrete call
     and calls layers without their hooks, under a dataflow recorder."""
 
-    def __init__(self, graph: fx.Graph, clone: nn.Module, recorder: _Dataflow):
+    def __init__(self, graph: fx.Graph, clone: nn.Module, recorder: _Dataflow,
+                 problems: list[Problem]):
         super().__init__(clone, graph=graph)
         self.clone, self.recorder = clone, recorder
         self.extra_traceback = False
-        self.problems: list[Problem] = []
+        self.problems = list(problems)
 
     def call_module(self, target, args, kwargs):
         return _without_hooks(self.clone.get_submodule(target), args, kwargs)
@@ -667,6 +677,8 @@ class _Validate(fx.Interpreter):
         try:
             result = super().run_node(n)
         except Exception as err:
+            if self.problems:  # an unsupported op may fail on meta tensors: say why first
+                raise UnsupportedModelError(self.problems, supported_summary()) from None
             raise _shape_error(n, module, self.fetch_args_kwargs_from_env(n)[0], err) from None
         if isinstance(result, Tensor):  # ShapeProp's record, without its costly layout probes
             n.meta["tensor_meta"] = TensorMetadata(result.shape, result.dtype, False,
@@ -717,18 +729,19 @@ def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exce
 
 
 def _validate(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...],
-              dtype: torch.dtype) -> None:
-    """Steps 3 and 4 of the module docstring, on a meta copy of ``model``."""
+              dtype: torch.dtype, problems: list[Problem]) -> None:
+    """Steps 3 and 4 of the module docstring, on a meta copy of ``model``; ``problems``
+    found before are raised with those found here, all at once."""
     clone = meta_clone(model)
     example = torch.empty((_BATCH, *shape), dtype=dtype, device="meta")
     with torch.no_grad():
         traced_flow = _Dataflow()
-        validator = _Validate(graph, clone, traced_flow)
+        validator = _Validate(graph, clone, traced_flow, problems)
         with traced_flow:
             traced = validator.run(example)
             traced_out = [traced_flow.describe(t) for t in tree_leaves(traced)]
         if validator.problems:
-            raise UnsupportedModelError(validator.problems)
+            raise UnsupportedModelError(validator.problems, supported_summary())
         try:
             with _Dataflow() as eager_flow:
                 eager = clone(example)
@@ -750,16 +763,13 @@ def _validate(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...],
 def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     dtype, device = dtype_device(model)
     graph = _symbolic_trace(model)
-    problems = _classify(graph, model)
-    problems += [] if problems else _in_place_problems(graph, model)
-    if problems:
-        raise UnsupportedModelError(problems)
+    problems = _classify(graph, model) + _in_place_problems(graph, model)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise UnsupportedModelError([Problem(
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
-    _validate(graph, model, shape, dtype)
+    _validate(graph, model, shape, dtype, problems)
     _warn_leading_dimension(graph, model, shape)
     return LayerGraph(_holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
                       key)

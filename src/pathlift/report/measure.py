@@ -27,7 +27,8 @@ from pathlift.bounds import (
 )
 from pathlift.data import Split
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph import copy_model, eval_mode, graph_of
+from pathlift.graph import copy_model, eval_mode, graph_of, writable_copy
+from pathlift.graph.outputs import classifier_output
 from pathlift.lift import AverageCasePathNorm, average_case_path_norm, path_norm
 
 __all__ = ["DEFAULT_EPOCHS", "QS", "Report", "measure_report"]
@@ -121,6 +122,8 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
                          f"{shape}: give --input-shape, or data of that shape")
     if epochs and data is None:
         raise InvalidParameterError("training (epochs > 0) needs data")
+    if data is not None:
+        classifier_output(model, shape, data.num_classes, "the data")
     net = copy_model(model)
     notes = (EVAL_NOTE,) if any(isinstance(m, (nn.modules.batchnorm._BatchNorm,
                                                nn.modules.dropout._DropoutNd))
@@ -177,7 +180,7 @@ def _pruning(net: nn.Module, shape: tuple[int, ...], test: Any,
     rows = []
     for criterion in ("path-magnitude", "magnitude"):
         for amount in PRUNE_AMOUNTS:
-            pruned = copy_model(net)
+            pruned = writable_copy(net)
             result = prune_model(pruned, shape, amount, criterion=criterion, scope="global")
             l1 = path_norm(pruned, shape).log10
             bound = rademacher_peeling(bounds.constants, bounds.sigma.peeling, l1)

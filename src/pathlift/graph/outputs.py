@@ -1,0 +1,123 @@
+"""Models with several outputs, at the model boundary: pick the one a question is about.
+
+A model may return a tuple, list or dict of tensors: logits and features, a segmentation
+mask and an image label, auxiliary heads. Path-norms and Lipschitz bounds are of the whole
+network and count every output neuron. A classifier's accuracy, margins and generalisation
+bounds need its logits alone: ``select_output(model, outputs)`` wraps the model so that it
+returns one of them, and every pathlift function then sees the sub-network of the paths
+ending at that output (thesis Def. 2.2.2 with those output neurons). ``classifier_output``
+is the check the data-taking functions run: one output tensor with one value per class.
+The CLI exposes the selector as ``--output``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_leaves
+
+from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.graph.boundary import dtype_device, meta_clone, unwrap
+
+OutputKey = int | str
+
+
+class SelectedOutput(nn.Module):
+    """``model`` returning only ``output[key]`` (a position of a tuple or list, a key of a
+    dict, a field of a namedtuple). Its parameters are the model's (``.model``)."""
+
+    def __init__(self, model: nn.Module, key: OutputKey):
+        super().__init__()
+        self.model = model
+        self.key = key
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.model(x)
+        try:
+            if isinstance(self.key, str) and not isinstance(out, dict):
+                return getattr(out, self.key)  # a namedtuple's field
+            return out[self.key]
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise InvalidParameterError(
+                f"output {self.key!r} is not one of the model's outputs ({_keys(out)})"
+                ) from None
+
+    def extra_repr(self) -> str:
+        return f"key={self.key!r}"
+
+
+def output_key(text: str | int | None) -> OutputKey | None:
+    """A selector as the command line gives it: digits are a position, anything else a
+    key or field name."""
+    if text is None or isinstance(text, int):
+        return text
+    return int(text) if text.strip().lstrip("-").isdigit() else text
+
+
+def select_output(model: nn.Module, outputs: OutputKey | None) -> nn.Module:
+    """``model`` itself when ``outputs`` is None, else a ``SelectedOutput`` wrapper returning
+    that output only (the model is not copied: the wrapper trains and reads its
+    parameters)."""
+    key = output_key(outputs)
+    if key is None:
+        return model
+    if not isinstance(key, (int, str)):
+        raise InvalidParameterError(f"outputs must be a position (int) or a key (str), got "
+                                    f"{type(outputs).__name__}")
+    return SelectedOutput(model, key)
+
+
+def _keys(out: Any) -> str:
+    """What selects each of a model's outputs (positions, keys or fields)."""
+    if isinstance(out, dict):
+        return "keys " + ", ".join(map(repr, out))
+    if isinstance(out, (tuple, list)):
+        fields = getattr(out, "_fields", None)
+        return f"positions 0 to {len(out) - 1}" + (f", fields {', '.join(fields)}"
+                                                  if fields else "")
+    return "a single tensor: give no selector"
+
+
+def describe_outputs(out: Any) -> str:
+    """``0: (3,), 1: (5,)`` or ``'mask': (1, 8, 8), 'label': (3,)``: a model's outputs, as
+    selectors name them, with their shapes per sample."""
+    if isinstance(out, dict):
+        return ", ".join(f"{k!r}: {_shape(v)}" for k, v in out.items())
+    if isinstance(out, (tuple, list)):
+        fields = getattr(out, "_fields", None)
+        return ", ".join(f"{fields[i] if fields else i}: {_shape(v)}" for i, v in enumerate(out))
+    return _shape(out)
+
+
+def _shape(value: Any) -> str:
+    return str(tuple(value.shape[1:])) if isinstance(value, Tensor) else type(value).__name__
+
+
+def classifier_output(model: nn.Module, input_shape: tuple[int, ...], classes: int,
+                      what: str = "the data") -> None:
+    """Refuse a model whose output is not one tensor of ``classes`` logits per sample.
+
+    Run on meta tensors (no memory, no arithmetic). Several outputs: say which exist and
+    how to pick one (``outputs=`` / ``--output``); one output of another size (a U-Net's
+    per-pixel mask): say that cross-entropy, margins and the bounds of Thm 4.1.1-4.1.2 need
+    one logit per class.
+    """
+    dtype, _ = dtype_device(unwrap(model))
+    with torch.no_grad():
+        out = meta_clone(unwrap(model))(torch.empty((2, *input_shape), dtype=dtype,
+                                                    device="meta"))
+    leaves = tree_leaves(out)
+    if len(leaves) != 1 or not isinstance(out, Tensor):
+        raise ShapeError(
+            f"the model returns {len(leaves)} outputs ({describe_outputs(out)}"
+            f"); pick the logits of the {classes} classes of {what} with outputs=KEY (Python) "
+            "or --output KEY (command line)")
+    per_sample = out[0].numel()
+    if per_sample != classes:
+        raise ShapeError(
+            f"the model's output has {per_sample} values per sample (shape "
+            f"{tuple(out.shape[1:])}), {what} has {classes} classes: cross-entropy, margins "
+            "and the bounds of Thm 4.1.1-4.1.2 need one logit per class. Pick the output "
+            "holding them (outputs= / --output), or use data with one class per output")
