@@ -4,6 +4,8 @@ image folder; a BatchNorm model through prune and report; bounds equal to the Py
 
 from __future__ import annotations
 
+import copy
+import csv
 import json
 import re
 from pathlib import Path
@@ -28,8 +30,10 @@ from pathlift.errors import (
     ShapeError,
     UnsupportedModelError,
 )
+from pathlift.graph.boundary import flat_outputs
+from pathlift.graph.neurons import NeuronDAG
 from pathlift.graph.ops import supported_summary
-from pathlift.lift import path_norm
+from pathlift.lift import lipschitz_input, path_norm, path_norms
 from pathlift.models import get_model, load_model, save_checkpoint
 from pathlift.report import run_report
 from user_files import MODULE, write_project
@@ -58,9 +62,15 @@ def in_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _ok(*args: str) -> str:
+    """The output of a command line that succeeds, on one line."""
+    return " ".join(_raw(*args).split())
+
+
+def _raw(*args: str) -> str:
+    """The output of a command line that succeeds, as printed."""
     result = invoke(*args)
     assert result.exit_code == 0, f"pathlift {' '.join(args)}:\n{result.output}"
-    return " ".join(result.stdout.split())
+    return result.stdout
 
 
 @pytest.mark.parametrize("kind", SPECS)
@@ -290,3 +300,177 @@ def test_a_unet_is_refused_by_bounds_and_report_and_its_label_head_is_bounded(
     saved = json.loads(Path("rep/report.json").read_text())
     assert saved["bounds"]["n_train"] == len(split.train)
     assert saved["constants"]["d_out"] == 3
+
+
+# ----------------------------------------------------------------------- paper models
+
+
+DATA = {"signal_cnn": "signals.npz", "tabular_mlp": "tabular.npz", "loop_net": "tabular.npz"}
+OUTPUT = {"logits_and_features": "0", "unet_with_label": "label"}  # the logits
+TOLERANCE = {"bn_cnn_half": 5e-3}  # a rewritten float16 copy rounds each weight again
+
+
+def _floats(row: str, out: str) -> list[float]:
+    """The numbers of the table row starting with ``row`` in a command's output."""
+    line = next(line for line in out.splitlines() if line.lstrip("│┃ ").startswith(row))
+    return [float(v) for v in re.findall(r"-?\d+\.?\d*(?:e[-+]?\d+)?", line[len(row) + 2:])]
+
+
+@pytest.mark.parametrize("name", sorted(user_zoo.MODELS))
+def test_every_command_on_a_paper_model(name: str, in_project: Path) -> None:
+    """norm, summary, lipschitz, rescale, normalize, metric, equivalent, quantize (with and
+    without data) and bounds on each model of user_zoo.py, as a user runs them: the
+    numbers of the Python API (itself checked against path enumeration below), rewritten
+    checkpoints that compute the same function with the same ||Phi||_1, a certified
+    quantisation bound above the measured change, or a one-line refusal."""
+    spec, data = _zoo(name), DATA.get(name, "images3.npz")
+    model, shape = load_model(spec, seed=0)
+    norms = path_norms(model, shape, qs=(1, 2))
+    out = _ok("norm", spec, "-q", "1", "2")
+    assert all(f"{n.log10:.6f}" in out for n in norms.values())
+    assert f"{norms[1.0].log10:.6f}" in _ok("summary", spec)
+    assert f"{lipschitz_input(model, shape).log10:.6f}" in _ok("lipschitz", spec)
+    x = torch.randn(8, *shape, dtype=torch.float64)
+    reference = flat_outputs(copy.deepcopy(model).double()(x), 8)
+    for command in ("rescale", "normalize"):
+        path = f"{command}_{name}.safetensors"
+        if name == "parametrized_cnn":  # weight_norm cannot hold the rewritten values
+            assert "parametrize" in _refused(command, spec, "--out", path)
+            continue
+        _ok(command, spec, "--out", path)
+        other, same = load_model(path)
+        assert same == shape
+        assert path_norm(other, shape).log10 == pytest.approx(
+            norms[1.0].log10, abs=TOLERANCE.get(name, 1e-5))
+        gap = (flat_outputs(other.double()(x), 8) - reference).abs().max()
+        assert gap <= TOLERANCE.get(name, 1e-5) * reference.abs().max()
+    twin = spec if name == "parametrized_cnn" else f"rescale_{name}.safetensors"
+    d_lower = _floats("d lower", _raw("metric", spec, twin))[0]  # d = 0, not noise
+    assert d_lower == 0.0 or name == "bn_cnn_half"  # float16 rescaled values round again
+    assert d_lower <= TOLERANCE.get(name, 0.0) * norms[1.0].value
+    assert "not equivalent" not in _ok("equivalent", spec, twin)
+    for extra in ((), ("--data", data)):
+        measured, bound = _floats("8", _raw("quantize", spec, "--bits", "8", *extra))[3:5]
+        assert measured <= bound
+    if name == "unet":  # a mask per pixel, not class logits
+        assert "64 values per sample" in _refused("bounds", spec, "--data", data)
+        return
+    selector = ("--output", OUTPUT[name]) if name in OUTPUT else ()
+    split = load_data(data)
+    want = generalization_bounds(model, shape, *loaders(split, 256, 0),
+                                 outputs=OUTPUT.get(name))
+    out = _ok("bounds", spec, "--data", data, *selector)
+    assert f"log10 ||Phi||_1 = {want.path_norm_log10:.3f}" in out
+    assert f"test {want.measured.test_error:.4f}" in out
+
+
+# the same classes, small enough for explicit path enumeration (Def. 2.3.3)
+SMALL = {
+    "densenet_bc": (lambda: user_zoo.DenseNetBC(growth=1, layers=(1, 1)), (3, 2, 2)),
+    "inception": (user_zoo.inception, (3, 4, 4)),
+    "resnext": (user_zoo.resnext, (3, 2, 2)),
+    "wide_resnet": (lambda: user_zoo.WideResNet(base=1), (3, 2, 2)),
+    "efficientnet_relu": (lambda: user_zoo.EfficientNetReLU(
+        setting=((1, 1, 1, 1, 3), (2, 1, 2, 2, 3))), (3, 2, 2)),
+    "unet": (lambda: user_zoo.UNet(base=1, depth=1), (3, 2, 2)),
+    "unet_with_label": (lambda: user_zoo.UNet(base=1, depth=1, label_head=True), (3, 2, 2)),
+    "signal_cnn": (user_zoo.signal_cnn, user_zoo.SIGNAL),
+    "tabular_mlp": (user_zoo.tabular_mlp, user_zoo.TABULAR),
+    "loop_net": (user_zoo.loop_net, user_zoo.TABULAR),
+    "logits_and_features": (user_zoo.logits_and_features, user_zoo.IMAGE),
+    "parametrized_cnn": (user_zoo.parametrized_cnn, user_zoo.IMAGE),
+    "bn_cnn_channels_last": (user_zoo.bn_cnn_channels_last, user_zoo.IMAGE),
+    "bn_cnn_half": (user_zoo.bn_cnn_half, user_zoo.IMAGE),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_paper_models_equal_path_enumeration(name: str) -> None:
+    """||Phi||_q and the mixed (q, 1) norm of each architecture (random weights, random
+    BatchNorm statistics) equal the sum over its explicitly enumerated paths at 1e-12: in
+    float64, or from the float16 weights themselves, channels_last or parametrized."""
+    assert set(SMALL) == set(user_zoo.MODELS)
+    make, shape = SMALL[name]
+    torch.manual_seed(0)
+    model = user_zoo.randomise_batchnorm_(make())
+    if name != "bn_cnn_half":
+        model = model.double()
+    dag = NeuronDAG.from_module(user_zoo.randomise_batchnorm_(copy.deepcopy(model)), shape)
+    for q in (1.0, 2.0):
+        for r in (None, 1.0):
+            assert path_norm(model, shape, q, r).log10 == pytest.approx(
+                dag.path_norm_log10(q, r), abs=1e-12)
+
+
+# ----------------------------------------------------------------------- dtypes, layouts
+
+
+def _half_checkpoint(dtype: str) -> str:
+    """A float16 / bfloat16 checkpoint of a BatchNorm CNN, as saved after model.half()."""
+    torch.manual_seed(0)
+    model = user_zoo.randomise_batchnorm_(user_zoo.bn_cnn()).to(getattr(torch, dtype))
+    return str(save_checkpoint(model, f"{dtype}.safetensors", f"{ZOO}:bn_cnn",
+                               input_shape=user_zoo.IMAGE))
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16", "channels_last"])
+def test_half_precision_and_channels_last_through_prune_bounds_and_quantize(
+        kind: str, in_project: Path) -> None:
+    """The data's float32 inputs are cast to the model's dtype (they were not: 'Input
+    type (float) and bias type (c10::Half)'), channels_last weights are pruned like
+    contiguous ones (torch's global_unstructured flattens with view). Numbers as the
+    Python API gives them; --amount is the fraction of the prunable weights pruned."""
+    spec = _zoo("bn_cnn_channels_last") if kind == "channels_last" else _half_checkpoint(kind)
+    data = "images3.npz"
+    model, shape = load_model(spec, seed=0)
+    if kind == "channels_last":
+        assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    else:
+        assert model[0].weight.dtype == getattr(torch, kind)
+    split = load_data(data)
+    want = generalization_bounds(model, shape, *loaders(split, 256, 0))
+    out = _ok("bounds", spec, "--data", data)
+    assert f"log10 ||Phi||_1 = {want.path_norm_log10:.3f}" in out
+    assert f"test {want.measured.test_error:.4f}" in out
+    measured, bound = _floats("8", _raw("quantize", spec, "--bits", "8", "--data", data))[3:5]
+    assert 0 < measured <= bound
+    out = _raw("prune", "--model", spec, "--data", data, "--epochs", "2", "--rewind-epoch",
+               "1", "--seeds", "1", "--amount", "0.5", "--method", "path-magnitude-global",
+               "magnitude-layerwise", "--out", f"prune-{kind}")
+    assert _floats("all prunable weights", out) == [50.0, 50.0]  # global, layerwise
+    assert _floats("0.weight", out)[1] == _floats("5.weight", out)[1] == 50.0  # layerwise
+    with Path(f"prune-{kind}/runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {round(float(r["sparsity"]), 3) for r in rows} == {0.5}
+
+
+def test_compiled_and_ddp_wrapped_models_through_the_commands(in_project: Path) -> None:
+    """A factory returning torch.compile(model), and state_dicts saved from a DDP-wrapped
+    and a compiled model (keys 'module.' / '_orig_mod.'): the plain model's numbers, and
+    rescale --out writes a checkpoint that loads (it reloaded into OptimizedModule)."""
+    import socket
+
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = user_zoo.randomise_batchnorm_(user_zoo.bn_cnn())
+    expected = path_norm(model, user_zoo.IMAGE).log10
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        torch.save(torch.nn.parallel.DistributedDataParallel(model).state_dict(), "ddp.pt")
+    finally:
+        dist.destroy_process_group()
+    torch.save(torch.compile(model).state_dict(), "compiled.pt")
+    for weights in ("ddp.pt", "compiled.pt"):
+        assert f"{expected:.6f}" in _ok("norm", _zoo("bn_cnn"), "--weights", weights, "-q", "1")
+    spec = _zoo("bn_cnn_compiled")
+    compiled, shape = load_model(spec, seed=0)
+    assert type(compiled).__name__ == "OptimizedModule"
+    _ok("rescale", spec, "--out", "compiled.safetensors")
+    rescaled, _ = load_model("compiled.safetensors")
+    assert path_norm(rescaled, shape).log10 == pytest.approx(
+        path_norm(compiled, shape).log10, abs=1e-5)

@@ -77,10 +77,11 @@ class Transition(nn.Sequential):
 
 class DenseNetBC(nn.Module):
     def __init__(self, growth: int = 2, layers: tuple[int, ...] = (2, 2),
-                 compression: float = 0.5, num_classes: int = CLASSES):
+                 compression: float = 0.5, num_classes: int = CLASSES,
+                 in_channels: int = IMAGE[0]):
         super().__init__()
         channels = 2 * growth
-        blocks: list[nn.Module] = [nn.Conv2d(IMAGE[0], channels, 3, padding=1, bias=False)]
+        blocks: list[nn.Module] = [nn.Conv2d(in_channels, channels, 3, padding=1, bias=False)]
         for i, n in enumerate(layers):
             blocks.append(DenseBlock(n, channels, growth))
             channels += n * growth
@@ -426,9 +427,13 @@ def bn_cnn_half() -> nn.Sequential:
     return bn_cnn().half()
 
 
+def bn_cnn_compiled() -> nn.Module:
+    return torch.compile(bn_cnn())
+
+
 IMAGE_MODELS = (densenet_bc, inception, resnext, wide_resnet, efficientnet_relu,
                 logits_and_features, parametrized_cnn, bn_cnn, bn_cnn_channels_last,
-                bn_cnn_half)
+                bn_cnn_half, bn_cnn_compiled)
 for _factory in (*IMAGE_MODELS, unet, unet_with_label):
     _factory.input_shape = IMAGE
 signal_cnn.input_shape = SIGNAL

@@ -119,7 +119,7 @@ def _table(title: str, columns: list[str], rows: list[list[Any]],
     return table
 
 
-@app.command()
+@app.command(short_help="Path-norms ||Phi||_q of a model, one forward pass per q.")
 def norm(
     model: Model,
     input_shape: InputShape = None,
@@ -143,7 +143,7 @@ def norm(
                           for k, n in norms.items()]))
 
 
-@app.command()
+@app.command(short_help="Constants, path-norms and the Lipschitz bound of a model, on one screen.")
 def summary(
     model: Model,
     input_shape: InputShape = None,
@@ -176,7 +176,7 @@ def summary(
     console.print(_table(f"{model}, input {shape}", ["quantity", "value"], rows))
 
 
-@app.command()
+@app.command(short_help="Generalisation bounds of a trained model against its measured gap.")
 def bounds(
     model: Model,
     data: Annotated[str, typer.Option("--data", help=DATA_HELP)],
@@ -216,7 +216,7 @@ def bounds(
         f"{1 - m.train_accuracy:.4f}, test {m.test_error:.4f}"))
 
 
-@app.command()
+@app.command(short_help="The reference architectures, their input shapes and sizes.")
 def models() -> None:
     """Reference architectures: default input shape and parameter count."""
     from pathlift.models import reference_models
@@ -227,7 +227,7 @@ def models() -> None:
                           for m in reference_models()]))
 
 
-@app.command()
+@app.command(short_help="Measure a model (trained first if asked) and write a report.")
 def report(
     model: Annotated[str | None, typer.Option(
         "--model", help=MODEL_HELP + " (default: small_cnn trained on the digits)")] = None,
@@ -263,7 +263,7 @@ def report(
                          ["quantity", "value"], rows))
 
 
-@app.command()
+@app.command(short_help="Train, prune, rewind, retrain: path-magnitude against magnitude.")
 def prune(
     model: Annotated[str, typer.Option("--model", help=MODEL_HELP)] = "small_cnn",
     data: Annotated[str, typer.Option("--data", help=DATA_HELP)] = "digits",
@@ -272,8 +272,13 @@ def prune(
     ] = None,
     input_shape: InputShape = None,
     amount: Annotated[list[float], typer.Option(
-        "--amount", metavar="<float>...", help="fractions pruned, separated by spaces")
-    ] = [0.4, 0.6, 0.8],  # noqa: B006
+        "--amount", metavar="<float>...", help="fractions of the prunable weights pruned "
+        "(of all of them for global methods, of each layer for layerwise ones), separated by "
+        "spaces")] = [0.4, 0.6, 0.8],  # noqa: B006
+    last_layer_factor: Annotated[float, typer.Option(
+        "--last-layer-factor", help="prune the last layer at this times the rate of the "
+        "others; 0.5 is the thesis' convention (App. E.1), which prunes less than --amount "
+        "of the weights")] = 1.0,
     method: Annotated[list[str] | None, typer.Option(
         "--method", metavar="<str>...", help="methods separated by spaces: "
         "magnitude-global, magnitude-layerwise, path-magnitude-global, "
@@ -305,7 +310,7 @@ def prune(
     from pathlift.prune import METHODS, PruneConfig, prune_experiment
 
     config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
-                         epochs, rewind_epoch, rounds)
+                         epochs, rewind_epoch, rounds, last_layer_factor)
     with Progress(console=console, disable=os.environ.get("RANK", "0") != "0") as bar:
         task = bar.add_task(f"prune {model} on {data}", total=None)
         done = prune_experiment(
@@ -320,7 +325,19 @@ def prune(
         console.print(f"note: {done.eval_note}")
     console.print(_prune_table(done.result, f"{seeds} seeds ({done.world_size} process(es), "
                                             f"--spread {spread})"))
+    console.print(_sparsity_table(done.layer_sparsity))
     console.print(f"wrote {done.csv}, {done.plot}")
+
+
+def _sparsity_table(sparsity: dict[tuple[str, float], dict[str, float]]) -> Table:
+    """Achieved sparsity (%) of each layer, per method and amount (seed 0's masks)."""
+    runs = list(sparsity)
+    layers = list(next(iter(sparsity.values()), {}))
+    rows = [["all prunable weights" if layer == "all" else layer,
+             *(f"{100 * sparsity[run][layer]:.1f}" for run in runs)]
+            for layer in [*(n for n in layers if n != "all"), "all"]]
+    return _table("achieved sparsity (%) per layer, masks of seed 0 (trained, not rescaled)",
+                  ["weights", *(f"{name} {100 * a:g}%" for name, a in runs)], rows)
 
 
 def _prune_table(result: Any, runs: str) -> Table:
@@ -341,7 +358,7 @@ def _prune_table(result: Any, runs: str) -> Table:
                   ["method", *(f"{100 * a:g}%" for a in config.amounts)], rows)
 
 
-@app.command()
+@app.command(short_help="Depth-limit lab: the 1-variation of trained ResNet weights.")
 def depth(
     model: Annotated[str, typer.Option("--model", help="class of Tables 4.1/4.2 + c|t")
                      ] = "C10k-B12c",
@@ -381,7 +398,7 @@ def depth(
           f"{r.mean_rho:.3g}"] for r in result.table]))
 
 
-@app.command()
+@app.command(short_help="Quantise towards zero, with the certified change of every output.")
 def quantize(
     model: Model,
     bits: Annotated[list[int], typer.Option("--bits", metavar="<int>...", help="bit widths, "
@@ -428,7 +445,7 @@ def quantize(
         "max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)"))
 
 
-@app.command("kron-bench")
+@app.command("kron-bench", short_help="Benchmark the Kronecker-sparse multiplication algorithms.")
 def kron_bench(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
     full: Annotated[bool, typer.Option("--full", help="all 627 patterns of App. D.2.1 "
@@ -514,7 +531,8 @@ def _kron_grid_table(s: Any, threads: int) -> None:
                       f"bmm: {loses}")
 
 
-@app.command("kron-design")
+@app.command("kron-design",
+             short_help="Find the fastest Kronecker-sparse chain for a dense weight.")
 def kron_design(
     n_in: Annotated[int, typer.Argument(metavar="N_IN", help="input features of the dense "
                                         "layer")],
@@ -585,7 +603,7 @@ def _comparison_table(title: str, c: Any) -> Table:
         ["max |R - R'| / max |R|", "", f"{c.output_gap:.3g}"]])
 
 
-@app.command("rescale")
+@app.command("rescale", short_help="Rescale a model at random: the same function, other weights.")
 def rescale_command(
     model: Model,
     input_shape: InputShape = None,
@@ -616,7 +634,7 @@ def rescale_command(
         console.print(f"wrote {result.path}")
 
 
-@app.command("normalize")
+@app.command("normalize", short_help="Normalise a model: every hidden neuron of norm 0 or 1.")
 def normalize_command(
     model: Model,
     input_shape: InputShape = None,
@@ -649,7 +667,7 @@ def normalize_command(
         console.print(f"wrote {result.path}")
 
 
-@app.command()
+@app.command(short_help="The l1 path-metric between two models.")
 def metric(
     model: Model,
     model_b: ModelB,
@@ -678,7 +696,7 @@ def metric(
          ["relative accuracy", f"{d.relative_accuracy:.2g}"]], caption=d.reason))
 
 
-@app.command()
+@app.command(short_help="Lipschitz bounds of a model in its input and in its parameters.")
 def lipschitz(
     model: Model,
     other: Annotated[str | None, typer.Option("--other", help="second model, for the bound "
@@ -720,7 +738,7 @@ def lipschitz(
                          ["bound", "log10"], rows, caption=p.reason if other else None))
 
 
-@app.command("equivalent")
+@app.command("equivalent", short_help="Do two models differ only by permutations and rescalings?")
 def equivalent_command(
     model: Model,
     model_b: ModelB,
@@ -728,8 +746,9 @@ def equivalent_command(
     weights: Weights = None,
     weights_b: WeightsB = None,
     seed: Seed = 0,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="relative parameter "
-                                             "tolerance")] = 1e-6,
+    tolerance: Annotated[float | None, typer.Option(
+        "--tolerance", help="relative parameter tolerance [default: 1e-6, 4 units in the "
+        "last place for float16/bfloat16 models]")] = None,
 ) -> None:
     """Do MODEL and MODEL_B differ only by neuron permutations and rescalings?
 
@@ -748,7 +767,7 @@ def equivalent_command(
                   f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})")
 
 
-@app.command()
+@app.command(short_help="Test accuracy against the certified bound across training methods.")
 def frontier(
     out: Out = None,
     dataset: Annotated[list[str], typer.Option(
@@ -785,7 +804,7 @@ def frontier(
         console.print(done.markdown)
 
 
-@app.command("identify")
+@app.command("identify", short_help="Is a model identifiable from its outputs on random inputs?")
 def identify_command(
     model: Model,
     samples: int = typer.Option(256, "--samples", help="number of Gaussian inputs N"),

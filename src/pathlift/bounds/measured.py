@@ -27,6 +27,7 @@ from pathlift.bounds.risk import (
     margins,
 )
 from pathlift.graph import eval_mode, graph_of, unwrap
+from pathlift.graph.boundary import model_input
 from pathlift.graph.outputs import OutputKey, classifier_output, select_output
 from pathlift.lift import path_norm
 
@@ -102,9 +103,11 @@ def loss_accuracy(model: nn.Module, loader: DataLoader) -> tuple[float, float]:
     total, correct, seen = 0.0, 0, 0
     with torch.no_grad():
         for x, y in loader:
-            out = model(x).reshape(len(x), -1)
-            total += float(nn.functional.cross_entropy(out, y, reduction="sum"))
-            correct += int((out.argmax(1) == y).sum())
+            out = model(model_input(model, x)).reshape(len(x), -1)
+            out = out.to(torch.promote_types(out.dtype, torch.float32))  # float16: loss in 32
+            total += float(nn.functional.cross_entropy(out, y.to(out.device),
+                                                       reduction="sum"))
+            correct += int((out.argmax(1).cpu() == y).sum())
             seen += len(y)
     return total / seen, correct / seen
 
@@ -142,7 +145,7 @@ def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: D
     net = select_output(unwrap(model), outputs)
     with eval_mode(net):
         graph = graph_of(net, input_shape)
-        classifier_output(net, graph.input_shape, _classes(train, test))
+        classifier_output(graph, _classes(train, test))
         constants = architecture_constants(graph)
         l1 = path_norm(graph).log10
         sigma = sigma_from_loader(train)

@@ -292,3 +292,11 @@ def _unparametrize_(module: nn.Module) -> None:
     del module._modules["parametrizations"]
     for name, value in values.items():
         module.register_parameter(name, value)
+
+
+def model_input(model: nn.Module, x: Tensor) -> Tensor:
+    """A batch ``x`` as ``model`` computes with it: floating inputs in its floating dtype
+    and on its device (data loaders give float32 CPU tensors; a float16, bfloat16 or
+    float64 checkpoint, or a model on a GPU, needs its own), other inputs on its device."""
+    dtype, device = dtype_device(unwrap(model))
+    return x.to(device, dtype) if x.is_floating_point() else x.to(device)

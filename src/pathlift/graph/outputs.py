@@ -12,14 +12,13 @@ The CLI exposes the selector as ``--output``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-import torch
-from torch import Tensor, nn
-from torch.utils._pytree import tree_leaves
+from torch import Tensor, fx, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph.boundary import dtype_device, meta_clone, unwrap
+from pathlift.graph.trace import LayerGraph
 
 OutputKey = int | str
 
@@ -80,44 +79,41 @@ def _keys(out: Any) -> str:
     return "a single tensor: give no selector"
 
 
-def describe_outputs(out: Any) -> str:
-    """``0: (3,), 1: (5,)`` or ``'mask': (1, 8, 8), 'label': (3,)``: a model's outputs, as
-    selectors name them, with their shapes per sample."""
+def describe_outputs(graph: LayerGraph) -> str:
+    """``0: (3,), 1: (5,)`` or ``'mask': (1, 8, 8), 'label': (3,)``: a traced model's
+    outputs as selectors name them, with their shapes per sample."""
+    out = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    if isinstance(out, fx.Node) and isinstance(out.target, type) and hasattr(out.target,
+                                                                            "_fields"):
+        out = dict(zip(out.target._fields, out.args, strict=False))  # a namedtuple
     if isinstance(out, dict):
-        return ", ".join(f"{k!r}: {_shape(v)}" for k, v in out.items())
+        return ", ".join(f"{k!r}: {_shape(graph, v)}" for k, v in out.items())
     if isinstance(out, (tuple, list)):
-        fields = getattr(out, "_fields", None)
-        return ", ".join(f"{fields[i] if fields else i}: {_shape(v)}" for i, v in enumerate(out))
-    return _shape(out)
+        return ", ".join(f"{i}: {_shape(graph, v)}" for i, v in enumerate(out))
+    return _shape(graph, out)
 
 
-def _shape(value: Any) -> str:
-    return str(tuple(value.shape[1:])) if isinstance(value, Tensor) else type(value).__name__
+def _shape(graph: LayerGraph, value: Any) -> str:
+    return str(graph.output_shape(value)) if isinstance(value, fx.Node) and \
+        "tensor_meta" in value.meta else type(value).__name__
 
 
-def classifier_output(model: nn.Module, input_shape: tuple[int, ...], classes: int,
-                      what: str = "the data") -> None:
-    """Refuse a model whose output is not one tensor of ``classes`` logits per sample.
-
-    Run on meta tensors (no memory, no arithmetic). Several outputs: say which exist and
-    how to pick one (``outputs=`` / ``--output``); one output of another size (a U-Net's
-    per-pixel mask): say that cross-entropy, margins and the bounds of Thm 4.1.1-4.1.2 need
-    one logit per class.
-    """
-    dtype, _ = dtype_device(unwrap(model))
-    with torch.no_grad():
-        out = meta_clone(unwrap(model))(torch.empty((2, *input_shape), dtype=dtype,
-                                                    device="meta"))
-    leaves = tree_leaves(out)
-    if len(leaves) != 1 or not isinstance(out, Tensor):
+def classifier_output(graph: LayerGraph, classes: int, what: str = "the data") -> None:
+    """Refuse a traced model whose output is not one tensor of ``classes`` logits per
+    sample: with several outputs, say which exist and how to pick one (``outputs=`` /
+    ``--output``); with one output of another size (a U-Net's per-pixel mask), say that
+    cross-entropy, margins and the bounds of Thm 4.1.1-4.1.2 need one logit per class.
+    Read from the graph's recorded shapes: nothing runs."""
+    nodes = graph.outputs()
+    if len(nodes) != 1:
         raise ShapeError(
-            f"the model returns {len(leaves)} outputs ({describe_outputs(out)}"
-            f"); pick the logits of the {classes} classes of {what} with outputs=KEY (Python) "
-            "or --output KEY (command line)")
-    per_sample = out[0].numel()
-    if per_sample != classes:
+            f"the model returns {len(nodes)} outputs ({describe_outputs(graph)}); pick the "
+            f"logits of the {classes} classes of {what} with outputs=KEY (Python) or "
+            "--output KEY (command line)")
+    shape = graph.output_shape(nodes[0])
+    if math.prod(shape) != classes:
         raise ShapeError(
-            f"the model's output has {per_sample} values per sample (shape "
-            f"{tuple(out.shape[1:])}), {what} has {classes} classes: cross-entropy, margins "
-            "and the bounds of Thm 4.1.1-4.1.2 need one logit per class. Pick the output "
-            "holding them (outputs= / --output), or use data with one class per output")
+            f"the model's output has {math.prod(shape)} values per sample (shape {shape}), "
+            f"{what} has {classes} classes: cross-entropy, margins and the bounds of Thm "
+            "4.1.1-4.1.2 need one logit per class. Pick the output holding them (outputs= / "
+            "--output), or use data with one class per output")

@@ -77,7 +77,7 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str | None = None,
     state = cpu_state(unwrap(model).state_dict())
     _check_size(arch, kwargs)
     with torch.random.fork_rng(devices=[]):  # the check's initialisation leaves no trace
-        load_weights(get_model(arch, **kwargs), state)
+        load_weights(unwrap(get_model(arch, **kwargs)), state)  # a compiled factory too
     shape = None if input_shape is None else _shape(input_shape)
     try:
         meta = {_ARCH: arch, _KWARGS: json.dumps(kwargs)}
@@ -235,6 +235,24 @@ def _fits(value: Any, hint: Any) -> bool:
     return True
 
 
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel / FSDP, torch.compile
+
+
+def _unwrapped_keys(model: nn.Module, state_dict: Mapping[str, Tensor]
+                    ) -> Mapping[str, Tensor]:
+    """``state_dict`` without the key prefixes a wrapper adds (``ddp.state_dict()``,
+    ``torch.compile(model).state_dict()``), when every key has them and the model's
+    keys do not."""
+    expected = model.state_dict().keys()
+    while state_dict and not expected & state_dict.keys():
+        prefix = next((p for p in _WRAPPER_PREFIXES if all(k.startswith(p) for k in state_dict)),
+                      None)
+        if prefix is None:
+            break
+        state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
 def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Module:
     """Load ``state_dict`` into ``model`` strictly, after checking every key and shape.
 
@@ -242,9 +260,12 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     torch.nn.utils.prune masks. Kronecker-sparse layers saved with their chain
     (``<name>.chain``) are rebuilt in ``model`` first (``pathlift.kron.rebuild_layers``),
     so a dense architecture loads its designed version. A floating dtype differing from
-    the model's converts the model to it (never rounding the checkpoint). Raises
+    the model's converts the model to it (never rounding the checkpoint). The key prefixes
+    of a wrapped model's state_dict (DDP's ``module.``, torch.compile's ``_orig_mod.``)
+    are dropped. Raises
     ArchitectureMismatchError naming the first missing, unexpected and mis-shaped keys.
     """
+    state_dict = _unwrapped_keys(model, state_dict)
     if any(k == "chain" or k.endswith(".chain") for k in state_dict):
         from pathlift.kron import rebuild_layers  # imported only for Kronecker-sparse models
 
@@ -338,7 +359,7 @@ def load_model(spec: str | Path, input_shape: Sequence[int] | None = None,
             torch.manual_seed(seed)
         model = get_model(name, **ckpt.kwargs)
     if ckpt.state_dict:
-        load_weights(model, ckpt.state_dict)
+        load_weights(unwrap(model), ckpt.state_dict)
     model.eval()
     if input_shape:
         return model, tuple(int(s) for s in input_shape)

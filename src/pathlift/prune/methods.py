@@ -210,6 +210,17 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
                          log10_difference(dense_norm, pruned_norm), log10_sum(bounds))
 
 
+def layer_sparsity(model: nn.Module) -> dict[str, float]:
+    """The fraction of zeros of every torch.nn.utils.prune mask of ``model``
+    (``{"layer.weight": fraction}``), and of all of them together under ``"all"``."""
+    masks = {name[: -len("_mask")]: m for name, m in unwrap(model).named_buffers()
+             if name.endswith("_mask")}
+    out = {name: float((m == 0).double().mean()) for name, m in masks.items()}
+    total = sum(m.numel() for m in masks.values())
+    out["all"] = sum(int((m == 0).sum()) for m in masks.values()) / total if total else 0.0
+    return out
+
+
 def _user_scores(score: ScoreFunction, graph: LayerGraph,
                  targets: list[tuple[str, nn.Module, str]]) -> Scores:
     """A user's scores, checked: one finite tensor of the right shape per target."""

@@ -80,4 +80,5 @@ def _data_digest(loader: DataLoader) -> str:
 def scatter(model: nn.Module, input_shape: Sequence[int]) -> tuple[Tensor, Tensor]:
     """(|theta_i|, log10 Path-Mag(theta, i)) of every prunable weight (thesis Figure 3.8)."""
     path = path_magnitude_scores(model, input_shape)
-    return magnitude_scores(model, input_shape).flat(), path.flat().log10() + path.log10_scale
+    return (magnitude_scores(model, input_shape).flat().double(),  # bfloat16: no numpy
+            path.flat().double().log10() + path.log10_scale)

@@ -95,8 +95,9 @@ def refuse_parametrized(targets: Sequence[tuple[str, nn.Module, str]]) -> None:
         raise UnsupportedModelError(
             f"{', '.join(names)}: computed by a torch.nn.utils.parametrize parametrization "
             "(weight_norm, spectral_norm, ...), which torch.nn.utils.prune cannot prune; "
-            "prune pathlift.graph.writable_copy(model) instead (the same function, with "
-            "plain parameters)")
+            "remove it first (parametrize.remove_parametrizations(layer, 'weight', "
+            "leave_parametrized=True)), or prune pathlift.graph.writable_copy(model), the "
+            "same function with plain parameters")
 
 
 def magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,

@@ -122,8 +122,9 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
                          f"{shape}: give --input-shape, or data of that shape")
     if epochs and data is None:
         raise InvalidParameterError("training (epochs > 0) needs data")
-    if data is not None:
-        classifier_output(model, shape, data.num_classes, "the data")
+    if data is not None:  # refused before training
+        with eval_mode(model):
+            classifier_output(graph_of(model, shape), data.num_classes)
     net = copy_model(model)
     notes = (EVAL_NOTE,) if any(isinstance(m, (nn.modules.batchnorm._BatchNorm,
                                                nn.modules.dropout._DropoutNd))
