@@ -565,28 +565,79 @@ def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
 
 def _shape_only(func, output):
     """``func`` run on meta tensors as ``output(*args)``: torch's meta kernels for these
-    ops are Python references costing more than the rest of the validation together."""
+    ops are Python references costing more than the rest of the validation together (and
+    the first call of one imports torch._dynamo, about 1 s)."""
     def run(x, *args, **kwargs):
-        if x.device.type != "meta":
+        first = next(t for t in _flat((x,)) if isinstance(t, Tensor))
+        if first.device.type != "meta":
             return func(x, *args, **kwargs)
         return output(x, *args, **kwargs)
     return run
 
 
+def _like(x: Tensor) -> Tensor:
+    """An uninitialised tensor of x's shape, dtype and strides: torch.empty_like's meta
+    kernel is a Python reference that imports sympy (0.7 s) on its first call."""
+    return x.new_empty_strided(x.size(), x.stride())
+
+
 def _batch_norm_outputs(x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(x), x.new_empty((0,)), x.new_empty((0,))
+    return _like(x), x.new_empty((0,)), x.new_empty((0,))
 
 
 def _sum(x: Tensor, y: Any, *args, **kwargs) -> Tensor:
     if isinstance(y, Tensor) and (y.shape != x.shape or y.dtype != x.dtype):
         return torch.ops.aten.add.Tensor(x, y, *args, **kwargs)
-    return torch.empty_like(x)
+    return _like(x)
+
+
+def _addmm(bias: Tensor, x: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
+    """Linear's bias + x @ W^T, whose meta kernel (a decomposition into references) also
+    imports torch._dynamo on its first call (about 1 s)."""
+    if not (bias.dtype == x.dtype == weight.dtype and x.dim() == weight.dim() == 2
+            and x.shape[1] == weight.shape[0] and bias.shape in ((weight.shape[1],),
+                                                                 (1, weight.shape[1]))):
+        return torch.ops.aten.addmm.default(bias, x, weight, *args, **kwargs)  # or its error
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+def _cat(tensors: list[Tensor], dim: int = 0) -> Tensor:
+    first = tensors[0]
+    dim %= max(first.dim(), 1)
+    others = [s for d, s in enumerate(first.shape) if d != dim]
+    if any(t.dtype != first.dtype or t.dim() != first.dim()
+           or [s for d, s in enumerate(t.shape) if d != dim] != others for t in tensors):
+        return torch.ops.aten.cat.default(tensors, dim)  # or its error
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return first.new_empty(shape)
+
+
+def _mean(x: Tensor, dim: list[int] | None, keepdim: bool = False, **kwargs) -> Tensor:
+    if not dim or kwargs.get("dtype") not in (None, x.dtype):
+        return torch.ops.aten.mean.dim(x, dim, keepdim, **kwargs)
+    reduced = {d % x.dim() for d in dim}
+    shape = [1 if d in reduced else n for d, n in enumerate(x.shape) if keepdim or d not in reduced]
+    return x.new_empty(shape)
+
+
+def _relu(x: Tensor) -> Tensor:
+    return _like(x)
+
+
+def _relu_(x: Tensor) -> Tensor:
+    return x  # in place: the same tensor, so the recorder sees the overwrite
 
 
 _FAST = {
+    torch.ops.aten.cat.default: _cat,
+    torch.ops.aten.mean.dim: _mean,
+    torch.ops.aten.relu.default: _relu,
+    torch.ops.aten.relu_.default: _relu_,
     torch.ops.aten.native_batch_norm.default: _batch_norm_outputs,
     torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_outputs,
     torch.ops.aten.add.Tensor: _sum,
+    torch.ops.aten.addmm.default: _addmm,
 }
 _FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
 
@@ -634,6 +685,15 @@ class _Dataflow(TorchDispatchMode):
                 if isinstance(t, Tensor):
                     self.writer[_storage(t)] = len(self.ops) - 1
         return out
+
+
+# TorchDispatchMode wraps every __torch_dispatch__ in torch._disable_dynamo, whose first call
+# imports torch._dynamo (about 1 s at start-up): the recorder never runs under
+# torch.compile, so it is marked as already disabled and pathlift's commands that compile
+# nothing never import it.
+_dispatch = getattr(_Dataflow.__torch_dispatch__, "__wrapped__", None)
+if _dispatch is not None:
+    setattr(_dispatch, "__dynamo_disable", _dispatch)
 
 
 def _without_hooks(module: nn.Module, args: tuple, kwargs: dict) -> Any:
