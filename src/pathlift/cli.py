@@ -204,7 +204,8 @@ def bounds(
         net, shape = load_model(model, input_shape or split.input_shape, weights, seed=seed)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
     m = b.measured
-    rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}", f"{o:.1f}"] for r, v, o in
+    rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
+             "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]
     rows.append([f"Thm 4.1.2 top-1 error (gamma {b.top1.gamma:.3g})", "",
                  f"{b.top1.log10:.3f}", f"{b.top1_orders_above_measured:.1f}"])
