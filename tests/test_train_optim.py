@@ -201,3 +201,35 @@ def test_path_sgd_warns_with_the_lr_that_matches_sgd():
             assert f"lr={0.05 / ratio:.3g}" in str(warning.message)
             assert warning.filename == __file__  # points at the caller's opt.step()
             assert float(steps.median()) == pytest.approx(ratio, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_path_sgd_on_a_densenet_diverges_at_sgds_lr_and_not_matched():
+    """docs/training.md's measured example: a DenseNet-BC on the digits, lr 0.05. Path-SGD
+    as given diverges (SGD's lr is 3.7e4 times too long for it) and says so; matched to
+    SGD's step it stays finite and learns."""
+    import user_zoo
+    from pathlift.data import load_data, loaders
+
+    train, _ = loaders(load_data("digits", seed=0), 64, 0)
+    torch.manual_seed(0)
+    dense = user_zoo.DenseNetBC(growth=4, layers=(3, 3), num_classes=10, in_channels=1)
+    losses = {}
+    for match in (False, True):
+        torch.manual_seed(1)
+        net = copy.deepcopy(dense)
+        opt = PathSGD(net, (1, 8, 8), lr=0.05, match_sgd=match)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses[match] = []
+            for _ in range(2):
+                for x, y in train:
+                    opt.zero_grad()
+                    loss = F.cross_entropy(net(x), y)
+                    loss.backward()
+                    opt.step()
+                    losses[match].append(loss.item())
+        assert opt.sgd_ratio > 1e4
+        assert (len(caught) == 1) != match
+    assert max(losses[False][1:]) > 100  # diverged after one step
+    assert max(losses[True]) < 3 and losses[True][-1] < losses[True][0]
