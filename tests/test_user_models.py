@@ -36,6 +36,7 @@ from pathlift.graph.ops import supported_summary
 from pathlift.lift import lipschitz_input, path_norm, path_norms
 from pathlift.models import get_model, load_model, save_checkpoint
 from pathlift.report import run_report
+from pathlift.symmetry import identify
 from user_files import MODULE, write_project
 
 ZOO = Path(__file__).with_name("user_zoo.py")
@@ -287,6 +288,8 @@ def test_a_unet_is_refused_by_bounds_and_report_and_its_label_head_is_bounded(
         assert "64 values per sample (shape (1, 8, 8)), the data has 3 classes" in \
             _refused(*command)
     assert not Path("unet").exists()  # refused before anything is written
+    assert "returns a single tensor (1, 8, 8)" in _refused("bounds", _zoo("unet"), "--data",
+                                                           data, "--output", "0")
     spec = _zoo("unet_with_label")
     assert "'mask': (1, 8, 8), 'label': (3,)" in _refused("bounds", spec, "--data", data)
     assert "64 values" in _refused("bounds", spec, "--data", data, "--output", "mask")
@@ -319,7 +322,8 @@ def _floats(row: str, out: str) -> list[float]:
 @pytest.mark.parametrize("name", sorted(user_zoo.MODELS))
 def test_every_command_on_a_paper_model(name: str, in_project: Path) -> None:
     """norm, summary, lipschitz, rescale, normalize, metric, equivalent, quantize (with and
-    without data) and bounds on each model of user_zoo.py, as a user runs them: the
+    without data), identify and bounds on each model of user_zoo.py, as a user runs them
+    (prune and report: the slow test below): the
     numbers of the Python API (itself checked against path enumeration below), rewritten
     checkpoints that compute the same function with the same ||Phi||_1, a certified
     quantisation bound above the measured change, or a one-line refusal."""
@@ -350,8 +354,16 @@ def test_every_command_on_a_paper_model(name: str, in_project: Path) -> None:
     assert d_lower <= TOLERANCE.get(name, 0.0) * norms[1.0].value
     assert "not equivalent" not in _ok("equivalent", spec, twin)
     for extra in ((), ("--data", data)):
-        measured, bound = _floats("8", _raw("quantize", spec, "--bits", "8", *extra))[3:5]
+        out = _raw("quantize", spec, "--bits", "8", *extra)
+        measured, bound = _floats("8", out)[3:5]
         assert measured <= bound
+        # an accuracy only where the output holds one logit per class
+        assert ("accuracy left out" in out) == (bool(extra) and name in (*OUTPUT, "unet"))
+    # identify: 8 inputs are too few for any of them, refused at once (the Jacobian's rank
+    # is at most 8 d_out); the 1-D CNN, identifiable from 60, as the Python API says
+    assert "use at least" in _refused("identify", spec, "--samples", "8")
+    if name == "signal_cnn":
+        assert repr(identify(model, 60, shape)) in _ok("identify", spec, "--samples", "60")
     if name == "unet":  # a mask per pixel, not class logits
         assert "64 values per sample" in _refused("bounds", spec, "--data", data)
         return
@@ -474,3 +486,30 @@ def test_compiled_and_ddp_wrapped_models_through_the_commands(in_project: Path) 
     rescaled, _ = load_model("compiled.safetensors")
     assert path_norm(rescaled, shape).log10 == pytest.approx(
         path_norm(compiled, shape).log10, abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(user_zoo.MODELS))
+def test_prune_and_report_on_a_paper_model(name: str, in_project: Path) -> None:
+    """The training commands on each model of user_zoo.py: prune-rewind-retrain prunes
+    --amount of the prunable weights (or refuses in one line: several outputs, a
+    parametrized weight), and the report trains and measures it (with --output for a model
+    with several outputs; a U-Net's mask refused in one line)."""
+    spec, data = _zoo(name), DATA.get(name, "images3.npz")
+    prune = ("prune", "--model", spec, "--data", data, "--epochs", "2", "--rewind-epoch", "1",
+             "--seeds", "1", "--amount", "0.5", "--method", "path-magnitude-global",
+             "--out", f"prune-{name}")
+    if name in (*OUTPUT, "unet"):
+        assert "outputs" in _refused(*prune)
+    elif name == "parametrized_cnn":
+        assert "parametrize" in _refused(*prune)
+    else:
+        assert _floats("all prunable weights", _raw(*prune)) == [50.0]
+    report = ("report", "--model", spec, "--data", data, "--epochs", "1", "--out",
+              f"report-{name}", *(("--output", OUTPUT[name]) if name in OUTPUT else ()))
+    if name == "unet":
+        assert "64 values per sample" in _refused(*report)
+        return
+    _ok(*report)
+    saved = json.loads(Path(f"report-{name}/report.json").read_text())
+    assert saved["constants"]["d_out"] == 3 and saved["bounds"]["n_train"] == 72

@@ -444,6 +444,8 @@ def quantize(
          for r in result.reports], left=(),
         caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over inputs of "
         "max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)"))
+    if result.note:
+        console.print(f"note: {result.note}")
 
 
 @app.command("kron-bench", short_help="Benchmark the Kronecker-sparse multiplication algorithms.")

@@ -142,7 +142,7 @@ def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: D
         >>> result = generalization_bounds(net, (1, 8, 8), train_loader, test_loader)
         >>> result.cross_entropy_log10[0], result.measured.cross_entropy_gap
     """
-    net = select_output(unwrap(model), outputs)
+    net = select_output(unwrap(model), outputs, tuple(input_shape))
     with eval_mode(net):
         graph = graph_of(net, input_shape)
         classifier_output(graph, _classes(train, test))

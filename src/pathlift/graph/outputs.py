@@ -18,7 +18,8 @@ from typing import Any
 from torch import Tensor, fx, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph.trace import LayerGraph
+from pathlift.graph.boundary import eval_mode, unwrap
+from pathlift.graph.trace import LayerGraph, graph_of
 
 OutputKey = int | str
 
@@ -55,17 +56,26 @@ def output_key(text: str | int | None) -> OutputKey | None:
     return int(text) if text.strip().lstrip("-").isdigit() else text
 
 
-def select_output(model: nn.Module, outputs: OutputKey | None) -> nn.Module:
+def select_output(model: nn.Module, outputs: OutputKey | None,
+                  input_shape: tuple[int, ...] | None = None) -> nn.Module:
     """``model`` itself when ``outputs`` is None, else a ``SelectedOutput`` wrapper returning
     that output only (the model is not copied: the wrapper trains and reads its
-    parameters)."""
+    parameters). With ``input_shape``, the key is checked against the model's traced
+    outputs first (a model returning one tensor takes no selector)."""
     key = output_key(outputs)
     if key is None:
         return model
     if not isinstance(key, (int, str)):
         raise InvalidParameterError(f"outputs must be a position (int) or a key (str), got "
                                     f"{type(outputs).__name__}")
-    return SelectedOutput(model, key)
+    if input_shape is not None:
+        with eval_mode(model):
+            graph = graph_of(model, input_shape)
+        if len(graph.outputs()) == 1:
+            raise InvalidParameterError(
+                f"output {key!r}: the model returns a single tensor {describe_outputs(graph)};"
+                " give no output selector")
+    return SelectedOutput(unwrap(model), key)
 
 
 def _keys(out: Any) -> str:

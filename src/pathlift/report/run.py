@@ -121,7 +121,7 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         else:
             net, shape = _model(model, input_shape, weights, data)
             title = type(model).__name__ if isinstance(model, nn.Module) else str(model)
-        net = select_output(net, outputs)
+        net = select_output(net, outputs, shape)
         report, measured = measure_report(
             net, shape, data, epochs=epochs or 0, title=title, data_name=data_name, seed=seed,
             samples=samples, batch_size=batch_size, progress=progress)
