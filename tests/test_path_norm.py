@@ -244,6 +244,7 @@ def test_r_defaults_to_q_everywhere():
         mixed = path_norm(model, shape, q, r=1)
         assert mixed.log10 == pytest.approx(dag.path_norm_log10(q, 1.0), abs=1e-12)
         assert mixed.log10 > plain.log10  # several outputs: the l1 sum of their q-norms
-        assert layer_norm_product(model, shape, q).r == q
+        flat = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+        assert layer_norm_product(flat, (4,), q).r == q  # (no residual sums)
     net, net_shape = load_model("mlp", seed=0)
     assert f"{path_norm(net, net_shape, 2).log10:.6f}" in invoke("norm", "mlp", "-q", "2").stdout
