@@ -278,3 +278,21 @@ def test_identify_draws_its_own_scaled_inputs_as_the_command_did():
     by_hand = identify(net, x, method="exact", seed=7)
     drawn = identify(net, 40, (3,), method="exact", seed=7, scale=2.5)
     assert repr(drawn) == repr(by_hand) and drawn == by_hand
+
+
+def test_a_sample_count_that_cannot_succeed_is_refused_before_the_jacobian():
+    """n x d_out rows below dim theta - predicted symmetries: no rank can be enough, so no
+    Jacobian is computed ('pathlift identify mlp --samples 256' ran 1 min 42 s for a
+    verdict known in advance); the message gives the smallest n that could succeed."""
+    import math
+
+    from cli_runner import invoke
+
+    d_out = WIDTHS[-1]
+    needed = math.ceil(45 / d_out)  # 54 parameters - 9 rescalings
+    with pytest.raises(InvalidParameterError, match=f"use at least {needed} inputs"):
+        identify(lfcn(), needed - 1, (3,))
+    assert identify(lfcn(), needed, (3,)).samples == needed  # runs (too few regions: no)
+    result = invoke("identify", "mlp", "--samples", "256", "--scale", "3")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "2,560 rows" in result.stderr and "use at least 1,704 inputs" in result.stderr

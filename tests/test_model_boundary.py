@@ -28,7 +28,7 @@ from nets import (
 )
 from pathlift import bounds, lift, prune, quant, symmetry
 from pathlift.errors import UnsupportedModelError
-from pathlift.graph import check, trace, unwrap
+from pathlift.graph import check, trace, writable_copy
 from pathlift.graph.neurons import NeuronDAG
 
 X = torch.randn((4, *SHAPE), dtype=torch.float64, generator=torch.Generator().manual_seed(5))
@@ -43,7 +43,8 @@ def _outputs(model: nn.Module, x: torch.Tensor = X) -> torch.Tensor:
 def _other(model: nn.Module) -> nn.Module:
     """A second network of the architecture, with the same signs and smaller magnitudes."""
     other = ResidualCNN().double().eval()
-    other.load_state_dict(dense_equivalent(unwrap(model), ResidualCNN().double()).state_dict())
+    other.load_state_dict(dense_equivalent(writable_copy(model), ResidualCNN().double())
+                          .state_dict())
     with torch.no_grad():
         for p in other.parameters():
             p.mul_(0.5)
@@ -108,12 +109,12 @@ def _summary(value: object) -> list[float]:
     return [float(v) for v in vars(value).values()]  # a dataclass of numbers
 
 
-def _assert_same(got: object, want: object) -> None:
+def _assert_same(got: object, want: object, rtol: float = 1e-9, atol: float = 1e-10) -> None:
     a, b = np.asarray(_summary(got)), np.asarray(_summary(want))
     assert a.shape == b.shape
     finite = np.isfinite(b)
     assert (np.isfinite(a) == finite).all() and (a[~finite] == b[~finite]).all()
-    np.testing.assert_allclose(a[finite], b[finite], rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(a[finite], b[finite], rtol=rtol, atol=atol)
 
 
 @pytest.fixture(scope="module")
@@ -255,3 +256,64 @@ def test_tensors_without_values_are_refused_in_one_line_never_read():
     model[0].weight.data.untyped_storage().resize_(0)
     with pytest.raises(InvalidParameterError, match=r"'0.weight' \(Linear\) has no memory"):
         lift.path_norm(graph)
+def _parametrized() -> ResidualCNN:
+    """``residual_cnn()`` with weight_norm on two convs and spectral_norm on a Linear."""
+    from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+
+    model = residual_cnn()
+    weight_norm(model.stem)
+    weight_norm(model.a, dim=None)
+    spectral_norm(model.head)
+    return model.eval()
+
+
+def _effective(model: ResidualCNN) -> ResidualCNN:
+    """A plain ResidualCNN holding the weights the parametrized one computes with."""
+    plain = ResidualCNN().double().eval()
+    plain.load_state_dict({**residual_cnn().state_dict(),
+                           **{f"{name}.weight": getattr(model, name).weight.detach()
+                              for name in ("stem", "a", "head")}})
+    return plain
+
+
+# functions that need the stored tensors themselves (the coordinates gradient flow or
+# torch.nn.utils.prune act on): a typed refusal naming the parametrization
+PARAMETRIZED_REFUSED = {"conserved_quantities", "prune_model", "channel_path_magnitude"}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_parametrized_models_give_the_result_of_their_effective_weights(name):
+    """weight_norm / spectral_norm (torch.nn.utils.parametrize) models: the numbers of the
+    plain model holding the same effective weights (float64, 1e-12), the model untouched
+    (spectral_norm's power-iteration vectors included); functions that write weights
+    return plain copies."""
+    model = _parametrized()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    if name in PARAMETRIZED_REFUSED:
+        with pytest.raises(UnsupportedModelError, match="parametriz"):
+            CALLS[name](model)
+    else:
+        _assert_same(CALLS[name](model), CALLS[name](_effective(_parametrized())),
+                     rtol=1e-12, atol=1e-12)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert type(model.stem).__name__ == "ParametrizedConv2d"  # still parametrized
+
+
+def test_meta_clone_copies_parametrized_modules():
+    """weight_norm / spectral_norm modules refuse copy.copy (torch's __reduce__); the meta
+    clone copies them shallowly, so tracing and the |theta|^q pass run on them."""
+    model = _parametrized()
+    for q in (1.0, 2.0):
+        assert lift.path_norm(model, SHAPE, q).log10 == pytest.approx(
+            NeuronDAG.from_module(_effective(model), SHAPE).path_norm_log10(q), abs=1e-12)
+
+
+def test_a_writable_copy_of_a_parametrized_model_leaves_the_model_parametrized():
+    """torch's remove_parametrizations deletes the property from the class a deep copy
+    shares with the original: writable_copy must not, and its copy is plain."""
+    model = _parametrized()
+    copy = writable_copy(model)
+    assert type(copy.stem) is nn.Conv2d and "stem.weight" in dict(copy.named_parameters())
+    torch.testing.assert_close(_outputs(copy), _outputs(model), rtol=0, atol=0)
+    torch.testing.assert_close(model.stem.weight, copy.stem.weight, rtol=0, atol=0)
+    assert lift.path_norm(model, SHAPE).log10 == lift.path_norm(copy, SHAPE).log10

@@ -19,7 +19,15 @@ from pathlift.data import load_digits, loaders
 from pathlift.data.training import evaluate, train_classifier
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import Kind, trace
-from pathlift.models import REFERENCE_MODELS, get_model, load_model, mlp, small_cnn, unet
+from pathlift.models import (
+    REFERENCE_MODELS,
+    get_model,
+    load_model,
+    mlp,
+    reference_models,
+    small_cnn,
+    unet,
+)
 
 PUBLISHED = {  # torchvision's documented parameter counts ("num_params") at 1000 classes
     "resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
@@ -353,3 +361,14 @@ def test_cli_norm_reads_a_checkpoint(tmp_path):
         assert result.exit_code == 0, result.output
         row = next(line for line in result.output.splitlines() if line.startswith("│ 1 "))
         assert float(row.split("│")[3]) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_MODELS))
+def test_the_listing_counts_what_the_constructor_builds(name):
+    """``pathlift models`` lists the registry's counts without building anything."""
+    with torch.device("meta"):
+        model = REFERENCE_MODELS[name].constructor()
+    assert sum(p.numel() for p in model.parameters()) == REFERENCE_MODELS[name].parameters
+    [row] = [m for m in reference_models() if m.name == name]
+    assert (row.parameters, row.input_shape) == (REFERENCE_MODELS[name].parameters,
+                                                 REFERENCE_MODELS[name].input_shape)

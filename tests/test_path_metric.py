@@ -119,6 +119,38 @@ def test_rescaled_copy_is_at_distance_zero_up_to_rounding():
     assert result.lower <= 1e-12 * max(path_norm(model, shape).value, 1.0)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_network_and_its_rescaling_are_at_distance_zero(seed):
+    """d = 0 (exact: the normalised parameters agree, Alg. 3.2.1 + Thm 2.4.1), not an
+    interval from rounding noise to inf, on networks with max-pool, BatchNorm and sums;
+    enumeration agrees to the rounding of the rescaled weights."""
+    model, shape = random_network(seed)
+    for dtype in (torch.float32, torch.float64):
+        net = copy.deepcopy(model).to(dtype)
+        rescaled = random_rescale(net, seed=seed, input_shape=shape)
+        result = path_metric(net, rescaled, shape)
+        assert result.exact and result.lower == result.upper == 0.0, result
+        assert "rescalings of each other" in result.reason or "dominates" in result.reason
+        scale = path_norm(net, shape).value
+        assert enumerated_path_metric(net.double(), rescaled.double(), shape) <= 1e-5 * scale
+
+
+def test_a_lower_end_within_rounding_is_zero_and_the_upper_end_finite():
+    """Two networks whose l1 path-norms agree to their precision but which are not
+    rescalings of each other: the certified lower end is 0 (not the rounding noise), the
+    upper end finite (the triangle inequality where Lemma F.3 does not apply)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Unflatten(1, (1, 4)), nn.MaxPool1d(2),
+                          nn.Flatten(), nn.Linear(2, 2)).double()
+    other = copy.deepcopy(model)
+    with torch.no_grad():  # one output weight of the opposite sign: same ||Phi||_1
+        other[5].weight[0, 0] *= -1
+    result = path_metric(model, other, (3,))
+    expected = enumerated_path_metric(model, other, (3,))
+    assert result.lower == 0.0 < expected <= result.upper < math.inf
+    assert "triangle" in result.reason
+
+
 def test_deep_network_stays_in_log_space():
     """||Phi||_1 ~ 1e430 overflows float64 (random signs keep the forward pass finite, about
     1e275); the metric of a pruned copy stays finite in log10."""

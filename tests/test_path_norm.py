@@ -225,3 +225,26 @@ def test_norms_beyond_float64_agree_in_log_space(weight, bias):
         one_pass = path_norm(model, (2,), q)
         assert one_pass.log10 == pytest.approx(dag.path_norm_log10(q), abs=1e-9)
         assert one_pass.value == pytest.approx(dag.path_norm(q), rel=REL)  # inf beyond float64
+
+
+def test_r_defaults_to_q_everywhere():
+    """path_norm(model, shape, q) is ||Phi||_q, as path_norms, layer_norm_product's r and
+    ``pathlift norm -q`` give (it was the mixed (q, 1) norm); r=1 still gives the mixed one,
+    both equal to enumeration."""
+    from cli_runner import invoke
+    from pathlift.lift import layer_norm_product
+    from pathlift.models import load_model
+
+    model, shape = random_network(3)
+    dag = NeuronDAG.from_module(model, shape)
+    for q in (2.0, 4.0):
+        plain = path_norm(model, shape, q)
+        assert plain.r == q and plain.log10 == path_norms(model, shape, qs=(q,))[q].log10
+        assert plain.log10 == pytest.approx(dag.path_norm_log10(q, q), abs=1e-12)
+        mixed = path_norm(model, shape, q, r=1)
+        assert mixed.log10 == pytest.approx(dag.path_norm_log10(q, 1.0), abs=1e-12)
+        assert mixed.log10 > plain.log10  # several outputs: the l1 sum of their q-norms
+        flat = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+        assert layer_norm_product(flat, (4,), q).r == q  # (no residual sums)
+    net, net_shape = load_model("mlp", seed=0)
+    assert f"{path_norm(net, net_shape, 2).log10:.6f}" in invoke("norm", "mlp", "-q", "2").stdout

@@ -134,9 +134,10 @@ def test_products_and_tensor_bounds_are_refused_with_one_line_per_cause():
 
     with pytest.raises(UnsupportedModelError) as info:
         path_norm(Gate(), (4,))
-    lines = str(info.value).splitlines()[1:]
+    *lines, supported = str(info.value).splitlines()[1:]
     assert len(lines) == 3 and sum("2 nodes" in line for line in lines) == 1
     assert any("tensor bounds" in line for line in lines)
+    assert supported.startswith("  supported: ") and "pooling:" not in " ".join(lines)
 
 
 @pytest.mark.parametrize("act", [nn.ReLU6(), nn.PReLU(6), nn.LeakyReLU(0.1)], ids=type)

@@ -180,3 +180,22 @@ def test_pruning_one_coordinate_costs_exactly_its_score() -> None:
     expected = math.log10(smallest) + scores.log10_scale
     assert result.log10_bound == pytest.approx(expected, abs=1e-12)
     assert result.log10_path_metric == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("criterion", "scope"), [("path-magnitude", "global"),
+                                                  ("magnitude", "global"),
+                                                  ("path-magnitude", "layerwise")])
+def test_a_channels_last_model_gets_the_masks_of_the_contiguous_one(criterion: str,
+                                                                    scope: str) -> None:
+    """torch's global_unstructured flattens scores and masks with view(-1): channels_last
+    weights (and their scores) are pruned like the contiguous model, twice in a row."""
+    torch.manual_seed(0)
+    plain = get_model("small_cnn").double().eval()
+    last = copy.deepcopy(plain).to(memory_format=torch.channels_last)
+    assert not last.features[3].weight.is_contiguous()
+    for _ in range(2):  # the second round starts from masks
+        want = prune_model(plain, (1, 8, 8), 0.4, criterion, scope)
+        got = prune_model(last, (1, 8, 8), 0.4, criterion, scope)
+        assert (got.pruned, got.log10_path_metric) == (want.pruned, want.log10_path_metric)
+        assert all(torch.equal(m, _masks(plain)[n]) for n, m in _masks(last).items())
+    assert _masks(last).keys() == _masks(plain).keys()

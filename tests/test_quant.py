@@ -258,7 +258,10 @@ def test_certified_error_shrinks_with_bits():
 def test_certified_error_refuses_what_it_cannot_certify():
     net = _net()
     nearest = certified_error(net, quantize(net, SHAPE, bits=4, rounding="nearest"), SHAPE)
-    assert not nearest.exact and math.isinf(nearest.value)  # max-pool: no Lemma F.3 bound
+    assert not nearest.exact  # max-pool: no Lemma F.3 bound, the triangle inequality
+    metric = nearest.metric
+    assert "triangle" in metric.reason and metric.upper == pytest.approx(
+        10 ** metric.norm_a_log10 + 10 ** metric.norm_b_log10, rel=1e-12)
     flipped = copy.deepcopy(net)
     with torch.no_grad():
         flipped.fc.weight[0, 0] *= -1

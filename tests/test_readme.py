@@ -167,3 +167,17 @@ def test_readme_is_short_and_cites_the_research_by_name() -> None:
         for nickname in ("paper 00", "../shared", "the slides"):
             assert nickname not in text, (page.name, nickname)
         assert not re.search(r"\b[Tt]he thesis\b", text), page.name
+
+
+def test_no_python_block_holds_a_value_it_does_not_print() -> None:
+    """Run as a script, a bare expression (``result.sparsity``, ``a, b``) shows nothing, as
+    it would in a notebook: every value a block means to show is printed."""
+    import ast
+
+    for block in BLOCKS:
+        if block.language != "python":
+            continue
+        for node in ast.parse(block.text).body:
+            assert not (isinstance(node, ast.Expr) and not isinstance(
+                node.value, (ast.Call, ast.Constant))), (
+                f"{block.page}:{block.line + node.lineno - 1}: bare {ast.unparse(node)!r}")

@@ -106,3 +106,42 @@ def test_tracker_records_every_epoch_without_touching_training():
         assert logs["bound_ce_log10"] == pytest.approx(cross_entropy_gap_log10(
             rademacher_peeling(c, 8.0, logs["path_norm_log10_q1"]), 64), abs=1e-12)
     assert len({h["path_norm_log10_q1"] for h in history}) == 3  # it trained
+
+
+def test_the_report_says_what_its_numbers_come_from(tmp_path):
+    """Versions, seed, data digest and the whole command's time, in report.md and
+    report.json; the training sentence on one scale; a measured gap <= 0 said, not
+    dropped; label columns left-aligned."""
+    import dataclasses
+    import json
+    import platform
+
+    import pathlift
+    from pathlift.bounds import Measured
+    from pathlift.prune.pipeline import data_digest
+    from pathlift.report import render_report
+
+    result = run_report(tmp_path / "a", epochs=1, samples=32, progress=False, seed=2)
+    train, test = loaders(load_digits(seed=2), seed=2)
+    digests = (data_digest(train), data_digest(test))
+    prov = result.report.provenance
+    assert (prov.pathlift, prov.torch, prov.python, prov.seed, prov.data_digest) == (
+        pathlift.__version__, torch.__version__, platform.python_version(), 2, digests)
+    assert result.seconds == prov.command_seconds > result.report.seconds > 0
+    md = result.markdown.read_text()
+    assert f"pathlift {pathlift.__version__}, torch {torch.__version__}" in md
+    assert f"data sha256 {digests[0]} (train), {digests[1]} (test)" in md
+    assert f"the whole command took {prov.command_seconds:.1f} s" in md
+    saved = json.loads(result.json.read_text())["provenance"]
+    assert saved["data_digest"] == list(digests) and saved["command_seconds"] == \
+        pytest.approx(prov.command_seconds)
+    sentence = next(p for p in md.split("\n\n") if p.startswith("From initialisation"))
+    assert "log10" not in sentence and "||Phi||_1 went from" in sentence
+    assert "|:---|---:|" in md and "td:first-child" in result.html.read_text()
+
+    bounds = result.report.bounds
+    negative = dataclasses.replace(result.report, bounds=dataclasses.replace(
+        bounds, measured=Measured(1.0, 0.9, 0.5, 0.5)))
+    md, *_ = render_report(negative, tmp_path / "b")
+    text = md.read_text()
+    assert "gap is -0.1000 <= 0" in text and "n/a (gap <= 0)" in text and "nan" not in text

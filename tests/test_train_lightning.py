@@ -121,3 +121,51 @@ def test_lightning_callback_logs_the_top1_bound(tmp_path):
                                     sigma_of(x).peeling, path_norm(module.net, SHAPE).log10)
     expected = union_margin_bound(rademacher, m)
     assert rows[-1]["bound_top1_log10"] == pytest.approx(expected.log10, rel=1e-12)
+
+
+def test_lightning_prunes_a_batchnorm_resnet_as_global_path_magnitude_in_eval_mode(tmp_path):
+    """A training epoch ends in training mode, where BatchNorm is not a neuron: the callback
+    prunes in eval mode and gets exactly global_path_magnitude's masks on the same weights
+    (a BatchNorm ResNet), training flags restored."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from pathlift.integrations.lightning import PathNormCallback
+    from pathlift.models import resnet18
+    from pathlift.prune import global_path_magnitude
+
+    shape = (3, 16, 16)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = resnet18(num_classes=4)
+
+        def training_step(self, batch, index):
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class Snapshot(pl.Callback):  # runs before PathNormCallback: the weights it prunes
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.state = copy.deepcopy(pl_module.net.state_dict())
+            self.training = pl_module.net.training
+
+    torch.manual_seed(0)
+    x, y = torch.randn(16, *shape), torch.randint(4, (16,))
+    module, snapshot = Module(), Snapshot()
+    callback = PathNormCallback(shape, network="net", qs=(1.0,), prune_epoch=1, amount=0.5)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False,
+                         callbacks=[snapshot, callback], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=8))
+    assert snapshot.training and module.net.training  # flags as they were
+    reference = resnet18(num_classes=4)
+    reference.load_state_dict(snapshot.state)
+    expected = global_path_magnitude(reference.eval(), shape, 0.5)
+    got = {n: b for n, b in module.net.named_buffers() if n.endswith("_mask")}
+    want = {n: b for n, b in reference.named_buffers() if n.endswith("_mask")}
+    assert got.keys() == want.keys() and len(got) == 21
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert callback.pruning.pruned == expected.pruned
+    assert callback.pruning.sparsity == pytest.approx(0.5, abs=1e-6)

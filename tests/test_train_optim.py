@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from pathlift.models import mlp, small_cnn, unet
 from pathlift.symmetry.rescale import random_rescale
 from pathlift.train import PathNormBudget, PathSGD
 from pathlift.train.bound import certified_top1
+from pathlift.train.path_sgd import RATIO_WARNING
 
 
 class _ResidualCNN(nn.Module):
@@ -151,3 +153,90 @@ def test_path_sgd_on_a_unet_commutes_with_rescaling():
     after = model(x)
     assert (after - before).abs().max() > 1e-3
     assert torch.allclose(after, rescaled(x), rtol=0, atol=1e-10 * after.abs().max().item())
+
+
+def test_budget_projects_a_batchnorm_network():
+    """BatchNorm models were refused ('magnitude gradients are defined for q = 2'): the
+    budget needs the output layer's q = 1 gammas only, and BatchNorm is normalised as its
+    affine map."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 3)).double()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    model.train()
+    shape, x = (1, 8, 8), torch.randn(5, 1, 8, 8, dtype=torch.float64)
+    before = copy.deepcopy(model).eval()
+    budget = path_norm(before, shape).value / 5.0
+    assert PathNormBudget(shape, budget).project_(model) == pytest.approx(budget, rel=1e-12)
+    assert model.training  # flags restored
+    assert path_norm(model.eval(), shape).value == pytest.approx(budget, rel=1e-10)
+    assert torch.allclose(model(x), before(x) / 5.0, rtol=1e-9, atol=1e-12)
+    gammas = magnitude_gradients(model, shape, q=1.0)
+    assert model[1].weight not in gammas.mantissas and model[5].weight in gammas.mantissas
+
+
+def test_path_sgd_warns_with_the_lr_that_matches_sgd():
+    """Small gamma_p (deep or small-weight networks: a DenseNet-BC diverged at lr 0.05)
+    make a Path-SGD step many times as long as SGD's: the first step measures the median
+    |step| / |SGD step| over the coordinates, warns with lr / ratio, and match_sgd=True
+    takes that lr (its first step is then as long as SGD's, in the median)."""
+    torch.manual_seed(0)
+    model = mlp(6, (8, 8, 8), 3).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.2)
+    x, y = torch.randn(16, 6, dtype=torch.float64), torch.randint(3, (16,))
+    nets = {match: copy.deepcopy(model) for match in (False, True)}
+    for match, net in nets.items():
+        opt = PathSGD(net, (6,), lr=0.05, match_sgd=match)
+        F.cross_entropy(net(x), y).backward()
+        grads = [p.grad.clone() for p in net.parameters()]
+        before = [p.detach().clone() for p in net.parameters()]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        ratio = opt.sgd_ratio
+        assert ratio > RATIO_WARNING
+        steps = torch.cat([((p.detach() - b) / (0.05 * g)).abs().flatten()[g.flatten() != 0]
+                           for p, b, g in zip(net.parameters(), before, grads, strict=True)])
+        if match:
+            assert not caught and float(steps.median()) == pytest.approx(1.0, rel=1e-9)
+        else:
+            [warning] = caught
+            assert f"lr={0.05 / ratio:.3g}" in str(warning.message)
+            assert warning.filename == __file__  # points at the caller's opt.step()
+            assert float(steps.median()) == pytest.approx(ratio, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_path_sgd_on_a_densenet_diverges_at_sgds_lr_and_not_matched():
+    """docs/training.md's measured example: a DenseNet-BC on the digits, lr 0.05. Path-SGD
+    as given diverges (SGD's lr is 3.7e4 times too long for it) and says so; matched to
+    SGD's step it stays finite and learns."""
+    import user_zoo
+    from pathlift.data import load_data, loaders
+
+    train, _ = loaders(load_data("digits", seed=0), 64, 0)
+    torch.manual_seed(0)
+    dense = user_zoo.DenseNetBC(growth=4, layers=(3, 3), num_classes=10, in_channels=1)
+    losses = {}
+    for match in (False, True):
+        torch.manual_seed(1)
+        net = copy.deepcopy(dense)
+        opt = PathSGD(net, (1, 8, 8), lr=0.05, match_sgd=match)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses[match] = []
+            for _ in range(2):
+                for x, y in train:
+                    opt.zero_grad()
+                    loss = F.cross_entropy(net(x), y)
+                    loss.backward()
+                    opt.step()
+                    losses[match].append(loss.item())
+        assert opt.sgd_ratio > 1e4
+        assert (len(caught) == 1) != match
+    assert max(losses[False][1:]) > 100  # diverged after one step
+    assert max(losses[True]) < 3 and losses[True][-1] < losses[True][0]

@@ -65,4 +65,18 @@ def write_project(folder: Path, n: int = 150, seed: int = 0) -> dict[str, np.nda
         for i in range(16):
             pixels = np.clip(rng.normal(60 + 60 * c, 30, size=(8, 8)), 0, 255)
             Image.fromarray(pixels.astype(np.uint8), mode="L").save(sub / f"{i}.png")
+    write_zoo_data(folder, seed=seed + 1)
     return {"x": x, "y": y}
+
+
+ZOO_DATA = {"images3.npz": (3, 8, 8), "signals.npz": (2, 16), "tabular.npz": (12,)}
+
+
+def write_zoo_data(folder: Path, n: int = 96, seed: int = 1) -> None:
+    """Data for the models of ``user_zoo``: 3 classes of Gaussian clusters, as images
+    (3, 8, 8), 1-D signals (2, 16) and tabular rows (12,)."""
+    rng = np.random.default_rng(seed)
+    for name, shape in ZOO_DATA.items():
+        y = rng.integers(0, 3, n)
+        x = rng.normal(size=(3, *shape))[y] + 0.8 * rng.normal(size=(n, *shape))
+        np.savez(folder / name, x=x.astype(np.float32), y=y)

@@ -53,6 +53,9 @@ Normalize = Annotated[str, typer.Option(
     "--normalize", help="none, or standard: subtract the training mean and divide by the "
     "training standard deviation per input value")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="batch size")]
+Output = Annotated[str | None, typer.Option(
+    "--output", metavar="KEY", help="for a model returning several tensors (a tuple, list or "
+    "dict): the one holding the class logits, by position (0) or key (logits)")]
 Out = Annotated[str | None, typer.Option(
     "--out", help="output folder (default: a new runs/COMMAND-TIMESTAMP)")]
 
@@ -127,7 +130,7 @@ def _table(title: str, columns: list[str], rows: list[list[Any]],
     return table
 
 
-@app.command()
+@app.command(short_help="Path-norms ||Phi||_q of a model, one forward pass per q.")
 def norm(
     model: Model,
     input_shape: InputShape = None,
@@ -151,7 +154,7 @@ def norm(
                           for k, n in norms.items()]))
 
 
-@app.command()
+@app.command(short_help="Constants, path-norms and the Lipschitz bound of a model, on one screen.")
 def summary(
     model: Model,
     input_shape: InputShape = None,
@@ -170,6 +173,8 @@ def summary(
                       "(thesis Def. 2.2.2):")
         for problem in s.unsupported:
             console.print(f"  - {problem}")
+        if s.supported_ops:
+            console.print(f"supported: {s.supported_ops}")
         raise typer.Exit(1)
     c = s.constants
     rows = [["parameters", f"{s.parameters:,}"], ["D, depth (Thm 4.4.1)", c.depth],
@@ -182,7 +187,7 @@ def summary(
     console.print(_table(f"{model}, input {shape}", ["quantity", "value"], rows))
 
 
-@app.command()
+@app.command(short_help="Generalisation bounds of a trained model against its measured gap.")
 def bounds(
     model: Model,
     data: Annotated[str, typer.Option("--data", help=DATA_HELP)],
@@ -195,6 +200,7 @@ def bounds(
     compression: Annotated[bool, typer.Option(
         "--compression/--no-compression", help="also the compression certificate (Occam "
         "bound on a coded quantised network, carried to the trained one)")] = True,
+    output: Output = None,
 ) -> None:
     """Generalisation bounds of a trained model on its training data, with the measured gap.
 
@@ -207,6 +213,7 @@ def bounds(
     """
     from pathlift.bounds import compression_bound, generalization_bounds, verdict
     from pathlift.data import load_data, loaders
+    from pathlift.graph.outputs import select_output
     from pathlift.models import load_model
 
     with working(console, f"bounds of {model} on {data}"):
@@ -214,8 +221,9 @@ def bounds(
                           normalize=normalize, seed=seed)
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
-        b = generalization_bounds(net, shape, *loaders(split, batch_size, seed))
-        cert = compression_bound(net, shape, *split.train.tensors) if compression else None
+        b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
+        cert = compression_bound(select_output(net, output), shape, *split.train.tensors) \
+            if compression else None
     m = b.measured
     u = b.top1_union
     rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
@@ -229,7 +237,8 @@ def bounds(
     console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
                          rows))
-    rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}", f"{o:.1f}"] for r, v, o in
+    rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
+             "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]
     rows.append([f"Thm 4.1.2 top-1 error (gamma {b.top1.gamma:.3g})", "",
                  f"{b.top1.log10:.3f}", f"{b.top1_orders_above_measured:.1f}"])
@@ -242,7 +251,7 @@ def bounds(
         f"{1 - m.train_accuracy:.4f}, test {m.test_error:.4f}"))
 
 
-@app.command()
+@app.command(short_help="The reference architectures, their input shapes and sizes.")
 def models() -> None:
     """Reference architectures: default input shape and parameter count."""
     from pathlift.models import reference_models
@@ -253,7 +262,7 @@ def models() -> None:
                           for m in reference_models()]))
 
 
-@app.command()
+@app.command(short_help="Measure a model (trained first if asked) and write a report.")
 def report(
     model: Annotated[str | None, typer.Option(
         "--model", help=MODEL_HELP + " (default: small_cnn trained on the digits)")] = None,
@@ -268,13 +277,14 @@ def report(
     test_fraction: TestFraction = 0.25,
     normalize: Normalize = "none",
     batch_size: BatchSize = 64,
+    output: Output = None,
 ) -> None:
     """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md, .html, .json."""
     from pathlift.report import run_report
 
     result = run_report(out or default_out("report"), model, input_shape, data, epochs, seed,
                         weights=weights, test_fraction=test_fraction, normalize=normalize,
-                        batch_size=batch_size)
+                        batch_size=batch_size, outputs=output)
     for note in result.report.notes:
         console.print(f"note: {note}")
     rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]
@@ -288,7 +298,7 @@ def report(
                          ["quantity", "value"], rows))
 
 
-@app.command()
+@app.command(short_help="Train, prune, rewind, retrain: path-magnitude against magnitude.")
 def prune(
     model: Annotated[str, typer.Option("--model", help=MODEL_HELP)] = "small_cnn",
     data: Annotated[str, typer.Option("--data", help=DATA_HELP)] = "digits",
@@ -297,8 +307,13 @@ def prune(
     ] = None,
     input_shape: InputShape = None,
     amount: Annotated[list[float], typer.Option(
-        "--amount", metavar="<float>...", help="fractions pruned, separated by spaces")
-    ] = [0.4, 0.6, 0.8],  # noqa: B006
+        "--amount", metavar="<float>...", help="fractions of the prunable weights pruned "
+        "(of all of them for global methods, of each layer for layerwise ones), separated by "
+        "spaces")] = [0.4, 0.6, 0.8],  # noqa: B006
+    last_layer_factor: Annotated[float, typer.Option(
+        "--last-layer-factor", help="prune the last layer at this times the rate of the "
+        "others; 0.5 is the thesis' convention (App. E.1), which prunes less than --amount "
+        "of the weights")] = 1.0,
     method: Annotated[list[str] | None, typer.Option(
         "--method", metavar="<str>...", help="methods separated by spaces: "
         "magnitude-global, magnitude-layerwise, path-magnitude-global, "
@@ -330,7 +345,7 @@ def prune(
     from pathlift.prune import METHODS, PruneConfig, prune_experiment
 
     config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
-                         epochs, rewind_epoch, rounds)
+                         epochs, rewind_epoch, rounds, last_layer_factor)
     with Progress(console=console, disable=os.environ.get("RANK", "0") != "0") as bar:
         task = bar.add_task(f"prune {model} on {data}", total=None)
         done = prune_experiment(
@@ -345,7 +360,19 @@ def prune(
         console.print(f"note: {done.eval_note}")
     console.print(_prune_table(done.result, f"{seeds} seeds ({done.world_size} process(es), "
                                             f"--spread {spread})"))
+    console.print(_sparsity_table(done.layer_sparsity))
     console.print(f"wrote {done.csv}, {done.plot}")
+
+
+def _sparsity_table(sparsity: dict[tuple[str, float], dict[str, float]]) -> Table:
+    """Achieved sparsity (%) of each layer, per method and amount (seed 0's masks)."""
+    runs = list(sparsity)
+    layers = list(next(iter(sparsity.values()), {}))
+    rows = [["all prunable weights" if layer == "all" else layer,
+             *(f"{100 * sparsity[run][layer]:.1f}" for run in runs)]
+            for layer in [*(n for n in layers if n != "all"), "all"]]
+    return _table("achieved sparsity (%) per layer, masks of seed 0 (trained, not rescaled)",
+                  ["weights", *(f"{name} {100 * a:g}%" for name, a in runs)], rows)
 
 
 def _prune_table(result: Any, runs: str) -> Table:
@@ -366,7 +393,7 @@ def _prune_table(result: Any, runs: str) -> Table:
                   ["method", *(f"{100 * a:g}%" for a in config.amounts)], rows)
 
 
-@app.command()
+@app.command(short_help="Depth-limit lab: the 1-variation of trained ResNet weights.")
 def depth(
     model: Annotated[str, typer.Option("--model", help="class of Tables 4.1/4.2 + c|t")
                      ] = "C10k-B12c",
@@ -406,7 +433,7 @@ def depth(
           f"{r.mean_rho:.3g}"] for r in result.table]))
 
 
-@app.command()
+@app.command(short_help="Quantise towards zero, with the certified change of every output.")
 def quantize(
     model: Model,
     bits: Annotated[list[int], typer.Option("--bits", metavar="<int>...", help="bit widths, "
@@ -451,9 +478,11 @@ def quantize(
          for r in result.reports], left=(),
         caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over inputs of "
         "max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)"))
+    if result.note:
+        console.print(f"note: {result.note}")
 
 
-@app.command("kron-bench")
+@app.command("kron-bench", short_help="Benchmark the Kronecker-sparse multiplication algorithms.")
 def kron_bench(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
     full: Annotated[bool, typer.Option("--full", help="all 627 patterns of App. D.2.1 "
@@ -539,7 +568,8 @@ def _kron_grid_table(s: Any, threads: int) -> None:
                       f"bmm: {loses}")
 
 
-@app.command("kron-design")
+@app.command("kron-design",
+             short_help="Find the fastest Kronecker-sparse chain for a dense weight.")
 def kron_design(
     n_in: Annotated[int, typer.Argument(metavar="N_IN", help="input features of the dense "
                                         "layer")],
@@ -610,7 +640,7 @@ def _comparison_table(title: str, c: Any) -> Table:
         ["max |R - R'| / max |R|", "", f"{c.output_gap:.3g}"]])
 
 
-@app.command("rescale")
+@app.command("rescale", short_help="Rescale a model at random: the same function, other weights.")
 def rescale_command(
     model: Model,
     input_shape: InputShape = None,
@@ -641,7 +671,7 @@ def rescale_command(
         console.print(f"wrote {result.path}")
 
 
-@app.command("normalize")
+@app.command("normalize", short_help="Normalise a model: every hidden neuron of norm 0 or 1.")
 def normalize_command(
     model: Model,
     input_shape: InputShape = None,
@@ -674,7 +704,7 @@ def normalize_command(
         console.print(f"wrote {result.path}")
 
 
-@app.command()
+@app.command(short_help="The l1 path-metric between two models.")
 def metric(
     model: Model,
     model_b: ModelB,
@@ -703,7 +733,7 @@ def metric(
          ["relative accuracy", f"{d.relative_accuracy:.2g}"]], caption=d.reason))
 
 
-@app.command()
+@app.command(short_help="Lipschitz bounds of a model in its input and in its parameters.")
 def lipschitz(
     model: Model,
     other: Annotated[str | None, typer.Option("--other", help="second model, for the bound "
@@ -745,7 +775,7 @@ def lipschitz(
                          ["bound", "log10"], rows, caption=p.reason if other else None))
 
 
-@app.command("equivalent")
+@app.command("equivalent", short_help="Do two models differ only by permutations and rescalings?")
 def equivalent_command(
     model: Model,
     model_b: ModelB,
@@ -753,8 +783,9 @@ def equivalent_command(
     weights: Weights = None,
     weights_b: WeightsB = None,
     seed: Seed = 0,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="relative parameter "
-                                             "tolerance")] = 1e-6,
+    tolerance: Annotated[float | None, typer.Option(
+        "--tolerance", help="relative parameter tolerance [default: 1e-6, 4 units in the "
+        "last place for float16/bfloat16 models]")] = None,
 ) -> None:
     """Do MODEL and MODEL_B differ only by neuron permutations and rescalings?
 
@@ -773,7 +804,7 @@ def equivalent_command(
                   f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})")
 
 
-@app.command()
+@app.command(short_help="Test accuracy against the certified bound across training methods.")
 def frontier(
     out: Out = None,
     dataset: Annotated[list[str], typer.Option(
@@ -819,7 +850,7 @@ def frontier(
         console.print(done.markdown)
 
 
-@app.command("identify")
+@app.command("identify", short_help="Is a model identifiable from its outputs on random inputs?")
 def identify_command(
     model: Model,
     samples: int = typer.Option(256, "--samples", help="number of Gaussian inputs N"),

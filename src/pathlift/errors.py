@@ -11,24 +11,29 @@ class PathliftError(Exception):
 
 
 class UnsupportedModelError(PathliftError):
-    """The model contains an operation outside the ReLU DAG model of thesis Def. 2.2.2."""
+    """The model contains an operation outside the ReLU DAG model of thesis Def. 2.2.2.
 
-    def __init__(self, problems: list[Problem] | str):
+    The message has one line per distinct cause (``summarise``) and, when ``supported``
+    is given (the op table's summary), one last line with the supported operations."""
+
+    def __init__(self, problems: list[Problem] | str, supported: str = ""):
+        self.supported = supported
         if isinstance(problems, str):
             self.problems: list[Problem] = []
             super().__init__(problems)
             return
         self.problems = list(problems)
         head = "model is not a supported ReLU network (thesis Def. 2.2.2):"
-        super().__init__(head + "\n  " + "\n  ".join(summarise(self.problems)))
+        lines = summarise(self.problems) + ([f"supported: {supported}"] if supported else [])
+        super().__init__(head + "\n  " + "\n  ".join(lines))
 
 
-_MAX_LINES = 9  # with the head line, an error never takes more than 10 lines
 _NAMED = 3  # nodes named per cause
 
 
 def summarise(problems: list[Problem]) -> list[str]:
-    """One line per distinct cause, with how many nodes share it and the first few."""
+    """Every distinct cause once, on one line each, with how many nodes share it and the
+    first few."""
     causes: dict[str, list[Problem]] = {}
     for p in problems:
         causes.setdefault(p.reason, []).append(p)
@@ -40,9 +45,6 @@ def summarise(problems: list[Problem]) -> list[str]:
         named = ", ".join(f"'{p.node}' ({p.op})" for p in group[:_NAMED])
         more = f" and {len(group) - _NAMED} more" if len(group) > _NAMED else ""
         lines.append(f"{len(group)} nodes, {named}{more}: {reason}")
-    if len(lines) > _MAX_LINES:
-        rest = len(lines) - _MAX_LINES + 1
-        lines = [*lines[:_MAX_LINES - 1], f"... and {rest} more causes (see .problems)"]
     return lines
 
 

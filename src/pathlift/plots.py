@@ -117,9 +117,10 @@ def bounds_vs_gap(labels: Sequence[str], bounds_log10: Sequence[float], gap: flo
     fig = Figure(figsize=(8, 0.6 * len(labels) + 1.8))
     ax = fig.add_subplot()
     ax.barh(list(labels), list(bounds_log10), color="tab:red", alpha=0.7)
-    gap_log10 = math.log10(gap) if gap > 0 else float("nan")
-    if math.isfinite(gap_log10):
-        ax.axvline(gap_log10, color="k", ls="--", label=f"measured gap = {gap:.3g}")
+    if gap > 0:
+        ax.axvline(math.log10(gap), color="k", ls="--", label=f"measured gap = {gap:.3g}")
+    else:  # said, not dropped: a log axis has no place for it
+        ax.plot([], [], " ", label=f"measured gap = {gap:.3g} <= 0: not on a log axis")
     ax.axvline(0.0, color="tab:green", lw=1, label="1 (informative below)")
     ax.set_xlabel("log10")
     ax.set_title("Generalisation bounds vs measured gap")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from pathlift.bounds import ArchitectureConstants, architecture_constants
-from pathlift.errors import UnsupportedModelError
+from pathlift.errors import UnsupportedModelError, summarise
 from pathlift.graph import eval_mode, graph_of, unwrap
 from pathlift.lift import lipschitz_input, path_norms
 
@@ -20,7 +20,8 @@ __all__ = ["Summary", "summary"]
 class Summary:
     """What pathlift sees in a model at one input shape.
 
-    ``unsupported`` lists the refused operations (Def. 2.2.2) and every other field but
+    ``unsupported`` lists why the model is refused (Def. 2.2.2), one line per cause, and
+    ``supported_ops`` the operations supported instead; every other field but
     ``parameters`` is then None. ``path_norm_log10`` maps q to log10 ||Phi||_q (Thm 3.1.1);
     ``lipschitz_log10`` is log10 ||Phi||_{1,1}, the Lipschitz constant in the input from
     l_inf to l_1 (Thm 3.3.1), and ``layer_product_log10`` the product of layer norms
@@ -35,6 +36,7 @@ class Summary:
     lipschitz_log10: float | None
     layer_product_log10: float | None
     unsupported: tuple[str, ...] = ()
+    supported_ops: str = ""
 
     @property
     def supported(self) -> bool:
@@ -44,7 +46,7 @@ class Summary:
         head = f"Summary({self.model}, input_shape={self.input_shape}, " \
                f"parameters={self.parameters:,}"
         if not self.supported:
-            return f"{head}, unsupported: {len(self.unsupported)} operation(s))"
+            return f"{head}, unsupported: {len(self.unsupported)} cause(s))"
         return (f"{head}, D={self.constants.depth}, log10 ||Phi||_1="
                 f"{self.path_norm_log10[1.0]:.3f}, log10 Lipschitz(x)={self.lipschitz_log10:.3f})")
 
@@ -69,8 +71,9 @@ def summary(model: nn.Module, input_shape: Sequence[int], qs: Sequence[float] = 
         try:
             graph = graph_of(net, shape)
         except UnsupportedModelError as err:
-            problems = tuple(map(str, err.problems)) or (str(err),)
-            return Summary(label, shape, count, None, None, None, None, problems)
+            problems = tuple(summarise(err.problems)) or (str(err),)
+            return Summary(label, shape, count, None, None, None, None, problems,
+                           err.supported)
         norms = path_norms(graph, qs=qs)
         lipschitz = lipschitz_input(graph, r=1.0)
     product = None if lipschitz.layer_product is None else lipschitz.layer_product.log10

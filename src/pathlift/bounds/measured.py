@@ -33,6 +33,8 @@ from pathlift.bounds.union import (
     union_margin_bound,
 )
 from pathlift.graph import eval_mode, graph_of, unwrap
+from pathlift.graph.boundary import model_input
+from pathlift.graph.outputs import OutputKey, classifier_output, select_output
 from pathlift.lift import path_norm
 
 __all__ = ["GeneralizationBounds", "Measured", "generalization_bounds", "loss_accuracy"]
@@ -116,15 +118,23 @@ def loss_accuracy(model: nn.Module, loader: DataLoader) -> tuple[float, float]:
     total, correct, seen = 0.0, 0, 0
     with torch.no_grad():
         for x, y in loader:
-            out = model(x).reshape(len(x), -1)
-            total += float(nn.functional.cross_entropy(out, y, reduction="sum"))
-            correct += int((out.argmax(1) == y).sum())
+            out = model(model_input(model, x)).reshape(len(x), -1)
+            out = out.to(torch.promote_types(out.dtype, torch.float32))  # float16: loss in 32
+            total += float(nn.functional.cross_entropy(out, y.to(out.device),
+                                                       reduction="sum"))
+            correct += int((out.argmax(1).cpu() == y).sum())
             seen += len(y)
     return total / seen, correct / seen
 
 
+def _classes(*loaders: DataLoader) -> int:
+    """1 + the largest label of the loaders' data."""
+    return 1 + max(int(y.max()) for loader in loaders for _, y in loader)
+
+
 def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: DataLoader,
-                          test: DataLoader) -> GeneralizationBounds:
+                          test: DataLoader, outputs: OutputKey | None = None
+                          ) -> GeneralizationBounds:
     """The bounds of thesis Thm 4.4.1, 4.3.1 (and Thm C.2.2) on the expected cross-entropy
     gap (Thm 4.1.1) and of Thm 4.1.2 on the top-1 error, for ``model`` trained on
     ``train``, with the gap measured on ``test``.
@@ -132,20 +142,25 @@ def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: D
     sigma and n come from ``train`` (the sample S the bounds are about); r = ||Phi||_1 from
     the trained parameters. The model is measured in eval mode (BatchNorm as its affine
     map, Dropout as the identity: Def. 2.2.2) and its flags are restored; it is not
-    modified.
+    modified. A model returning several tensors (a tuple, list or dict) is bounded on the
+    one ``outputs`` names (a position or a key: the sub-network of the paths ending there,
+    ``pathlift.graph.outputs.select_output``), which must hold one logit per class.
 
     Raises:
         InvalidParameterError: an empty loader, or no positive training-margin quantile
             (Thm 4.1.2 needs gamma > 0).
+        ShapeError: several outputs and no ``outputs``, or an output that does not hold
+            one value per class of the data (a U-Net's mask).
         UnsupportedModelError: the model is outside the ReLU DAG model.
 
     Example:
         >>> result = generalization_bounds(net, (1, 8, 8), train_loader, test_loader)
         >>> result.cross_entropy_log10[0], result.measured.cross_entropy_gap
     """
-    net = unwrap(model)
+    net = select_output(unwrap(model), outputs, tuple(input_shape))
     with eval_mode(net):
         graph = graph_of(net, input_shape)
+        classifier_output(graph, _classes(train, test))
         constants = architecture_constants(graph)
         l1 = path_norm(graph).log10
         sigma = sigma_from_loader(train)

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from pathlift.bounds.rademacher import RademacherBound
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import eval_mode, unwrap
-from pathlift.graph.boundary import flat_outputs
+from pathlift.graph.boundary import flat_outputs, model_input
 
 CROSS_ENTROPY_LIPSCHITZ = math.sqrt(2.0)  # thesis Example 4.1.1, Appendix C.6
 
@@ -41,7 +41,7 @@ def margins(model: nn.Module, loader: DataLoader) -> torch.Tensor:
     out = []
     with torch.no_grad(), eval_mode(net):
         for x, y in loader:
-            logits = flat_outputs(net(x), len(x)).to(torch.float64)
+            logits = flat_outputs(net(model_input(net, x)), len(x)).to("cpu", torch.float64)
             true = logits.gather(1, y.reshape(-1, 1)).squeeze(1)
             others = logits.scatter(1, y.reshape(-1, 1), -math.inf).amax(1)
             out.append(true - others)

@@ -496,3 +496,37 @@ def _structure(m: nn.Module, name: str, as_eval: bool, parts: list[tuple],
     for key, child in m._modules.items():
         if child is not None:
             _structure(child, f"{name}.{key}" if name else key, as_eval, parts, shards)
+
+
+def writable_copy(model: nn.Module) -> nn.Module:
+    """``copy_model(model)`` whose tensors computed by torch.nn.utils.parametrize
+    (``weight_norm``, ``spectral_norm``, orthogonal, your own) are plain parameters holding
+    their eval-mode values, so that a pass can write them (rescaling, normalisation,
+    quantisation, pruning a copy). The copy computes what ``model`` computes in eval mode,
+    and its state_dict keys are those of the plain layers (``layer.weight``)."""
+    out = copy_model(model)
+    with eval_mode(out), torch.no_grad():
+        for module in [m for m in out.modules() if parametrize.is_parametrized(m)]:
+            _unparametrize_(module)
+    return out
+
+
+def _unparametrize_(module: nn.Module) -> None:
+    """Replace every parametrization of ``module`` by a parameter holding its value. Not
+    ``parametrize.remove_parametrizations``: it deletes the property from the module's
+    class, which a deep copy shares with the original module."""
+    lists = module.parametrizations
+    values = {name: nn.Parameter(getattr(module, name).detach().clone(), any(
+        p.requires_grad for p in plist.parameters(recurse=False))) for name, plist in lists.items()}
+    module.__class__ = parametrize.type_before_parametrizations(module)
+    del module._modules["parametrizations"]
+    for name, value in values.items():
+        module.register_parameter(name, value)
+
+
+def model_input(model: nn.Module, x: Tensor) -> Tensor:
+    """A batch ``x`` as ``model`` computes with it: floating inputs in its floating dtype
+    and on its device (data loaders give float32 CPU tensors; a float16, bfloat16 or
+    float64 checkpoint, or a model on a GPU, needs its own), other inputs on its device."""
+    dtype, device = dtype_device(unwrap(model))
+    return x.to(device, dtype) if x.is_floating_point() else x.to(device)

@@ -294,15 +294,17 @@ class NeuronDAG:
             logs[j] = _log_sum_exp(q * phi.log_abs[bounds[j]: bounds[j + 1]]) / q
         return logs
 
-    def path_norm_log10(self, q: float = 1.0, r: float = 1.0) -> float:
-        """log10 of the mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1, by enumeration."""
+    def path_norm_log10(self, q: float = 1.0, r: float | None = None) -> float:
+        """log10 of the mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1, by enumeration
+        (r = q when None: ||Phi(theta)||_q)."""
+        r = q if r is None else r
         if not r > 0:
             raise InvalidParameterError(f"r must be in (0, inf], got {r}")
         per_output = self.output_path_norms_log(q)
         total = per_output.max() if math.isinf(r) else _log_sum_exp(r * per_output) / r
         return float(total) / LN10
 
-    def path_norm(self, q: float = 1.0, r: float = 1.0) -> float:
+    def path_norm(self, q: float = 1.0, r: float | None = None) -> float:
         """The mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1 (inf beyond float64)."""
         log10 = self.path_norm_log10(q, r)
         return power10(log10)

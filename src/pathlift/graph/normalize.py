@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, PrecisionError
-from pathlift.graph.boundary import copy_model
+from pathlift.graph.boundary import writable_copy
 from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import apply_, incoming_norms, refuse_shared_parameters
 from pathlift.graph.trace import LayerGraph
@@ -82,7 +82,7 @@ def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
     cmap = analyse(model, input_shape)
     source = cmap.graph.model
     refuse_shared_parameters(source, cmap.producers)
-    out = copy_model(source)
+    out = writable_copy(source)
     members = cmap.members()
     readers = _readers(cmap)
     dead = 0

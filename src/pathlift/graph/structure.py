@@ -177,8 +177,18 @@ def counts(graph: LayerGraph) -> Counts:
             read = module if layer is None else layer.view  # a DTensor reads as its shard
             biases = math.prod(graph.output_shape(n)) if handler.bias(read) is not None else 0
             unshared += edges + biases
-            shared[id(module)] = sum(p.numel() for p in module.parameters())
+            shared[id(module)] = _free_parameters(module)
     return Counts(kernel, sum(shared.values()), unshared)
+
+
+def _free_parameters(module: nn.Module) -> int:
+    """Entries of the parameters a layer computes with: a tensor computed by a
+    torch.nn.utils.parametrize parametrization counts as that tensor (weight_norm's g and v
+    are one weight)."""
+    computed = getattr(module, "parametrizations", {})
+    own = sum(p.numel() for name, p in module.named_parameters()
+              if not name.startswith("parametrizations."))
+    return own + sum(getattr(module, name).numel() for name in computed)
 
 
 def outputs_are_affine(graph: LayerGraph) -> bool:

@@ -57,6 +57,7 @@ from pathlift.graph.ops import (
     Call,
     Handler,
     Kind,
+    UnsupportedHandler,
     handler_for,
     supported_summary,
 )
@@ -508,6 +509,8 @@ def _symbolic_trace(model: nn.Module) -> fx.Graph:
     tracer = _Tracer()
     try:
         graph = tracer.trace(model)
+    except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
+        raise
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
         where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -520,8 +523,13 @@ def _symbolic_trace(model: nn.Module) -> fx.Graph:
     return graph
 
 
+_UNKNOWN = "not an operation of the ReLU DAG model (Def. 2.2.2)"
+
+
 def _classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
-    """Attach a handler to every node; problems for unknown ops (instance checks come later)."""
+    """Attach a handler to every node, an ``UnsupportedHandler`` to unknown ops (so that
+    validation lists their problem beside every other one); problems for parameter
+    reads outside layers."""
     problems = []
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
@@ -532,14 +540,8 @@ def _classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
                                     "supported; use nn.Linear / nn.Conv modules"))
             continue
         module = model.get_submodule(node.target) if node.op == "call_module" else None
-        handler = handler_for(node, module)
-        if handler is None:
-            problems.append(Problem(
-                _node_label(node), _op_label(node, module),
-                "not an operation of the ReLU DAG model (Def. 2.2.2); supported: "
-                + supported_summary()))
-            continue
-        node.meta[HANDLER] = handler
+        node.meta[HANDLER] = handler_for(node, module) or UnsupportedHandler(
+            _op_label(node, module), _UNKNOWN)
     return problems
 
 
@@ -564,12 +566,12 @@ def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
     order = {n: i for i, n in enumerate(graph.nodes)}
     problems = []
     for node in graph.nodes:
-        if node.op in ("placeholder", "output") or not _mutates_input(node, model):
+        if node.op in ("placeholder", "output", "get_attr") or not _mutates_input(node, model):
             continue
         root = node.args[0]
         if not isinstance(root, fx.Node):
             continue
-        while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output")
+        while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output", "get_attr")
                and (_aliases(root) or _mutates_input(root, model))):
             root = root.args[0]
         aliases, todo = set(), [root]
@@ -577,7 +579,8 @@ def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
             a = todo.pop()
             aliases.add(a)
             todo += [u for u in a.users if u is not node and u not in aliases
-                     and u.op != "output" and (_aliases(u) or _mutates_input(u, model))]
+                     and u.op not in ("output", "get_attr")
+                     and (_aliases(u) or _mutates_input(u, model))]
         late = [u for a in aliases for u in a.users
                 if u is not node and u not in aliases and order[u] > order[node]]
         if late:
@@ -594,28 +597,79 @@ def _in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
 
 def _shape_only(func, output):
     """``func`` run on meta tensors as ``output(*args)``: torch's meta kernels for these
-    ops are Python references costing more than the rest of the validation together."""
+    ops are Python references costing more than the rest of the validation together (and
+    the first call of one imports torch._dynamo, about 1 s)."""
     def run(x, *args, **kwargs):
-        if x.device.type != "meta":
+        first = next(t for t in _flat((x,)) if isinstance(t, Tensor))
+        if first.device.type != "meta":
             return func(x, *args, **kwargs)
         return output(x, *args, **kwargs)
     return run
 
 
+def _like(x: Tensor) -> Tensor:
+    """An uninitialised tensor of x's shape, dtype and strides: torch.empty_like's meta
+    kernel is a Python reference that imports sympy (0.7 s) on its first call."""
+    return x.new_empty_strided(x.size(), x.stride())
+
+
 def _batch_norm_outputs(x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(x), x.new_empty((0,)), x.new_empty((0,))
+    return _like(x), x.new_empty((0,)), x.new_empty((0,))
 
 
 def _sum(x: Tensor, y: Any, *args, **kwargs) -> Tensor:
     if isinstance(y, Tensor) and (y.shape != x.shape or y.dtype != x.dtype):
         return torch.ops.aten.add.Tensor(x, y, *args, **kwargs)
-    return torch.empty_like(x)
+    return _like(x)
+
+
+def _addmm(bias: Tensor, x: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
+    """Linear's bias + x @ W^T, whose meta kernel (a decomposition into references) also
+    imports torch._dynamo on its first call (about 1 s)."""
+    if not (bias.dtype == x.dtype == weight.dtype and x.dim() == weight.dim() == 2
+            and x.shape[1] == weight.shape[0] and bias.shape in ((weight.shape[1],),
+                                                                 (1, weight.shape[1]))):
+        return torch.ops.aten.addmm.default(bias, x, weight, *args, **kwargs)  # or its error
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+def _cat(tensors: list[Tensor], dim: int = 0) -> Tensor:
+    first = tensors[0]
+    dim %= max(first.dim(), 1)
+    others = [s for d, s in enumerate(first.shape) if d != dim]
+    if any(t.dtype != first.dtype or t.dim() != first.dim()
+           or [s for d, s in enumerate(t.shape) if d != dim] != others for t in tensors):
+        return torch.ops.aten.cat.default(tensors, dim)  # or its error
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return first.new_empty(shape)
+
+
+def _mean(x: Tensor, dim: list[int] | None, keepdim: bool = False, **kwargs) -> Tensor:
+    if not dim or kwargs.get("dtype") not in (None, x.dtype):
+        return torch.ops.aten.mean.dim(x, dim, keepdim, **kwargs)
+    reduced = {d % x.dim() for d in dim}
+    shape = [1 if d in reduced else n for d, n in enumerate(x.shape) if keepdim or d not in reduced]
+    return x.new_empty(shape)
+
+
+def _relu(x: Tensor) -> Tensor:
+    return _like(x)
+
+
+def _relu_(x: Tensor) -> Tensor:
+    return x  # in place: the same tensor, so the recorder sees the overwrite
 
 
 _FAST = {
+    torch.ops.aten.cat.default: _cat,
+    torch.ops.aten.mean.dim: _mean,
+    torch.ops.aten.relu.default: _relu,
+    torch.ops.aten.relu_.default: _relu_,
     torch.ops.aten.native_batch_norm.default: _batch_norm_outputs,
     torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_outputs,
     torch.ops.aten.add.Tensor: _sum,
+    torch.ops.aten.addmm.default: _addmm,
 }
 _FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
 
@@ -665,6 +719,15 @@ class _Dataflow(TorchDispatchMode):
         return out
 
 
+# TorchDispatchMode wraps every __torch_dispatch__ in torch._disable_dynamo, whose first call
+# imports torch._dynamo (about 1 s at start-up): the recorder never runs under
+# torch.compile, so it is marked as already disabled and pathlift's commands that compile
+# nothing never import it.
+_dispatch = getattr(_Dataflow.__torch_dispatch__, "__wrapped__", None)
+if _dispatch is not None:
+    setattr(_dispatch, "__dynamo_disable", _dispatch)
+
+
 def _without_hooks(module: nn.Module, args: tuple, kwargs: dict) -> Any:
     """A module call as the graph passes see it: its forward, after torch.nn.utils.prune's
     pre-hooks (the masks are part of the layer), without any other hook."""
@@ -679,11 +742,12 @@ class _Validate(fx.Interpreter):
     each node's output ``tensor_meta``; asks each node's handler about its concrete call
     and calls layers without their hooks, under a dataflow recorder."""
 
-    def __init__(self, graph: fx.Graph, clone: nn.Module, recorder: _Dataflow):
+    def __init__(self, graph: fx.Graph, clone: nn.Module, recorder: _Dataflow,
+                 problems: list[Problem]):
         super().__init__(clone, graph=graph)
         self.clone, self.recorder = clone, recorder
         self.extra_traceback = False
-        self.problems: list[Problem] = []
+        self.problems = list(problems)
 
     def call_module(self, target, args, kwargs):
         return _without_hooks(self.clone.get_submodule(target), args, kwargs)
@@ -709,6 +773,8 @@ class _Validate(fx.Interpreter):
         try:
             result = super().run_node(n)
         except Exception as err:
+            if self.problems:  # an unsupported op may fail on meta tensors: say why first
+                raise UnsupportedModelError(self.problems, supported_summary()) from None
             raise _shape_error(n, module, self.fetch_args_kwargs_from_env(n)[0], err) from None
         if isinstance(result, Tensor):  # ShapeProp's record, without its costly layout probes
             n.meta["tensor_meta"] = TensorMetadata(result.shape, result.dtype, False,
@@ -759,17 +825,18 @@ def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exce
 
 
 def _validate(graph: fx.Graph, clone: nn.Module, shape: tuple[int, ...],
-              dtype: torch.dtype) -> None:
-    """Steps 3 and 4 of the module docstring, on ``clone``, the model's meta copy."""
+              dtype: torch.dtype, problems: list[Problem]) -> None:
+    """Steps 3 and 4 of the module docstring, on ``clone``, the model's meta copy;
+    ``problems`` found before are raised with those found here, all at once."""
     example = torch.empty((_BATCH, *shape), dtype=dtype, device="meta")
     with torch.no_grad():
         traced_flow = _Dataflow()
-        validator = _Validate(graph, clone, traced_flow)
+        validator = _Validate(graph, clone, traced_flow, problems)
         with traced_flow:
             traced = validator.run(example)
             traced_out = [traced_flow.describe(t) for t in tree_leaves(traced)]
         if validator.problems:
-            raise UnsupportedModelError(validator.problems)
+            raise UnsupportedModelError(validator.problems, supported_summary())
         try:
             with _Dataflow() as eager_flow:
                 eager = clone(example)
@@ -795,16 +862,13 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     dtype, device = dtype_device(model)
     clone = meta_clone(model)
     graph = _symbolic_trace(clone)
-    problems = _classify(graph, clone)
-    problems += [] if problems else _in_place_problems(graph, clone)
-    if problems:
-        raise UnsupportedModelError(problems)
+    problems = _classify(graph, clone) + _in_place_problems(graph, clone)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise UnsupportedModelError([Problem(
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
-    _validate(graph, clone, shape, dtype)
+    _validate(graph, clone, shape, dtype, problems)
     _warn_leading_dimension(graph, clone, shape)
     return LayerGraph(_holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
                       key)

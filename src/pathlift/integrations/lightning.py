@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
-from pathlift.graph.boundary import attach_masks_, is_sharded, prune_masks, unwrap
+from pathlift.graph.boundary import attach_masks_, eval_mode, is_sharded, prune_masks, unwrap
 from pathlift.prune.methods import PruningResult, Scope, prune_model
 from pathlift.track import PathNormTracker
 from pathlift.train.budget import PathNormBudget
@@ -38,11 +38,12 @@ class PathNormCallback(Callback):
     network's unpruned weights with the path-magnitude method (thesis Sec. 3.5.1) through
     torch.nn.utils.prune, IN PLACE: ``pathlift.prune.prune_model(network, input_shape,
     amount, "path-magnitude", scope, last_layer_factor=...)``, the library's own call, so
-    the masks are those it makes. Under DDP, rank 0 prunes, the other ranks attach its
-    masks, and every rank checks by an all-reduced hash that it holds the same. The row is
-    measured after pruning, on rank 0 only, and logged with ``rank_zero_only=True``. A
-    sharded (FSDP2) network is measured by every rank together (rank 0 logs); pruning it
-    in place is refused on every rank.
+    the masks are those it makes, with the network in eval mode for that call (BatchNorm
+    as its affine map; its training flags are restored). Under DDP, rank 0 prunes, the
+    other ranks attach its masks, and every rank checks by an all-reduced hash that it
+    holds the same. The row is measured after pruning, on rank 0 only, and logged with
+    ``rank_zero_only=True``. A sharded (FSDP2) network is measured by every rank together
+    (rank 0 logs); pruning it in place is refused on every rank.
 
     Args:
         input_shape: the network's input shape, no batch dimension.
@@ -90,15 +91,20 @@ class PathNormCallback(Callback):
                                    rank_zero_only=True)
 
     def _prune(self, net: nn.Module) -> PruningResult:
+        """Prune on rank 0 with the model in eval mode (a training epoch ends in training
+        mode; BatchNorm is scored as its affine map, Def. 2.2.2), flags restored after."""
         world = World.current()
         if is_sharded(unwrap(net)):  # refused on every rank: none waits for rank 0's masks
             raise UnsupportedModelError(
                 "PathNormCallback cannot prune a sharded (FSDP2) network in place "
                 "(torch.nn.utils.prune cannot reparametrise DTensors); prune it before "
                 "fully_shard, or pick masks with pathlift.prune.global_masks")
-        result = prune_model(net, self.tracker.input_shape, self.amount, "path-magnitude",
-                             self.scope, last_layer_factor=self.last_layer_factor) \
-            if world.main else None
+        result = None
+        if world.main:
+            with eval_mode(net):
+                result = prune_model(net, self.tracker.input_shape, self.amount,
+                                     "path-magnitude", self.scope,
+                                     last_layer_factor=self.last_layer_factor)
         masks = world.broadcast({k: v.cpu() for k, v in prune_masks(net).items()}
                                 if world.main else None)
         if not world.main:

@@ -228,7 +228,10 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     gamma_p |p|^q + (terms without p). For eval BatchNorm (x*a + c, a = w s, c = b - m a;
     q = 2 only, where the fold stays a sum of squares per parameter) the chain rule gives
     gamma_w = s^2 (gamma_a + m^2 gamma_c) and gamma_b = gamma_c: (1/2) d^2||Phi||_2^2/dp^2
-    exactly. Raises InvalidParameterError for BatchNorm with q != 2.
+    exactly. At q != 2 BatchNorm's weight and bias are no coordinates of ||Phi||_q^q in
+    this sense (the fold mixes them into one bias): they are left out of ``mantissas``,
+    and every other parameter keeps its gamma (the path-norm budget reads the output
+    layer's at q = 1).
     """
     graph = _graph(model, input_shape)
     if is_sharded_graph(graph):
@@ -252,9 +255,7 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
         module = graph.module.get_submodule(name)
         if isinstance(tape.handlers[name], BatchNormHandler):
             if q != 2:
-                raise InvalidParameterError(
-                    f"'{name}': BatchNorm folds weight and bias into one bias; its "
-                    "magnitude gradients are defined for q = 2 (Path-SGD) only")
+                continue
             s = torch.rsqrt(module.running_var.detach().to(g_w.dtype) + module.eps)
             m = module.running_mean.detach().to(g_w.dtype)
             pairs = [("weight", s.pow(2) * (g_w + m.pow(2) * g_b)), ("bias", g_b)]

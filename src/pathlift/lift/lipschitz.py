@@ -141,13 +141,15 @@ class LayerNormProduct:
 
 
 def layer_norm_product(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
-                       q: float = 1.0, r: float = 1.0) -> LayerNormProduct:
-    """Pi_{q,r}(theta) = ||(max_{p -> v} Pi(theta, p, q))_{v output}||_r (Def. 3.3.1, eq. 3.4).
+                       q: float = 1.0, r: float | None = None) -> LayerNormProduct:
+    """Pi_{q,r}(theta) = ||(max_{p -> v} Pi(theta, p, q))_{v output}||_r (Def. 3.3.1, eq. 3.4),
+    r = q when None (as ``path_norm``).
 
     One max-product forward pass. Thm 3.3.2: ||Phi(theta)||_{q,r} <= Pi_{q,r}(theta), with
     equality for q-normalized parameters. Raises UnsupportedModelError for residual sums
     and transposed convolutions.
     """
+    r = q if r is None else r
     graph = graph_of(model, input_shape)
     graph.check_values()
     walker = _ShardedProductPass if is_sharded_graph(graph) else _ProductPass

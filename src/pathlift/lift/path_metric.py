@@ -144,15 +144,24 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
             return PathMetric(EXACT, d / LN10, d / LN10, norm_a, norm_b, signs, accuracy,
                               "signs agree and one model dominates the other (Lemma 3.4.1)")
         cancelled = True  # the models differ by less than float64 resolves: no exact 0
+    if sharded[0]:
+        upper, why = _triangle_log(norm_a, norm_b), _TRIANGLE + (
+            " (Lemma F.3 needs the normalised models, which pathlift does not compute for "
+            "sharded models)")
+    else:
+        upper, why = _upper_bound_log(graph_a, graph_b, norm_a, norm_b)
+    if upper == -math.inf:  # theta' is a rescaling of theta
+        return PathMetric(EXACT, -math.inf, -math.inf, norm_a, norm_b, signs, 0.0, why)
     totals = torch.tensor([norm_a, norm_b], dtype=torch.float64) * LN10
     lower, accuracy = _log_diff(totals.max().reshape(1), totals.min().reshape(1))
-    upper, why = (math.inf, "Lemma F.3 needs the normalised models, which pathlift does "
-                  "not compute for sharded models") if sharded[0] else \
-        _upper_bound_log(graph_a, graph_b)
+    # certified: the difference of the two norms less its floating-point error (0 when
+    # the norms agree to their precision: then nothing is known below)
+    lower = lower + math.log1p(-accuracy) if accuracy < 1 else -math.inf
     reason = ("the two path-norms agree to float64's precision, so Lemma 3.4.1's difference "
               "is lost" if cancelled else "signs differ" if not signs
               else "neither model dominates the other") + \
-        "; lower bound: paper 002 eq. (6); upper bound: " + why
+        "; lower bound: | ||Phi(theta)||_1 - ||Phi(theta')||_1 | (paper 002 eq. 6) less its " \
+        "rounding error; upper bound: " + why
     return PathMetric(INTERVAL, lower / LN10, upper / LN10, norm_a, norm_b, signs,
                       accuracy, reason)
 
@@ -172,58 +181,82 @@ def enumerated_path_metric(model_a: nn.Module, model_b: nn.Module,
     return float(sum(abs(va.get(k, 0.0) - vb.get(k, 0.0)) for k in va.keys() | vb.keys()))
 
 
-def _upper_bound_log(graph_a: LayerGraph, graph_b: LayerGraph) -> tuple[float, str]:
-    """ln of the invariant upper bound of paper 002 Lemma F.3 (q = 1), or +inf with the
-    reason when its premise cannot be verified on the normalised parameters.
+def _upper_bound_log(graph_a: LayerGraph, graph_b: LayerGraph, norm_a: float, norm_b: float
+                     ) -> tuple[float, str]:
+    """ln of an upper bound on d with its reason: -inf (d = 0) when the normalised
+    parameters N(theta), N(theta') of Alg. 3.2.1 are equal, then the invariant bound of
+    paper 002 Lemma F.3 (q = 1) when its premise holds, else the triangle inequality
+    d <= ||Phi(theta)||_1 + ||Phi(theta')||_1.
 
-    The proof (Theorem F.2, then l1 <= count x l_inf) needs, for N = Alg. 3.2.1 with q = 1,
-    every hidden neuron with ||(theta^{->v}, b_v)||_1 <= 1 (checked on both normalised
-    models) and gives ||Phi - Phi'||_1 <= (d_out (K+1) + min(S, S') L (K+1)) ||N - N'||_inf
-    with K the largest fan-in, L = D - 1 and S = sum over output neurons of
-    ||theta^{->v}||_1; paper 002 then bounds S by ||Phi||_1 (exact normalisation) and K+1
-    by W. The bound computed here is that inequality, with S measured, so it never
-    exceeds the stated Lemma F.3 when its premise holds and stays valid when S > ||Phi||_1.
-    Normalised norms exceed 1 by the rounding of the model's dtype (float32: ~1e-7); a
-    norm m <= 1 + 8 eps is accepted and the bound multiplied by m^L, which the proof's
-    layer-by-layer induction then needs, so the certificate stays rigorous.
+    N is a rescaling (Def. 2.4.1) that maps rescaling-equivalent parameters to the same
+    point, and Phi is rescaling-invariant (Thm 2.4.1): N(theta) = N(theta') gives
+    Phi(theta) = Phi(theta'). The proof of Lemma F.3 (Theorem F.2, then l1 <= count x
+    l_inf) needs every hidden neuron of N(theta) with ||(theta^{->v}, b_v)||_1 <= 1
+    (checked on both normalised models) and gives ||Phi - Phi'||_1 <= (d_out (K+1) +
+    min(S, S') L (K+1)) ||N - N'||_inf with K the largest fan-in, L = D - 1 and S = sum over
+    output neurons of ||theta^{->v}||_1; paper 002 then bounds S by ||Phi||_1 (exact
+    normalisation) and K+1 by W. The bound computed here is that inequality, with S
+    measured, so it never exceeds the stated Lemma F.3 when its premise holds and stays
+    valid when S > ||Phi||_1. Normalised norms exceed 1 by the rounding of the model's
+    dtype (float32: ~1e-7); a norm m <= 1 + 8 eps is accepted and the bound multiplied by
+    m^L, which the proof's layer-by-layer induction then needs, so the certificate stays
+    rigorous.
     """
-    graph = graph_a
-    blocking = sorted({graph.handler(n).name for n in graph.nodes()
-                       if graph.handler(n).kind in (Kind.ADD, Kind.MAXPOOL, Kind.ACTIVATION)
-                       or (graph.handler(n).kind is Kind.POOL and _fixed_l1(graph, n) > 1.0)})
-    if blocking:
-        return math.inf, (
-            f"Lemma F.3 needs every hidden neuron of N(theta) to have l1 norm <= 1, which "
-            f"{', '.join(blocking)} (fixed weights and biases of their neurons) rule out; no "
-            "certified upper bound")
-    if not outputs_are_affine(graph):
-        return math.inf, ("the output neurons are not those of an affine layer (pooling "
-                          "after the last layer has fixed weights); no certified upper bound")
-    normalised, sums, excess = [], [], 1.0
+    triangle = _triangle_log(norm_a, norm_b)
+    normalised = []
     for g in (graph_a, graph_b):
         try:
             n = graph_of(normalize(g, None, 1.0))
         except PrecisionError as err:
-            return math.inf, f"{err}; no certified upper bound"
+            return triangle, f"{_TRIANGLE} (N(theta) of Alg. 3.2.1 is out of reach: {err})"
         if any(not bool((torch.isfinite(m) & ((m != 0) | (t == 0))).all())
                for _, t, m in paired_parameters(g, n)):
-            return math.inf, ("the normalised parameters N(theta) leave float64's range (the "
-                              "network's scales are too far apart); no certified upper bound")
-        problem, total, largest = _premise(n)
-        if problem:
-            return math.inf, problem + "; no certified upper bound"
+            return triangle, (f"{_TRIANGLE} (the normalised parameters N(theta) leave "
+                              "float64's range: the network's scales are too far apart)")
         normalised.append(n)
-        sums.append(total)
-        excess = max(excess, largest)
     gap = max((float((a.to(torch.float64) - b.to(torch.float64)).abs().max())
                for _, a, b in paired_parameters(*normalised) if a.numel()), default=0.0)
-    k, depth, d_out = fan_in(graph), longest_path(graph, *_LAYERS), graph.d_out
     if gap == 0.0:
-        return -math.inf, "Lemma F.3 of paper 002 (N(theta) = N(theta'))"
-    factor = d_out * (k + 1) + min(sums) * (depth - 1) * (k + 1)
-    return math.log(factor) + math.log(gap) + (depth - 1) * math.log(excess), (
+        return -math.inf, ("d = 0 (to the precision of the parameters): N(theta) = N(theta'), "
+                           "the two are rescalings of each other (Alg. 3.2.1, Thm 2.4.1)")
+    unusable = _lemma_f3_blocked(graph_a)
+    premise = [_premise(n) for n in normalised]
+    unusable = unusable or next((p[0] for p in premise if p[0]), None)
+    if unusable:
+        return triangle, f"{_TRIANGLE} (Lemma F.3 of paper 002 does not apply: {unusable})"
+    graph = graph_a
+    k, depth, d_out = fan_in(graph), longest_path(graph, *_LAYERS), graph.d_out
+    smallest = min(p[1] for p in premise)
+    excess = max(p[2] for p in premise)
+    factor = d_out * (k + 1) + smallest * (depth - 1) * (k + 1)
+    f3 = math.log(factor) + math.log(gap) + (depth - 1) * math.log(excess)
+    return min(f3, triangle), (
         f"Lemma F.3 of paper 002 (K = {k}, L = {depth - 1}, d_out = {d_out}, "
-        f"S = {min(sums):.4g}, ||N(theta) - N(theta')||_inf = {gap:.3g})")
+        f"S = {smallest:.4g}, ||N(theta) - N(theta')||_inf = {gap:.3g})")
+
+
+_TRIANGLE = "the triangle inequality ||Phi(theta)||_1 + ||Phi(theta')||_1"
+
+
+def _triangle_log(norm_a: float, norm_b: float) -> float:
+    """ln(||Phi(theta)||_1 + ||Phi(theta')||_1) from the two log10 norms (an upper bound on
+    d whatever the models), rounded up."""
+    top = max(norm_a, norm_b) * LN10
+    return top + math.log1p(math.exp(min(norm_a, norm_b) * LN10 - top)) + _EPS * (4 + abs(top))
+
+
+def _lemma_f3_blocked(graph: LayerGraph) -> str | None:
+    """Why the premise of Lemma F.3 cannot hold on this architecture, or None."""
+    blocking = sorted({graph.handler(n).name for n in graph.nodes()
+                       if graph.handler(n).kind in (Kind.ADD, Kind.MAXPOOL, Kind.ACTIVATION)
+                       or (graph.handler(n).kind is Kind.POOL and _fixed_l1(graph, n) > 1.0)})
+    if blocking:
+        return (f"it needs every hidden neuron of N(theta) to have l1 norm <= 1, which "
+                f"{', '.join(blocking)} (fixed weights and biases of their neurons) rule out")
+    if not outputs_are_affine(graph):
+        return ("the output neurons are not those of an affine layer (pooling after the last "
+                "layer has fixed weights)")
+    return None
 
 
 def _fixed_l1(graph: LayerGraph, node) -> float:
@@ -256,7 +289,7 @@ def _premise(graph: LayerGraph) -> tuple[str | None, float, float]:
             largest = max(largest, float(norms.max()))
         if largest > tolerance:
             return (f"layer '{p.name}' keeps a hidden neuron of l1 norm {largest:.9g} > 1 "
-                    "after normalisation (tied or fixed channels)"), 0.0, largest
+                    "after normalisation (tied or fixed channels)"), math.inf, largest
         if is_out.any():
             total += _output_weight_sum(graph, nodes[p.name], module, is_out)
     return None, total, largest

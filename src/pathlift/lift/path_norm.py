@@ -169,14 +169,20 @@ def mixed_norm_log(log_o: Tensor, q: float, r: float) -> tuple[float, Tensor]:
 
 
 def path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
-              q: float = 1.0, r: float = 1.0, dtype: torch.dtype = torch.float64) -> PathNorm:
-    """Mixed (q, r) path-norm ||Phi(theta)||_{q,r} in one forward pass (thesis Thm 3.1.1).
+              q: float = 1.0, r: float | None = None, dtype: torch.dtype = torch.float64
+              ) -> PathNorm:
+    """Path-norm ||Phi(theta)||_q, or the mixed (q, r) norm ||Phi(theta)||_{q,r}, in one
+    forward pass (thesis Thm 3.1.1).
 
     Args:
         model: a supported ReLU network (DDP, compiled and pruned models included), or
             its ``LayerGraph``. The graph is traced once per model object and reused.
         input_shape: input size without the batch dimension, e.g. (3, 224, 224).
-        q, r: exponents, q in (0, inf), r in (0, inf]; r = q gives ||Phi||_q.
+        q: the exponent, in (0, inf).
+        r: None (default) takes r = q: the l^q norm ||Phi||_q of the whole path-lifting,
+            as ``path_norms`` and ``pathlift norm``; a number in (0, inf] gives the mixed
+            norm ||(||Phi^{->v}||_q)_{v output}||_r (Def. 3.1.1): r = 1 sums the output
+            neurons' q-norms, r = inf takes the largest.
         dtype: mantissa precision (float64 exact to ~1e-13; float32 ~1e-6, faster).
 
     Returns:
@@ -195,8 +201,10 @@ def path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None =
 
         model = pathlift.models.resnet18().eval()
         l1 = path_norm(model, (3, 224, 224))       # l1.log10 = 30.8, l1.value = 6.3e30
-        l2 = path_norm(model, (3, 224, 224), q=2)  # same graph: no second trace
+        l2 = path_norm(model, (3, 224, 224), q=2)  # ||Phi||_2; same graph: no second trace
+        mixed = path_norm(model, (3, 224, 224), q=2, r=1)  # the (2, 1) mixed norm
     """
+    r = q if r is None else r
     check_exponents(q, r)
     check_dtype(dtype)
     graph = graph_of(model, input_shape)
@@ -225,5 +233,4 @@ def path_norms(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None 
         norms[2.0].log10
     """
     graph = graph_of(model, input_shape)
-    return {float(q): path_norm(graph, None, float(q), float(q) if r is None else r, dtype)
-            for q in qs}
+    return {float(q): path_norm(graph, None, float(q), r, dtype) for q in qs}

@@ -7,7 +7,11 @@ from torch import nn
 
 def init_like_torchvision(model: nn.Module, linear_std: float | None) -> None:
     """Kaiming-normal (fan_out, ReLU gain) convs with zero bias, BatchNorm at (1, 0); Linear
-    layers drawn from N(0, linear_std^2) with zero bias, or PyTorch's default if None."""
+    layers drawn from N(0, linear_std^2) with zero bias, or PyTorch's default if None.
+    A model on the meta device holds no values: nothing to draw (and torch's meta normal_
+    is a Python reference whose first call imports torch._dynamo, about 1 s)."""
+    if any(p.is_meta for p in model.parameters()):
+        return
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -87,7 +87,7 @@ def save_checkpoint(model: nn.Module, path: str | Path, arch: str | None = None,
     state = cpu_state(unwrap(model).state_dict())
     check_model_size(arch, kwargs)
     with torch.random.fork_rng(devices=[]):  # the check's initialisation leaves no trace
-        load_weights(get_model(arch, **kwargs), state)
+        load_weights(unwrap(get_model(arch, **kwargs)), state)  # a compiled factory too
     shape = None if input_shape is None else _shape(input_shape)
     try:
         meta = {_ARCH: arch, _KWARGS: json.dumps(kwargs)}
@@ -252,6 +252,24 @@ def _fits(value: Any, hint: Any) -> bool:
     return True
 
 
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel / FSDP, torch.compile
+
+
+def _unwrapped_keys(model: nn.Module, state_dict: Mapping[str, Tensor]
+                    ) -> Mapping[str, Tensor]:
+    """``state_dict`` without the key prefixes a wrapper adds (``ddp.state_dict()``,
+    ``torch.compile(model).state_dict()``), when every key has them and the model's
+    keys do not."""
+    expected = model.state_dict().keys()
+    while state_dict and not expected & state_dict.keys():
+        prefix = next((p for p in _WRAPPER_PREFIXES if all(k.startswith(p) for k in state_dict)),
+                      None)
+        if prefix is None:
+            break
+        state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
 def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Module:
     """Load ``state_dict`` into ``model`` strictly, after checking every key and shape.
 
@@ -262,9 +280,11 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     widest floating dtype the checkpoint holds (the smallest that holds every one of its
     floating dtypes exactly, ``torch.promote_types``: float64 when any tensor is float64),
     so no weight is ever rounded; integer, boolean or complex tensors where the model holds
-    floating-point ones are refused, not cast. Raises ArchitectureMismatchError naming the
-    first missing, unexpected and mis-shaped keys.
+    floating-point ones are refused, not cast. The key prefixes of a wrapped model's
+    state_dict (DDP's ``module.``, torch.compile's ``_orig_mod.``) are dropped. Raises
+    ArchitectureMismatchError naming the first missing, unexpected and mis-shaped keys.
     """
+    state_dict = _unwrapped_keys(model, state_dict)
     if any(k == "chain" or k.endswith(".chain") for k in state_dict):
         from pathlift.kron import rebuild_layers  # imported only for Kronecker-sparse models
 

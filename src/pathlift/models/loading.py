@@ -33,6 +33,7 @@ from torch import nn
 
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError, ShapeError
 from pathlift.graph import copy_model
+from pathlift.graph.boundary import unwrap
 from pathlift.models.checkpoints import (
     CHECKPOINT_SUFFIXES,
     Checkpoint,
@@ -159,7 +160,7 @@ def load_model(spec: str | os.PathLike[str], input_shape: Sequence[int] | None =
             torch.manual_seed(seed)
         model = get_model(name, **ckpt.kwargs)
     if ckpt.state_dict:
-        load_weights(model, ckpt.state_dict)
+        load_weights(unwrap(model), ckpt.state_dict)  # a compiled factory too
     model.eval()
     for shape in (input_shape, ckpt.input_shape, data_shape):
         if shape:

@@ -33,10 +33,13 @@ _IMAGENET = (3, 224, 224)
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A constructor and the input shape (no batch dimension) its model is meant for."""
+    """A constructor, the input shape (no batch dimension) its model is meant for, and the
+    parameter count of its default configuration (what ``pathlift models`` lists without
+    building anything; tests/test_models.py builds each model and checks it)."""
 
     constructor: Callable[..., nn.Module]
     input_shape: tuple[int, ...]
+    parameters: int
 
     def default_input_shape(self, **kwargs: Any) -> tuple[int, ...]:
         """``input_shape`` adapted to an ``in_channels`` or ``in_features`` keyword."""
@@ -49,20 +52,20 @@ class ModelSpec:
 
 
 REFERENCE_MODELS: dict[str, ModelSpec] = {
-    "mlp": ModelSpec(mlp, (1, 8, 8)),
-    "small_cnn": ModelSpec(small_cnn, (1, 8, 8)),
-    "unet": ModelSpec(unet, (1, 64, 64)),
-    "resnet18": ModelSpec(resnet18, _IMAGENET),
-    "resnet34": ModelSpec(resnet34, _IMAGENET),
-    "resnet50": ModelSpec(resnet50, _IMAGENET),
-    "resnet101": ModelSpec(resnet101, _IMAGENET),
-    "resnet152": ModelSpec(resnet152, _IMAGENET),
-    "vgg11": ModelSpec(vgg11, _IMAGENET),
-    "vgg11_bn": ModelSpec(vgg11_bn, _IMAGENET),
-    "vgg16": ModelSpec(vgg16, _IMAGENET),
-    "vgg16_bn": ModelSpec(vgg16_bn, _IMAGENET),
-    "alexnet": ModelSpec(alexnet, _IMAGENET),
-    "mobilenet_relu": ModelSpec(mobilenet_relu, _IMAGENET),
+    "mlp": ModelSpec(mlp, (1, 8, 8), 17_226),
+    "small_cnn": ModelSpec(small_cnn, (1, 8, 8), 13_706),
+    "unet": ModelSpec(unet, (1, 64, 64), 121_042),
+    "resnet18": ModelSpec(resnet18, _IMAGENET, 11_689_512),
+    "resnet34": ModelSpec(resnet34, _IMAGENET, 21_797_672),
+    "resnet50": ModelSpec(resnet50, _IMAGENET, 25_557_032),
+    "resnet101": ModelSpec(resnet101, _IMAGENET, 44_549_160),
+    "resnet152": ModelSpec(resnet152, _IMAGENET, 60_192_808),
+    "vgg11": ModelSpec(vgg11, _IMAGENET, 132_863_336),
+    "vgg11_bn": ModelSpec(vgg11_bn, _IMAGENET, 132_868_840),
+    "vgg16": ModelSpec(vgg16, _IMAGENET, 138_357_544),
+    "vgg16_bn": ModelSpec(vgg16_bn, _IMAGENET, 138_365_992),
+    "alexnet": ModelSpec(alexnet, _IMAGENET, 61_100_840),
+    "mobilenet_relu": ModelSpec(mobilenet_relu, _IMAGENET, 3_504_872),
 }
 
 
@@ -217,14 +220,10 @@ class ReferenceModel:
 
 
 def reference_models() -> list[ReferenceModel]:
-    """The reference architectures with their parameter counts (built on the meta device:
-    no memory, no initialisation)."""
-    rows = []
-    for name, spec in REFERENCE_MODELS.items():
-        with torch.device("meta"):
-            count = sum(p.numel() for p in spec.constructor().parameters())
-        rows.append(ReferenceModel(name, spec.input_shape, count))
-    return rows
+    """The reference architectures with their default input shapes and parameter counts
+    (a listing: nothing is built)."""
+    return [ReferenceModel(name, spec.input_shape, spec.parameters)
+            for name, spec in REFERENCE_MODELS.items()]
 
 
 def _torchvision_models() -> Any | None:

@@ -4,13 +4,13 @@ protocol (thesis Sec. 3.5.2), with its results folder and figure."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
 
 from pathlift.errors import ShapeError
-from pathlift.prune.protocol import ProtocolResult, PruneConfig
+from pathlift.prune.protocol import Method, ProtocolResult, PruneConfig
 
 __all__ = ["PruneExperiment", "prune_experiment"]
 
@@ -22,7 +22,10 @@ EVAL_NOTE = ("the model has BatchNorm or Dropout: it trains in training mode and
 @dataclass(frozen=True, repr=False)
 class PruneExperiment:
     """What ``prune_experiment`` did: the protocol's result (None on ranks other than 0),
-    where it wrote, the process count, and a note when eval mode was used for scoring."""
+    where it wrote, the process count, a note when eval mode was used for scoring, and
+    ``layer_sparsity``: for each (method, amount), the fraction pruned of each layer
+    (``pathlift.prune.layer_sparsity``) by the mask chosen on seed 0's trained network,
+    not rescaled (that run's mask when ``rounds`` is 1; its first round's otherwise)."""
 
     result: ProtocolResult | None
     folder: Path | None
@@ -30,6 +33,7 @@ class PruneExperiment:
     plot: Path | None
     world_size: int
     eval_note: str | None
+    layer_sparsity: dict[tuple[str, float], dict[str, float]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         runs = 0 if self.result is None else len(self.result.runs)
@@ -70,6 +74,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     from pathlift.prune.pipeline import SGDTraining, scatter
     from pathlift.prune.protocol import prune_rewind_retrain
     from pathlift.prune.results import ResultsFileError, RunFolder
+    from pathlift.prune.scores import prunable_parameters, refuse_parametrized
     from pathlift.symmetry import random_rescale
 
     with launched() as world:
@@ -78,10 +83,11 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         make = model_factory(model, split.num_classes, weights)
         probe = make().eval()  # a fresh copy: the protocol scores in eval mode too
         note = EVAL_NOTE if any(isinstance(m, _TRAIN_ONLY) for m in probe.modules()) else None
-        d_out = graph_of(probe, split.input_shape).d_out
-        if d_out != split.num_classes:
-            raise ShapeError(f"{model} has {d_out} outputs, {data} has {split.num_classes} "
-                             "classes")
+        graph = graph_of(probe, split.input_shape)
+        if graph.d_out != split.num_classes:
+            raise ShapeError(f"{model} has {graph.d_out} outputs, {data} has "
+                             f"{split.num_classes} classes")
+        refuse_parametrized(prunable_parameters(graph))  # before any training
         train, test = loaders(split, batch_size=batch_size, seed=0)
         training = SGDTraining(train, test, lr)
         folder = (RunFolder(out(), fresh=True) if callable(out) else RunFolder(out)) \
@@ -106,8 +112,23 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         rescaled = random_rescale(trained, config.rescale_factors, 0, split.input_shape)
         scatters = {False: scatter(trained, split.input_shape),
                     True: scatter(rescaled, split.input_shape)}
+        sparsity = {(m.name, a): _layer_sparsity(trained, m, split.input_shape, a, config)
+                    for m in config.methods for a in config.amounts}
     png = folder.path / "summary.png"
     if folder.writable or not png.is_file():
         plots.pruning_experiment(result, png, f"{model} on {data}, {len(config.seeds)} "
                                  f"seeds, {world.size} process(es)", scatters)
-    return PruneExperiment(result, folder.path, folder.csv, png, world.size, note)
+    return PruneExperiment(result, folder.path, folder.csv, png, world.size, note, sparsity)
+
+
+def _layer_sparsity(trained: nn.Module, method: Method, shape: Sequence[int], amount: float,
+                    config: PruneConfig) -> dict[str, float]:
+    """Per-layer sparsity of ``method``'s mask at ``amount`` on a copy of ``trained``
+    (one round of the protocol: ``amount`` spread over ``config.rounds``)."""
+    from pathlift.graph import writable_copy
+    from pathlift.prune.methods import layer_sparsity
+
+    copy = writable_copy(trained).eval()
+    per_round = 1.0 - (1.0 - amount) ** (1.0 / config.rounds)
+    method.prune(copy, shape, per_round, config.last_layer_factor)
+    return layer_sparsity(copy)

@@ -30,6 +30,7 @@ from pathlift.prune.scores import (
     magnitude_scores,
     path_magnitude_scores,
     prunable_parameters,
+    refuse_parametrized,
 )
 
 Criterion = Literal["path-magnitude", "magnitude"]
@@ -122,6 +123,17 @@ def _masks(targets: list[tuple[str, nn.Module, str]]) -> dict[str, Tensor]:
             for m, module, p in targets}
 
 
+def _contiguous_masks_(targets: list[tuple[str, nn.Module, str]]) -> None:
+    """Give every unmasked tensor stored in another memory format (channels_last) an
+    all-ones mask (``prune.identity``) in the contiguous format: ``prune.global_unstructured``
+    flattens the masks, or ``torch.ones_like(weight)``, with ``view(-1)``, which fails on
+    such tensors."""
+    for _, module, p in targets:
+        if mask(module, p) is None and not getattr(module, p).is_contiguous():
+            prune.identity(module, p)
+            module._buffers[p + "_mask"] = module._buffers[p + "_mask"].contiguous()
+
+
 def _split(total: int, steps: int) -> list[int]:
     """``total`` split into ``steps`` integer parts as equal as possible."""
     return [total * (j + 1) // steps - total * j // steps for j in range(steps)]
@@ -165,6 +177,7 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
             "pathlift.prune.global_masks")
     graph.check_values()
     targets = prunable_parameters(graph, include_biases)
+    refuse_parametrized(targets)
     last = targets[-1][0]
     masks = _masks(targets)
     fractions = {n: amount * (last_layer_factor if n.rsplit(".", 1)[0] == last else 1.0)
@@ -183,7 +196,9 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
             _user_scores(criterion, graph, targets)
         before = _masks(targets)
         if scope == "global":
-            importance = {(module, p): scores.tensors[f"{m}.{p}"] for m, module, p in targets}
+            importance = {(module, p): scores.tensors[f"{m}.{p}"].contiguous()
+                          for m, module, p in targets}
+            _contiguous_masks_(targets)
             prune.global_unstructured([(module, p) for _, module, p in targets],
                                       pruning_method=method, importance_scores=importance,
                                       amount=global_steps[step])
@@ -191,7 +206,7 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
             for m, module, p in targets:
                 name = f"{m}.{p}"
                 method.apply(module, p, per_step[name][step],
-                             importance_scores=scores.tensors[name])
+                             importance_scores=scores.tensors[name].contiguous())
         after = _masks(targets)
         bounds.append(path_mag.log10_sum({n: before[n] & ~after[n] for n in before}))
     pruned_norm = path_norm(graph).log10
@@ -200,6 +215,17 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
     name = criterion if isinstance(criterion, str) else getattr(criterion, "__name__", "custom")
     return PruningResult(name, scope, steps, total - remaining, total, dense_norm,
                          log10_difference(dense_norm, pruned_norm), log10_sum(bounds))
+
+
+def layer_sparsity(model: nn.Module) -> dict[str, float]:
+    """The fraction of zeros of every torch.nn.utils.prune mask of ``model``
+    (``{"layer.weight": fraction}``), and of all of them together under ``"all"``."""
+    masks = {name[: -len("_mask")]: m for name, m in unwrap(model).named_buffers()
+             if name.endswith("_mask")}
+    out = {name: float((m == 0).double().mean()) for name, m in masks.items()}
+    total = sum(m.numel() for m in masks.values())
+    out["all"] = sum(int((m == 0).sum()) for m in masks.values()) / total if total else 0.0
+    return out
 
 
 def _user_scores(score: ScoreFunction, graph: LayerGraph,

@@ -63,12 +63,12 @@ class SGDTraining:
         """What defines the results besides the model and the grid: the data (a digest of
         each loader's dataset), the batch size and SGD's hyper-parameters. A run folder
         records them in its manifest and checks them on resume (``protocol.manifest``)."""
-        return {"data": [_data_digest(self.train_loader), _data_digest(self.test_loader)],
+        return {"data": [data_digest(self.train_loader), data_digest(self.test_loader)],
                 "batch_size": self.train_loader.batch_size, "lr": self.lr,
                 "momentum": self.momentum, "weight_decay": self.weight_decay}
 
 
-def _data_digest(loader: DataLoader) -> str:
+def data_digest(loader: DataLoader) -> str:
     """The sha256 start of a TensorDataset's tensors, else the dataset's type and size."""
     data = loader.dataset
     if isinstance(data, TensorDataset):
@@ -80,4 +80,5 @@ def _data_digest(loader: DataLoader) -> str:
 def scatter(model: nn.Module, input_shape: Sequence[int]) -> tuple[Tensor, Tensor]:
     """(|theta_i|, log10 Path-Mag(theta, i)) of every prunable weight (thesis Figure 3.8)."""
     path = path_magnitude_scores(model, input_shape)
-    return magnitude_scores(model, input_shape).flat(), path.flat().log10() + path.log10_scale
+    return (magnitude_scores(model, input_shape).flat().double(),  # bfloat16: no numpy
+            path.flat().double().log10() + path.log10_scale)

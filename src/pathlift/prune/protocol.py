@@ -109,7 +109,11 @@ class PruneConfig:
     """The grid and the protocol's settings (defaults: the digits experiment of the README).
 
     Runs: every seed x ``rescaled`` x amount x method. ``amounts`` are the fractions of
-    the prunable coordinates pruned in the end (over all ``rounds``); ``rescaled=(False,
+    the prunable coordinates pruned in the end (over all ``rounds``), as
+    ``global_path_magnitude(model, shape, amount)`` prunes them: of all of them (global
+    methods) or of each layer (layerwise). ``last_layer_factor=0.5`` is the thesis'
+    convention instead (App. E.1: p% of each layer, p/2% of the last, and global methods
+    the same total), which prunes less than ``amount`` of the weights. ``rescaled=(False,
     True)`` runs each also on the randomly rescaled trained network (factors
     ``rescale_factors``, thesis App. E.1.2). Methods are names of ``METHODS`` or
     ``Method`` objects; strings are resolved to ``Method`` here. A value repeated in
@@ -122,7 +126,7 @@ class PruneConfig:
     epochs: int = 30
     rewind_epoch: int = 2
     rounds: int = 1
-    last_layer_factor: float = 0.5
+    last_layer_factor: float = 1.0
     rescale_factors: tuple[float, ...] = (1.0, 128.0, 4096.0)
     rescaled: tuple[bool, ...] = (False, True)
 

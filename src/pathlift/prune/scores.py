@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
-from pathlift.errors import InvalidParameterError
+from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, param
 from pathlift.graph.boundary import is_dtensor, local, sharded_parameters
 from pathlift.graph.collectives import all_max, all_objects
@@ -178,6 +179,20 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
         if include_biases and getattr(module, "bias", None) is not None:  # read nothing
             entries.append((node.target, module, "bias"))
     return entries
+
+
+def refuse_parametrized(targets: Sequence[tuple[str, nn.Module, str]]) -> None:
+    """Refuse, naming them all, the targets computed by a torch.nn.utils.parametrize
+    parametrization (weight_norm, spectral_norm, ...): torch.nn.utils.prune cannot prune
+    them. Their scores are fine; ``pathlift.graph.writable_copy`` makes them plain."""
+    names = [f"{m}.{p}" for m, module, p in targets if parametrize.is_parametrized(module, p)]
+    if names:
+        raise UnsupportedModelError(
+            f"{', '.join(names)}: computed by a torch.nn.utils.parametrize parametrization "
+            "(weight_norm, spectral_norm, ...), which torch.nn.utils.prune cannot prune; "
+            "remove it first (parametrize.remove_parametrizations(layer, 'weight', "
+            "leave_parametrized=True)), or prune pathlift.graph.writable_copy(model), the "
+            "same function with plain parameters")
 
 
 def magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,

@@ -18,7 +18,7 @@ from torch.nn.utils import prune
 
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of
-from pathlift.prune.scores import Scores, path_magnitude_scores
+from pathlift.prune.scores import Scores, path_magnitude_scores, refuse_parametrized
 
 
 def channel_scores(scores: Scores) -> dict[str, Tensor]:
@@ -46,6 +46,8 @@ def channel_path_magnitude(model: nn.Module | LayerGraph, input_shape: Sequence[
     graph = graph_of(model, input_shape)
     scores = path_magnitude_scores(graph)
     layers = [name for name in scores.tensors if name in scores.channel_dims]  # not slopes
+    refuse_parametrized([(layer, graph.module.get_submodule(layer), "weight")
+                         for layer in (name.rsplit(".", 1)[0] for name in layers[:-1])])
     for name in layers[:-1]:  # output neurons of the network are never removed
         prune.ln_structured(graph.module.get_submodule(name.rsplit(".", 1)[0]), "weight",
                             amount, n=1, dim=scores.channel_dims[name],

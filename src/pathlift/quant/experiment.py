@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from pathlift.data import Split
-from pathlift.errors import check_count
+from pathlift.errors import ShapeError, check_count
 from pathlift.files import check_appendable
+from pathlift.graph import graph_of
 from pathlift.graph.memory import check_samples
+from pathlift.graph.outputs import classifier_output
 from pathlift.quant.symmetry_aware import QuantReport, append_csv, compare
 from pathlift.symmetry import random_rescale
 
@@ -29,6 +31,7 @@ class QuantComparison:
     reports: tuple[QuantReport, ...]
     inputs: int
     csv: Path | None
+    note: str | None = None
 
     def __repr__(self) -> str:
         worst = max((r.relative for r in self.reports), default=float("nan"))
@@ -48,13 +51,23 @@ def compare_bits(model: nn.Module, input_shape: Sequence[int], bits: Sequence[in
     inputs (seed 0). With ``rescale_seed``, the model is first replaced by
     ``random_rescale(model, seed=rescale_seed)`` (the given model is not modified). With
     ``csv``, one row per report is appended, with the columns model (``name``),
-    random_rescale and per_channel first.
+    random_rescale and per_channel first. Accuracy needs one logit per class of ``data``:
+    for another output (several tensors, a U-Net's mask) it is left out and ``note``
+    says why; the certificates hold for every output.
     """
     samples = check_count("samples", samples)
     if csv is not None:
         check_appendable(csv)  # a CSV that cannot take the rows is refused before any work
+    note = None
     if data is not None:
         inputs, labels = data.test.tensors
+        try:
+            classifier_output(graph_of(model, input_shape), data.num_classes)
+        except ShapeError:
+            labels, note = None, (
+                "accuracy left out: the model does not return one logit for each of the "
+                f"{data.num_classes} classes of the data (the certificates hold for every "
+                "output)")
     else:
         check_samples(samples, input_shape, "quantisation", 4)
         inputs, labels = torch.randn((samples, *input_shape),
@@ -67,4 +80,4 @@ def compare_bits(model: nn.Module, input_shape: Sequence[int], bits: Sequence[in
     if csv is not None:
         append_csv(csv, reports, model=name, random_rescale=rescale_seed,
                    per_channel=per_channel)
-    return QuantComparison(reports, len(inputs), None if csv is None else Path(csv))
+    return QuantComparison(reports, len(inputs), None if csv is None else Path(csv), note)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import LayerGraph, copy_model, graph_of
+from pathlift.graph import LayerGraph, graph_of, writable_copy
 from pathlift.quant.uniform import QuantizedTensor, Rounding, as_rounding, quantize_tensor
 
 
@@ -70,7 +70,7 @@ def quantize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
         raise InvalidParameterError("give bits (e.g. bits=8) or a step eta")
     graph = graph_of(model, input_shape)
     graph.check_values()
-    copied = copy_model(graph.model)
+    copied = writable_copy(graph.model)
     codes: dict[str, QuantizedTensor] = {}
     seen: set[str] = set()
     with torch.no_grad():

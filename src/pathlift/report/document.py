@@ -46,7 +46,7 @@ class Document:
             elif kind == "table":
                 header, rows = value
                 out.append(_md_row(header))
-                out.append("|" + "---|" * len(header))
+                out.append("|:---|" + "---:|" * (len(header) - 1))  # labels left, values right
                 out += [_md_row(r) for r in rows]
                 out.append("")
             else:
@@ -75,7 +75,8 @@ class Document:
                             "</figcaption></figure>")
         style = ("body{font-family:sans-serif;max-width:60em;margin:auto;padding:1em}"
                  "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;"
-                 "padding:.25em .6em;text-align:right}img{max-width:100%}"
+                 "padding:.25em .6em;text-align:right}td:first-child,th:first-child"
+                 "{text-align:left}img{max-width:100%}"
                  "figcaption{font-style:italic;color:#444}")
         return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
                 f"<title>{html.escape(self.title)}</title><style>{style}</style></head><body>"

@@ -28,7 +28,8 @@ from pathlift.bounds import (
 from pathlift.bounds.compression import CompressionSearch, compression_bound
 from pathlift.data import Split
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph import copy_model, eval_mode, graph_of
+from pathlift.graph import copy_model, eval_mode, graph_of, writable_copy
+from pathlift.graph.outputs import classifier_output
 from pathlift.lift import AverageCasePathNorm, average_case_path_norm, path_norm
 
 __all__ = ["DEFAULT_EPOCHS", "QS", "Report", "measure_report"]
@@ -43,6 +44,38 @@ EVAL_NOTE = ("BatchNorm/Dropout layers: trained in training mode, measured in ev
              "(BatchNorm as its affine map with the running statistics, Def. 2.2.2)")
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """What a report's numbers come from: the versions of pathlift, torch and Python, the
+    seed, the start of the sha256 of the training and test data (``data_digest``: each
+    TensorDataset's tensors), and the seconds of the whole ``run_report`` call up to
+    writing its pages (``command_seconds``; None when only ``measure_report`` ran)."""
+
+    pathlift: str
+    torch: str
+    python: str
+    seed: int
+    data_digest: tuple[str, str] | None
+    command_seconds: float | None = None
+
+    def sentence(self) -> str:
+        data = "no data" if self.data_digest is None else \
+            f"data sha256 {self.data_digest[0]} (train), {self.data_digest[1]} (test)"
+        return (f"pathlift {self.pathlift}, torch {self.torch}, Python {self.python}; seed "
+                f"{self.seed}; {data}")
+
+
+def provenance(seed: int, train: Any = None, test: Any = None) -> Provenance:
+    """The ``Provenance`` of a measurement now (loaders ``train``, ``test`` or None)."""
+    import platform
+
+    from pathlift import __version__
+    from pathlift.prune.pipeline import data_digest
+
+    digest = None if train is None else (data_digest(train), data_digest(test))
+    return Provenance(__version__, torch.__version__, platform.python_version(), seed, digest)
+
+
 @dataclass(frozen=True, repr=False)
 class Report:
     """Everything ``pathlift report`` measured, before any rendering.
@@ -55,7 +88,8 @@ class Report:
     certificate of Lemma 3.4.1) when data was given, with ``compression`` (the Occam
     certificate of ``pathlift.bounds.compression`` for the trained network, as
     ``CompressionBound.summary()``); ``samples_needed_log10``: without data, log10 of
-    the n above which the cross-entropy bound drops below 1.
+    the n above which the cross-entropy bound drops below 1; ``provenance``: versions,
+    seed, data digest and the whole command's seconds.
     ``to_dict()`` is what ``report.json`` holds.
     """
 
@@ -77,6 +111,7 @@ class Report:
     samples_needed_log10: float | None = None
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    provenance: Provenance | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON values (nested dataclasses as dicts, q keys as strings)."""
@@ -128,6 +163,9 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
                          f"{shape}: give --input-shape, or data of that shape")
     if epochs and data is None:
         raise InvalidParameterError("training (epochs > 0) needs data")
+    if data is not None:  # refused before training
+        with eval_mode(model):
+            classifier_output(graph_of(model, shape), data.num_classes)
     net = copy_model(model)
     notes = (EVAL_NOTE,) if any(isinstance(m, (nn.modules.batchnorm._BatchNorm,
                                                nn.modules.dropout._DropoutNd))
@@ -144,7 +182,8 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
                   sharpened_constant=sharpened_constant(constants)
                   if constants.sharpened_applies else None,
                   path_norm_log10={q: n.log10 for q, n in norms.items()}, history=history,
-                  worst_per_output_log10=norms[1.0].per_output_log10, notes=notes)
+                  worst_per_output_log10=norms[1.0].per_output_log10, notes=notes,
+                  provenance=provenance(seed, train, test))
     if data is None:
         need = 2 * (math.log10(4 * math.sqrt(2) * common["peeling_constant"]) +
                     norms[1.0].log10)
@@ -186,7 +225,7 @@ def _pruning(net: nn.Module, shape: tuple[int, ...], test: Any,
     rows = []
     for criterion in ("path-magnitude", "magnitude"):
         for amount in PRUNE_AMOUNTS:
-            pruned = copy_model(net)
+            pruned = writable_copy(net)
             result = prune_model(pruned, shape, amount, criterion=criterion, scope="global")
             l1 = path_norm(pruned, shape).log10
             bound = rademacher_peeling(bounds.constants, bounds.sigma.peeling, l1)

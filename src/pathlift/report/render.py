@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 from pathlift.logspace import format_log10
@@ -17,15 +18,20 @@ def _fmt(log10: float) -> str:
     return format_log10(log10, digits=2)
 
 
-def render_report(report: Report, out: str | Path) -> tuple[Path, Path, tuple[Path, ...]]:
+def render_report(report: Report, out: str | Path, started: float | None = None
+                  ) -> tuple[Path, Path, tuple[Path, ...], float | None]:
     """Write ``out``/report.md, ``out``/report.html and the figures; returns their paths
-    (Markdown, HTML, PNGs). Figures need matplotlib (``pathlift[plots]``)."""
+    (Markdown, HTML, PNGs) and, given the ``time.perf_counter()`` at which the command
+    started, its seconds up to writing the pages (also stated in them). Figures need
+    matplotlib (``pathlift[plots]``)."""
     out = Path(out)
     doc = Document(f"pathlift report: {report.title}")
     doc.para(f"Input shape {report.input_shape}; data: {report.data or 'none'}; epochs: "
              f"{report.epochs}; seed: {report.seed}. Theorem numbers refer to Gonon, "
              "\"Harnessing symmetries for modern deep learning challenges: a path-lifting "
              "perspective\" (PhD thesis, 2024) unless stated.")
+    if report.provenance is not None:
+        doc.para(f"Computed with {report.provenance.sentence()}.")
     for note in report.notes:
         doc.para(f"Note: {note}.")
     figures: list[Path] = []
@@ -45,9 +51,12 @@ def render_report(report: Report, out: str | Path) -> tuple[Path, Path, tuple[Pa
             _training(doc, report, out, figures)
         _bounds(doc, report, out, figures)
         _pruning(doc, report, out, figures)
-    doc.para(f"Measured in {report.seconds:.1f} s.")
+    total = None if started is None else time.perf_counter() - started
+    doc.para(f"Measured in {report.seconds:.1f} s" + ("." if total is None else
+             f"; the whole command took {total:.1f} s (loading, training, measuring and "
+             "drawing; the start of Python and the imports before it excluded)."))
     md, page = doc.write(out)
-    return md, page, tuple(figures)
+    return md, page, tuple(figures), total
 
 
 def _figure(doc: Document, figures: list[Path], path: Path, caption: str) -> None:
@@ -83,8 +92,8 @@ def _training(doc: Document, report: Report, out: Path, figures: list[Path]) -> 
     history = report.history
     first, last = history[0], history[-1]
     doc.heading("During training")
-    doc.para(f"From initialisation to epoch {last['epoch']}, log10 ||Phi||_1 went from "
-             f"{first['path_norm_log10_q1']:.2f} to {last['path_norm_log10_q1']:.2f}, the "
+    doc.para(f"From initialisation to epoch {last['epoch']}, ||Phi||_1 went from "
+             f"{_fmt(first['path_norm_log10_q1'])} to {_fmt(last['path_norm_log10_q1'])}, the "
              f"average-case path-norm from {first['average_case']:.3g} to "
              f"{last['average_case']:.3g}, and test accuracy from "
              f"{first['eval_test_accuracy']:.3f} to {last['eval_test_accuracy']:.3f}.")
@@ -144,7 +153,7 @@ def _bounds(doc: Document, report: Report, out: Path, figures: list[Path]) -> No
              f"{b.sigma.covering:.4g} (Thm 4.3.1), max ||x||_inf = {b.sigma.max_abs:.3g}. "
              "Bounds on the expected cross-entropy gap: (2 sqrt(2) L / n) x Rademacher bound "
              "(Thm 4.1.1, L = sqrt(2)). Orders of magnitude = log10(bound / measured gap).")
-    rows = [(r.theorem, f"{r.constant:.4g}", _fmt(r.log10), _fmt(v), f"{o:.1f}")
+    rows = [(r.theorem, f"{r.constant:.4g}", _fmt(r.log10), _fmt(v), _orders(o))
             for r, v, o in zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured,
                                strict=True)]
     rows.append((f"Thm 4.1.2 top-1 error, gamma = {b.top1.gamma:.3g} ({b.top1.quantile:.3f}-"
@@ -158,9 +167,13 @@ def _bounds(doc: Document, report: Report, out: Path, figures: list[Path]) -> No
              f"{'yes' if b.top1.informative else 'no'}.")
     labels = [f"{r.theorem} (cross-entropy)" for r in b.rademacher] + \
         ["Thm 4.1.2 (top-1 error)"]
+    caption = "Bounds and the measured cross-entropy gap on a log10 axis."
+    if m.cross_entropy_gap <= 0:
+        caption += f" {_NEGATIVE_GAP.format(m.cross_entropy_gap)}"
+        doc.para(_NEGATIVE_GAP.format(m.cross_entropy_gap))
     _figure(doc, figures, plots.bounds_vs_gap(labels, [*b.cross_entropy_log10, b.top1.log10],
                                               m.cross_entropy_gap, out / "bounds_vs_gap.png"),
-            "Bounds and the measured cross-entropy gap on a log10 axis.")
+            caption)
     doc.heading("Margins")
     _figure(doc, figures, plots.margins_histogram(b.train_margins, b.test_margins,
                                                   b.top1.gamma, out / "margins.png"),
@@ -190,6 +203,16 @@ def _pruning(doc: Document, report: Report, out: Path, figures: list[Path]) -> N
              "it lowers the bound; the certificate is the exact path-metric of Lemma 3.4.1.")
     _figure(doc, figures, plots.pruning_curves(report.pruning, out / "pruning.png"),
             "Test accuracy and l1 path-norm against the fraction pruned.")
+
+
+_NEGATIVE_GAP = ("The measured cross-entropy gap is {:.4f} <= 0 (the test loss is not above "
+                 "the training loss): a log10 axis cannot show it, and no bound is compared "
+                 "with it in orders of magnitude.")
+
+
+def _orders(value: float) -> str:
+    """Orders of magnitude above the measured gap; none when the gap is <= 0."""
+    return "n/a (gap <= 0)" if math.isnan(value) else f"{value:.1f}"
 
 
 def _certificate(log10: float) -> str:

@@ -9,6 +9,8 @@ first only when ``epochs`` > 0.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlift.bounds import ArchitectureConstants
 from pathlift.data import Split
 from pathlift.errors import ShapeError
 from pathlift.files import write_json
+from pathlift.graph.outputs import OutputKey, select_output
 from pathlift.report.measure import DEFAULT_EPOCHS, Report, measure_report
 from pathlift.report.render import render_report
 
@@ -40,7 +43,9 @@ class ReportResult:
 
     @property
     def seconds(self) -> float:
-        return self.report.seconds
+        """The whole ``run_report`` call up to writing the pages (measuring alone:
+        ``report.seconds``)."""
+        return self.report.provenance.command_seconds
 
     @property
     def constants(self) -> ArchitectureConstants:
@@ -72,7 +77,7 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
                epochs: int | None = None, seed: int = 0, samples: int = 512,
                progress: bool = True, *, weights: str | None = None,
                test_fraction: float = 0.25, normalize: str = "none",
-               batch_size: int = 64) -> ReportResult:
+               batch_size: int = 64, outputs: OutputKey | None = None) -> ReportResult:
     """Measure a model, then write ``out_dir``/report.md, report.html, report.json and PNGs.
 
     Args:
@@ -84,6 +89,9 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         data: a ``pathlift.data.load_data`` spec (split by ``test_fraction``, normalised by
             ``normalize``) or a ``Split``; the data-dependent sections need it.
         epochs: training epochs before measuring (default 0 with a model: measured as is).
+        outputs: for a model returning several tensors, the one holding the class logits
+            (a position or a key, ``pathlift.graph.outputs.select_output``): trained on and
+            measured.
 
     Runs torch single-threaded and deterministic (``pathlift.data.training.reproducible``,
     restored afterwards), and the caller's global RNG state is restored too.
@@ -96,6 +104,7 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
     from pathlift.data.training import reproducible
     from pathlift.models import small_cnn
 
+    started = time.perf_counter()
     with reproducible(), torch.random.fork_rng(devices=[]):  # caller's RNG state kept
         torch.manual_seed(seed)
         if isinstance(data, str):
@@ -112,11 +121,14 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         else:
             net, shape = _model(model, input_shape, weights, data)
             title = type(model).__name__ if isinstance(model, nn.Module) else str(model)
+        net = select_output(net, outputs, shape)
         report, measured = measure_report(
             net, shape, data, epochs=epochs or 0, title=title, data_name=data_name, seed=seed,
             samples=samples, batch_size=batch_size, progress=progress)
     out = Path(out_dir)
-    markdown, html, plots = render_report(report, out)
+    markdown, html, plots, total = render_report(report, out, started)
+    report = dataclasses.replace(report, provenance=dataclasses.replace(
+        report.provenance, command_seconds=total))
     path = write_json(out / "report.json", report.to_dict())
     return ReportResult(report, measured, out, markdown, html, path, plots)
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from pathlift.graph import LayerGraph, copy_model, param
+from pathlift.graph import LayerGraph, param, writable_copy
 from pathlift.graph.boundary import assign_
 from pathlift.graph.channels import ChannelMap, analyse
 from pathlift.graph.factors import apply_all_, refuse_shared_parameters
@@ -68,7 +68,7 @@ def magnitude_prune(model: nn.Module | LayerGraph, amount: float,
     (Linear, Conv, ConvTranspose) zeroed: global unstructured magnitude pruning, biases
     kept. Pruned models (torch.nn.utils.prune) keep their masks."""
     cmap = analyse(model, input_shape)
-    out = copy_model(cmap.graph.model)
+    out = writable_copy(cmap.graph.model)
     _magnitude_prune_(out, _scored(cmap), amount)
     cmap.graph.bind(out)
     return out
@@ -106,13 +106,13 @@ def adversarial_rescale(model: nn.Module | LayerGraph, amount: float = 0.5,
     best, best_damage = torch.ones(cmap.group.shape, dtype=torch.float64), -float("inf")
     for t, d in candidates:  # one scratch copy each, rescaled then pruned in place
         grow = factors_from_groups(cmap, torch.pow(float(t), d), given)
-        scratch = copy_model(source)
+        scratch = writable_copy(source)
         apply_all_(scratch, cmap.producers, grow, 1.0 / grow)
         _magnitude_prune_(scratch, _scored(cmap), amount)
         damage = -path_norm(cmap.graph.bind(scratch)).log10  # ||Phi(theta)||_1 is fixed
         if damage > best_damage:
             best, best_damage = grow, damage
-    out = copy_model(source)
+    out = writable_copy(source)
     apply_all_(out, cmap.producers, best, 1.0 / best)
     cmap.graph.bind(out)
     return out

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
-from pathlift.errors import check_count
+from pathlift.errors import UnsupportedModelError, check_count
+from pathlift.graph import unwrap
+from pathlift.graph.boundary import flat_outputs, model_input
 from pathlift.graph.memory import check_samples
 from pathlift.graph.normalize import Normalized, normalize_report
 from pathlift.lift import path_norm
@@ -39,9 +42,9 @@ def compare_models(model: nn.Module, other: nn.Module, input_shape: Sequence[int
     samples = check_count("samples", samples)
     check_samples(samples, input_shape, "comparing the outputs", 4)
     x = torch.randn((samples, *input_shape), generator=torch.Generator().manual_seed(seed))
-    x = x.to(next(model.parameters()).dtype)
     with torch.no_grad():
-        y, y2 = model(x), other(x)
+        y = flat_outputs(model(model_input(model, x)), samples).double()
+        y2 = flat_outputs(other(model_input(other, x)), samples).double()
     norms = tuple(sum(float(p.detach().double().pow(2).sum()) for p in m.parameters()) ** 0.5
                   for m in (model, other))
     logs = tuple(path_norm(m, input_shape).log10 for m in (model, other))
@@ -77,6 +80,13 @@ def _finish(model: nn.Module, copy: nn.Module, input_shape: Sequence[int], sampl
 
     comparison = compare_models(model, copy, input_shape, samples)
     path = None
+    if out and any(parametrize.is_parametrized(m) for m in unwrap(model).modules()):
+        raise UnsupportedModelError(
+            "the model computes weights through torch.nn.utils.parametrize (weight_norm, "
+            "spectral_norm, ...), which cannot hold the transformed values exactly: the "
+            "copy is plain, so it cannot be saved as the model's architecture; save it "
+            "with pathlift.models.save_checkpoint under a plain architecture (the same "
+            "layers without the parametrizations)")
     if out:
         path = save_checkpoint(copy, out, input_shape=input_shape) if spec is None else \
             save_like(copy, spec, out, input_shape)

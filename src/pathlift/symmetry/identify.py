@@ -154,6 +154,16 @@ def _involved(par: Parameterized, null: Tensor, known: Tensor | None, missing: i
     return tuple(sorted(mass, key=mass.__getitem__, reverse=True))
 
 
+def _refuse_too_few(rows: int, needed: int, d_out: int, samples: int) -> None:
+    """The Jacobian's rank is at most its row count: refuse a test that cannot succeed."""
+    if rows < needed:
+        raise InvalidParameterError(
+            f"{samples} inputs give a Jacobian of {rows:,} rows ({samples} x {d_out} "
+            f"outputs), fewer than the rank of {needed:,} the test needs (parameters minus "
+            f"predicted symmetries): it cannot succeed; use at least "
+            f"{math.ceil(needed / d_out):,} inputs")
+
+
 def symmetry_dimension(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
                        domain: Tensor | int = DOMAIN, method: str = "auto", seed: int = 0,
                        exact_max: int = EXACT_MAX) -> SymmetryDimension:
@@ -167,16 +177,18 @@ def symmetry_dimension(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     is not modified.
     """
     par = Parameterized.of(model, None if input_shape is None else tuple(input_shape))
-    return _symmetry(par, _inputs(par, domain, seed), _method(method, par.size, exact_max),
-                     seed)[0]
+    return _symmetry(par, _obstructions(par, _inputs(par, domain, seed)),
+                     _method(method, par.size, exact_max), seed)[0]
 
 
-def _symmetry(par: Parameterized, domain: Tensor, method: str, seed: int, with_phi: bool = True
-              ) -> tuple[SymmetryDimension, Tensor | None]:
-    cmap = analyse(par.graph)
-    patterns = activation_patterns(par.graph, domain)
+def _obstructions(par: Parameterized, domain: Tensor) -> Obstructions:
+    return obstructions(par.graph, analyse(par.graph), activation_patterns(par.graph, domain))
+
+
+def _symmetry(par: Parameterized, found: Obstructions, method: str, seed: int,
+              with_phi: bool = True) -> tuple[SymmetryDimension, Tensor | None]:
     phi, known = _phi_rank(par, method, seed) if with_phi else (None, None)
-    return SymmetryDimension(par.size, obstructions(par.graph, cmap, patterns), phi), known
+    return SymmetryDimension(par.size, found, phi), known
 
 
 def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
@@ -217,7 +229,10 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
 
     Raises:
         UnsupportedModelError naming the layers outside Def. 2.2.2; ShapeError when the
-        inputs do not fit; InvalidParameterError for a bad ``method`` or sample count.
+        inputs do not fit; InvalidParameterError for a bad ``method`` or sample count, and
+        before any Jacobian is computed when n inputs give fewer rows (n x d_out) than
+        the rank the test needs (dim theta minus the predicted symmetries): it could not
+        succeed (the message gives the smallest n that could).
 
     Example::
 
@@ -234,10 +249,12 @@ def identify(model: nn.Module | LayerGraph, inputs: Tensor | int,
     if domain is None:
         domain = _inputs(par, DOMAIN, seed + 2) * max(1.0, float(x.std()) if x.numel() > 1 else 1.0)
     with_phi = method == "exact" and _phi_supported(par.graph) if phi is None else phi
-    symmetry, known = _symmetry(par, _inputs(par, domain, seed), method, seed, with_phi)
+    found = _obstructions(par, _inputs(par, domain, seed))
+    rows = x.shape[0] * par.graph.d_out
+    _refuse_too_few(rows, par.size - found.total, par.graph.d_out, x.shape[0])
+    symmetry, known = _symmetry(par, found, method, seed, with_phi)
     regions = activation_patterns(par.graph, x).count_regions()
     f = par.outputs(x)
-    rows = x.shape[0] * par.graph.d_out
     if method == "exact":
         rank, null = exact_rank(dense_jacobian(f, par.theta, rows), rtol)
     else:

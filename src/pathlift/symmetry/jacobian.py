@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
-from pathlift.graph import LayerGraph, copy_model, graph_of
+from pathlift.graph import LayerGraph, graph_of, writable_copy
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.ops import Call, Handler
 from pathlift.graph.trace import GraphInterpreter
@@ -53,7 +53,7 @@ class Parameterized:
     @staticmethod
     def of(model: nn.Module | LayerGraph, input_shape: tuple[int, ...] | None) -> Parameterized:
         source = graph_of(model, input_shape)
-        copy = copy_model(source.model).to("cpu", torch.float64).eval()
+        copy = writable_copy(source.model).to("cpu", torch.float64).eval()  # the weights
         graph = source.bind(copy)
         named = [(n, p) for n, p in copy.named_parameters() if p.is_floating_point()]
         if not named:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import LayerGraph, copy_model
+from pathlift.graph import LayerGraph, writable_copy
 from pathlift.graph.channels import ChannelMap, analyse
 from pathlift.graph.factors import apply_all_, as_factors, refuse_shared_parameters
 
@@ -41,7 +41,7 @@ def rescaled_copy(cmap: ChannelMap, grow: Tensor) -> nn.Module:
     its graph (no second trace)."""
     source = cmap.graph.model
     refuse_shared_parameters(source, cmap.producers)
-    out = copy_model(source)
+    out = writable_copy(source)
     apply_all_(out, cmap.producers, grow, 1.0 / grow)
     _check_representable(source, out, cmap)
     cmap.graph.bind(out)

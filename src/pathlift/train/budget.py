@@ -65,10 +65,7 @@ class PathNormBudget:
         net = unwrap(model)
         with eval_mode(net):
             graph = graph_of(net, self.input_shape)
-            normalised = normalize(graph, None, q=2.0)
-            with torch.no_grad():
-                for mine, theirs in zip(net.parameters(), normalised.parameters(), strict=True):
-                    mine.copy_(theirs)
+            _copy_state_(net, normalize(graph, None, q=2.0))
             last = _output_layer(graph)
             gammas = magnitude_gradients(graph, None, 1.0, torch.float64)
         total = sum(float((gammas.mantissas[p].to(torch.float64) * p.detach().abs()).sum())
@@ -80,6 +77,21 @@ class PathNormBudget:
                     if p is not None:
                         p.mul_(self.budget / current)
         return min(current, self.budget)
+
+
+def _copy_state_(net: nn.Module, normalised: nn.Module) -> None:
+    """Write the normalised parameters and buffers (BatchNorm's running statistics are
+    rescaled too) into ``net`` in place, keeping its tensors (the optimiser's)."""
+    target, source = net.state_dict(), normalised.state_dict()
+    if target.keys() != source.keys():
+        raise UnsupportedModelError(
+            "the path-norm budget rewrites the weights in place, and some are computed by a "
+            "torch.nn.utils.parametrize parametrization (weight_norm, spectral_norm, ...) "
+            "that cannot hold the normalised values; train without it")
+    with torch.no_grad():
+        for key, value in target.items():
+            if value.is_floating_point():
+                value.copy_(source[key])
 
 
 def _output_layer(graph) -> nn.Linear:

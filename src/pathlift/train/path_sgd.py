@@ -20,6 +20,7 @@ it when running_mean != 0).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,7 +30,12 @@ from pathlift.errors import InvalidParameterError
 from pathlift.graph import unwrap
 from pathlift.lift.differentiable import magnitude_gradients
 
-__all__ = ["PathSGD"]
+__all__ = ["RATIO_WARNING", "PathSGD"]
+
+#: PathSGD warns when its first step is this many times as long as SGD's at the same lr
+#: (median over the coordinates): MLPs and CNNs that Path-SGD trains at SGD's lr measure
+#: 10-100 at initialisation, a DenseNet-BC that diverged at lr 0.05 3e4 (docs/training.md)
+RATIO_WARNING = 1000.0
 
 
 class PathSGD(torch.optim.Optimizer):
@@ -41,9 +47,15 @@ class PathSGD(torch.optim.Optimizer):
             through); every parameter must be a weight or bias of the traced DAG.
         input_shape: input size without the batch dimension.
         lr: the step size (in units of the rescaling-invariant geometry: gamma has the
-            scale of ||Phi||_2^2 / p^2, so lr is not comparable to SGD's).
+            scale of ||Phi||_2^2 / p^2, so lr is not comparable to SGD's; the first step
+            measures ``sgd_ratio``, the median over the coordinates of |grad / gamma| /
+            |grad|, and warns, with the lr to use, when it exceeds ``RATIO_WARNING``).
         momentum: heavy-ball momentum on the scaled direction (keeps the invariance).
         dtype: precision of the squared pass (default: the model's dtype).
+        match_sgd: divide lr by ``sgd_ratio`` (measured once, at the first step), so that
+            the first step moves a typical weight as far as an SGD step of that lr. The
+            ratio depends on the representative, so rescaled copies then no longer take
+            rescaled steps.
 
     Where gamma_p = 0 no path of non-zero weights crosses p, so dL/dp = 0 too: p is left
     unchanged. Each ``step`` costs one |theta|^2 forward and backward pass at batch 1
@@ -60,11 +72,15 @@ class PathSGD(torch.optim.Optimizer):
     """
 
     def __init__(self, model: nn.Module, input_shape: Sequence[int], lr: float,
-                 momentum: float = 0.0, dtype: torch.dtype | None = None):
+                 momentum: float = 0.0, dtype: torch.dtype | None = None,
+                 match_sgd: bool = False):
         if not lr > 0 or not 0 <= momentum < 1:
             raise InvalidParameterError(f"need lr > 0 and momentum in [0, 1), got {lr}, "
                                         f"{momentum}")
         self.model, self.input_shape, self.dtype = unwrap(model), tuple(input_shape), dtype
+        self.match_sgd = match_sgd
+        #: median |Path-SGD step| / |SGD step| at the same lr, measured at the first step
+        self.sgd_ratio: float | None = None
         super().__init__([p for p in self.model.parameters() if p.requires_grad],
                          {"lr": lr, "momentum": momentum})
 
@@ -77,6 +93,7 @@ class PathSGD(torch.optim.Optimizer):
                 loss = closure()
         gammas = magnitude_gradients(self.model, self.input_shape, 2.0, self.dtype)
         half = math.exp(-gammas.log_scale / 2)  # twice: e^-s may overflow, the steps not
+        directions = {}
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -88,7 +105,15 @@ class PathSGD(torch.optim.Optimizer):
                         "the traced network; Path-SGD scales only those")
                 grad = p.grad.to(gamma.dtype)
                 direction = torch.where(gamma > 0, grad / gamma, torch.zeros_like(grad))
-                direction.mul_(half).mul_(half)
+                directions[p] = direction.mul_(half).mul_(half)
+        if self.sgd_ratio is None:
+            self._calibrate(directions)
+        for group in self.param_groups:
+            lr = group["lr"] / (self.sgd_ratio if self.match_sgd else 1.0)
+            for p in group["params"]:
+                if p not in directions:
+                    continue
+                direction = directions[p]
                 if group["momentum"]:
                     buf = self.state[p].get("momentum_buffer")
                     if buf is None:
@@ -96,5 +121,22 @@ class PathSGD(torch.optim.Optimizer):
                     else:
                         buf.mul_(group["momentum"]).add_(direction)
                     direction = buf
-                p.add_(direction.to(p.dtype), alpha=-group["lr"])
+                p.add_(direction.to(p.dtype), alpha=-lr)
         return loss
+
+    def _calibrate(self, directions: dict[nn.Parameter, torch.Tensor]) -> None:
+        """Measure the median of |grad / gamma| / |grad| over the coordinates at the first
+        step: how many times farther than SGD a step of the same lr moves a typical weight.
+        Warn, with the lr that matches SGD's step, when it is above ``RATIO_WARNING`` and
+        ``match_sgd`` does not divide lr by it."""
+        ratios = torch.cat([(d.double() / p.grad.double()).abs().flatten()[p.grad.flatten() != 0]
+                            for p, d in directions.items()])
+        ratios = ratios[ratios > 0]
+        self.sgd_ratio = float(ratios.median()) if ratios.numel() else 1.0
+        if self.sgd_ratio > RATIO_WARNING and not self.match_sgd:
+            lr = self.param_groups[0]["lr"]
+            warnings.warn(
+                f"PathSGD: at lr={lr:g} this network's first step is {self.sgd_ratio:.3g} "
+                f"times as long as an SGD step (its gamma_p = d||Phi||_2^2/d(p^2) are "
+                f"small); lr={lr / self.sgd_ratio:.3g} gives a step the size of SGD's, as "
+                f"does PathSGD(..., match_sgd=True)", stacklevel=5)

@@ -3,6 +3,8 @@ with the reason it shares with others of its kind and what is supported instead.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,8 +36,8 @@ _FUNCTIONS = {
               F.softplus, F.mish, F.hardswish, torch.exp, torch.log, torch.sqrt, torch.abs,
               F.logsigmoid),
     _NORMALISES: (F.layer_norm, F.group_norm, F.instance_norm, F.normalize, F.rms_norm),
-    _PRODUCT: (F.scaled_dot_product_attention, torch.matmul, torch.bmm, torch.einsum,
-               F.bilinear),
+    _PRODUCT: (F.scaled_dot_product_attention, torch.matmul, operator.matmul, torch.bmm,
+               torch.einsum, F.bilinear),
     _SOFTMAX: (F.softmax, F.log_softmax, torch.softmax, torch.log_softmax),
     _LOOKUP: (F.embedding,),
 }
