@@ -8,6 +8,7 @@ import copy
 import csv
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.graph.ops import supported_summary
 from pathlift.lift import lipschitz_input, path_norm, path_norms
-from pathlift.models import get_model, load_model, save_checkpoint
+from pathlift.models import get_model, load_model, save_checkpoint, set_trust_arch
 from pathlift.report import run_report
 from pathlift.symmetry import identify
 from user_files import MODULE, write_project
@@ -60,6 +61,18 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def in_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(project)
     return project
+
+
+@pytest.fixture
+def own_files() -> Iterator[None]:
+    """The checkpoints these tests write name the user's own architectures by import path
+    (user_zoo.py): the user trusts them as their own code, as `pathlift --trust-arch`
+    does (pathlift.models.set_trust_arch), for the test's in-process commands too."""
+    set_trust_arch(True)
+    try:
+        yield
+    finally:
+        set_trust_arch(False)
 
 
 def _ok(*args: str) -> str:
@@ -333,7 +346,8 @@ def _floats(row: str, out: str) -> list[float]:
 
 
 @pytest.mark.parametrize("name", sorted(user_zoo.MODELS))
-def test_every_command_on_a_paper_model(name: str, in_project: Path) -> None:
+def test_every_command_on_a_paper_model(name: str, in_project: Path,
+                                       own_files: None) -> None:
     """norm, summary, lipschitz, rescale, normalize, metric, equivalent, quantize (with and
     without data), identify and bounds on each model of user_zoo.py, as a user runs them
     (prune and report: the slow test below): the
@@ -440,7 +454,7 @@ def _half_checkpoint(dtype: str) -> str:
 
 @pytest.mark.parametrize("kind", ["float16", "bfloat16", "channels_last"])
 def test_half_precision_and_channels_last_through_prune_bounds_and_quantize(
-        kind: str, in_project: Path) -> None:
+        kind: str, in_project: Path, own_files: None) -> None:
     """The data's float32 inputs are cast to the model's dtype (they were not: 'Input
     type (float) and bias type (c10::Half)'), channels_last weights are pruned like
     contiguous ones (torch's global_unstructured flattens with view). Numbers as the
@@ -469,7 +483,8 @@ def test_half_precision_and_channels_last_through_prune_bounds_and_quantize(
     assert {round(float(r["sparsity"]), 3) for r in rows} == {0.5}
 
 
-def test_compiled_and_ddp_wrapped_models_through_the_commands(in_project: Path) -> None:
+def test_compiled_and_ddp_wrapped_models_through_the_commands(in_project: Path,
+                                                            own_files: None) -> None:
     """A factory returning torch.compile(model), and state_dicts saved from a DDP-wrapped
     and a compiled model (keys 'module.' / '_orig_mod.'): the plain model's numbers, and
     rescale --out writes a checkpoint that loads (it reloaded into OptimizedModule)."""

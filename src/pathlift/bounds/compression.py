@@ -61,7 +61,7 @@ from pathlift.bounds.code import (
 )
 from pathlift.bounds.kl import OccamBound, occam_bound
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import LayerGraph, copy_model, eval_mode, graph_of, unwrap
+from pathlift.graph import LayerGraph, copy_model, eval_mode, graph_of, unwrap, writable_copy
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_metric, path_norm
@@ -394,7 +394,10 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     training data, then the bound on all of (x, y). ``family`` is the list of
     architectures fixed in advance (default: this model's alone, 0 bits).
 
-    The model is measured in eval mode and not modified. Raises InvalidParameterError
+    The model is measured in eval mode and not modified; the certificate is for the
+    function its weights define, computed on a float64 copy (which holds any float16,
+    bfloat16 or float32 weights exactly; a parametrized layer counts as its effective
+    weight). Raises InvalidParameterError
     when the architecture is not in ``family`` or the arguments are out of range,
     UnsupportedModelError for a model outside the supported ops.
 
@@ -405,8 +408,8 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     """
     shape = tuple(input_shape)
     net = unwrap(model)
-    with eval_mode(net):
-        net = copy_model(net).eval()
+    with eval_mode(net):  # float64 holds a float16/bfloat16/float32 theta exactly
+        net = writable_copy(net).to(torch.float64).eval()
     family = [architecture_of(net, shape)] if family is None else list(family)
     problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
     gen = torch.Generator().manual_seed(search.seed)

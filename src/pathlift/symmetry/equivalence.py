@@ -274,7 +274,8 @@ def equivalent(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph,
     Each model is traced once (or its graph reused). ArchitectureMismatchError when the
     models do not share one architecture.
     """
-    tolerance = check_number("tolerance", tolerance, 0.0)
+    if tolerance is not None:
+        tolerance = check_number("tolerance", tolerance, 0.0)
     samples = check_count("samples", samples)
     graph_a = graph_of(model_a, input_shape)
     graph_b = graph_of(model_b, graph_a.input_shape)

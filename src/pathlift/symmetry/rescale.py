@@ -53,9 +53,9 @@ def _check_representable(source: nn.Module, out: nn.Module, cmap: ChannelMap) ->
     range of their dtype (a finite entry became inf, or a non-zero one 0): the copy would
     no longer compute the same function, and its path-norm would read as NaN weights."""
     for p in cmap.producers:
-        before = dict(source.get_submodule(p.name).named_parameters())
+        module = source.get_submodule(p.name)  # a parametrized one computes its tensors
         for name, t in out.get_submodule(p.name).named_parameters():
-            old, new = before[name].detach(), t.detach()
+            old, new = getattr(module, name).detach(), t.detach()
             if bool((torch.isfinite(old) & ~torch.isfinite(new)).any()) or \
                     bool(((old != 0) & (new == 0)).any()):
                 raise InvalidParameterError(
