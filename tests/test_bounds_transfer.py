@@ -39,8 +39,9 @@ def _margins(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @given(st.integers(0, 2**31 - 1))
 def test_path_metric_transfer_holds_on_random_inputs(seed):
     """Q = truncation towards zero (a random step per tensor) of a power-of-two rescaling of
-    theta, some coordinates pruned first: d = ||Phi(theta)||_1 - ||Phi(Q)||_1 is exact
-    and ||R_theta(x) - R_Q(x)||_1 <= B(x) d, m_theta >= m_Q - B(x) d on random inputs."""
+    theta, some coordinates pruned first: d = ||Phi(theta)||_1 - ||Phi(Q)||_1 is exact (or
+    below float64's rounding of the norms, certified) and ||R_theta(x) - R_Q(x)||_1 <=
+    B(x) d, m_theta >= m_Q - B(x) d on random inputs."""
     model, shape = random_network(seed)
     model = model.double()
     rng = random.Random(seed)
@@ -59,7 +60,8 @@ def test_path_metric_transfer_holds_on_random_inputs(seed):
     steps = {n: 2.0 ** rng.randint(-7, 0) for n in names}
     q = quantize(pruned, shape, step=steps)
     metric = path_metric(rescaled, q.model, shape)
-    assert metric.exact
+    # exact, or (Q = theta on every path) lost to cancellation with its certified upper end
+    assert metric.same_signs and (metric.exact or metric.upper_log10 < metric.norm_a_log10 - 9)
     d = metric.value * (1 + 10 * metric.relative_accuracy)
     x = random_input(shape, seed, batch=16)
     out_theta, out_q = _outputs(model, x), _outputs(q.model.double(), x)

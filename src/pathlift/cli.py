@@ -213,7 +213,6 @@ def bounds(
     """
     from pathlift.bounds import compression_bound, generalization_bounds, verdict
     from pathlift.data import load_data, loaders
-    from pathlift.graph.outputs import select_output
     from pathlift.models import load_model
 
     with working(console, f"bounds of {model} on {data}"):
@@ -222,7 +221,7 @@ def bounds(
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
-        cert = compression_bound(select_output(net, output), shape, *split.train.tensors) \
+        cert = compression_bound(net, shape, *split.train.tensors, outputs=output) \
             if compression else None
     m = b.measured
     u = b.top1_union

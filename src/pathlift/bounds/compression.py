@@ -64,6 +64,7 @@ from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, copy_model, eval_mode, graph_of, unwrap, writable_copy
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
+from pathlift.graph.outputs import OutputKey, select_output
 from pathlift.lift import path_metric, path_norm
 from pathlift.prune.methods import prune_model
 from pathlift.quant import quantize
@@ -334,7 +335,7 @@ class _Problem:
                              tuple(codes), tuple(exact))
         length = encode(coded, self.family).length
         metric = path_metric(graph, q.model, self.shape)
-        if not metric.exact:
+        if not metric.same_signs:  # the transfer (Cor. 3.4.1) needs Q and theta of one sign
             raise InvalidParameterError("the compressed network does not satisfy Lemma "
                                         "3.4.1's |Q| <= |theta|, same signs")
         d = 10 ** metric.upper_log10 * (1 + 10 * metric.relative_accuracy) + 1e-300
@@ -388,11 +389,14 @@ def _start_exponents(graph: LayerGraph, offset: int) -> list[int]:
 def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor, *,
                       family: Sequence[Architecture] | None = None, delta: float = 0.05,
                       events: EventGrid = DEFAULT_EVENTS,
-                      search: CompressionSearch = DEFAULT_SEARCH) -> CompressionBound:
+                      search: CompressionSearch = DEFAULT_SEARCH,
+                      outputs: OutputKey | None = None) -> CompressionBound:
     """The certificate of the module docstring for ``model`` trained on (x, y): the coded
     network Q (rescaling, pruning, steps) and the event found by ``search`` on the
     training data, then the bound on all of (x, y). ``family`` is the list of
-    architectures fixed in advance (default: this model's alone, 0 bits).
+    architectures fixed in advance (default: this model's alone, 0 bits). ``outputs``
+    picks the output holding the class logits of a model returning several
+    (``pathlift.graph.outputs.select_output``).
 
     The model is measured in eval mode and not modified; the certificate is for the
     function its weights define, computed on a float64 copy (which holds any float16,
@@ -407,7 +411,7 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
         print(cert)            # the bound on the trained net and every term
     """
     shape = tuple(input_shape)
-    net = unwrap(model)
+    net = select_output(unwrap(model), outputs, shape)
     with eval_mode(net):  # float64 holds a float16/bfloat16/float32 theta exactly
         net = writable_copy(net).to(torch.float64).eval()
     family = [architecture_of(net, shape)] if family is None else list(family)

@@ -144,7 +144,12 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
             return PathMetric(EXACT, d / LN10, d / LN10, norm_a, norm_b, signs, accuracy,
                               "signs agree and one model dominates the other (Lemma 3.4.1)")
         cancelled = True  # the models differ by less than float64 resolves: no exact 0
-    if sharded[0]:
+    if cancelled:
+        upper, why = _rounding_log(graph_a, norm_a, norm_b), (
+            "Lemma 3.4.1: d is the difference of the two path-norms, at most their float64 "
+            "rounding, 4 N u max(||Phi(theta)||_1, ||Phi(theta')||_1) (N parameters, u = "
+            "2^-53)")
+    elif sharded[0]:
         upper, why = _triangle_log(norm_a, norm_b), _TRIANGLE + (
             " (Lemma F.3 needs the normalised models, which pathlift does not compute for "
             "sharded models)")
@@ -243,6 +248,17 @@ def _triangle_log(norm_a: float, norm_b: float) -> float:
     d whatever the models), rounded up."""
     top = max(norm_a, norm_b) * LN10
     return top + math.log1p(math.exp(min(norm_a, norm_b) * LN10 - top)) + _EPS * (4 + abs(top))
+
+
+def _rounding_log(graph: LayerGraph, norm_a: float, norm_b: float) -> float:
+    """ln of 4 N u max(||Phi(theta)||_1, ||Phi(theta')||_1): each norm is a sum of
+    non-negative products computed in float64, each product and the sums together off by
+    a relative (N + depth) u at most (recursive summation of N terms; depth <= N), so
+    when Lemma 3.4.1 holds and the computed norms agree, d = their difference is below
+    twice that."""
+    n = sum(p.numel() for p in graph.model.parameters()) + sum(
+        b.numel() for b in graph.model.buffers())
+    return max(norm_a, norm_b) * LN10 + math.log(4 * max(n, 1) * 2.0**-53)
 
 
 def _lemma_f3_blocked(graph: LayerGraph) -> str | None:

@@ -55,7 +55,9 @@ def _check_representable(source: nn.Module, out: nn.Module, cmap: ChannelMap) ->
     for p in cmap.producers:
         module = source.get_submodule(p.name)  # a parametrized one computes its tensors
         for name, t in out.get_submodule(p.name).named_parameters():
-            old, new = getattr(module, name).detach(), t.detach()
+            owner, _, leaf = name.rpartition(".")  # 'factors.0' of a KSLinear
+            old = getattr(module.get_submodule(owner) if owner else module, leaf).detach()
+            new = t.detach()
             if bool((torch.isfinite(old) & ~torch.isfinite(new)).any()) or \
                     bool(((old != 0) & (new == 0)).any()):
                 raise InvalidParameterError(
