@@ -27,6 +27,10 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pathlift.errors import PathliftError
 
+# torch's C++ layer prints its warnings straight to stderr (a rank that lost another: a
+# stack of C++ frames before the command's own one-line error); errors still show
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
 __all__ = ["USAGE_EXIT", "default_out", "one_line", "run", "spread_list_values",
            "version_callback", "working"]
 
