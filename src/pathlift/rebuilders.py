@@ -6,9 +6,9 @@ layer. The package that defines one registers, at import, a rebuilder for the st
 entry that marks it (``register_rebuilder("chain", pathlift.kron.rebuild_layers)``), and
 the loader (``pathlift.models.load_weights``) calls ``rebuild`` before it loads the
 weights. The dependency points from the layer's package to this module, never from the
-loader to the layer's package: ``pathlift.kron`` registers when it is imported, which
-``pathlift.graph`` does with its op table (``pathlift.graph.ops.kron``), so by the time
-any checkpoint is loaded.
+loader to the layer's package. ``pathlift.kron`` registers when it is imported, and
+``pathlift.graph`` imports it with its op table (``pathlift.graph.ops.kron``), so it has
+registered before ``pathlift.models`` (which imports the engine) reads a checkpoint.
 """
 
 from __future__ import annotations
