@@ -1,7 +1,7 @@
 """Kronecker-sparse networks in all of pathlift, on the digits: the MLP 64-256-256-10 dense,
 with its two hidden layers designed for this machine (``design`` at a quarter of their
 parameters, trained from scratch), and designed then path-magnitude pruned (half of the
-factor entries masked through torch.nn.utils.prune, ``pathlift.kron.prune_factors``, then
+factor entries masked through torch.nn.utils.prune, ``pathlift.prune.prune_factors``, then
 fine-tuned with the masks kept): test accuracy, l1 and l2 path-norms (the factors are
 layers of the DAG, ``pathlift.graph.ops.kron``), the path-metric to the unpruned network,
 the path-metric d(theta, theta') of the pruning itself (before fine-tuning; exact, Lemma
@@ -31,11 +31,12 @@ from rich.table import Table
 from pathlift import files
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import evaluate, train_classifier
-from pathlift.kron import KSLinear, design, prune_factors, replace_linears
+from pathlift.kron import KSLinear, design, replace_linears
 from pathlift.kron.cache import machine_description
 from pathlift.kron.timing import round_robin, steady_allocator
 from pathlift.lift import path_metric, path_norm
 from pathlift.models import mlp
+from pathlift.prune import prune_factors
 
 SHAPE = (1, 8, 8)
 

@@ -23,14 +23,13 @@ from pathlift.kron import (
     KSLinear,
     KSPattern,
     design,
-    factor_scores,
     monarch,
-    prune_factors,
     replace_linears,
     to_dense,
 )
 from pathlift.lift import lipschitz_input, path_metric, path_norm
 from pathlift.models import mlp
+from pathlift.prune import factor_scores, prune_factors
 from pathlift.quant import certified_error, quantize
 from pathlift.symmetry import random_rescale
 

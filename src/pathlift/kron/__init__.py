@@ -30,7 +30,6 @@ from pathlift.kron.pattern import (
     monarch,
     square_dyadic_butterfly,
 )
-from pathlift.kron.prune import densify, factor_scores, prune_factors
 from pathlift.kron.replace import (
     LayerChoice,
     Replacement,
@@ -59,10 +58,8 @@ __all__ = [
     "deformable_butterfly",
     "dense",
     "dense_support",
-    "densify",
     "design",
     "dft_butterfly",
-    "factor_scores",
     "fastest_algorithm",
     "from_dense",
     "hadamard_butterfly",
@@ -76,7 +73,6 @@ __all__ = [
     "monarch",
     "prepare",
     "project",
-    "prune_factors",
     "random_factor",
     "rebuild_layers",
     "replace_linears",

@@ -17,8 +17,8 @@ import torch
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.kron.pattern import (
     KSPattern,
-    _log2_exact,
     check_chain,
+    log2_exact,
     square_dyadic_butterfly,
 )
 
@@ -34,7 +34,8 @@ __all__ = [
 ]
 
 
-def _check_factor(w: torch.Tensor, pattern: KSPattern, what: str = "factor") -> None:
+def check_factor(w: torch.Tensor, pattern: KSPattern, what: str = "factor") -> None:
+    """Refuse (ShapeError) a factor ``w`` whose shape is not the pattern's (a, b, c, d)."""
     if tuple(w.shape) != pattern.as_tuple():
         raise ShapeError(f"{what} of pattern {pattern} must have shape (a, b, c, d) = "
                          f"{pattern.as_tuple()}, got {tuple(w.shape)}")
@@ -42,7 +43,7 @@ def _check_factor(w: torch.Tensor, pattern: KSPattern, what: str = "factor") -> 
 
 def to_dense(w: torch.Tensor, pattern: KSPattern) -> torch.Tensor:
     """The abd × acd matrix K of the factor w (Def. 5.1.1); differentiable in w."""
-    _check_factor(w, pattern)
+    check_factor(w, pattern)
     a, b, c, d = pattern.as_tuple()
     eye_a = torch.eye(a, dtype=w.dtype, device=w.device)
     eye_d = torch.eye(d, dtype=w.dtype, device=w.device)
@@ -114,7 +115,7 @@ def hadamard_butterfly(n: int, dtype: torch.dtype = torch.float64) -> ButterflyF
 
 
 def _bit_reversal(n: int) -> torch.Tensor:
-    L = _log2_exact(n, "DFT size N")
+    L = log2_exact(n, "DFT size N")
     return torch.tensor([int(format(j, f"0{L}b")[::-1], 2) for j in range(n)])
 
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.kron import cpu_kernel
-from pathlift.kron.factor import _check_factor, to_dense
+from pathlift.kron.factor import check_factor, to_dense
 from pathlift.kron.pattern import KSPattern
 
 __all__ = ["ALGORITHMS", "LAYOUTS", "apply", "ks_multiply", "prepare"]
@@ -290,7 +290,7 @@ class _KernelProduct(torch.autograd.Function):
 def _fused_cuda(x: torch.Tensor, w: torch.Tensor, p: KSPattern, layout: str) -> torch.Tensor:
     """The Triton kernel, differentiable (backward as on CPU: the kernel on K^T for dX, a
     batch contraction for dw); einsum where it does not apply (no triton, float64)."""
-    from pathlift.kron import triton_kernel  # imports triton: only on CUDA
+    from pathlift.kron import triton_kernel  # start-up: it imports triton, only on CUDA
 
     if not triton_kernel.available() or x.dtype == torch.float64:
         return _einsum(x, {"w": w}, p, layout)
@@ -326,7 +326,7 @@ ALGORITHMS = tuple(_REGISTRY)  # the one list: ("dense", "sparse", "bsr", "einsu
 def prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict:
     """Convert the factor w (a, b, c, d) to the storage of ``algorithm`` (differentiable)."""
     _check(algorithm, "bsf")
-    _check_factor(w, pattern)
+    check_factor(w, pattern)
     return _REGISTRY[algorithm][0](w, pattern)
 
 

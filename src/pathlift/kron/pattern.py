@@ -167,7 +167,8 @@ def dense_support(patterns: Iterable[KSPattern | Sequence[int]]) -> bool:
     return bool(reach.all())
 
 
-def _log2_exact(n: int, what: str) -> int:
+def log2_exact(n: int, what: str) -> int:
+    """log2(n) for a power of two n >= 2; InvalidParameterError naming ``what`` otherwise."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 2 or n & (n - 1):
         raise InvalidParameterError(f"{what} must be a power of two >= 2, got {n!r}")
     return n.bit_length() - 1
@@ -190,14 +191,14 @@ def low_rank(out_features: int, in_features: int, rank: int) -> tuple[KSPattern,
 
 def square_dyadic_butterfly(n: int) -> tuple[KSPattern, ...]:
     """Square dyadic butterfly of size N = 2^L: (2^(l-1), 2, 2, 2^(L-l)), l = 1..L (Table 5.1)."""
-    L = _log2_exact(n, "butterfly size N")
+    L = log2_exact(n, "butterfly size N")
     return tuple(KSPattern(2 ** (ell - 1), 2, 2, 2 ** (L - ell)) for ell in range(1, L + 1))
 
 
 def kaleidoscope(n: int) -> tuple[KSPattern, ...]:
     """Kaleidoscope of size 2^L: the butterfly followed by its mirror (2^(L-l), 2, 2, 2^(l-1))
     (Table 5.1)."""
-    L = _log2_exact(n, "kaleidoscope size N")
+    L = log2_exact(n, "kaleidoscope size N")
     mirror = tuple(KSPattern(2 ** (L - ell), 2, 2, 2 ** (ell - 1)) for ell in range(1, L + 1))
     return square_dyadic_butterfly(n) + mirror
 
@@ -205,7 +206,7 @@ def kaleidoscope(n: int) -> tuple[KSPattern, ...]:
 def block_butterfly(n: int, t: int) -> tuple[KSPattern, ...]:
     """Block butterfly of size N = 2^L·t: (2^(l-1), 2t, 2t, 2^(L-l)), l = 1..L (Table 5.1)."""
     _check_divides(t, n, "block butterfly size N")
-    L = _log2_exact(n // t, "N / t")
+    L = log2_exact(n // t, "N / t")
     return tuple(KSPattern(2 ** (ell - 1), 2 * t, 2 * t, 2 ** (L - ell)) for ell in range(1, L + 1))
 
 

@@ -22,6 +22,7 @@ from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.kron.design import design as design_chain
 from pathlift.kron.layer import KSLinear, chain_from_tensor
 from pathlift.kron.pattern import KSPattern, check_chain
+from pathlift.rebuilders import register_rebuilder
 
 __all__ = ["LayerChoice", "Replacement", "load_state", "rebuild_layers", "replace_linears"]
 
@@ -256,3 +257,7 @@ def load_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> nn.M
     out = rebuild_layers(copy.deepcopy(model), state_dict)
     out.load_state_dict(state_dict, strict=True)
     return out
+
+
+# pathlift.models.load_weights rebuilds the layers of a state_dict with a chain through it
+register_rebuilder("chain", rebuild_layers)

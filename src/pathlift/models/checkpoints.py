@@ -38,6 +38,7 @@ from pathlift.files import (
 )
 from pathlift.graph.boundary import cpu_state, unwrap
 from pathlift.models.registry import REFERENCE_MODELS, check_model_size, get_model
+from pathlift.rebuilders import rebuild
 
 __all__ = ["CHECKPOINT_SUFFIXES", "Checkpoint", "UnsafeCheckpointError", "load_weights",
            "read_checkpoint", "save_checkpoint"]
@@ -274,21 +275,20 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Modul
     """Load ``state_dict`` into ``model`` strictly, after checking every key and shape.
 
     Pruned checkpoints (``<name>_orig`` and ``<name>_mask``) re-attach their
-    torch.nn.utils.prune masks. Kronecker-sparse layers saved with their chain
-    (``<name>.chain``) are rebuilt in ``model`` first (``pathlift.kron.rebuild_layers``),
-    so a dense architecture loads its designed version. The model is converted to the
-    widest floating dtype the checkpoint holds (the smallest that holds every one of its
-    floating dtypes exactly, ``torch.promote_types``: float64 when any tensor is float64),
-    so no weight is ever rounded; integer, boolean or complex tensors where the model holds
-    floating-point ones are refused, not cast. The key prefixes of a wrapped model's
+    torch.nn.utils.prune masks. Layers whose structure is saved in their state are
+    rebuilt in ``model`` first by the rebuilder their package registers
+    (``pathlift.rebuilders``): Kronecker-sparse layers saved with their chain
+    (``<name>.chain``, ``pathlift.kron.rebuild_layers``), so a dense architecture loads
+    its designed version. The model is converted to the widest floating dtype the
+    checkpoint holds (the smallest that holds every one of its floating dtypes exactly,
+    ``torch.promote_types``: float64 when any tensor is float64), so no weight is ever
+    rounded; integer, boolean or complex tensors where the model holds floating-point
+    ones are refused, not cast. The key prefixes of a wrapped model's
     state_dict (DDP's ``module.``, torch.compile's ``_orig_mod.``) are dropped. Raises
     ArchitectureMismatchError naming the first missing, unexpected and mis-shaped keys.
     """
     state_dict = _unwrapped_keys(model, state_dict)
-    if any(k == "chain" or k.endswith(".chain") for k in state_dict):
-        from pathlift.kron import rebuild_layers  # imported only for Kronecker-sparse models
-
-        model = rebuild_layers(model, state_dict)
+    model = rebuild(model, state_dict)
     expected_dtypes = {k: v.dtype for k, v in model.state_dict().items()}
     cast = [f"{k} ({v.dtype})" for k, v in state_dict.items()
             if k in expected_dtypes and expected_dtypes[k].is_floating_point

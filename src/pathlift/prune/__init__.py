@@ -3,6 +3,7 @@ iterative re-scoring with certificates, and the prune-rewind-retrain protocol wi
 training, on one process or under torchrun."""
 
 from pathlift.prune.experiment import PruneExperiment, prune_experiment
+from pathlift.prune.kron import densify, factor_scores, prune_factors
 from pathlift.prune.methods import (
     PathMagnitudeUnstructured,
     PruningResult,
@@ -52,6 +53,8 @@ __all__ = [
     "Scores",
     "channel_path_magnitude",
     "channel_scores",
+    "densify",
+    "factor_scores",
     "global_magnitude",
     "global_masks",
     "global_path_magnitude",
@@ -63,6 +66,7 @@ __all__ = [
     "path_magnitude_unstructured",
     "prunable_parameters",
     "prune_experiment",
+    "prune_factors",
     "prune_model",
     "prune_rewind_retrain",
 ]

@@ -13,7 +13,7 @@ Lipschitz bound, rescaling of the layer's output and input neurons (normalisatio
 identity neurons between factors are left as they are), the path-metric (its
 coordinates: every factor entry and the bias) and so quantisation of the factors with a
 certified error, and torch.nn.utils.prune masks on the factors
-(``pathlift.kron.prune_factors`` scores them by path-magnitude). Permutation and the
+(``pathlift.prune.prune_factors`` scores them by path-magnitude). Permutation and the
 neuron oracle refuse the layer with a typed error naming it.
 """
 

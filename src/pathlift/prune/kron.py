@@ -23,6 +23,7 @@ from pathlift.graph.boundary import copy_model
 from pathlift.kron.factor import to_dense
 from pathlift.kron.layer import KSLinear
 from pathlift.kron.pattern import KSPattern
+from pathlift.prune.scores import path_magnitude_scores
 
 __all__ = ["densify", "factor_scores", "prune_factors"]
 
@@ -73,8 +74,6 @@ def factor_scores(model: nn.Module, input_shape: Sequence[int] | None = None
     """Path-magnitude score of every factor entry of every ``KSLinear`` (by module name,
     output factor first, each of its factor's shape (a, b, c, d)), on one common scale,
     computed on ``densify(model)`` in float64."""
-    from pathlift.prune import path_magnitude_scores  # the engine's scores
-
     layers = {n: m for n, m in model.named_modules() if isinstance(m, KSLinear)}
     if not layers:
         raise InvalidParameterError("the model has no KSLinear layer; prune its layers with "
