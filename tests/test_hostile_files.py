@@ -363,6 +363,16 @@ def test_a_failed_start_without_out_leaves_no_folder(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.parametrize("args", [("kron-bench", "--every", "0"),
+                                  ("kron-bench", "--batch", "0", "--no-vit"),
+                                  ("kron-design", "64", "64", "--batch", "0")])
+def test_a_refused_command_line_leaves_no_run_folder(args, tmp_path, monkeypatch):
+    """kron-bench made runs/kron-bench-TIMESTAMP before its arguments were checked."""
+    monkeypatch.chdir(tmp_path)
+    _one_line_error(invoke(*args))
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
 def test_a_finished_read_only_folder_is_summarised_again(tmp_path, monkeypatch):
     """The tests run as root, for whom chmod does not make a folder read-only: the read-only
     file system is simulated (EROFS on every open for writing and every atomic write)."""

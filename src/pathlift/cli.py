@@ -527,7 +527,7 @@ def kron_bench(
                 tasks[count] = progress.add_task(f"patterns, {count} thread(s)", total=total)
             progress.update(tasks[count], completed=done)
 
-        run_kron_benchmark(out or default_out("kron-bench"), device=device, dtype=dtype,
+        run_kron_benchmark(out or (lambda: default_out("kron-bench")), device=device, dtype=dtype,
                            full=full, max_dense=max_dense, every=every, batch=batch,
                            algorithms=algorithms, repeats=repeats, threads=threads, vit=vit,
                            vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run)

@@ -94,7 +94,7 @@ class KronBenchResult:
                 f"folder={str(self.folder)!r})")
 
 
-def run_kron_benchmark(out: str | Path, *, device: str | torch.device = "cpu",
+def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | torch.device = "cpu",
                        dtype: str = "float32", full: bool = False,
                        max_dense: int = CPU_MAX_DENSE, every: int = 1,
                        batch: int | None = None, algorithms: Sequence[str] | None = None,
@@ -108,7 +108,9 @@ def run_kron_benchmark(out: str | Path, *, device: str | torch.device = "cpu",
     and ``_vit.csv`` (Table 5.5).
 
     Args:
-        out: the folder for the files (created if needed; files written atomically).
+        out: the folder for the files (created if needed; files written atomically), or
+            a function that creates it, called once the arguments are checked (a refused
+            command line leaves no folder).
         dtype: "float32", "float16" or "bfloat16".
         full: all 627 patterns of App. D.2.1, else those with M·N <= ``max_dense``; every
             ``every``-th pattern of either.
@@ -142,7 +144,7 @@ def run_kron_benchmark(out: str | Path, *, device: str | torch.device = "cpu",
                                     f"{max_dense}; raise it")
     batch = batch or thesis_batch(dev)
     algs = tuple(algorithms or ALGORITHMS)
-    folder = Path(out)
+    folder = Path(out() if callable(out) else out)
     steady = steady_allocator()
     scope = " (full grid)" if full else f", M*N <= {max_dense}"
     runs = []
