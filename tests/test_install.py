@@ -26,7 +26,7 @@ from pathlift.lift import lipschitz_input, path_norm
 from pathlift.models import load_model, save_checkpoint
 from pathlift.prune import global_path_magnitude, path_magnitude_scores
 from pathlift.quant import certified_error, quantize
-from pathlift.report import measure_report
+from pathlift.jobs.report import measure_report
 from pathlift.summary import summary
 from pathlift.symmetry import normalize, random_rescale
 

@@ -280,7 +280,7 @@ def report(
     output: Output = None,
 ) -> None:
     """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md, .html, .json."""
-    from pathlift.report import run_report
+    from pathlift.jobs.report import run_report
 
     result = run_report(out or default_out("report"), model, input_shape, data, epochs, seed,
                         weights=weights, test_fraction=test_fraction, normalize=normalize,
@@ -342,7 +342,7 @@ def prune(
 
     from rich.progress import Progress
 
-    from pathlift.prune import METHODS, PruneConfig, prune_experiment
+    from pathlift.jobs.prune import METHODS, PruneConfig, prune_experiment
 
     config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
                          epochs, rewind_epoch, rounds, last_layer_factor)
@@ -414,7 +414,7 @@ def depth(
     import torch
     from rich.progress import Progress
 
-    from pathlift.depth import depth_experiment
+    from pathlift.jobs.depth import depth_experiment
 
     if dtype not in ("float64", "float32"):
         raise typer.BadParameter("--dtype must be one of ['float32', 'float64']")
@@ -458,8 +458,8 @@ def quantize(
 ) -> None:
     """Quantisation towards zero with its certified error (thesis Lemma 3.4.1, Cor. 3.4.1)."""
     from pathlift.data import load_data
+    from pathlift.jobs.quant import compare_bits
     from pathlift.models import load_model
-    from pathlift.quant import compare_bits
 
     with working(console, f"quantising {model}"):
         split = None if data is None else load_data(data, input_shape=input_shape,
@@ -518,7 +518,7 @@ def kron_bench(
     """
     from rich.progress import Progress
 
-    from pathlift.bench import run_kron_benchmark
+    from pathlift.jobs.bench import run_kron_benchmark
 
     with Progress(console=console) as progress:
         tasks: dict[int, Any] = {}
@@ -536,7 +536,7 @@ def kron_bench(
 
 def _print_kron_run(timed: Any) -> None:
     """One thread count of ``kron-bench``: the machine, the files, the ratios."""
-    from pathlift.bench import kron as bench
+    from pathlift.jobs.bench import kron as bench
 
     console.print(timed.machine)
     console.print(f"wrote {timed.csv}")
@@ -600,7 +600,7 @@ def kron_design(
     """
     from rich.progress import Progress
 
-    from pathlift.bench import run_kron_design
+    from pathlift.jobs.bench import run_kron_design
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("calibrating and timing", total=None)
@@ -658,8 +658,8 @@ def rescale_command(
 
     Same function and path-norms, different raw parameters.
     """
+    from pathlift.jobs.transform import compare_random_rescale
     from pathlift.models import load_model
-    from pathlift.symmetry import compare_random_rescale
 
     with working(console, f"rescaling {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
@@ -689,8 +689,8 @@ def normalize_command(
     Each hidden neuron's ||(theta^{->v}, b_v)||_q becomes 0 or 1; residual-tied channels
     share one factor.
     """
+    from pathlift.jobs.transform import compare_normalized
     from pathlift.models import load_model
-    from pathlift.symmetry import compare_normalized
 
     with working(console, f"normalising {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
@@ -834,7 +834,7 @@ def frontier(
     fixed-class form beside it) and with the compression certificate, and writes
     frontier.csv, frontier_table.csv, frontier.png and frontier.md. Runs under
     `torchrun --nproc_per_node N` to use N processes."""
-    from pathlift.train import FrontierConfig, frontier_experiment, with_sweep
+    from pathlift.jobs.frontier import FrontierConfig, frontier_experiment, with_sweep
 
     config = FrontierConfig(datasets=tuple(dataset), models=tuple(model), epochs=epochs,
                             mnist1d_sizes=tuple(sizes), compression=compression,

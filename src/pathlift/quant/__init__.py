@@ -2,7 +2,6 @@
 
 from pathlift.quant.bits import BitsBudget, LFCNConstants, lfcn_constants, sufficient_bits
 from pathlift.quant.certify import CertifiedError, certified_error
-from pathlift.quant.experiment import QuantComparison, compare_bits
 from pathlift.quant.model import QuantizedModel, quantize
 from pathlift.quant.symmetry_aware import (
     QuantReport,
@@ -17,7 +16,6 @@ __all__ = [
     "BitsBudget",
     "CertifiedError",
     "LFCNConstants",
-    "QuantComparison",
     "QuantReport",
     "QuantizedModel",
     "QuantizedTensor",
@@ -26,7 +24,6 @@ __all__ = [
     "append_csv",
     "certified_error",
     "compare",
-    "compare_bits",
     "lfcn_constants",
     "max_code",
     "quantize",

@@ -10,7 +10,7 @@ from pathlib import Path
 from torch import nn
 
 from pathlift.errors import ShapeError
-from pathlift.prune.protocol import Method, ProtocolResult, PruneConfig
+from pathlift.jobs.prune.protocol import Method, ProtocolResult, PruneConfig
 
 __all__ = ["PruneExperiment", "prune_experiment"]
 
@@ -65,15 +65,15 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         ShapeError: the model's outputs do not match the data's classes.
         InvalidParameterError: unknown model, data, method or spread.
     """
-    from pathlift import plots
     from pathlift.data import load_data, loaders
     from pathlift.data.training import reproducible
     from pathlift.distributed import launched
     from pathlift.graph import graph_of
+    from pathlift.jobs import plots
+    from pathlift.jobs.prune.pipeline import SGDTraining, scatter
+    from pathlift.jobs.prune.protocol import prune_rewind_retrain
+    from pathlift.jobs.prune.results import ResultsFileError, RunFolder
     from pathlift.models import model_factory
-    from pathlift.prune.pipeline import SGDTraining, scatter
-    from pathlift.prune.protocol import prune_rewind_retrain
-    from pathlift.prune.results import ResultsFileError, RunFolder
     from pathlift.prune.scores import prunable_parameters, refuse_parametrized
     from pathlift.symmetry import random_rescale
 

@@ -6,7 +6,7 @@ top-1 bound (Thm 4.1.2 with Thm 4.4.1, union over radii and margins fixed in adv
 certificate (``pathlift.bounds.compression``, the architecture one of the experiment's
 models, fixed in advance). Methods: none, weight decay, l1 / l2 / log path-norm
 penalties, a path-norm budget, Path-SGD, iterative magnitude pruning with rewinding
-(``pathlift.prune.protocol``), and the recipes of ``pathlift.train.recipes``
+(``pathlift.jobs.prune.protocol``), and the recipes of ``pathlift.train.recipes``
 (prune-retrain, box-robust). The test split is only measured, never used to choose.
 
 Under ``torchrun`` the runs are spread over the ranks (rank i trains runs i, i + size, ...;
@@ -36,9 +36,9 @@ from pathlift.data import Digits, load_digits
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError
 from pathlift.files import atomic_write, read_safetensors, write_text
+from pathlift.jobs.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
+from pathlift.jobs.prune.results import RunFolder
 from pathlift.models import mlp, small_cnn
-from pathlift.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
-from pathlift.prune.results import RunFolder
 from pathlift.train.bound import certified_top1
 from pathlift.train.budget import PathNormBudget
 from pathlift.train.path_sgd import PathSGD

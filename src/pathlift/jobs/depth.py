@@ -221,7 +221,7 @@ def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds:
     """``pathlift depth`` in one call: ``grid`` of class ``model``, each run appended to
     ``csv`` as it ends (``append_csv``: a kill keeps the runs done) before ``on_run`` sees
     it, then ||L^beta W_k|| against k/L for the seed-0 runs drawn to ``plot``
-    (``pathlift.plots.depth_trajectories``) and the table computed (``depth_table``)."""
+    (``pathlift.jobs.plots.depth_trajectories``) and the table computed (``depth_table``)."""
 
     if csv is not None:
         check_appendable(csv)  # a CSV that cannot take the rows is refused before any run
@@ -235,7 +235,7 @@ def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds:
     runs = grid(model, depths, seeds, n_samples, dtype, ended)
     drawn = None
     if plot is not None:
-        from pathlift.plots import depth_trajectories
+        from pathlift.jobs.plots import depth_trajectories
 
         drawn = depth_trajectories([r for r in runs if r.seed == 0], plot)
     return DepthExperiment(tuple(runs), tuple(depth_table(runs)),

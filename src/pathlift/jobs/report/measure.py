@@ -1,5 +1,5 @@
 """The report's numbers: a model (trained first if asked) measured end to end into a
-``Report``, a plain data object that ``pathlift.report.render`` turns into pages."""
+``Report``, a plain data object that ``pathlift.jobs.report.render`` turns into pages."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def provenance(seed: int, train: Any = None, test: Any = None) -> Provenance:
     import platform
 
     from pathlift import __version__
-    from pathlift.prune.pipeline import data_digest
+    from pathlift.jobs.prune.pipeline import data_digest
 
     digest = None if train is None else (data_digest(train), data_digest(test))
     return Provenance(__version__, torch.__version__, platform.python_version(), seed, digest)

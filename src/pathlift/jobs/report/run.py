@@ -23,8 +23,8 @@ from pathlift.data import Split
 from pathlift.errors import ShapeError
 from pathlift.files import write_json
 from pathlift.graph.outputs import OutputKey, select_output
-from pathlift.report.measure import DEFAULT_EPOCHS, Report, measure_report
-from pathlift.report.render import render_report
+from pathlift.jobs.report.measure import DEFAULT_EPOCHS, Report, measure_report
+from pathlift.jobs.report.render import render_report
 
 __all__ = ["ReportResult", "run_report"]
 

@@ -19,8 +19,8 @@ from pathlift.files import atomic_write
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from pathlift.depth.experiments import DepthRun
-    from pathlift.prune.protocol import ProtocolResult
+    from pathlift.jobs.depth import DepthRun
+    from pathlift.jobs.prune.protocol import ProtocolResult
 
 __all__ = ["accuracy_curves", "average_vs_worst", "bound_during_training", "bounds_vs_gap",
            "depth_trajectories", "margins_histogram", "pruning_curves", "pruning_experiment",
