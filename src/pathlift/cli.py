@@ -21,6 +21,9 @@ except ImportError as err:  # the library installed without its command line
 
 from pathlift.cli_support import default_out, run, version_callback, working
 
+# start-up: every command imports the library (torch) in its body, so --help, argument
+# errors and 'pathlift models' start without it (tests/test_cli.py times them)
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Path-lifting analysis of ReLU networks.")
 console = Console()

@@ -17,6 +17,7 @@ from pathlift.graph.boundary import flat_outputs, model_input
 from pathlift.graph.memory import check_samples
 from pathlift.graph.normalize import Normalized, normalize_report
 from pathlift.lift import path_norm
+from pathlift.models import save_checkpoint, save_like
 from pathlift.symmetry.rescale import random_rescale
 
 __all__ = ["Comparison", "Transformed", "compare_models", "compare_normalized",
@@ -76,8 +77,6 @@ def _finish(model: nn.Module, copy: nn.Module, input_shape: Sequence[int], sampl
             out: str | Path | None, spec: str | None,
             normalized: Normalized | None = None) -> Transformed:
     """Compare ``copy`` with ``model`` and write it to ``out`` (as ``spec``'s architecture)."""
-    from pathlift.models import save_checkpoint, save_like
-
     comparison = compare_models(model, copy, input_shape, samples)
     path = None
     if out and any(parametrize.is_parametrized(m) for m in unwrap(model).modules()):
