@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from pathlift.bounds import lipschitz_input
 from pathlift.kron import (
     KSLinear,
     KSPattern,
@@ -29,7 +30,7 @@ from pathlift.kron import (
     replace_linears,
     to_dense,
 )
-from pathlift.lift import lipschitz_input, path_metric, path_norm
+from pathlift.lift import path_metric, path_norm
 from pathlift.models import mlp
 from pathlift.quant import certified_error, quantize
 from pathlift.symmetry import random_rescale

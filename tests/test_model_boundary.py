@@ -58,8 +58,8 @@ CALLS: dict[str, Callable[[nn.Module], object]] = {
     "path_norm": lambda m: lift.path_norm(m, SHAPE, q=2).log10,
     "path_norms": lambda m: [v.log10 for v in lift.path_norms(m, SHAPE).values()],
     "path_metric": lambda m: lift.path_metric(m, _other(m), SHAPE).lower_log10,
-    "lipschitz_input": lambda m: lift.lipschitz_input(m, SHAPE).log10,
-    "lipschitz_params": lambda m: lift.lipschitz_params(m, _other(m), SHAPE).log10,
+    "lipschitz_input": lambda m: bounds.lipschitz_input(m, SHAPE).log10,
+    "lipschitz_params": lambda m: bounds.lipschitz_params(m, _other(m), SHAPE).log10,
     "local_affine": lambda m: lift.local_affine(m, SHAPE, X).coefficients(),
     "average_case_path_norm": lambda m: lift.average_case_path_norm(m, SHAPE, X).mean,
     "rescale": lambda m: _outputs(symmetry.rescale(m, {"a": 3.0}, SHAPE)),
@@ -213,7 +213,7 @@ def test_tied_weights_path_norms_quantisation_and_metric_are_exact():
     assert d.exact and d.value == pytest.approx(enumerated, rel=1e-9)
     worst = float((_outputs(model, TX) - _outputs(quantized, TX)).abs().sum(1).max())
     assert worst <= float(d.bound(TX).max()) * (1 + 1e-9)
-    assert not math.isnan(lift.layer_norm_product(model, TIED_SHAPE).log10)
+    assert not math.isnan(bounds.layer_norm_product(model, TIED_SHAPE).log10)
 
 
 @pytest.mark.parametrize("wrap", ["weight_norm", "spectral_norm", "orthogonal"])

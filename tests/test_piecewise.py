@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pathlift.bounds import lipschitz_input
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.channels import analyse
 from pathlift.graph.neurons import NeuronDAG
-from pathlift.lift import lipschitz_input, path_norm
+from pathlift.lift import path_norm
 from pathlift.quant import certified_error, quantize
 from pathlift.symmetry import canonicalize, equivalent, permute, random_rescale
 

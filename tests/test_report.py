@@ -12,13 +12,13 @@ from pathlift.bounds import (
     rademacher_peeling,
     sigma_from_loader,
 )
+from pathlift.bounds.top1 import certified_top1
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders, synthetic
 from pathlift.data.training import train_classifier
 from pathlift.jobs.report import PathNormTracker, run_report
 from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.models import mlp, save_checkpoint, small_cnn
-from pathlift.train.bound import certified_top1
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -19,6 +19,7 @@ from pathlift.bounds import (
     architecture_constants,
     cross_entropy_gap_log10,
     generalization_bounds,
+    lipschitz_input,
     rademacher_peeling,
     sigma_of,
 )
@@ -34,7 +35,7 @@ from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.graph.ops import supported_summary
 from pathlift.jobs.report import run_report
-from pathlift.lift import lipschitz_input, path_norm, path_norms
+from pathlift.lift import path_norm, path_norms
 from pathlift.models import get_model, load_model, save_checkpoint
 from pathlift.symmetry import identify
 from user_files import MODULE, write_project

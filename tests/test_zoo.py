@@ -30,20 +30,18 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import zoo
-from pathlift.bounds import architecture_constants, margins, rademacher_peeling
-from pathlift.errors import PathliftError, UnsupportedModelError
-from pathlift.graph import check, trace
-from pathlift.graph.neurons import NeuronDAG
-from pathlift.lift import (
-    average_case_path_norm,
+from pathlift.bounds import (
+    architecture_constants,
     layer_norm_product,
     lipschitz_input,
     lipschitz_params,
-    local_affine,
-    path_metric,
-    path_norm,
-    path_norms,
+    margins,
+    rademacher_peeling,
 )
+from pathlift.errors import PathliftError, UnsupportedModelError
+from pathlift.graph import check, trace
+from pathlift.graph.neurons import NeuronDAG
+from pathlift.lift import average_case_path_norm, local_affine, path_metric, path_norm, path_norms
 from pathlift.lift.path_metric import enumerated_path_metric
 from pathlift.prune import (
     channel_path_magnitude,

@@ -755,7 +755,7 @@ def lipschitz(
     In x: ||Phi||_{1,r} (Thm 3.3.1) against Pi_{1,r} (Def. 3.3.1). In theta, with --other:
     max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1) against eq. 3.7.
     """
-    from pathlift.lift import lipschitz_bounds
+    from pathlift.bounds import lipschitz_bounds
     from pathlift.models import load_model, load_model_pair
 
     with working(console, f"Lipschitz bounds of {model}"):

@@ -1,6 +1,8 @@
-"""Generalisation bounds of ReLU DAG networks and their architecture constants (thesis Ch. 4),
-valid as stated (``union``), and the compression certificate of a trained network
-(``compression``)."""
+"""Every theorem that turns path-lifting quantities into a bound: generalisation bounds of
+ReLU DAG networks and their architecture constants (thesis Ch. 4), valid as stated
+(``union``), the certified top-1 error of a trained classifier (``top1``), the Lipschitz
+bounds in the input and in the parameters (``lipschitz``, thesis Sec. 3.3-3.4) and the
+compression certificate of a trained network (``compression``)."""
 
 from pathlift.bounds.compression import (
     CompressionBound,
@@ -13,6 +15,16 @@ from pathlift.bounds.constants import (
     architecture_constants,
 )
 from pathlift.bounds.covering import CoveringNumber, covering_deep, covering_shallow
+from pathlift.bounds.lipschitz import (
+    InputLipschitz,
+    LayerNormProduct,
+    LipschitzBounds,
+    ParameterLipschitz,
+    layer_norm_product,
+    lipschitz_bounds,
+    lipschitz_input,
+    lipschitz_params,
+)
 from pathlift.bounds.measured import (
     GeneralizationBounds,
     Measured,
@@ -39,6 +51,7 @@ from pathlift.bounds.risk import (
     margin_loss,
     margins,
 )
+from pathlift.bounds.top1 import FORMS, CertifiedBound, certified_top1
 from pathlift.bounds.union import (
     DEFAULT_GRID,
     PriorGrid,
@@ -54,20 +67,27 @@ from pathlift.bounds.verdict import verdict
 __all__ = [
     "CROSS_ENTROPY_LIPSCHITZ",
     "DEFAULT_GRID",
+    "FORMS",
     "ArchitectureConstants",
+    "CertifiedBound",
     "CompressionBound",
     "CompressionSearch",
     "CoveringNumber",
     "EventGrid",
     "GeneralizationBounds",
+    "InputLipschitz",
+    "LayerNormProduct",
+    "LipschitzBounds",
     "MarginBound",
     "Measured",
+    "ParameterLipschitz",
     "PriorGrid",
     "RademacherBound",
     "Sigma",
     "UnionGapBound",
     "UnionMarginBound",
     "architecture_constants",
+    "certified_top1",
     "compression_bound",
     "covering_deep",
     "covering_shallow",
@@ -76,6 +96,10 @@ __all__ = [
     "fixed_class_margin_bound",
     "gap_bound_log10",
     "generalization_bounds",
+    "layer_norm_product",
+    "lipschitz_bounds",
+    "lipschitz_input",
+    "lipschitz_params",
     "loss_accuracy",
     "margin_bound",
     "margin_loss",

@@ -32,6 +32,7 @@ from torch.utils.data import TensorDataset
 
 from pathlift.bounds.code import architecture_of
 from pathlift.bounds.compression import CompressionSearch, compression_bound
+from pathlift.bounds.top1 import certified_top1
 from pathlift.bounds.verdict import verdict
 from pathlift.data import Digits, load_digits
 from pathlift.data.embedded import Split
@@ -42,7 +43,6 @@ from pathlift.files import atomic_write, os_errors, read_safetensors, write_text
 from pathlift.jobs.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
 from pathlift.jobs.prune.results import RunFolder
 from pathlift.models import mlp, small_cnn
-from pathlift.train.bound import certified_top1
 from pathlift.train.budget import PathNormBudget
 from pathlift.train.path_sgd import PathSGD
 from pathlift.train.penalties import make_penalty

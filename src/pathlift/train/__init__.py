@@ -1,8 +1,8 @@
 """Training toward informative bounds (thesis Sec. 7.2.1-7.2.2): differentiable path-norm
-penalties, training under a path-norm budget, Path-SGD on any ReLU DAG, the certified
-top-1 bound of a trained network, the recipes toward the compression certificate
-(box-robust training, prune-retrain, compact models). The accuracy/bound frontier
-experiment is the job ``pathlift.jobs.frontier``."""
+penalties, training under a path-norm budget, Path-SGD on any ReLU DAG and the recipes
+toward the compression certificate (box-robust training, prune-retrain, compact models);
+the certified top-1 bound of a trained network is ``pathlift.bounds.certified_top1``. The
+accuracy/bound frontier experiment is the job ``pathlift.jobs.frontier``."""
 
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.train.budget import PathNormBudget
