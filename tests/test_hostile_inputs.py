@@ -45,7 +45,6 @@ from torch import nn
 
 from cli_runner import invoke
 from nets import residual_cnn
-from pathlift.bounds.lipschitz import layer_norm_product
 from pathlift.data import load_data
 from pathlift.errors import InvalidParameterError, PathliftError, PrecisionError
 from pathlift.graph.neurons import NeuronDAG
@@ -53,6 +52,7 @@ from pathlift.jobs.prune import PruneConfig, RunFolder, prune_rewind_retrain
 from pathlift.jobs.prune.results import COLUMNS, ResultsFileError, RunRecord
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
+from pathlift.lift.layer_norm import layer_norm_product
 from pathlift.lift.path_metric import path_metric
 from pathlift.prune import path_magnitude_scores
 

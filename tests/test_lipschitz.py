@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from pathlift.bounds.lipschitz import layer_norm_product, lipschitz_input, lipschitz_params
+from pathlift.bounds.lipschitz import lipschitz_input, lipschitz_params
 from pathlift.graph.boundary import flat_outputs
 from pathlift.lift import path_norm
+from pathlift.lift.layer_norm import layer_norm_product
 from pathlift.symmetry import normalize
 from test_path_metric import masked, rounded_towards_zero
 from test_rescale import ZOO, build

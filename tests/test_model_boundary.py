@@ -213,7 +213,7 @@ def test_tied_weights_path_norms_quantisation_and_metric_are_exact():
     assert d.exact and d.value == pytest.approx(enumerated, rel=1e-9)
     worst = float((_outputs(model, TX) - _outputs(quantized, TX)).abs().sum(1).max())
     assert worst <= float(d.bound(TX).max()) * (1 + 1e-9)
-    assert not math.isnan(bounds.layer_norm_product(model, TIED_SHAPE).log10)
+    assert not math.isnan(lift.layer_norm_product(model, TIED_SHAPE).log10)
 
 
 @pytest.mark.parametrize("wrap", ["weight_norm", "spectral_norm", "orthogonal"])

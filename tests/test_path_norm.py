@@ -232,7 +232,7 @@ def test_r_defaults_to_q_everywhere():
     ``pathlift norm -q`` give (it was the mixed (q, 1) norm); r=1 still gives the mixed one,
     both equal to enumeration."""
     from cli_runner import invoke
-    from pathlift.bounds import layer_norm_product
+    from pathlift.lift import layer_norm_product
     from pathlift.models import load_model
 
     model, shape = random_network(3)

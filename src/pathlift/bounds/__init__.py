@@ -17,10 +17,8 @@ from pathlift.bounds.constants import (
 from pathlift.bounds.covering import CoveringNumber, covering_deep, covering_shallow
 from pathlift.bounds.lipschitz import (
     InputLipschitz,
-    LayerNormProduct,
     LipschitzBounds,
     ParameterLipschitz,
-    layer_norm_product,
     lipschitz_bounds,
     lipschitz_input,
     lipschitz_params,
@@ -76,7 +74,6 @@ __all__ = [
     "EventGrid",
     "GeneralizationBounds",
     "InputLipschitz",
-    "LayerNormProduct",
     "LipschitzBounds",
     "MarginBound",
     "Measured",
@@ -96,7 +93,6 @@ __all__ = [
     "fixed_class_margin_bound",
     "gap_bound_log10",
     "generalization_bounds",
-    "layer_norm_product",
     "lipschitz_bounds",
     "lipschitz_input",
     "lipschitz_params",
