@@ -26,6 +26,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 import pathlift.files
+from pathlift.bounds.symmetry_aware import QuantReport
+from pathlift.bounds.symmetry_aware import append_csv as append_quant_csv
 from pathlift.data import load_digits, loaders, synthetic
 from pathlift.errors import InvalidParameterError
 from pathlift.files import FileSystemError
@@ -43,8 +45,6 @@ from pathlift.jobs.prune import (
 from pathlift.jobs.prune.protocol import manifest
 from pathlift.jobs.prune.results import COLUMNS, RunRecord
 from pathlift.models import load_model, mlp, save_checkpoint
-from pathlift.quant.symmetry_aware import QuantReport
-from pathlift.quant.symmetry_aware import append_csv as append_quant_csv
 
 SHAPE = (1, 8, 8)
 CONFIG = PruneConfig(amounts=(0.5, 0.8), methods=("magnitude-global", "path-magnitude-global"),

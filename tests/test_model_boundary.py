@@ -83,8 +83,8 @@ CALLS: dict[str, Callable[[nn.Module], object]] = {
                                          _outputs(m)),
     "quantize": lambda m: _outputs(quant.quantize(m, SHAPE, bits=6).model),
     "symmetry_aware_quantize": lambda m: _outputs(
-        quant.symmetry_aware_quantize(m, SHAPE, 6).quantized.model),
-    "certified_error": lambda m: quant.certified_error(
+        bounds.symmetry_aware_quantize(m, SHAPE, 6).quantized.model),
+    "certified_error": lambda m: bounds.certified_error(
         m, quant.quantize(m, SHAPE, bits=6), SHAPE).log10,
     "architecture_constants": lambda m: bounds.architecture_constants(m, SHAPE),
     "margins": lambda m: bounds.margins(m, LOADER),
@@ -207,7 +207,7 @@ def test_tied_weights_path_norms_quantisation_and_metric_are_exact():
         assert lift.path_norm(model, TIED_SHAPE, q).log10 == pytest.approx(
             dag.path_norm_log10(q), abs=1e-10)
     quantized = quant.quantize(model, TIED_SHAPE, bits=4).model
-    d = quant.certified_error(model, quantized, TIED_SHAPE)
+    d = bounds.certified_error(model, quantized, TIED_SHAPE)
     enumerated = lift.path_metric.__globals__["enumerated_path_metric"](
         model, quantized, TIED_SHAPE)
     assert d.exact and d.value == pytest.approx(enumerated, rel=1e-9)

@@ -32,11 +32,13 @@ from torch.utils.data import DataLoader, TensorDataset
 import zoo
 from pathlift.bounds import (
     architecture_constants,
+    certified_error,
     layer_norm_product,
     lipschitz_input,
     lipschitz_params,
     margins,
     rademacher_peeling,
+    symmetry_aware_quantize,
 )
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph import check, trace
@@ -55,13 +57,7 @@ from pathlift.prune import (
     prunable_parameters,
     prune_model,
 )
-from pathlift.quant import (
-    certified_error,
-    compare,
-    lfcn_constants,
-    quantize,
-    symmetry_aware_quantize,
-)
+from pathlift.quant import compare, lfcn_constants, quantize
 from pathlift.symmetry import (
     adversarial_rescale,
     analyse,

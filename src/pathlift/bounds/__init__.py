@@ -1,7 +1,9 @@
 """Every theorem that turns path-lifting quantities into a bound: generalisation bounds of
 ReLU DAG networks and their architecture constants (thesis Ch. 4), valid as stated
 (``union``), the certified top-1 error of a trained classifier (``top1``), the Lipschitz
-bounds in the input and in the parameters (``lipschitz``, thesis Sec. 3.3-3.4) and the
+bounds in the input and in the parameters (``lipschitz``, thesis Sec. 3.3-3.4), the
+certified error of a quantised network (``quantization``, Lemma 3.4.1) and the quantiser that
+keeps the normalisation of smallest certified error (``symmetry_aware``, Sec. 7.5), and the
 compression certificate of a trained network (``compression``)."""
 
 from pathlift.bounds.compression import (
@@ -29,6 +31,7 @@ from pathlift.bounds.measured import (
     generalization_bounds,
     loss_accuracy,
 )
+from pathlift.bounds.quantization import CertifiedError, certified_error
 from pathlift.bounds.rademacher import (
     RademacherBound,
     Sigma,
@@ -49,6 +52,7 @@ from pathlift.bounds.risk import (
     margin_loss,
     margins,
 )
+from pathlift.bounds.symmetry_aware import SymmetryAwareQuantized, symmetry_aware_quantize
 from pathlift.bounds.top1 import FORMS, CertifiedBound, certified_top1
 from pathlift.bounds.union import (
     DEFAULT_GRID,
@@ -68,6 +72,7 @@ __all__ = [
     "FORMS",
     "ArchitectureConstants",
     "CertifiedBound",
+    "CertifiedError",
     "CompressionBound",
     "CompressionSearch",
     "CoveringNumber",
@@ -81,9 +86,11 @@ __all__ = [
     "PriorGrid",
     "RademacherBound",
     "Sigma",
+    "SymmetryAwareQuantized",
     "UnionGapBound",
     "UnionMarginBound",
     "architecture_constants",
+    "certified_error",
     "certified_top1",
     "compression_bound",
     "covering_deep",
@@ -107,6 +114,7 @@ __all__ = [
     "sharpened_constant",
     "sigma_from_loader",
     "sigma_of",
+    "symmetry_aware_quantize",
     "union_gap_bound",
     "union_margin_bound",
     "verdict",

@@ -11,13 +11,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pathlift.bounds.symmetry_aware import QuantReport, append_csv, compare
 from pathlift.data import Split
 from pathlift.errors import ShapeError, check_count
 from pathlift.files import check_appendable
 from pathlift.graph import graph_of
 from pathlift.graph.memory import check_samples
 from pathlift.graph.outputs import classifier_output
-from pathlift.quant.symmetry_aware import QuantReport, append_csv, compare
 from pathlift.symmetry import random_rescale
 
 __all__ = ["QuantComparison", "compare_bits"]

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from pathlift.bounds.quantization import CertifiedError, certified_error
 from pathlift.errors import InvalidParameterError
 from pathlift.files import append_rows
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import dtype_device, flat_outputs, model_input
-from pathlift.quant.certify import CertifiedError, certified_error
 from pathlift.quant.model import QuantizedModel, quantize
 from pathlift.quant.uniform import Rounding
 from pathlift.symmetry import normalize
