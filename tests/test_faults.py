@@ -27,7 +27,6 @@ from torch import nn
 
 import pathlift.files
 from pathlift.bounds.symmetry_aware import QuantReport
-from pathlift.bounds.symmetry_aware import append_csv as append_quant_csv
 from pathlift.data import load_digits, loaders, synthetic
 from pathlift.errors import InvalidParameterError
 from pathlift.files import FileSystemError
@@ -44,6 +43,7 @@ from pathlift.jobs.prune import (
 )
 from pathlift.jobs.prune.protocol import manifest
 from pathlift.jobs.prune.results import COLUMNS, RunRecord
+from pathlift.jobs.quant import append_csv as append_quant_csv
 from pathlift.models import load_model, mlp, save_checkpoint
 
 SHAPE = (1, 8, 8)

@@ -39,7 +39,6 @@ from pathlift.files import FileSystemError, append_rows, write_text
 from pathlift.graph import graph_of
 from pathlift.graph.memory import MemoryLimitError
 from pathlift.jobs.prune import RunFolder
-from pathlift.jobs.transform import compare_models
 from pathlift.kron import cpu_kernel
 from pathlift.lift import path_norm
 from pathlift.models import (
@@ -48,6 +47,7 @@ from pathlift.models import (
     mlp,
     save_checkpoint,
 )
+from pathlift.symmetry import compare_models
 
 PRUNE = ("--data", "digits", "--epochs", "2", "--rewind-epoch", "1", "--seeds", "1",
          "--amount", "0.5", "--method", "magnitude-global")

@@ -1,5 +1,6 @@
-"""A model against its transformed copy: what a symmetry changes and what it keeps, and the
-``pathlift rescale`` / ``pathlift normalize`` commands as one call each."""
+"""The ``pathlift rescale`` / ``pathlift normalize`` commands as one call each: the
+transformed copy, compared with the model (``pathlift.symmetry.compare_models``), and
+written as a checkpoint."""
 
 from __future__ import annotations
 
@@ -7,50 +8,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from pathlift.errors import UnsupportedModelError, check_count
+from pathlift.errors import UnsupportedModelError
 from pathlift.graph import unwrap
-from pathlift.graph.boundary import flat_outputs, model_input
-from pathlift.graph.memory import check_samples
 from pathlift.graph.normalize import Normalized, normalize_report
-from pathlift.lift import path_norm
 from pathlift.models import save_checkpoint, save_like
+from pathlift.symmetry.compare import Comparison, compare_models
 from pathlift.symmetry.rescale import random_rescale
 
-__all__ = ["Comparison", "Transformed", "compare_models", "compare_normalized",
-           "compare_random_rescale"]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """||theta||_2 and log10 ||Phi||_1 of a model and of its transformed copy, and the
-    largest output gap max |R - R'| / max |R| on N(0, 1) samples. A rescaling (Def. 2.4.1)
-    changes the first, keeps the second (Thm 2.4.2) and the function."""
-
-    parameter_norm: tuple[float, float]
-    path_norm_log10: tuple[float, float]
-    output_gap: float
-    samples: int
-
-
-def compare_models(model: nn.Module, other: nn.Module, input_shape: Sequence[int],
-                   samples: int = 16, seed: int = 0) -> Comparison:
-    """Parameter norms, l1 path-norms (Thm 3.1.1) and the relative output gap of two models
-    of the same input shape, on ``samples`` seeded N(0, 1) inputs. Neither is modified."""
-    samples = check_count("samples", samples)
-    check_samples(samples, input_shape, "comparing the outputs", 4)
-    x = torch.randn((samples, *input_shape), generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        y = flat_outputs(model(model_input(model, x)), samples).double()
-        y2 = flat_outputs(other(model_input(other, x)), samples).double()
-    norms = tuple(sum(float(p.detach().double().pow(2).sum()) for p in m.parameters()) ** 0.5
-                  for m in (model, other))
-    logs = tuple(path_norm(m, input_shape).log10 for m in (model, other))
-    gap = float((y - y2).abs().max() / y.abs().max().clamp_min(1e-300))
-    return Comparison(norms, logs, gap, samples)
+__all__ = ["Transformed", "compare_normalized", "compare_random_rescale"]
 
 
 @dataclass(frozen=True, repr=False)

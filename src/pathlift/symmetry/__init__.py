@@ -8,6 +8,7 @@ Lemma F.3 path-metric bound needs normalised parameters); it is re-exported here
 from pathlift.graph.channels import analyse
 from pathlift.graph.normalize import Normalized, normalize, normalize_report
 from pathlift.symmetry.adversarial import adversarial_rescale, magnitude_prune
+from pathlift.symmetry.compare import Comparison, compare_models
 from pathlift.symmetry.conserved import ConservedQuantities, conserved_quantities
 from pathlift.symmetry.equivalence import (
     Canonical,
@@ -28,9 +29,9 @@ from pathlift.symmetry.identify import (
 from pathlift.symmetry.rescale import random_rescale, rescale
 
 __all__ = [
-    "Canonical", "ConservedQuantities", "Equivalence", "Identifiability",
+    "Canonical", "Comparison", "ConservedQuantities", "Equivalence", "Identifiability",
     "Normalized", "Symmetries", "SymmetryDimension", "adversarial_rescale",
-    "analyse", "canonicalize",
+    "analyse", "canonicalize", "compare_models",
     "conserved_quantities", "equivalent", "identify",
     "magnitude_prune", "normalize", "normalize_report", "permutable_units", "permute",
     "random_rescale", "rescale", "symmetries", "symmetry_dimension",
