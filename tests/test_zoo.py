@@ -33,17 +33,24 @@ import zoo
 from pathlift.bounds import (
     architecture_constants,
     certified_error,
-    layer_norm_product,
     lipschitz_input,
     lipschitz_params,
     margins,
     rademacher_peeling,
     symmetry_aware_quantize,
 )
+from pathlift.bounds.symmetry_aware import compare
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph import check, trace
 from pathlift.graph.neurons import NeuronDAG
-from pathlift.lift import average_case_path_norm, local_affine, path_metric, path_norm, path_norms
+from pathlift.lift import (
+    average_case_path_norm,
+    layer_norm_product,
+    local_affine,
+    path_metric,
+    path_norm,
+    path_norms,
+)
 from pathlift.lift.path_metric import enumerated_path_metric
 from pathlift.prune import (
     channel_path_magnitude,
@@ -57,7 +64,7 @@ from pathlift.prune import (
     prunable_parameters,
     prune_model,
 )
-from pathlift.quant import compare, lfcn_constants, quantize
+from pathlift.quant import lfcn_constants, quantize
 from pathlift.symmetry import (
     adversarial_rescale,
     analyse,
