@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from pathlift.depth.classes import parse_model
-from pathlift.depth.experiments import c10k, digits
 from pathlift.depth.model import DepthResNet
 from pathlift.depth.train import train
+from pathlift.jobs.depth import c10k, digits
 
 
 class ModuleListResNet(nn.Module):

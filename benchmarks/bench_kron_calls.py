@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from pathlift import files
-from pathlift.bench.kron import CPU_BATCH_SIZE, cpu_patterns
+from pathlift.jobs.bench.kron import CPU_BATCH_SIZE, cpu_patterns
 from pathlift.kron import KSLinear, KSPattern, apply, ks_multiply, prepare, random_factor
 from pathlift.kron.cache import machine_description
 from pathlift.kron.timing import round_robin, steady_allocator

@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from pathlift.bench import kron as bench
+from pathlift.jobs.bench import kron as bench
 from pathlift.kron.cache import machine_description
 from pathlift.kron.timing import steady_allocator
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pathlift.distributed import exit_process, launched
-from pathlift.prune import Phase, PruneConfig, RunFolder, prune_rewind_retrain
+from pathlift.jobs.prune import Phase, PruneConfig, RunFolder, prune_rewind_retrain
 
 
 def step_lr(base: float, epochs: int, epoch: int) -> float:

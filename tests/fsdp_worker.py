@@ -184,7 +184,8 @@ def trace_keeps_rng(rank: int, world: int) -> dict[str, Any]:
 
 
 def _norms(model: nn.Module, shape: tuple[int, ...]) -> dict[str, float | None]:
-    from pathlift.lift import lipschitz_input, path_norms
+    from pathlift.bounds import lipschitz_input
+    from pathlift.lift import path_norms
 
     found = {f"q{q:g}": n.log10 for q, n in path_norms(model, shape, qs=(1, 2, 8)).items()}
     bound = lipschitz_input(model, shape)
@@ -206,8 +207,8 @@ def path_norms(rank: int, world: int, names: tuple[str, ...]) -> dict[str, Any]:
     """Float64 path-norms (q = 1, 2, 8), the input-Lipschitz bound and the parameter one
     against the halved model (an exact path-metric) of each model, unsharded (every rank
     alone) and sharded, per layer and whole; the sharded model trains after each call."""
+    from pathlift.bounds import lipschitz_params
     from pathlift.graph import copy_model
-    from pathlift.lift import lipschitz_params
 
     found: dict[str, Any] = {}
     for name in names:

@@ -11,7 +11,7 @@ import torch
 
 from pathlift.bounds.code import architecture_of
 from pathlift.bounds.compression import compression_bound
-from pathlift.train.frontier import FRONTIER_SEARCH
+from pathlift.jobs.frontier import FRONTIER_SEARCH
 from pathlift.train.recipes import compact_model, train_recipe
 
 

@@ -10,12 +10,12 @@ import torch
 
 from cli_runner import invoke
 from pathlift.depth.classes import CLASSES, parse_model
-from pathlift.depth.experiments import append_csv, c10k, fit_rate, grid, maxima, run
 from pathlift.depth.model import DepthResNet
 from pathlift.depth.published import PUBLISHED_C10K
 from pathlift.depth.pvar import p_variation
 from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError
+from pathlift.jobs.depth import append_csv, c10k, fit_rate, grid, maxima, run
 
 
 def test_model_classes_follow_tables_4_1_and_4_2() -> None:
@@ -138,8 +138,8 @@ def test_depth_experiment_is_the_command_in_one_call(tmp_path) -> None:
     same runs, table, CSV and a plot; on_run sees each run after its CSV row is written."""
     import csv
 
-    from pathlift.depth import depth_experiment, depth_table
-    from pathlift.plots import depth_trajectories
+    from pathlift.jobs.depth import depth_experiment, depth_table
+    from pathlift.jobs.plots import depth_trajectories
 
     seen = []
 

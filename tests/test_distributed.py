@@ -28,8 +28,8 @@ from pathlift.distributed import ddp, exit_process, fingerprint, launched, shard
 from pathlift.errors import DistributedError
 from pathlift.graph import copy_model, unwrap
 from pathlift.graph.boundary import prune_masks
+from pathlift.jobs.prune import Method, Phase, PruneConfig, RunFolder, prune_rewind_retrain
 from pathlift.models import mlp
-from pathlift.prune import Method, Phase, PruneConfig, RunFolder, prune_rewind_retrain
 from pathlift.symmetry import random_rescale
 from pathlift.track import PathNormTracker
 

@@ -15,10 +15,10 @@ from torch import nn
 from torch.nn.utils import prune
 
 from nets import SHAPE, dense_equivalent, residual_cnn
+from pathlift.bounds import symmetry_aware_quantize
 from pathlift.errors import ShapeError, UnsupportedModelError
 from pathlift.graph import eval_mode, graph_of, trace
 from pathlift.lift import path_norm
-from pathlift.quant import symmetry_aware_quantize
 from pathlift.symmetry import equivalent, random_rescale
 
 

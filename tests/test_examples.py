@@ -10,8 +10,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pathlift.data import synthetic
+from pathlift.jobs.prune import PruneConfig, RunFolder, prune_rewind_retrain
 from pathlift.models import load_weights, read_checkpoint, resnet18
-from pathlift.prune import PruneConfig, RunFolder, prune_rewind_retrain
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "prune_resnet_folder.py"
 

@@ -26,14 +26,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 import pathlift.files
+from pathlift.bounds.symmetry_aware import QuantReport
 from pathlift.data import load_digits, loaders, synthetic
-from pathlift.depth.experiments import DepthRun, append_csv
 from pathlift.errors import InvalidParameterError
 from pathlift.files import FileSystemError
-from pathlift.models import load_model, mlp, save_checkpoint
-from pathlift.plots import depth_trajectories
-from pathlift.plots import pruning_experiment as plot
-from pathlift.prune import (
+from pathlift.jobs.depth import DepthRun, append_csv
+from pathlift.jobs.plots import depth_trajectories
+from pathlift.jobs.plots import pruning_experiment as plot
+from pathlift.jobs.prune import (
     PruneConfig,
     ResultsFileError,
     RunFolder,
@@ -41,10 +41,10 @@ from pathlift.prune import (
     SGDTraining,
     prune_rewind_retrain,
 )
-from pathlift.prune.protocol import manifest
-from pathlift.prune.results import COLUMNS, RunRecord
-from pathlift.quant.symmetry_aware import QuantReport
-from pathlift.quant.symmetry_aware import append_csv as append_quant_csv
+from pathlift.jobs.prune.protocol import manifest
+from pathlift.jobs.prune.results import COLUMNS, RunRecord
+from pathlift.jobs.quant import append_csv as append_quant_csv
+from pathlift.models import load_model, mlp, save_checkpoint
 
 SHAPE = (1, 8, 8)
 CONFIG = PruneConfig(amounts=(0.5, 0.8), methods=("magnitude-global", "path-magnitude-global"),
@@ -408,8 +408,8 @@ def _depth_run(seed: int) -> DepthRun:
 
 def _writers(tmp_path: Path) -> dict[str, tuple[Path, Callable[[int], object]]]:
     """Each writer: (the file it writes, write version i)."""
-    from pathlift.prune.protocol import ProtocolResult
-    from pathlift.prune.results import DenseStates
+    from pathlift.jobs.prune.protocol import ProtocolResult
+    from pathlift.jobs.prune.results import DenseStates
 
     folder = RunFolder(tmp_path / "run")
     result = ProtocolResult(ONE, (_record(0.5),))

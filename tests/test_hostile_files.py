@@ -38,6 +38,7 @@ from pathlift.errors import ArchitectureMismatchError, InvalidParameterError, Un
 from pathlift.files import FileSystemError, append_rows, write_text
 from pathlift.graph import graph_of
 from pathlift.graph.memory import MemoryLimitError
+from pathlift.jobs.prune import RunFolder
 from pathlift.kron import cpu_kernel
 from pathlift.lift import path_norm
 from pathlift.models import (
@@ -46,7 +47,6 @@ from pathlift.models import (
     mlp,
     save_checkpoint,
 )
-from pathlift.prune import RunFolder
 from pathlift.symmetry import compare_models
 
 PRUNE = ("--data", "digits", "--epochs", "2", "--rewind-epoch", "1", "--seeds", "1",
@@ -331,7 +331,7 @@ def test_a_300_character_out_is_one_line(tmp_path, monkeypatch):
 def test_a_non_utf8_out_resumes_without_a_misleading_message(tmp_path, monkeypatch):
     """A folder name that is not UTF-8 (as a shell passes its bytes): the second run
     resumes from the dense weights the first wrote there, instead of calling them damaged."""
-    from pathlift.prune import PruneConfig, prune_experiment
+    from pathlift.jobs.prune import PruneConfig, prune_experiment
 
     monkeypatch.chdir(tmp_path)
     out = os.fsdecode(b"out\xff")
@@ -357,7 +357,7 @@ def test_a_failed_start_without_out_leaves_no_folder(tmp_path, monkeypatch):
     def full_disk(path, value, indent=1):
         raise pathlift.files.describe(OSError(28, "No space left on device"), path, "write")
 
-    monkeypatch.setattr("pathlift.prune.results.write_json", full_disk)
+    monkeypatch.setattr("pathlift.jobs.prune.results.write_json", full_disk)
     line = _one_line_error(invoke("prune", "--model", "mlp", *PRUNE))
     assert "disk is full" in line
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
@@ -387,7 +387,7 @@ def test_a_finished_read_only_folder_is_summarised_again(tmp_path, monkeypatch):
     def read_only(*args, **kwargs):
         raise pathlift.files.describe(OSError(30, "Read-only file system"), "done", "write")
 
-    monkeypatch.setattr("pathlift.prune.results.open_own", read_only)
+    monkeypatch.setattr("pathlift.jobs.prune.results.open_own", read_only)
     monkeypatch.setattr(pathlift.files, "atomic_write", read_only)
     start = time.perf_counter()
     line = _one_line_error(invoke("prune", "--model", "mlp", *PRUNE, "--out", "done"))
@@ -398,7 +398,7 @@ def test_a_finished_read_only_folder_is_summarised_again(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     runs.write_bytes(finished)
-    monkeypatch.setattr("pathlift.prune.results.open_own", read_only)
+    monkeypatch.setattr("pathlift.jobs.prune.results.open_own", read_only)
     monkeypatch.setattr(pathlift.files, "atomic_write", read_only)
     again = invoke("prune", "--model", "mlp", *PRUNE, "--out", "done")
     assert again.exit_code == 0, again.output

@@ -48,12 +48,13 @@ from nets import residual_cnn
 from pathlift.data import load_data
 from pathlift.errors import InvalidParameterError, PathliftError, PrecisionError
 from pathlift.graph.neurons import NeuronDAG
+from pathlift.jobs.prune import PruneConfig, RunFolder, prune_rewind_retrain
+from pathlift.jobs.prune.results import COLUMNS, ResultsFileError, RunRecord
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
-from pathlift.lift.lipschitz import layer_norm_product
+from pathlift.lift.layer_norm import layer_norm_product
 from pathlift.lift.path_metric import path_metric
-from pathlift.prune import PruneConfig, RunFolder, path_magnitude_scores, prune_rewind_retrain
-from pathlift.prune.results import COLUMNS, ResultsFileError, RunRecord
+from pathlift.prune import path_magnitude_scores
 
 LN10 = math.log(10.0)
 QS = (0.5, 1.0, 2.0, 4.0)
@@ -665,7 +666,7 @@ def test_a_kill_between_a_network_and_its_row_loses_nothing(tmp_path):
 
 def test_finished_runs_whose_dense_weights_were_deleted_are_one_line(tmp_path):
     """Once: an AttributeError traceback when the summary plot reloaded seed 0's network."""
-    from pathlift.prune import prune_experiment
+    from pathlift.jobs.prune import prune_experiment
 
     config = dataclasses.replace(GRID, amounts=(0.5,))
     prune_experiment("mlp", "digits", config, tmp_path / "out")

@@ -22,11 +22,13 @@ import torch
 import pathlift
 from pathlift.bounds import generalization_bounds
 from pathlift.data import load_data, loaders
-from pathlift.lift import lipschitz_input, path_norm
+from pathlift.lift import path_norm
+from pathlift.bounds import lipschitz_input
 from pathlift.models import load_model, save_checkpoint
 from pathlift.prune import global_path_magnitude, path_magnitude_scores
-from pathlift.quant import certified_error, quantize
-from pathlift.report import measure_report
+from pathlift.quant import quantize
+from pathlift.bounds import certified_error
+from pathlift.jobs.report import measure_report
 from pathlift.summary import summary
 from pathlift.symmetry import normalize, random_rescale
 

@@ -10,9 +10,9 @@ import torch
 from typer.testing import CliRunner
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
-from pathlift.bench import KronBenchResult, run_kron_benchmark
-from pathlift.bench import kron as bench
 from pathlift.cli import app
+from pathlift.jobs.bench import KronBenchResult, run_kron_benchmark
+from pathlift.jobs.bench import kron as bench
 from pathlift.kron import KSPattern, cpu_kernel
 
 

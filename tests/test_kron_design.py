@@ -17,11 +17,11 @@ from torch import nn
 from typer.testing import CliRunner
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
-from pathlift.bench import run_kron_design
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import evaluate, train_classifier
 from pathlift.errors import InvalidParameterError
+from pathlift.jobs.bench import run_kron_design
 from pathlift.kron import (
     KSLinear,
     KSPattern,

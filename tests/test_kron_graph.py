@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from pathlift.bounds import certified_error, lipschitz_input
 from pathlift.kron import (
     KSLinear,
     KSPattern,
@@ -27,10 +28,10 @@ from pathlift.kron import (
     replace_linears,
     to_dense,
 )
-from pathlift.lift import lipschitz_input, path_metric, path_norm
+from pathlift.lift import path_metric, path_norm
 from pathlift.models import mlp
 from pathlift.prune import factor_scores, prune_factors
-from pathlift.quant import certified_error, quantize
+from pathlift.quant import quantize
 from pathlift.symmetry import random_rescale
 
 OVERLAPPING = [KSPattern(1, 8, 8, 2), KSPattern(2, 8, 8, 1)]  # several paths per entry

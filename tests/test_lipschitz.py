@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from pathlift.bounds.lipschitz import lipschitz_input, lipschitz_params
 from pathlift.graph.boundary import flat_outputs
 from pathlift.lift import path_norm
-from pathlift.lift.lipschitz import layer_norm_product, lipschitz_input, lipschitz_params
+from pathlift.lift.layer_norm import layer_norm_product
 from pathlift.symmetry import normalize
 from test_path_metric import masked, rounded_towards_zero
 from test_rescale import ZOO, build
@@ -202,7 +203,7 @@ def test_layer_norm_product_of_a_float32_cnn_equals_its_float64_copy():
 
 
 def test_lipschitz_bounds_is_the_two_calls_in_one():
-    from pathlift.lift import lipschitz_bounds
+    from pathlift.bounds import lipschitz_bounds
     from pathlift.models import mlp
 
     a, b = mlp(16, (8,), 3), mlp(16, (8,), 3)

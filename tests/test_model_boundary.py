@@ -58,8 +58,8 @@ CALLS: dict[str, Callable[[nn.Module], object]] = {
     "path_norm": lambda m: lift.path_norm(m, SHAPE, q=2).log10,
     "path_norms": lambda m: [v.log10 for v in lift.path_norms(m, SHAPE).values()],
     "path_metric": lambda m: lift.path_metric(m, _other(m), SHAPE).lower_log10,
-    "lipschitz_input": lambda m: lift.lipschitz_input(m, SHAPE).log10,
-    "lipschitz_params": lambda m: lift.lipschitz_params(m, _other(m), SHAPE).log10,
+    "lipschitz_input": lambda m: bounds.lipschitz_input(m, SHAPE).log10,
+    "lipschitz_params": lambda m: bounds.lipschitz_params(m, _other(m), SHAPE).log10,
     "local_affine": lambda m: lift.local_affine(m, SHAPE, X).coefficients(),
     "average_case_path_norm": lambda m: lift.average_case_path_norm(m, SHAPE, X).mean,
     "rescale": lambda m: _outputs(symmetry.rescale(m, {"a": 3.0}, SHAPE)),
@@ -83,8 +83,8 @@ CALLS: dict[str, Callable[[nn.Module], object]] = {
                                          _outputs(m)),
     "quantize": lambda m: _outputs(quant.quantize(m, SHAPE, bits=6).model),
     "symmetry_aware_quantize": lambda m: _outputs(
-        quant.symmetry_aware_quantize(m, SHAPE, 6).quantized.model),
-    "certified_error": lambda m: quant.certified_error(
+        bounds.symmetry_aware_quantize(m, SHAPE, 6).quantized.model),
+    "certified_error": lambda m: bounds.certified_error(
         m, quant.quantize(m, SHAPE, bits=6), SHAPE).log10,
     "architecture_constants": lambda m: bounds.architecture_constants(m, SHAPE),
     "margins": lambda m: bounds.margins(m, LOADER),
@@ -207,7 +207,7 @@ def test_tied_weights_path_norms_quantisation_and_metric_are_exact():
         assert lift.path_norm(model, TIED_SHAPE, q).log10 == pytest.approx(
             dag.path_norm_log10(q), abs=1e-10)
     quantized = quant.quantize(model, TIED_SHAPE, bits=4).model
-    d = quant.certified_error(model, quantized, TIED_SHAPE)
+    d = bounds.certified_error(model, quantized, TIED_SHAPE)
     enumerated = lift.path_metric.__globals__["enumerated_path_metric"](
         model, quantized, TIED_SHAPE)
     assert d.exact and d.value == pytest.approx(enumerated, rel=1e-9)

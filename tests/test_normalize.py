@@ -143,8 +143,9 @@ def test_compare_normalized_is_the_command_in_one_call(tmp_path):
     and file as compare_normalized; without spec the checkpoint names the model's class."""
     from safetensors.torch import load_file
 
+    from pathlift.jobs.transform import compare_normalized
     from pathlift.models import load_model, mlp, save_like, small_cnn
-    from pathlift.symmetry import compare_models, compare_normalized
+    from pathlift.symmetry import compare_models
 
     net, shape = mlp(), (1, 8, 8)
     result = compare_normalized(net, shape, 2.0, samples=6, out=tmp_path / "a.safetensors",

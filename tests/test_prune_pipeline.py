@@ -16,16 +16,10 @@ from pathlift.data.training import train_classifier
 from pathlift.distributed import fingerprint
 from pathlift.errors import InvalidParameterError
 from pathlift.graph.boundary import prune_masks
+from pathlift.jobs.prune import Method, PruneConfig, RunFolder, SGDTraining, prune_rewind_retrain
+from pathlift.jobs.prune.protocol import _masked
 from pathlift.models import mlp, model_factory, read_checkpoint, save_checkpoint
-from pathlift.prune import (
-    Method,
-    PruneConfig,
-    RunFolder,
-    SGDTraining,
-    magnitude_scores,
-    prune_rewind_retrain,
-)
-from pathlift.prune.protocol import _masked
+from pathlift.prune import magnitude_scores
 
 SHAPE = (1, 8, 8)
 

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import prune
 
+from pathlift.bounds import certified_error
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
-from pathlift.quant import Rounding, certified_error, max_code, quantize, quantize_tensor
+from pathlift.quant import Rounding, max_code, quantize, quantize_tensor
 from random_nets import randomise_batchnorm_
 
 ROUNDINGS = [Rounding.ZERO, Rounding.NEAREST, Rounding.DOWN]

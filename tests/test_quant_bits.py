@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from pathlift.bounds import certified_error
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.models import mlp, small_cnn
-from pathlift.quant import certified_error, lfcn_constants, quantize, sufficient_bits
+from pathlift.quant import lfcn_constants, quantize, sufficient_bits
 
 
 def test_worked_example_eps_quarter():

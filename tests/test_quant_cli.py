@@ -40,9 +40,10 @@ def test_quantize_command_refuses_unknown_data():
 def test_compare_bits_is_the_command_in_one_call(tmp_path):
     import torch
 
+    from pathlift.bounds.symmetry_aware import compare
     from pathlift.data import synthetic
+    from pathlift.jobs.quant import compare_bits
     from pathlift.models import mlp
-    from pathlift.quant import compare, compare_bits
 
     net = mlp(64, (32,), 4).eval()
     before = {k: v.clone() for k, v in net.state_dict().items()}

@@ -8,8 +8,9 @@ import copy
 import pytest
 import torch
 
+from pathlift.bounds import certified_error
 from pathlift.models import REFERENCE_MODELS
-from pathlift.quant import certified_error, quantize
+from pathlift.quant import quantize
 
 SMALL_SHAPES = {"alexnet": (3, 64, 64), "unet": (1, 16, 16), "mlp": (1, 8, 8),
                 "small_cnn": (1, 8, 8)}

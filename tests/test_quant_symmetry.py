@@ -9,11 +9,12 @@ import math
 import pytest
 import torch
 
+from pathlift.bounds import certified_error
+from pathlift.bounds.symmetry_aware import compare, symmetry_aware_quantize
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import train_classifier
 from pathlift.models import small_cnn
-from pathlift.quant import certified_error, quantize
-from pathlift.quant.symmetry_aware import compare, symmetry_aware_quantize
+from pathlift.quant import quantize
 from pathlift.symmetry import random_rescale
 
 SHAPE = (1, 8, 8)

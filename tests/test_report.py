@@ -12,13 +12,13 @@ from pathlift.bounds import (
     rademacher_peeling,
     sigma_from_loader,
 )
+from pathlift.bounds.top1 import certified_top1
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders, synthetic
 from pathlift.data.training import train_classifier
+from pathlift.jobs.report import PathNormTracker, run_report
 from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.models import mlp, save_checkpoint, small_cnn
-from pathlift.report import PathNormTracker, run_report
-from pathlift.train.bound import certified_top1
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -118,8 +118,8 @@ def test_the_report_says_what_its_numbers_come_from(tmp_path):
 
     import pathlift
     from pathlift.bounds import Measured
-    from pathlift.prune.pipeline import data_digest
-    from pathlift.report import render_report
+    from pathlift.jobs.prune.pipeline import data_digest
+    from pathlift.jobs.report import render_report
 
     result = run_report(tmp_path / "a", epochs=1, samples=32, progress=False, seed=2)
     train, test = loaders(load_digits(seed=2), seed=2)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlift.bounds import generalization_bounds
 from pathlift.data import loaders, synthetic
+from pathlift.jobs.report import measure_report
 from pathlift.lift import path_norm
 from pathlift.models import mlp
 from pathlift.prune import path_magnitude_scores
-from pathlift.report import measure_report
 from pathlift.summary import summary
 
 

@@ -385,8 +385,9 @@ def test_compare_random_rescale_is_the_command_in_one_call(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from pathlift.jobs.transform import compare_random_rescale
     from pathlift.models import mlp, save_like
-    from pathlift.symmetry import compare_models, compare_random_rescale
+    from pathlift.symmetry import compare_models
 
     net, shape = mlp(), (1, 8, 8)
     before = {k: v.clone() for k, v in net.state_dict().items()}

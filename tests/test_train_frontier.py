@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from pathlift.train.frontier import FrontierConfig, run_frontier, write_frontier
+from pathlift.jobs.frontier import FrontierConfig, run_frontier, write_frontier
 
 
 def test_mnist1d_is_generated_offline():
@@ -67,7 +67,7 @@ def test_frontier_table_and_files(tmp_path):
 def test_frontier_experiment_is_the_command_in_one_call(tmp_path):
     """run_frontier and write_frontier by hand give the same points, the same CSV files and
     frontier.md, whose text the result carries; the folder callable is called once."""
-    from pathlift.train import frontier_experiment
+    from pathlift.jobs.frontier import frontier_experiment
 
     config = FrontierConfig(datasets=("digits",), models=("mlp",),
                             sweep={"none": (0.0,), "imp-rewind": (0.5,)}, epochs=3,

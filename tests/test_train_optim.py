@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pathlift.bounds.top1 import certified_top1
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import magnitude_gradients
 from pathlift.models import mlp, small_cnn, unet
 from pathlift.symmetry.rescale import random_rescale
 from pathlift.train import PathNormBudget, PathSGD
-from pathlift.train.bound import certified_top1
 from pathlift.train.path_sgd import RATIO_WARNING
 
 

@@ -20,6 +20,7 @@ from pathlift.bounds import (
     architecture_constants,
     cross_entropy_gap_log10,
     generalization_bounds,
+    lipschitz_input,
     rademacher_peeling,
     sigma_of,
 )
@@ -34,9 +35,9 @@ from pathlift.errors import (
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.graph.ops import supported_summary
-from pathlift.lift import lipschitz_input, path_norm, path_norms
+from pathlift.jobs.report import run_report
+from pathlift.lift import path_norm, path_norms
 from pathlift.models import get_model, load_model, save_checkpoint, set_trust_arch
-from pathlift.report import run_report
 from pathlift.symmetry import identify
 from user_files import MODULE, write_project
 

@@ -30,15 +30,22 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import zoo
-from pathlift.bounds import architecture_constants, margins, rademacher_peeling
+from pathlift.bounds import (
+    architecture_constants,
+    certified_error,
+    lipschitz_input,
+    lipschitz_params,
+    margins,
+    rademacher_peeling,
+    symmetry_aware_quantize,
+)
+from pathlift.bounds.symmetry_aware import compare
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph import check, trace
 from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import (
     average_case_path_norm,
     layer_norm_product,
-    lipschitz_input,
-    lipschitz_params,
     local_affine,
     path_metric,
     path_norm,
@@ -57,13 +64,7 @@ from pathlift.prune import (
     prunable_parameters,
     prune_model,
 )
-from pathlift.quant import (
-    certified_error,
-    compare,
-    lfcn_constants,
-    quantize,
-    symmetry_aware_quantize,
-)
+from pathlift.quant import lfcn_constants, quantize
 from pathlift.symmetry import (
     adversarial_rescale,
     analyse,

@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 def set_memory_limit(limit: int | str | None) -> None:
     """Refuse any pass or checkpoint estimated to need more than ``limit`` bytes (an int or
     "8G"); None: ``PATHLIFT_MAX_MEMORY``, else the memory available (pathlift.graph.memory)."""
-    from pathlift.graph.memory import set_memory_limit as set_limit  # torch on first use
+    # start-up: pathlift.graph imports torch; `import pathlift` and the CLI's --help do not
+    from pathlift.graph.memory import set_memory_limit as set_limit
 
     set_limit(limit)
 

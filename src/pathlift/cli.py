@@ -21,6 +21,9 @@ except ImportError as err:  # the library installed without its command line
 
 from pathlift.cli_support import default_out, run, version_callback, working
 
+# start-up: every command imports the library (torch) in its body, so --help, argument
+# errors and 'pathlift models' start without it (tests/test_cli.py times them)
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Path-lifting analysis of ReLU networks.")
 console = Console()
@@ -279,7 +282,7 @@ def report(
     output: Output = None,
 ) -> None:
     """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md, .html, .json."""
-    from pathlift.report import run_report
+    from pathlift.jobs.report import run_report
 
     result = run_report(out or default_out("report"), model, input_shape, data, epochs, seed,
                         weights=weights, test_fraction=test_fraction, normalize=normalize,
@@ -341,7 +344,7 @@ def prune(
 
     from rich.progress import Progress
 
-    from pathlift.prune import METHODS, PruneConfig, prune_experiment
+    from pathlift.jobs.prune import METHODS, PruneConfig, prune_experiment
 
     config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
                          epochs, rewind_epoch, rounds, last_layer_factor)
@@ -413,7 +416,7 @@ def depth(
     import torch
     from rich.progress import Progress
 
-    from pathlift.depth import depth_experiment
+    from pathlift.jobs.depth import depth_experiment
 
     if dtype not in ("float64", "float32"):
         raise typer.BadParameter("--dtype must be one of ['float32', 'float64']")
@@ -457,8 +460,8 @@ def quantize(
 ) -> None:
     """Quantisation towards zero with its certified error (thesis Lemma 3.4.1, Cor. 3.4.1)."""
     from pathlift.data import load_data
+    from pathlift.jobs.quant import compare_bits
     from pathlift.models import load_model
-    from pathlift.quant import compare_bits
 
     with working(console, f"quantising {model}"):
         split = None if data is None else load_data(data, input_shape=input_shape,
@@ -517,7 +520,7 @@ def kron_bench(
     """
     from rich.progress import Progress
 
-    from pathlift.bench import run_kron_benchmark
+    from pathlift.jobs.bench import run_kron_benchmark
 
     with Progress(console=console) as progress:
         tasks: dict[int, Any] = {}
@@ -535,7 +538,7 @@ def kron_bench(
 
 def _print_kron_run(timed: Any) -> None:
     """One thread count of ``kron-bench``: the machine, the files, the ratios."""
-    from pathlift.bench import kron as bench
+    from pathlift.jobs.bench import kron as bench
 
     console.print(timed.machine)
     console.print(f"wrote {timed.csv}")
@@ -599,7 +602,7 @@ def kron_design(
     """
     from rich.progress import Progress
 
-    from pathlift.bench import run_kron_design
+    from pathlift.jobs.bench import run_kron_design
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("calibrating and timing", total=None)
@@ -657,8 +660,8 @@ def rescale_command(
 
     Same function and path-norms, different raw parameters.
     """
+    from pathlift.jobs.transform import compare_random_rescale
     from pathlift.models import load_model
-    from pathlift.symmetry import compare_random_rescale
 
     with working(console, f"rescaling {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
@@ -688,8 +691,8 @@ def normalize_command(
     Each hidden neuron's ||(theta^{->v}, b_v)||_q becomes 0 or 1; residual-tied channels
     share one factor.
     """
+    from pathlift.jobs.transform import compare_normalized
     from pathlift.models import load_model
-    from pathlift.symmetry import compare_normalized
 
     with working(console, f"normalising {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
@@ -751,7 +754,7 @@ def lipschitz(
     In x: ||Phi||_{1,r} (Thm 3.3.1) against Pi_{1,r} (Def. 3.3.1). In theta, with --other:
     max(||x||_inf, 1) d(theta, theta') (Cor. 3.4.1) against eq. 3.7.
     """
-    from pathlift.lift import lipschitz_bounds
+    from pathlift.bounds import lipschitz_bounds
     from pathlift.models import load_model, load_model_pair
 
     with working(console, f"Lipschitz bounds of {model}"):
@@ -833,7 +836,7 @@ def frontier(
     fixed-class form beside it) and with the compression certificate, and writes
     frontier.csv, frontier_table.csv, frontier.png and frontier.md. Runs under
     `torchrun --nproc_per_node N` to use N processes."""
-    from pathlift.train import FrontierConfig, frontier_experiment, with_sweep
+    from pathlift.jobs.frontier import FrontierConfig, frontier_experiment, with_sweep
 
     config = FrontierConfig(datasets=tuple(dataset), models=tuple(model), epochs=epochs,
                             mnist1d_sizes=tuple(sizes), compression=compression,

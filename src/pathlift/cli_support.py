@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+import pathlift
 from pathlift.errors import PathliftError
 
 # torch's C++ layer prints its warnings straight to stderr (a rank that lost another: a
@@ -198,8 +199,6 @@ def version_callback(show: bool) -> None:
     if not show:
         return
     import torch
-
-    import pathlift
 
     python = ".".join(map(str, sys.version_info[:3]))
     typer.echo(f"pathlift {pathlift.__version__} (torch {torch.__version__}, Python {python})")

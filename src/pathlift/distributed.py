@@ -5,7 +5,7 @@ pathlift launches and schedules nothing itself: ``torchrun --nproc_per_node N`` 
 processes, ``torch.distributed`` connects them (gloo on CPU, NCCL on CUDA),
 ``DistributedDataParallel`` averages the gradients and ``DistributedSampler`` splits the
 data. This module only wraps those for the prune-rewind-retrain protocol
-(``pathlift.prune.protocol``) and the path-norm trackers (``pathlift.track``):
+(``pathlift.jobs.prune.protocol``) and the path-norm trackers (``pathlift.track``):
 
 - ``launched()``: initialise the default process group from torchrun's environment and
   destroy it on exit, also when an error ends the run; one process without torchrun.

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pathlift.bounds import ArchitectureConstants, architecture_constants
+from pathlift.bounds import ArchitectureConstants, architecture_constants, lipschitz_input
 from pathlift.errors import UnsupportedModelError, summarise
 from pathlift.graph import eval_mode, graph_of, unwrap
-from pathlift.lift import lipschitz_input, path_norms
+from pathlift.lift import path_norms
 
 __all__ = ["Summary", "summary"]
 

@@ -21,13 +21,13 @@ from pathlift.bounds import (
     cross_entropy_gap_log10,
     rademacher_peeling,
 )
+from pathlift.bounds.top1 import certified_top1
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import eval_mode, graph_of, unwrap
 from pathlift.graph.boundary import is_sharded
 from pathlift.lift import average_case_path_norm, path_norms
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
-from pathlift.train.bound import certified_top1
 
 __all__ = ["PathNormTracker"]
 
@@ -52,7 +52,7 @@ class PathNormTracker:
     - ``bound_top1_log10`` (given ``train_data`` = (x, y), the training set): log10 of the
       certified top-1 error bound of Thm 4.1.2 with Thm 4.4.1, valid as stated (the union
       over radii and margins fixed in advance, ``pathlift.bounds.union``; ``top1_form=
-      "fixed-class"`` for the thesis' form), by ``pathlift.train.bound.certified_top1``:
+      "fixed-class"`` for the thesis' form), by ``pathlift.bounds.top1.certified_top1``:
       one |theta| pass and a forward over x.
 
     The model is measured as in eval mode (its flags are restored; BatchNorm counts as its

@@ -1,6 +1,10 @@
-"""Generalisation bounds of ReLU DAG networks and their architecture constants (thesis Ch. 4),
-valid as stated (``union``), and the compression certificate of a trained network
-(``compression``)."""
+"""Every theorem that turns path-lifting quantities into a bound: generalisation bounds of
+ReLU DAG networks and their architecture constants (thesis Ch. 4), valid as stated
+(``union``), the certified top-1 error of a trained classifier (``top1``), the Lipschitz
+bounds in the input and in the parameters (``lipschitz``, thesis Sec. 3.3-3.4), the
+certified error of a quantised network (``quantization``, Lemma 3.4.1) and the quantiser that
+keeps the normalisation of smallest certified error (``symmetry_aware``, Sec. 7.5), and the
+compression certificate of a trained network (``compression``)."""
 
 from pathlift.bounds.compression import (
     CompressionBound,
@@ -13,12 +17,21 @@ from pathlift.bounds.constants import (
     architecture_constants,
 )
 from pathlift.bounds.covering import CoveringNumber, covering_deep, covering_shallow
+from pathlift.bounds.lipschitz import (
+    InputLipschitz,
+    LipschitzBounds,
+    ParameterLipschitz,
+    lipschitz_bounds,
+    lipschitz_input,
+    lipschitz_params,
+)
 from pathlift.bounds.measured import (
     GeneralizationBounds,
     Measured,
     generalization_bounds,
     loss_accuracy,
 )
+from pathlift.bounds.quantization import CertifiedError, certified_error
 from pathlift.bounds.rademacher import (
     RademacherBound,
     Sigma,
@@ -39,6 +52,8 @@ from pathlift.bounds.risk import (
     margin_loss,
     margins,
 )
+from pathlift.bounds.symmetry_aware import SymmetryAwareQuantized, symmetry_aware_quantize
+from pathlift.bounds.top1 import FORMS, CertifiedBound, certified_top1
 from pathlift.bounds.union import (
     DEFAULT_GRID,
     PriorGrid,
@@ -54,20 +69,29 @@ from pathlift.bounds.verdict import verdict
 __all__ = [
     "CROSS_ENTROPY_LIPSCHITZ",
     "DEFAULT_GRID",
+    "FORMS",
     "ArchitectureConstants",
+    "CertifiedBound",
+    "CertifiedError",
     "CompressionBound",
     "CompressionSearch",
     "CoveringNumber",
     "EventGrid",
     "GeneralizationBounds",
+    "InputLipschitz",
+    "LipschitzBounds",
     "MarginBound",
     "Measured",
+    "ParameterLipschitz",
     "PriorGrid",
     "RademacherBound",
     "Sigma",
+    "SymmetryAwareQuantized",
     "UnionGapBound",
     "UnionMarginBound",
     "architecture_constants",
+    "certified_error",
+    "certified_top1",
     "compression_bound",
     "covering_deep",
     "covering_shallow",
@@ -76,6 +100,9 @@ __all__ = [
     "fixed_class_margin_bound",
     "gap_bound_log10",
     "generalization_bounds",
+    "lipschitz_bounds",
+    "lipschitz_input",
+    "lipschitz_params",
     "loss_accuracy",
     "margin_bound",
     "margin_loss",
@@ -87,6 +114,7 @@ __all__ = [
     "sharpened_constant",
     "sigma_from_loader",
     "sigma_of",
+    "symmetry_aware_quantize",
     "union_gap_bound",
     "union_margin_bound",
     "verdict",

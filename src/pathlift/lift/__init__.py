@@ -1,4 +1,6 @@
-"""Quantities of the path-lifting Phi(theta): path-norms, path-metrics, Lipschitz bounds.
+"""Quantities of the path-lifting Phi(theta): path-norms, path-metrics, the average-case
+path-norm and the product of layer norms (the Lipschitz bounds built on them are in
+``pathlift.bounds``).
 
 Every function takes an ``nn.Module`` (plain, pruned, DDP-wrapped or compiled) and an input
 shape, or the ``LayerGraph`` of a model traced before: the graph is traced once per model
@@ -11,21 +13,10 @@ from pathlift.lift.average_case import (
     average_case_path_norm,
     local_affine,
 )
-from pathlift.lift.lipschitz import (
-    InputLipschitz,
-    LayerNormProduct,
-    LipschitzBounds,
-    ParameterLipschitz,
-    layer_norm_product,
-    lipschitz_bounds,
-    lipschitz_input,
-    lipschitz_params,
-)
+from pathlift.lift.layer_norm import LayerNormProduct, layer_norm_product
 from pathlift.lift.path_metric import PathMetric, path_metric
 from pathlift.lift.path_norm import PathNorm, path_norm, path_norms
 
-__all__ = ["AverageCasePathNorm", "InputLipschitz", "LayerNormProduct", "LipschitzBounds",
-           "LocalAffine", "ParameterLipschitz", "PathMetric", "PathNorm",
-           "average_case_path_norm", "layer_norm_product", "lipschitz_bounds",
-           "lipschitz_input", "lipschitz_params", "local_affine", "path_metric", "path_norm",
-           "path_norms"]
+__all__ = ["AverageCasePathNorm", "LayerNormProduct", "LocalAffine", "PathMetric", "PathNorm",
+           "average_case_path_norm", "layer_norm_product", "local_affine", "path_metric",
+           "path_norm", "path_norms"]

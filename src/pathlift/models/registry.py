@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.graph.memory import check_bytes
 from pathlift.models.alexnet import alexnet
 from pathlift.models.mobilenet import mobilenet_relu
 from pathlift.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -124,8 +125,6 @@ def check_model_size(name: str, kwargs: dict[str, Any]) -> None:
         MemoryLimitError: too large; InvalidParameterError: as ``get_model``, or sizes
             torch cannot build (negative, overflowing).
     """
-    from pathlift.graph.memory import check_bytes
-
     try:
         with torch.device("meta"):
             skeleton = get_model(name, **kwargs)

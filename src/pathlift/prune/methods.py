@@ -3,7 +3,7 @@
 IN PLACE, like torch.nn.utils.prune: every function here prunes the model it is given,
 adding the usual ``weight_orig`` / ``weight_mask`` reparametrisation (remove it with
 ``torch.nn.utils.prune.remove``). Deep-copy the model first to keep the dense one; the
-pipeline of ``pathlift.prune.pipeline`` always works on copies.
+pipeline of ``pathlift.jobs.prune.pipeline`` always works on copies.
 
 Amounts follow torch's convention: a float in [0, 1] is the fraction of the coordinates
 that are still unpruned, so repeated calls compound as in lottery-ticket rounds.

@@ -1,36 +1,19 @@
-"""Uniform quantisation of ReLU networks with certified errors (thesis Ch. 6, Sec. 7.5)."""
+"""Uniform quantisation of ReLU networks (thesis Ch. 6) and the bits it needs; their certified
+errors and the symmetry-aware quantiser (Sec. 7.5) are in ``pathlift.bounds``."""
 
 from pathlift.quant.bits import BitsBudget, LFCNConstants, lfcn_constants, sufficient_bits
-from pathlift.quant.certify import CertifiedError, certified_error
-from pathlift.quant.experiment import QuantComparison, compare_bits
 from pathlift.quant.model import QuantizedModel, quantize
-from pathlift.quant.symmetry_aware import (
-    QuantReport,
-    SymmetryAwareQuantized,
-    append_csv,
-    compare,
-    symmetry_aware_quantize,
-)
 from pathlift.quant.uniform import QuantizedTensor, Rounding, max_code, quantize_tensor
 
 __all__ = [
     "BitsBudget",
-    "CertifiedError",
     "LFCNConstants",
-    "QuantComparison",
-    "QuantReport",
     "QuantizedModel",
     "QuantizedTensor",
     "Rounding",
-    "SymmetryAwareQuantized",
-    "append_csv",
-    "certified_error",
-    "compare",
-    "compare_bits",
     "lfcn_constants",
     "max_code",
     "quantize",
     "quantize_tensor",
     "sufficient_bits",
-    "symmetry_aware_quantize",
 ]

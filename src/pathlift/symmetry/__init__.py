@@ -8,13 +8,7 @@ Lemma F.3 path-metric bound needs normalised parameters); it is re-exported here
 from pathlift.graph.channels import analyse
 from pathlift.graph.normalize import Normalized, normalize, normalize_report
 from pathlift.symmetry.adversarial import adversarial_rescale, magnitude_prune
-from pathlift.symmetry.compare import (
-    Comparison,
-    Transformed,
-    compare_models,
-    compare_normalized,
-    compare_random_rescale,
-)
+from pathlift.symmetry.compare import Comparison, compare_models
 from pathlift.symmetry.conserved import ConservedQuantities, conserved_quantities
 from pathlift.symmetry.equivalence import (
     Canonical,
@@ -36,8 +30,8 @@ from pathlift.symmetry.rescale import random_rescale, rescale
 
 __all__ = [
     "Canonical", "Comparison", "ConservedQuantities", "Equivalence", "Identifiability",
-    "Normalized", "Symmetries", "SymmetryDimension", "Transformed", "adversarial_rescale",
-    "analyse", "canonicalize", "compare_models", "compare_normalized", "compare_random_rescale",
+    "Normalized", "Symmetries", "SymmetryDimension", "adversarial_rescale",
+    "analyse", "canonicalize", "compare_models",
     "conserved_quantities", "equivalent", "identify",
     "magnitude_prune", "normalize", "normalize_report", "permutable_units", "permute",
     "random_rescale", "rescale", "symmetries", "symmetry_dimension",

@@ -25,6 +25,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
+from pathlift.prune.methods import prune_model
 from pathlift.train.robust import box_robust_loss
 
 __all__ = ["BOX_ROBUST_PRUNE", "RECIPES", "compact_model", "fit", "train_recipe"]
@@ -56,8 +57,6 @@ def train_recipe(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: 
                  epochs: int, batch_size: int, lr: float, seed: int,
                  on_epoch: Callable[[int], None] | None = None) -> None:
     """Train ``model`` IN PLACE on (x, y) with one of ``RECIPES`` (module docstring)."""
-    from pathlift.prune.methods import prune_model
-
     if method not in RECIPES:
         raise InvalidParameterError(f"unknown recipe {method!r}; choose from {RECIPES}")
     shape = tuple(x.shape[1:])

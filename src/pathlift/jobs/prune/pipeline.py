@@ -1,10 +1,10 @@
-"""The digits defaults of the prune-rewind-retrain protocol (``pathlift.prune.protocol``),
+"""The digits defaults of the prune-rewind-retrain protocol (``pathlift.jobs.prune.protocol``),
 
 ``SGDTraining`` is the training of the README's digits experiment, over any DataLoaders:
 SGD (lr 0.05, momentum 0.9, weight decay 5e-4) on the cross-entropy through
 ``pathlift.data.training.train_classifier``, top-1 accuracy on the test loader. Under DDP
 it trains on its rank's shard of the training data and evaluates the whole test set on
-every rank. Its figure is ``pathlift.plots.pruning_experiment``.
+every rank. Its figure is ``pathlift.jobs.plots.pruning_experiment``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pathlift.data.training import evaluate, reproducible, train_classifier
 from pathlift.distributed import fingerprint
-from pathlift.prune.protocol import Phase
+from pathlift.jobs.prune.protocol import Phase
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 
 __all__ = ["SGDTraining", "scatter"]

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from pathlift.bounds.quantization import CertifiedError, certified_error
 from pathlift.errors import InvalidParameterError
-from pathlift.files import append_rows
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import dtype_device, flat_outputs, model_input
-from pathlift.quant.certify import CertifiedError, certified_error
 from pathlift.quant.model import QuantizedModel, quantize
 from pathlift.quant.uniform import Rounding
 from pathlift.symmetry import normalize
@@ -103,14 +101,6 @@ def compare(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, bi
         reports.append(QuantReport(method, bits, cert.value, cert.relative, measured,
                                    float(cert.bound(inputs).max()), accuracy))
     return tuple(reports)
-
-
-def append_csv(path: str | Path, reports: Sequence[QuantReport], **context: object) -> None:
-    """Append one row per report (``context`` columns first) to a CSV, header if new (the
-    file replaced atomically: a kill leaves the previous rows)."""
-    names = [*context, *(f.name for f in fields(QuantReport))]
-    append_rows(path, names, ([*context.values(), *asdict(report).values()]
-                              for report in reports))
 
 
 def _measure(model: nn.Module, qmodel: nn.Module, inputs: Tensor, labels: Tensor | None

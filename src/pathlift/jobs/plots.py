@@ -12,15 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
-
 from pathlift.files import atomic_write
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
     from torch import Tensor
 
-    from pathlift.depth.experiments import DepthRun
-    from pathlift.prune.protocol import ProtocolResult
+    from pathlift.jobs.depth import DepthRun
+    from pathlift.jobs.prune.protocol import ProtocolResult
 
 __all__ = ["accuracy_curves", "average_vs_worst", "bound_during_training", "bounds_vs_gap",
            "depth_trajectories", "margins_histogram", "pruning_curves", "pruning_experiment",
@@ -37,6 +36,14 @@ def _style(ax: Any, title: str, xlabel: str, ylabel: str | None = None) -> None:
     ax.legend(fontsize=8)
 
 
+def _figure(width: float, height: float) -> Figure:
+    """A new matplotlib figure on the Agg canvas; matplotlib is imported here, on the first
+    figure, so the jobs import without the plots extra."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
 def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as a PNG at ``path``, atomically (``pathlift.files.atomic_write``)."""
     fig.tight_layout()
@@ -46,7 +53,7 @@ def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
 def training_curves(history: Sequence[Mapping[str, Any]], qs: Sequence[float], path: Path
                     ) -> Path:
     """log10 of the l_q path-norms and of the average-case path-norm per epoch."""
-    fig = Figure(figsize=(7, 4))
+    fig = _figure(7, 4)
     ax = fig.add_subplot()
     epochs = [h["epoch"] for h in history]
     for q in qs:
@@ -60,7 +67,7 @@ def training_curves(history: Sequence[Mapping[str, Any]], qs: Sequence[float], p
 
 def accuracy_curves(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Train/test top-1 accuracy and cross-entropy per epoch (eval mode)."""
-    fig = Figure(figsize=(9, 3.5))
+    fig = _figure(9, 3.5)
     left, right = fig.subplots(1, 2)
     epochs = [h["epoch"] for h in history]
     for split in ("train", "test"):
@@ -76,7 +83,7 @@ def accuracy_curves(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
 def margins_histogram(train: Sequence[float], test: Sequence[float], gamma: float, path: Path
                       ) -> Path:
     """Histogram of the margins R(x)_y - max_{c != y} R(x)_c with the chosen gamma."""
-    fig = Figure(figsize=(7, 4))
+    fig = _figure(7, 4)
     ax = fig.add_subplot()
     lo, hi = min(*train, *test), max(*train, *test)
     bins = [lo + (hi - lo) * i / 40 for i in range(41)]
@@ -94,7 +101,7 @@ def margins_histogram(train: Sequence[float], test: Sequence[float], gamma: floa
 def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], path: Path
                      ) -> Path:
     """Per output neuron: E_x ||A^T Phi^{->v}||_1 against ||Phi^{->v}||_1 (log scale)."""
-    fig = Figure(figsize=(8, 4))
+    fig = _figure(8, 4)
     ax = fig.add_subplot()
     idx = list(range(len(average)))
     width = 0.4
@@ -114,7 +121,7 @@ def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], pat
 def bounds_vs_gap(labels: Sequence[str], bounds_log10: Sequence[float], gap: float,
                   path: Path) -> Path:
     """Bounds and the measured gap on one log10 axis: orders of magnitude at a glance."""
-    fig = Figure(figsize=(8, 0.6 * len(labels) + 1.8))
+    fig = _figure(8, 0.6 * len(labels) + 1.8)
     ax = fig.add_subplot()
     ax.barh(list(labels), list(bounds_log10), color="tab:red", alpha=0.7)
     if gap > 0:
@@ -131,7 +138,7 @@ def bounds_vs_gap(labels: Sequence[str], bounds_log10: Sequence[float], gap: flo
 
 def bound_during_training(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """log10 of the cross-entropy bound and of the measured gap per epoch."""
-    fig = Figure(figsize=(7, 4))
+    fig = _figure(7, 4)
     ax = fig.add_subplot()
     epochs = [h["epoch"] for h in history]
     ax.plot(epochs, [h["bound_ce_log10"] for h in history], marker="o", ms=3,
@@ -145,7 +152,7 @@ def bound_during_training(history: Sequence[Mapping[str, Any]], path: Path) -> P
 
 def pruning_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Test accuracy and log10 l1 path-norm against sparsity, per pruning criterion."""
-    fig = Figure(figsize=(9, 3.5))
+    fig = _figure(9, 3.5)
     left, right = fig.subplots(1, 2)
     for criterion in sorted({r["criterion"] for r in rows}):
         sub = [r for r in rows if r["criterion"] == criterion]
@@ -165,7 +172,7 @@ def pruning_experiment(result: ProtocolResult, path: Path, title: str,
     the rescale (Figure 3.8; panels left out without them) and each method's mask overlap
     with magnitude pruning (Table 3.1)."""
     scatters = scatters or {}
-    fig = Figure(figsize=(5 * (2 + len(scatters)), 4.2))
+    fig = _figure(5 * (2 + len(scatters)), 4.2)
     axes = fig.subplots(1, 2 + len(scatters))
     summary = result.summary()
     methods = [m.name for m in result.config.methods]  # type: ignore[union-attr]
@@ -200,7 +207,7 @@ def pruning_experiment(result: ProtocolResult, path: Path, title: str,
 
 def depth_trajectories(runs: Sequence[DepthRun], path: str | Path) -> Path:
     """||L^beta W_k|| against k / L for each run (thesis Figs. 4.2-4.5), saved to ``path``."""
-    fig = Figure(figsize=(7, 4))
+    fig = _figure(7, 4)
     ax = fig.add_subplot()
     for r in runs:
         k = [i / r.depth for i in range(r.depth)]

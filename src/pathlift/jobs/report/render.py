@@ -1,5 +1,5 @@
 """A measured ``Report`` as pages: report.md, a self-contained report.html and the PNGs
-(``pathlift.plots``). Nothing here measures anything."""
+(``pathlift.jobs.plots``). Nothing here measures anything."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import math
 import time
 from pathlib import Path
 
+from pathlift.bounds.verdict import verdict
+from pathlift.jobs import plots
+from pathlift.jobs.report.document import Document
+from pathlift.jobs.report.measure import QS, Report
 from pathlift.logspace import format_log10
-from pathlift.report.document import Document
-from pathlift.report.measure import QS, Report
 
 __all__ = ["render_report"]
 
@@ -87,8 +89,6 @@ def _constants(doc: Document, report: Report) -> None:
 
 
 def _training(doc: Document, report: Report, out: Path, figures: list[Path]) -> None:
-    from pathlift import plots
-
     history = report.history
     first, last = history[0], history[-1]
     doc.heading("During training")
@@ -109,8 +109,6 @@ def _training(doc: Document, report: Report, out: Path, figures: list[Path]) -> 
 
 def _certificates(doc: Document, report: Report) -> None:
     """The two bounds valid as stated, their terms and a one-line verdict each."""
-    from pathlift.bounds.verdict import verdict
-
     b, c = report.bounds, report.compression
     error = b.measured.test_error
     u = b.top1_union
@@ -134,8 +132,6 @@ def _certificates(doc: Document, report: Report) -> None:
 
 
 def _bounds(doc: Document, report: Report, out: Path, figures: list[Path]) -> None:
-    from pathlift import plots
-
     b, avg = report.bounds, report.average_case
     m = b.measured
     doc.heading("Measured generalisation")
@@ -191,8 +187,6 @@ def _bounds(doc: Document, report: Report, out: Path, figures: list[Path]) -> No
 
 
 def _pruning(doc: Document, report: Report, out: Path, figures: list[Path]) -> None:
-    from pathlift import plots
-
     doc.heading("Pruning summary (thesis Sec. 3.5)")
     doc.table(["criterion", "pruned", "test acc.", "log10 ||Phi||_1", "log10 bound (CE)",
                "log10 certified output change / max(1,||x||_inf)"],

@@ -6,7 +6,7 @@ top-1 bound (Thm 4.1.2 with Thm 4.4.1, union over radii and margins fixed in adv
 certificate (``pathlift.bounds.compression``, the architecture one of the experiment's
 models, fixed in advance). Methods: none, weight decay, l1 / l2 / log path-norm
 penalties, a path-norm budget, Path-SGD, iterative magnitude pruning with rewinding
-(``pathlift.prune.protocol``), and the recipes of ``pathlift.train.recipes``
+(``pathlift.jobs.prune.protocol``), and the recipes of ``pathlift.train.recipes``
 (prune-retrain, box-robust). The test split is only measured, never used to choose.
 
 Under ``torchrun`` the runs are spread over the ranks (rank i trains runs i, i + size, ...;
@@ -32,14 +32,17 @@ from torch.utils.data import TensorDataset
 
 from pathlift.bounds.code import architecture_of
 from pathlift.bounds.compression import CompressionSearch, compression_bound
+from pathlift.bounds.top1 import certified_top1
+from pathlift.bounds.verdict import verdict
 from pathlift.data import Digits, load_digits
-from pathlift.distributed import World
+from pathlift.data.embedded import Split
+from pathlift.data.mnist1d import load_mnist1d
+from pathlift.distributed import World, launched
 from pathlift.errors import InvalidParameterError
-from pathlift.files import atomic_write, read_safetensors, write_text
+from pathlift.files import atomic_write, os_errors, read_safetensors, write_text
+from pathlift.jobs.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
+from pathlift.jobs.prune.results import RunFolder
 from pathlift.models import mlp, small_cnn
-from pathlift.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
-from pathlift.prune.results import RunFolder
-from pathlift.train.bound import certified_top1
 from pathlift.train.budget import PathNormBudget
 from pathlift.train.path_sgd import PathSGD
 from pathlift.train.penalties import make_penalty
@@ -217,7 +220,6 @@ def _load(name: str, num_samples: int | None = None, cache: str | None = None) -
     if name == "mnist1d":
         if cache is not None:
             return _cached_mnist1d(Path(cache), num_samples or 5000)
-        from pathlift.data.mnist1d import load_mnist1d
         return load_mnist1d() if num_samples is None else load_mnist1d(num_samples)
     raise InvalidParameterError(f"unknown dataset {name!r}; choose digits or mnist1d")
 
@@ -227,9 +229,6 @@ def _cached_mnist1d(folder: Path, num_samples: int) -> Digits:
     back without unpickling anything)."""
     from safetensors.torch import load_file, save
 
-    from pathlift.data.embedded import Split
-    from pathlift.data.mnist1d import load_mnist1d
-    from pathlift.files import os_errors
 
     path = folder / f"mnist1d-{num_samples}.safetensors"
     if path.exists():
@@ -492,8 +491,6 @@ def frontier_experiment(config: FrontierConfig, out: str | Path | Callable[[], P
     """``run_frontier`` under ``launched()`` (all of torchrun's processes, else this one),
     then, on the main process, ``write_frontier`` into ``out`` (a folder, or a callable
     returning one, called once the runs are done). ``pathlift frontier`` in one call."""
-    from pathlift.distributed import launched
-
     with launched() as world:
         result = run_frontier(config, on_progress)
         if not world.main:
@@ -552,8 +549,6 @@ def _plot(result: FrontierResult, path: Path) -> Path:
 
 def summary_markdown(result: FrontierResult) -> str:
     """The frontier table in markdown, the best points and the terms that make them."""
-    from pathlift.bounds.verdict import verdict
-
     lines = ["| dataset | model | method | unregularised acc. | valid path-norm bound "
              "(thesis form), train acc. within 2 points: test acc., strength | valid "
              "path-norm bound, train acc. > 50% (test acc., strength) | compression "

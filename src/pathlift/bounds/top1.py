@@ -18,12 +18,9 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pathlift.bounds import (
-    architecture_constants,
-    margins,
-    rademacher_peeling,
-    sigma_of,
-)
+from pathlift.bounds.constants import architecture_constants
+from pathlift.bounds.rademacher import rademacher_peeling, sigma_of
+from pathlift.bounds.risk import margins
 from pathlift.bounds.union import (
     DEFAULT_GRID,
     PriorGrid,

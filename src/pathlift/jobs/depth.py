@@ -23,13 +23,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pathlift.data import load_digits
 from pathlift.depth.classes import parse_model
 from pathlift.depth.model import DepthResNet
+from pathlift.depth.published import PUBLISHED_C10K
 from pathlift.depth.pvar import p_variation
 from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError, check_count
 from pathlift.files import append_rows, check_appendable
 from pathlift.graph.memory import check_samples
+from pathlift.jobs.plots import depth_trajectories
 
 __all__ = ["CSV_FIELDS", "DepthExperiment", "DepthRow", "DepthRun", "RhoFit", "append_csv",
            "c10k", "depth_experiment", "depth_table", "digits", "fit_rate", "grid", "maxima",
@@ -78,8 +81,6 @@ def c10k(n_samples: int = 10_000, target: float = 0.01, seed: int = 0,
 
 def digits(seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Training split of scikit-learn's digits: x (N, 64) in [0, 1], integer labels (N,)."""
-    from pathlift.data import load_digits
-
     x, y = load_digits(seed=seed).train.tensors
     return x.reshape(x.shape[0], -1).to(dtype), y
 
@@ -183,8 +184,6 @@ class DepthRow:
 
 def depth_table(runs: Sequence[DepthRun]) -> list[DepthRow]:
     """One row per depth of ``runs`` (one class), as Tables 4.3-4.5 report them."""
-    from pathlift.depth.published import PUBLISHED_C10K
-
     norm_max, matrix_max = maxima(runs), maxima(runs, norm_path=False)
     rows = []
     for depth in sorted({r.depth for r in runs}):
@@ -221,7 +220,7 @@ def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds:
     """``pathlift depth`` in one call: ``grid`` of class ``model``, each run appended to
     ``csv`` as it ends (``append_csv``: a kill keeps the runs done) before ``on_run`` sees
     it, then ||L^beta W_k|| against k/L for the seed-0 runs drawn to ``plot``
-    (``pathlift.plots.depth_trajectories``) and the table computed (``depth_table``)."""
+    (``pathlift.jobs.plots.depth_trajectories``) and the table computed (``depth_table``)."""
 
     if csv is not None:
         check_appendable(csv)  # a CSV that cannot take the rows is refused before any run
@@ -235,8 +234,6 @@ def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds:
     runs = grid(model, depths, seeds, n_samples, dtype, ended)
     drawn = None
     if plot is not None:
-        from pathlift.plots import depth_trajectories
-
         drawn = depth_trajectories([r for r in runs if r.seed == 0], plot)
     return DepthExperiment(tuple(runs), tuple(depth_table(runs)),
                            None if csv is None else Path(csv), drawn)

@@ -9,8 +9,19 @@ from pathlib import Path
 
 from torch import nn
 
+from pathlift.data import load_data, loaders
+from pathlift.data.training import reproducible
+from pathlift.distributed import launched
 from pathlift.errors import ShapeError
-from pathlift.prune.protocol import Method, ProtocolResult, PruneConfig
+from pathlift.graph import graph_of, writable_copy
+from pathlift.jobs import plots
+from pathlift.jobs.prune.pipeline import SGDTraining, scatter
+from pathlift.jobs.prune.protocol import Method, ProtocolResult, PruneConfig, prune_rewind_retrain
+from pathlift.jobs.prune.results import ResultsFileError, RunFolder
+from pathlift.models import model_factory
+from pathlift.prune.methods import layer_sparsity
+from pathlift.prune.scores import prunable_parameters, refuse_parametrized
+from pathlift.symmetry import random_rescale
 
 __all__ = ["PruneExperiment", "prune_experiment"]
 
@@ -65,18 +76,6 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         ShapeError: the model's outputs do not match the data's classes.
         InvalidParameterError: unknown model, data, method or spread.
     """
-    from pathlift import plots
-    from pathlift.data import load_data, loaders
-    from pathlift.data.training import reproducible
-    from pathlift.distributed import launched
-    from pathlift.graph import graph_of
-    from pathlift.models import model_factory
-    from pathlift.prune.pipeline import SGDTraining, scatter
-    from pathlift.prune.protocol import prune_rewind_retrain
-    from pathlift.prune.results import ResultsFileError, RunFolder
-    from pathlift.prune.scores import prunable_parameters, refuse_parametrized
-    from pathlift.symmetry import random_rescale
-
     with launched() as world:
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize)
@@ -125,9 +124,6 @@ def _layer_sparsity(trained: nn.Module, method: Method, shape: Sequence[int], am
                     config: PruneConfig) -> dict[str, float]:
     """Per-layer sparsity of ``method``'s mask at ``amount`` on a copy of ``trained``
     (one round of the protocol: ``amount`` spread over ``config.rounds``)."""
-    from pathlift.graph import writable_copy
-    from pathlift.prune.methods import layer_sparsity
-
     copy = writable_copy(trained).eval()
     per_round = 1.0 - (1.0 - amount) ** (1.0 / config.rounds)
     method.prune(copy, shape, per_round, config.last_layer_factor)

@@ -11,7 +11,7 @@ With ``rounds > 1`` prune-rewind-retrain repeats, each round pruning the same fr
 what is left (iterative pruning with rewinding).
 
 Training and evaluation are yours: ``train(model, epochs, phase)`` and
-``evaluate(model) -> float``. ``pathlift.prune.pipeline.SGDTraining`` is the digits
+``evaluate(model) -> float``. ``pathlift.jobs.prune.pipeline.SGDTraining`` is the digits
 default. Under ``torchrun`` (``pathlift.distributed``), ``spread="data"`` runs every
 training with DistributedDataParallel over the world: rank 0 chooses each mask and
 broadcasts it, and every rank checks, by an all-reduced hash, that it holds the same
@@ -43,8 +43,8 @@ from pathlift.errors import InvalidParameterError
 from pathlift.graph import copy_model, graph_of, unwrap
 from pathlift.graph.boundary import attach_masks_, cpu_state, prune_masks
 from pathlift.graph.trace import as_input_shape
+from pathlift.jobs.prune.results import DenseStates, RunFolder, RunKey, RunRecord
 from pathlift.prune.methods import Criterion, PruningResult, Scope, ScoreFunction, prune_model
-from pathlift.prune.results import DenseStates, RunFolder, RunKey, RunRecord
 from pathlift.symmetry.rescale import random_rescale
 
 __all__ = ["METHODS", "Method", "Phase", "ProtocolResult", "PruneConfig", "manifest",
@@ -88,7 +88,7 @@ class Method:
         """One of ``METHODS``: "<criterion>-<scope>"."""
         if name not in METHODS:
             raise InvalidParameterError(f"unknown method {name!r}; use one of {METHODS} or a "
-                                        "pathlift.prune.Method with your score function")
+                                        "pathlift.jobs.prune.Method with your score function")
         criterion, _, scope = name.rpartition("-")
         return cls(name, criterion, scope)  # type: ignore[arg-type]
 

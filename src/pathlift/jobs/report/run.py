@@ -19,12 +19,14 @@ import torch
 from torch import nn
 
 from pathlift.bounds import ArchitectureConstants
-from pathlift.data import Split
+from pathlift.data import Split, load_data
+from pathlift.data.training import reproducible
 from pathlift.errors import ShapeError
 from pathlift.files import write_json
 from pathlift.graph.outputs import OutputKey, select_output
-from pathlift.report.measure import DEFAULT_EPOCHS, Report, measure_report
-from pathlift.report.render import render_report
+from pathlift.jobs.report.measure import DEFAULT_EPOCHS, Report, measure_report
+from pathlift.jobs.report.render import render_report
+from pathlift.models import load_model, small_cnn
 
 __all__ = ["ReportResult", "run_report"]
 
@@ -100,10 +102,6 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         >>> result = run_report("out", model="mymodels:relu_mlp", data="mydata.npz")
         >>> result.report.bounds
     """
-    from pathlift.data import load_data
-    from pathlift.data.training import reproducible
-    from pathlift.models import small_cnn
-
     started = time.perf_counter()
     with reproducible(), torch.random.fork_rng(devices=[]):  # caller's RNG state kept
         torch.manual_seed(seed)
@@ -137,8 +135,6 @@ def _model(model: str | nn.Module, input_shape: Sequence[int] | None, weights: s
            data: Split | None) -> tuple[nn.Module, tuple[int, ...]]:
     """The model and its input shape: given, else the checkpoint's, else the data's, else
     the architecture's (``load_model``'s order)."""
-    from pathlift.models import load_model
-
     shape = None if input_shape is None else tuple(input_shape)
     if isinstance(model, nn.Module):
         shape = shape or (data.input_shape if data else None)

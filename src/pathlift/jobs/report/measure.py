@@ -1,5 +1,5 @@
 """The report's numbers: a model (trained first if asked) measured end to end into a
-``Report``, a plain data object that ``pathlift.report.render`` turns into pages."""
+``Report``, a plain data object that ``pathlift.jobs.report.render`` turns into pages."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pathlift import __version__
 from pathlift.bounds import (
     ArchitectureConstants,
     GeneralizationBounds,
@@ -26,11 +27,15 @@ from pathlift.bounds import (
     sigma_from_loader,
 )
 from pathlift.bounds.compression import CompressionSearch, compression_bound
-from pathlift.data import Split
+from pathlift.data import Split, loaders
+from pathlift.data.training import train_classifier
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import copy_model, eval_mode, graph_of, writable_copy
 from pathlift.graph.outputs import classifier_output
+from pathlift.jobs.prune.pipeline import data_digest
 from pathlift.lift import AverageCasePathNorm, average_case_path_norm, path_norm
+from pathlift.prune import prune_model
+from pathlift.track import PathNormTracker
 
 __all__ = ["DEFAULT_EPOCHS", "QS", "Report", "measure_report"]
 
@@ -69,8 +74,6 @@ def provenance(seed: int, train: Any = None, test: Any = None) -> Provenance:
     """The ``Provenance`` of a measurement now (loaders ``train``, ``test`` or None)."""
     import platform
 
-    from pathlift import __version__
-    from pathlift.prune.pipeline import data_digest
 
     digest = None if train is None else (data_digest(train), data_digest(test))
     return Provenance(__version__, torch.__version__, platform.python_version(), seed, digest)
@@ -151,8 +154,6 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
     eval mode (BatchNorm as its affine map, Def. 2.2.2), which ``Report.notes`` says when it
     matters.
     """
-    from pathlift.data import loaders
-
     start = time.perf_counter()
     shape = tuple(int(s) for s in input_shape)
     if epochs < 0 or samples < 1:
@@ -200,9 +201,6 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
 
 def _train(net: nn.Module, shape: tuple[int, ...], train: Any, test: Any, epochs: int,
            seed: int, progress: bool) -> list[dict[str, Any]]:
-    from pathlift.data.training import train_classifier
-    from pathlift.track import PathNormTracker
-
     probe = torch.cat([x for x, _ in test])[:64]
     sigma = sigma_from_loader(train)
     # the report plots path-norms and accuracy only: no sparsity passes per epoch
@@ -220,8 +218,6 @@ def _pruning(net: nn.Module, shape: tuple[int, ...], test: Any,
              bounds: GeneralizationBounds) -> list[dict[str, Any]]:
     """One-shot global pruning of copies at each level: accuracy, ||Phi||_1, the bound of
     Thm 4.4.1 + 4.1.1 and the exact output-change certificate of Lemma 3.4.1."""
-    from pathlift.prune import prune_model
-
     rows = []
     for criterion in ("path-magnitude", "magnitude"):
         for amount in PRUNE_AMOUNTS:

@@ -5,19 +5,19 @@ rescaling, with its rows appended to a CSV."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from pathlift.bounds.symmetry_aware import QuantReport, compare
 from pathlift.data import Split
 from pathlift.errors import ShapeError, check_count
-from pathlift.files import check_appendable
+from pathlift.files import append_rows, check_appendable
 from pathlift.graph import graph_of
 from pathlift.graph.memory import check_samples
 from pathlift.graph.outputs import classifier_output
-from pathlift.quant.symmetry_aware import QuantReport, append_csv, compare
 from pathlift.symmetry import random_rescale
 
 __all__ = ["QuantComparison", "compare_bits"]
@@ -81,3 +81,11 @@ def compare_bits(model: nn.Module, input_shape: Sequence[int], bits: Sequence[in
         append_csv(csv, reports, model=name, random_rescale=rescale_seed,
                    per_channel=per_channel)
     return QuantComparison(reports, len(inputs), None if csv is None else Path(csv), note)
+
+
+def append_csv(path: str | Path, reports: Sequence[QuantReport], **context: object) -> None:
+    """Append one row per report (``context`` columns first) to a CSV, header if new (the
+    file replaced atomically: a kill leaves the previous rows)."""
+    names = [*context, *(f.name for f in fields(QuantReport))]
+    append_rows(path, names, ([*context.values(), *asdict(report).values()]
+                              for report in reports))

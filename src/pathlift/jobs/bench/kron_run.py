@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from pathlift.bench.kron import (
+from pathlift.errors import InvalidParameterError, check_count
+from pathlift.jobs.bench.kron import (
     CPU_MAX_DENSE,
     GridSummary,
     Timing,
@@ -30,7 +31,6 @@ from pathlift.bench.kron import (
     write_csv,
     write_vit_csv,
 )
-from pathlift.errors import InvalidParameterError, check_count
 from pathlift.kron import (
     ALGORITHMS,
     Design,

@@ -3,7 +3,7 @@ Kronecker-sparse multiplication grid of thesis Sec. 5.4-5.5 and the design bench
 ``run_kron_benchmark`` and ``run_kron_design`` (``pathlift kron-bench`` and ``pathlift
 kron-design`` as one call each, returning a result object)."""
 
-from pathlift.bench.kron_run import (
+from pathlift.jobs.bench.kron_run import (
     KronBenchResult,
     KronBenchRun,
     KronDesignRun,
