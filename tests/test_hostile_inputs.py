@@ -47,13 +47,13 @@ from cli_runner import invoke
 from nets import residual_cnn
 from pathlift.data import load_data
 from pathlift.errors import InvalidParameterError, PathliftError, PrecisionError
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.lift.lipschitz import layer_norm_product
 from pathlift.lift.path_metric import path_metric
 from pathlift.prune import PruneConfig, RunFolder, path_magnitude_scores, prune_rewind_retrain
 from pathlift.prune.results import COLUMNS, ResultsFileError, RunRecord
+from pathlift.testing.neurons import NeuronDAG
 
 LN10 = math.log(10.0)
 QS = (0.5, 1.0, 2.0, 4.0)

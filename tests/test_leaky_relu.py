@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pathlift.graph import check
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_norm
 from pathlift.symmetry import random_rescale
+from pathlift.testing.neurons import NeuronDAG
 
 PAIRS = [(1.0, 1.0), (2.0, 2.0), (1.0, math.inf), (4.0, 1.0), (0.5, 2.0)]
 

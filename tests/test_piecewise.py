@@ -14,10 +14,10 @@ from torch import nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.channels import analyse
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import lipschitz_input, path_norm
 from pathlift.quant import certified_error, quantize
 from pathlift.symmetry import canonicalize, equivalent, permute, random_rescale
+from pathlift.testing.neurons import NeuronDAG
 
 PAIRS = [(1.0, 1.0), (2.0, 2.0), (1.0, math.inf), (4.0, 1.0), (0.5, 2.0), (16.0, 16.0)]
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.models import mlp, small_cnn
 from pathlift.quant import certified_error, lfcn_constants, quantize, sufficient_bits
+from pathlift.testing.neurons import NeuronDAG
 
 
 def test_worked_example_eps_quarter():

@@ -33,7 +33,6 @@ import zoo
 from pathlift.bounds import architecture_constants, margins, rademacher_peeling
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph import check, trace
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import (
     average_case_path_norm,
     layer_norm_product,
@@ -75,6 +74,7 @@ from pathlift.symmetry import (
     normalize_report,
     random_rescale,
 )
+from pathlift.testing.neurons import NeuronDAG
 from pathlift.track import PathNormTracker
 from random_nets import NEW_OPS, random_network
 from test_path_norm import QS, RS
