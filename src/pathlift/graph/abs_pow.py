@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from pathlift.graph.boundary import output_leaves
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import (
     Activation,
     AffineHandler,
@@ -30,7 +31,6 @@ from pathlift.graph.ops import (
     abs_power,
     channel_view,
 )
-from pathlift.graph.trace import LayerGraph
 from pathlift.graph.walk import OpWalker
 
 _DRIFT = 16  # a mantissa peak may drift within 2^(+-16) before it is rescaled

@@ -30,8 +30,9 @@ from torch import Tensor, fx, nn
 from torch.utils._pytree import tree_leaves
 
 from pathlift.graph.boundary import output_leaves
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import Activation, AffineHandler, Call, FixedLinear, Handler
-from pathlift.graph.trace import LayerGraph, graph_of
+from pathlift.graph.trace import graph_of
 from pathlift.graph.walk import OpWalker
 
 

@@ -12,7 +12,7 @@ from pathlift.errors import InvalidParameterError, PrecisionError
 from pathlift.graph.boundary import writable_copy
 from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import apply_, incoming_norms, refuse_shared_parameters
-from pathlift.graph.trace import LayerGraph
+from pathlift.graph.layer_graph import LayerGraph
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ from pathlift.graph.collectives import (
     same_pass,
     sum_ranks,
 )
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import AffineHandler, Call, Handler
 from pathlift.graph.ops.affine import peak_of, unit_of_peak
-from pathlift.graph.trace import LayerGraph
 
 OUTPUTS, INPUTS = "outputs", "inputs"
 _SPLITTABLE = frozenset({"weight", "bias", "weight_orig", "bias_orig"})

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, fx, nn
 
 from pathlift.errors import ArchitectureMismatchError, Problem
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import Call, Kind, LinearHandler
 from pathlift.graph.sharded import ShardedLayers, is_sharded_graph
-from pathlift.graph.trace import LayerGraph
 from pathlift.graph.walk import OpWalker
 
 

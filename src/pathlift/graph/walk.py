@@ -15,8 +15,8 @@ from typing import Any
 from torch import fx
 
 from pathlift.errors import Problem, UnsupportedModelError
+from pathlift.graph.layer_graph import HANDLER, GraphInterpreter
 from pathlift.graph.ops import Call, Handler, Kind
-from pathlift.graph.trace import HANDLER, GraphInterpreter
 
 _HOOKS = {kind: f"on_{kind.value}" for kind in Kind}
 

@@ -42,8 +42,8 @@ from torch import Tensor, fx
 
 from pathlift.graph.boundary import param
 from pathlift.graph.channels import ChannelMap, Producer
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import AffineHandler, Kind
-from pathlift.graph.trace import LayerGraph
 from pathlift.symmetry.jacobian import Patterns
 
 _TWIN_COSINE = 1 - 1e-12  # incoming rows this aligned are twins (up to rounding)

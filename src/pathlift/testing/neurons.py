@@ -59,8 +59,9 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
 from pathlift.graph.boundary import copy_model, output_leaves
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import Call, Handler
-from pathlift.graph.trace import LayerGraph, trace
+from pathlift.graph.trace import trace
 from pathlift.graph.walk import OpWalker
 from pathlift.logspace import LN10, power10
 
