@@ -26,28 +26,13 @@ from torch import Tensor, nn
 from pathlift.errors import InvalidParameterError, PrecisionError, Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs, output_sum
-from pathlift.graph.boundary import is_fsdp1, param
-from pathlift.graph.ops import (
-    AffineHandler,
-    BatchNormHandler,
-    Call,
-    batchnorm_affine,
-)
+from pathlift.graph.boundary import is_fsdp1
+from pathlift.graph.ops import AffineHandler, Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import COUNTING_Q, log_r_norm
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
            "magnitude_gradients"]
-
-
-def dag_parameters(handler: AffineHandler, module: nn.Module, dtype: torch.dtype
-                   ) -> tuple[Tensor, Tensor | None]:
-    """(W, b) of one layer as weights and biases of the DAG of Def. 2.2.2, in ``dtype``,
-    differentiable in the module's parameters (an eval BatchNorm folded into x*a + c)."""
-    if isinstance(handler, BatchNormHandler):
-        return batchnorm_affine(module, dtype, detach=False)
-    weight, bias = param(module, "weight", detach=False), param(module, "bias", detach=False)
-    return weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
 class LivePass(AbsPowInterpreter):
@@ -76,10 +61,8 @@ class LivePass(AbsPowInterpreter):
         if self.make_leaves and name in self.leaves:
             pair = self.leaves[name]
         else:
-            w, b = dag_parameters(handler, call.module, self.dtype)
-            unit, bias_unit = self.layer_units[name] = self.module_units(handler, call.module)
-            pair = (_abs_pow(w, self.q, unit),
-                    None if b is None else _abs_pow(b, self.q, bias_unit))
+            units = self.layer_units[name] = self.module_units(handler, call.module)
+            pair = handler.live_magnitudes(call.module, self.q, self.dtype, units)
             if self.make_leaves:
                 pair = (pair[0].detach().requires_grad_(),
                         None if pair[1] is None else pair[1].detach().requires_grad_())
@@ -112,16 +95,6 @@ def _layer_name(call: Call) -> str:
     return call.node.target if isinstance(call.node.target, str) else call.node.name
 
 
-def _abs_pow(t: Tensor, q: float, unit: float = 1.0) -> Tensor:
-    """|t / unit|^q with the fewest autograd nodes: |t| for q = 1, t*t for q = 2 (no
-    division for unit 1)."""
-    if unit != 1.0:
-        t = t / unit
-    if q == 1:
-        return t.abs()
-    return t.square() if q == 2 else t.abs().pow(q)
-
-
 def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> LayerGraph:
     """The traced graph (as in eval mode, no flag flipped once it is cached), refusing ops
     whose own parameters the pass would read as constants (PReLU's slopes): their gradient
@@ -141,7 +114,7 @@ def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> 
                     "its parameters enter the |theta|^q pass as constants; differentiable "
                     "path-norms and Path-SGD cover Linear, Conv and BatchNorm parameters")
             for n in graph.nodes()
-            if graph.handler(n).parametric and not isinstance(graph.handler(n), AffineHandler)
+            if graph.handler(n).parametric and not graph.handler(n).live
             and any(True for _ in graph.submodule(n).parameters(recurse=False))]
     if frozen:
         raise UnsupportedModelError(frozen)
@@ -253,15 +226,7 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     scales: dict[nn.Parameter, Tensor] = {}
     for name, (g_w, g_b) in found.items():
         module = graph.module.get_submodule(name)
-        if isinstance(tape.handlers[name], BatchNormHandler):
-            if q != 2:
-                continue
-            s = torch.rsqrt(module.running_var.detach().to(g_w.dtype) + module.eps)
-            m = module.running_mean.detach().to(g_w.dtype)
-            pairs = [("weight", s.pow(2) * (g_w + m.pow(2) * g_b)), ("bias", g_b)]
-        else:
-            pairs = [("weight", g_w), ("bias", g_b)]
-        for pname, gamma in pairs:
+        for pname, gamma in tape.handlers[name].magnitude_gradients(module, g_w, g_b, q):
             p = _stored_parameter(module, pname)
             if p is not None and gamma is not None:
                 scales[p] = gamma.detach()

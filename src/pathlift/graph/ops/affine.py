@@ -62,6 +62,16 @@ def abs_power(t: Tensor, q: float, dtype: torch.dtype, workspace: Workspace | No
     return magnitude if q == 1 else magnitude.pow_(q)
 
 
+def live_abs_power(t: Tensor, q: float, unit: float = 1.0) -> Tensor:
+    """|t / unit|^q in the autograd graph of ``t``, with the fewest autograd nodes: |t| for
+    q = 1, t*t for q = 2 (no division for unit 1)."""
+    if unit != 1.0:
+        t = t / unit
+    if q == 1:
+        return t.abs()
+    return t.square() if q == 2 else t.abs().pow(q)
+
+
 def scaled_copy_(out: Tensor, source: Tensor, unit: float = 1.0) -> Tensor:
     """out <- |source / unit|, the division rounded once in the wider of the two dtypes:
     after the cast when ``out`` is as wide as ``source`` (a float32 weight divided in
@@ -151,6 +161,7 @@ class AffineHandler(Parametric, Handler):
     out_dim = 0
     diagonal = False
     scored = True
+    live = True
 
     # ---- the |theta|^q network (Thm 3.1.1)
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
@@ -185,6 +196,30 @@ class AffineHandler(Parametric, Handler):
         ``workspace``."""
         return self.apply(x, self.magnitude(call.module, q, x.dtype, workspace, unit), call,
                           bias)
+
+    def live_magnitudes(self, module: nn.Module, q: float, dtype: torch.dtype,
+                        units: tuple[float, float] = (1.0, 1.0)
+                        ) -> tuple[Tensor, Tensor | None]:
+        """(|W/u|^q, |b/v|^q) as ``apply`` takes them, in ``dtype``, differentiable in the
+        module's parameters (the differentiable pass, ``pathlift.lift.differentiable``);
+        (u, v) = ``units``."""
+        weight, bias = self.live_parameters(module, dtype)
+        return (live_abs_power(weight, q, units[0]),
+                None if bias is None else live_abs_power(bias, q, units[1]))
+
+    def live_parameters(self, module: nn.Module, dtype: torch.dtype
+                        ) -> tuple[Tensor, Tensor | None]:
+        """(W, b) of the layer's DAG neurons in ``dtype``, in the autograd graph of its
+        parameters (pruning masks applied)."""
+        weight, bias = param(module, "weight", detach=False), param(module, "bias", detach=False)
+        return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+    def magnitude_gradients(self, module: nn.Module, weight: Tensor, bias: Tensor | None,
+                            q: float) -> list[tuple[str, Tensor | None]]:
+        """(stored parameter name, d||Phi||_q^q / d|p|^q) from the gradients ``weight`` and
+        ``bias`` of the pass in |W|^q and |b|^q (``live_magnitudes``), one per parameter;
+        a parameter that is no coordinate of ||Phi||_q^q is left out."""
+        return [("weight", weight), ("bias", bias)]
 
     def rank_one_input(self, x: Tensor) -> Tensor | None:
         """v with d<g, apply(x, W)>/dW = g v^T for every output gradient g, when the
@@ -436,6 +471,23 @@ class BatchNormHandler(AffineHandler):
 
     def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
         return batchnorm_affine(module)
+
+    def live_parameters(self, module: nn.Module, dtype: torch.dtype
+                        ) -> tuple[Tensor, Tensor | None]:
+        """The fold x*a + c, differentiable in weight and bias (statistics constant)."""
+        return batchnorm_affine(module, dtype, detach=False)
+
+    def magnitude_gradients(self, module: nn.Module, weight: Tensor, bias: Tensor | None,
+                            q: float) -> list[tuple[str, Tensor | None]]:
+        """For x*a + c, a = w s, c = b - m a (q = 2 only, where the fold stays a sum of
+        squares per parameter): gamma_w = s^2 (gamma_a + m^2 gamma_c), gamma_b = gamma_c.
+        At q != 2 weight and bias are no coordinates of ||Phi||_q^q (the fold mixes them
+        into one bias): none."""
+        if q != 2:
+            return []
+        s = torch.rsqrt(module.running_var.detach().to(weight.dtype) + module.eps)
+        m = module.running_mean.detach().to(weight.dtype)
+        return [("weight", s.pow(2) * (weight + m.pow(2) * bias)), ("bias", bias)]
 
     def own_neurons(self, module: nn.Module) -> bool:
         return module.affine

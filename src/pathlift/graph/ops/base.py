@@ -130,10 +130,12 @@ class Parametric:
     """Mixin of operations with parameters of their own (layers, PReLU's slopes): what
     quantisation rounds, how the rounded values are written back, and whether the values
     are usable. ``parametric`` is the trait passes read; ``scored``: its parameters are
-    coordinates of theta that pruning may zero."""
+    coordinates of theta that pruning may zero; ``live``: the differentiable pass reads its
+    parameters in autograd (``AffineHandler.live_magnitudes``), else as constants."""
 
     parametric: ClassVar[bool] = True
     scored: ClassVar[bool] = True
+    live: ClassVar[bool] = False
 
     def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
         """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
