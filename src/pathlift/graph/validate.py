@@ -159,7 +159,9 @@ class _Validate(fx.Interpreter):
             self.recorder.paused = True  # handlers may probe with small real tensors
             try:
                 n.meta[HANDLER] = n.meta[HANDLER].resolve(call)  # this call's operation
-                reason = n.meta[HANDLER].problem(call)
+                if module is not None and module.training:
+                    reason = n.meta[HANDLER].training_problem(module)
+                reason = reason or n.meta[HANDLER].problem(call)
             except PathliftError:
                 raise
             except Exception as err:  # a probe the shape cannot take (a pool too large)

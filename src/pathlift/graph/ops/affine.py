@@ -442,13 +442,13 @@ class BatchNormHandler(AffineHandler):
     folds = True
 
     def problem(self, call: Call) -> str | None:
-        bn = call.module
-        if bn.training:
-            return ("BatchNorm in training mode normalises by batch statistics; call "
-                    "model.eval(), or measure inside `with pathlift.graph.eval_mode(model):`")
-        if bn.running_mean is None:
+        if call.module.running_mean is None:
             return "BatchNorm without running statistics (track_running_stats=False) is not affine"
         return None
+
+    def training_problem(self, module: nn.Module) -> str | None:
+        return ("BatchNorm in training mode normalises by batch statistics; call "
+                "model.eval(), or measure inside `with pathlift.graph.eval_mode(model):`")
 
     def value_problem(self, module: nn.Module) -> str | None:
         found = super().value_problem(module)

@@ -104,6 +104,13 @@ class Handler:
         module settings and non-tensor arguments only: ``call`` may hold meta tensors."""
         return None
 
+    def training_problem(self, module: nn.Module) -> str | None:
+        """Why the op's module in training mode (``module.training``) computes outside
+        Def. 2.2.2 (batch statistics, randomness), or None: asked instead of nothing by
+        validation for every module in training mode, so that no pass lists the ops that
+        behave differently in training."""
+        return None
+
     def resolve(self, call: Call) -> Handler:
         """The handler of this concrete call (validation time): one torch callable can be
         several operations (``x[:, 1:]`` slices neurons, ``sizes[1]`` picks a number)."""

@@ -144,11 +144,12 @@ class TrainingModeHandler(Handler):
     aliases_input = True
 
     def problem(self, call: Call) -> str | None:
-        if call.module is not None and call.module.training:
-            return f"{type(call.module).__name__} in training mode is random; call model.eval()"
         if call.module is None and call.arg(2, "training", True):
             return "functional dropout with training=True is random; pass training=False"
         return None
+
+    def training_problem(self, module: nn.Module) -> str | None:
+        return f"{type(module).__name__} in training mode is random; call model.eval()"
 
 
 SHAPE = ShapeHandler("sizes")
