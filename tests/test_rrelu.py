@@ -5,21 +5,20 @@ outputs equal the model's; the function and every path-norm survive a random res
 and normalisation (the activation is positively homogeneous); training mode, and the
 functional form with training=True, are refused with a typed error naming the node."""
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from activation_checks import (
+    assert_norms_equal_enumeration,
+    assert_rescaling_keeps_function_and_norms,
+    randomised,
+)
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import check, trace
-from pathlift.graph.normalize import normalize
 from pathlift.lift import path_norm
-from pathlift.symmetry import random_rescale
-from pathlift.testing.neurons import NeuronDAG
 
-PAIRS = [(1.0, 1.0), (2.0, 2.0), (1.0, math.inf), (4.0, 1.0), (0.5, 2.0)]
 SHAPE = (2, 6, 6)
 
 
@@ -42,27 +41,13 @@ class Net(nn.Module):
 
 
 def _net(lower: float, upper: float, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    net = Net(lower, upper).double()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.uniform_(-1, 1)
-        net.bn.running_mean.uniform_(-1, 1)
-        net.bn.running_var.uniform_(0.5, 2)
-    return net.eval()
+    return randomised(Net(lower, upper), seed)
 
 
 @pytest.mark.parametrize(("lower", "upper"), [(0.1, 0.3), (1 / 8, 1 / 3), (-0.5, 0.2),
                                               (0.4, 2.0)])
 def test_path_norms_equal_enumeration(lower, upper):
-    net = _net(lower, upper, 0)
-    dag = NeuronDAG.from_module(net, SHAPE)
-    x = torch.randn(1, *SHAPE, dtype=torch.float64)
-    torch.testing.assert_close(torch.as_tensor(dag.output(x)), net(x).detach().reshape(-1),
-                               rtol=0, atol=1e-12)
-    for q, r in PAIRS:
-        assert path_norm(net, SHAPE, q=q, r=r).log10 == pytest.approx(
-            dag.path_norm_log10(q, r), abs=1e-12)
+    assert_norms_equal_enumeration(_net(lower, upper, 0), SHAPE)
 
 
 def test_the_slope_is_the_mean_of_the_bounds():
@@ -76,15 +61,7 @@ def test_the_slope_is_the_mean_of_the_bounds():
 
 
 def test_rescaling_and_normalisation_keep_function_and_norms():
-    net = _net(0.1, 0.3, 1)
-    x = torch.randn(5, *SHAPE, dtype=torch.float64)
-    for other in (random_rescale(net, seed=3, input_shape=SHAPE),
-                  normalize(net, SHAPE, q=2.0)):
-        assert not torch.equal(other.c1.weight, net.c1.weight)
-        torch.testing.assert_close(other(x), net(x), rtol=0, atol=1e-12)
-        for q, r in PAIRS:
-            assert path_norm(other, SHAPE, q=q, r=r).log10 == pytest.approx(
-                path_norm(net, SHAPE, q=q, r=r).log10, abs=1e-12)
+    assert_rescaling_keeps_function_and_norms(_net(0.1, 0.3, 1), SHAPE, lambda m: m.c1.weight)
 
 
 def test_supported_in_eval_mode():
