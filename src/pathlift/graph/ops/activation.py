@@ -202,7 +202,7 @@ RELU = register(ReluHandler("ReLU"), modules=[nn.ReLU],
 register(HardtanhHandler("ReLU6"), modules=[nn.ReLU6], functions=[F.relu6])
 register(HardtanhHandler("Hardtanh"), modules=[nn.Hardtanh], functions=[F.hardtanh, F.hardtanh_])
 register(ClampHandler("clamp"), functions=[torch.clamp, torch.clip, torch.clamp_],
-         methods=["clamp", "clip", "clamp_", "clip_"])
+         methods=["clamp", "clip", "clamp_", "clip_"], note="/`clip` with constant bounds")
 register(PReLUHandler("PReLU"), modules=[nn.PReLU], functions=[F.prelu])
 
 

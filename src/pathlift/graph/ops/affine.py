@@ -561,4 +561,5 @@ for _d in (1, 2, 3):
     register(ConvHandler(f"Conv{_d}d"), modules=[getattr(nn, f"Conv{_d}d")])
     register(ConvTransposeHandler(f"ConvTranspose{_d}d"),
              modules=[getattr(nn, f"ConvTranspose{_d}d")])
-    register(BatchNormHandler(f"BatchNorm{_d}d"), modules=[getattr(nn, f"BatchNorm{_d}d")])
+    register(BatchNormHandler(f"BatchNorm{_d}d"), modules=[getattr(nn, f"BatchNorm{_d}d")],
+             note="in eval mode")

@@ -245,4 +245,4 @@ for _d in (1, 2, 3):
     register(AvgPoolHandler(f"AdaptiveAvgPool{_d}d", _d, True),
              modules=[getattr(nn, f"AdaptiveAvgPool{_d}d")],
              functions=[getattr(F, f"adaptive_avg_pool{_d}d")])
-register(MeanHandler("mean"), functions=[torch.mean], methods=["mean"])
+register(MeanHandler("mean"), functions=[torch.mean], methods=["mean"], note="over features")

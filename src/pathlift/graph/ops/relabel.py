@@ -168,17 +168,21 @@ register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelU
                     F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle],
          methods=["view", "reshape", "flatten", "permute", "transpose", "squeeze",
                   "unsqueeze", "chunk", "split", "narrow", "unbind", "tensor_split",
-                  "movedim", "swapaxes", "view_as", "reshape_as", "unflatten"])
+                  "movedim", "swapaxes", "view_as", "reshape_as", "unflatten"],
+         note="(`view`, `reshape`, `permute`, `flatten`, `chunk`, `split`, `narrow`, "
+              "`unbind`, `PixelShuffle`)")
 register(IdentityHandler("Identity"), modules=[nn.Identity], methods=["contiguous"])
-register(GetItemHandler("indexing"), functions=[operator.getitem])
-register(SHAPE, functions=[getattr, len], methods=["size", "dim"])
+register(GetItemHandler("indexing"), functions=[operator.getitem],
+         note="(slicing `x[:, a:b]`, picking from a tuple)")
+register(SHAPE, functions=[getattr, len], methods=["size", "dim"], note="(`x.size(1)`)")
 register(_ARITHMETIC, functions=[operator.mul, operator.truediv, operator.floordiv,
                                  operator.mod, operator.neg, torch.mul, torch.div, torch.neg,
                                  torch.true_divide],
-         methods=["mul", "div", "neg", "__mul__", "__rmul__", "__truediv__"])
+         methods=["mul", "div", "neg", "__mul__", "__rmul__", "__truediv__"],
+         note="(`x.size(1) // 2`, scaling by a constant)")
 register(_ADD, functions=[operator.add, operator.iadd, torch.add, operator.sub, torch.sub],
          methods=["add", "add_", "__add__", "__radd__", "sub", "__sub__"])
 register(CatHandler("cat"), functions=[torch.cat, torch.concat, torch.concatenate])
 register(TrainingModeHandler("Dropout"),
          modules=[getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d")],
-         functions=[F.dropout])
+         functions=[F.dropout], note="in eval mode")

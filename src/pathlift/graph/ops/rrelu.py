@@ -39,4 +39,4 @@ class RReluHandler(Activation):
 
 
 register(RReluHandler("RReLU"), modules=[nn.RReLU],
-         functions=[F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_])
+         functions=[F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_], note="in eval mode")
