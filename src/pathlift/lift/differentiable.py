@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, PrecisionError, Problem, UnsupportedModelError
+from pathlift.errors import PrecisionError, Problem, UnsupportedModelError
+from pathlift.exponents import check_q, check_r
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs, output_sum
 from pathlift.graph.boundary import is_fsdp1
@@ -164,12 +165,8 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
         loss = F.cross_entropy(model(x), y) + 1e-3 * differentiable_path_norm(model, (1, 8, 8))
         loss.backward()
     """
-    if not (q >= 1 and math.isfinite(q)):
-        raise InvalidParameterError(f"q must be in [1, inf) for a differentiable path-norm, "
-                                    f"got {q}")
-    r = q if r is None else r
-    if not r > 0:
-        raise InvalidParameterError(f"r must be in (0, inf], got {r}")
+    check_q(q, minimum=1.0, what=" for a differentiable path-norm")
+    r = q if r is None else check_r(r)
     graph = _graph(model, input_shape)
     walker = ShardedLivePass if is_sharded_graph(graph) else LivePass
     return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
