@@ -19,7 +19,7 @@ from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph.boundary import dtype_device, is_sharded, structure_key, unwrap
 from pathlift.graph.cache import remember
 from pathlift.graph.collectives import all_objects
-from pathlift.graph.ops import BatchNormHandler, Handler, Kind
+from pathlift.graph.ops import Handler, Kind
 
 HANDLER = "pathlift_handler"
 
@@ -231,7 +231,8 @@ class GraphInterpreter(fx.Interpreter):
 
 class _ContiguousBatchNorm(GraphInterpreter):
     def run_node(self, n: fx.Node) -> Any:
-        if isinstance(n.meta.get(HANDLER), BatchNormHandler):
+        handler = n.meta.get(HANDLER)
+        if handler is not None and handler.contiguous_backward:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             return self.call_module(n.target, (args[0].contiguous(), *args[1:]), kwargs)
         return super().run_node(n)

@@ -247,9 +247,7 @@ def _triangle_log(norm_a: float, norm_b: float) -> float:
 
 def _lemma_f3_blocked(graph: LayerGraph) -> str | None:
     """Why the premise of Lemma F.3 cannot hold on this architecture, or None."""
-    blocking = sorted({graph.handler(n).name for n in graph.nodes()
-                       if graph.handler(n).kind in (Kind.ADD, Kind.MAXPOOL, Kind.ACTIVATION)
-                       or (graph.handler(n).kind is Kind.POOL and _fixed_l1(graph, n) > 1.0)})
+    blocking = sorted({graph.handler(n).name for n in graph.nodes() if _exceeds_l1(graph, n)})
     if blocking:
         return (f"it needs every hidden neuron of N(theta) to have l1 norm <= 1, which "
                 f"{', '.join(blocking)} (fixed weights and biases of their neurons) rule out")
@@ -257,6 +255,13 @@ def _lemma_f3_blocked(graph: LayerGraph) -> str | None:
         return ("the output neurons are not those of an affine layer (pooling after the last "
                 "layer has fixed weights)")
     return None
+
+
+def _exceeds_l1(graph: LayerGraph, node) -> bool:
+    """Whether a neuron the node creates has fixed incoming weights and bias of l1 norm > 1
+    (the op's trait, or its fixed weights measured)."""
+    exceeds = graph.handler(node).fixed_l1_exceeds_one
+    return exceeds if exceeds is not None else _fixed_l1(graph, node) > 1.0
 
 
 def _fixed_l1(graph: LayerGraph, node) -> float:

@@ -110,6 +110,7 @@ class Activation(Handler):
 
     kind = Kind.ACTIVATION
     creates_neurons = True
+    fixed_l1_exceeds_one = True  # its identity neuron y has a bias or several inputs
     in_place = True
     family = "activations"
 

@@ -440,6 +440,7 @@ class BatchNormHandler(AffineHandler):
     diagonal = True
     scored = False
     folds = True
+    contiguous_backward = True  # torch 2.13's CPU eval BatchNorm backward, see LayerGraph
 
     def problem(self, call: Call) -> str | None:
         if call.module.running_mean is None:

@@ -84,7 +84,12 @@ class Handler:
     ``in_place`` it may overwrite its input (``inplace=True``, ``relu_``, ``add_``);
     ``folds`` an affine neuron right after an affine layer (eval BatchNorm), merged into
     it when layers are counted;
-    ``family`` the op family it is listed under in messages and the docs' table.
+    ``family`` the op family it is listed under in messages and the docs' table;
+    ``fixed_l1_exceeds_one`` the neurons it makes have fixed incoming weights and biases
+    whose l1 norm exceeds 1 (True), never does (False), or depends on the call (None:
+    ``FixedLinear.abs_pow`` at q = 1 says), which rules out the premise of Lemma F.3;
+    ``contiguous_backward`` autograd through it needs a contiguous input; ``live`` (ops
+    with parameters) the differentiable pass reads its parameters in autograd.
     """
 
     kind: ClassVar[Kind] = Kind.IDENTITY
@@ -96,6 +101,9 @@ class Handler:
     folds: ClassVar[bool] = False
     family: ClassVar[str] = "structure"
     parametric: ClassVar[bool] = False
+    live: ClassVar[bool] = False
+    fixed_l1_exceeds_one: ClassVar[bool | None] = False
+    contiguous_backward: ClassVar[bool] = False
 
     def __init__(self, name: str):
         self.name = name
@@ -143,12 +151,17 @@ class Parametric:
 
     parametric: ClassVar[bool] = True
     scored: ClassVar[bool] = True
-    live: ClassVar[bool] = False
 
     def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]:
         """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
         names = [n.removesuffix("_orig") for n, _ in module.named_parameters(recurse=False)]
         return [(name, param(module, name), None) for name in names]
+
+    def row_split(self, module: nn.Module) -> str | None:
+        """What the rows of its parameters are when they are split across ranks (dim-0
+        shards, ``pathlift.graph.sharded``): None, they are gathered whole (layers say
+        more, ``AffineHandler.row_split``)."""
+        return None
 
     def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
         """(weights, bias) of the op's neurons in the DAG of Def. 2.2.2, up to sign."""

@@ -111,6 +111,7 @@ class AddHandler(Handler):
 
     kind = Kind.ADD
     in_place = True
+    fixed_l1_exceeds_one = True  # a sum neuron reads two skip edges of weight 1
 
     def problem(self, call: Call) -> str | None:
         if len(call.args) < 2 or not all(isinstance(a, Tensor) for a in call.args[:2]):
