@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -26,14 +27,31 @@ from torch import Tensor, nn
 from pathlift.errors import PrecisionError, Problem, UnsupportedModelError
 from pathlift.exponents import check_q, check_r
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
-from pathlift.graph.abs_pow import output_logs, output_sum
+from pathlift.graph.abs_pow import AbsPowLayer, output_logs, output_sum
 from pathlift.graph.boundary import is_fsdp1
-from pathlift.graph.ops import AffineHandler, Call
+from pathlift.graph.ops import Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import COUNTING_Q, log_r_norm
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
            "magnitude_gradients"]
+
+
+@runtime_checkable
+class LiveLayer(AbsPowLayer, Protocol):
+    """What the differentiable pass asks of a layer beyond the |theta|^q pass's: its
+    magnitudes in autograd, its map with them, and the gradients per stored parameter.
+    ``AffineHandler`` implements it (BatchNorm and KSLinear their own way)."""
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor: ...
+
+    def live_magnitudes(self, module: nn.Module, q: float, dtype: torch.dtype,
+                        units: tuple[float, float] = (1.0, 1.0)
+                        ) -> tuple[Tensor, Tensor | None]: ...
+
+    def magnitude_gradients(self, module: nn.Module, weight: Tensor, bias: Tensor | None,
+                            q: float) -> list[tuple[str, Tensor | None]]: ...
 
 
 class LivePass(AbsPowInterpreter):
@@ -49,11 +67,11 @@ class LivePass(AbsPowInterpreter):
         super().__init__(graph, q, dtype)
         self.make_leaves = leaves
         self.leaves: dict[str, tuple[Tensor, Tensor | None]] = {}
-        self.handlers: dict[str, AffineHandler] = {}
+        self.handlers: dict[str, LiveLayer] = {}
         self.layer_units: dict[str, tuple[float, float]] = {}
         self._current: tuple[str, tuple[Tensor, Tensor | None]] | None = None
 
-    def _magnitudes(self, handler: AffineHandler, call: Call) -> tuple[Tensor, Tensor | None]:
+    def _magnitudes(self, handler: LiveLayer, call: Call) -> tuple[Tensor, Tensor | None]:
         """|W/u|^q, |b/v|^q of the layer of ``call`` (computed once per call of the layer;
         with leaves, once per layer)."""
         if self._current is not None and self._current[0] == call.node.name:
@@ -71,15 +89,15 @@ class LivePass(AbsPowInterpreter):
         self._current = (call.node.name, pair)
         return pair
 
-    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+    def units(self, handler: LiveLayer, call: Call) -> tuple[float, float]:
         self._magnitudes(handler, call)
         return self.layer_units[_layer_name(call)]
 
-    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
+    def weight_part(self, handler: LiveLayer, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
         return handler.apply(x, self._magnitudes(handler, call)[0], call, bias)
 
-    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+    def bias_magnitude(self, handler: LiveLayer, call: Call, unit: float = 1.0
                        ) -> Tensor | None:
         return self._magnitudes(handler, call)[1]
 

@@ -2,11 +2,14 @@
 identity neurons with weights and a bias; a convolution is a weight-shared fully connected
 layer, an eval BatchNorm the affine neuron x*a + c).
 
-``AffineHandler`` is the protocol of such layers, in three concerns: the |theta|^q pass
-(``magnitude``, ``apply``, ``weight_part``, ``bias``, ``rank_one_input``), the layer as DAG
-parameters (``dag_parameters``, ``entry_channels``, ``in_channels``, ``incoming_rows``,
-``groups``, ``own_neurons``) and transformations of a copy (``rescale_``, ``permute_``,
-``quantizable``, ``write_quantized_``, ``value_problem``).
+``AffineHandler`` implements, for such layers, the protocol each pass declares next to
+itself: the |theta|^q pass (``pathlift.graph.abs_pow.AbsPowLayer``: ``units``,
+``weight_part``, ``bias``), the differentiable pass (``pathlift.lift.differentiable.
+LiveLayer``: ``apply``, ``live_magnitudes``, ``magnitude_gradients``), rescaling
+(``pathlift.graph.factors.RescalableLayer``: ``in_channels``, ``incoming_rows``,
+``rescale_``), the channel analysis (``pathlift.graph.channels.ChannelLayer``: ``groups``,
+``own_neurons``), and what the passes outside ``graph``/``lift`` ask (``permute_``,
+``quantizable``, ``write_quantized_``, ``entry_channels``, ``dag_parameters``).
 """
 
 from __future__ import annotations

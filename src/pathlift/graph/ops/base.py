@@ -3,11 +3,13 @@ and the registry that maps torch modules, functions and methods to operations.
 
 An operation (a ``Handler``) says which kind of DAG neurons it makes (thesis Def. 2.2.2)
 and carries its traits as data; passes dispatch on the kind to one hook each
-(``pathlift.graph.walk.OpWalker``) and read the traits, never the class. The handler
-interface is split by concern into small protocols: validation (``problem``, ``resolve``)
-here; the pass hooks of each family in its module (``FixedLinear`` for pooling-like maps,
-``Activation`` for piecewise-linear activations, ``AffineHandler`` for layers with
-parameters).
+(``pathlift.graph.walk.OpWalker``) and read the traits, never the class. What a pass asks
+of an op is a ``typing.Protocol`` next to that pass (``AbsPowLayer`` of the |theta|^q pass,
+``LiveLayer`` of the differentiable pass, ``RescalableLayer`` of rescaling,
+``ChannelLayer`` of the channel analysis); validation (``problem``, ``training_problem``,
+``resolve``) is here; each family's module implements them (``FixedLinear`` for
+pooling-like maps, ``Activation`` for piecewise-linear activations, ``AffineHandler`` for
+layers with parameters).
 """
 
 from __future__ import annotations
