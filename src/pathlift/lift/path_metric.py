@@ -170,7 +170,7 @@ def enumerated_path_metric(model_a: nn.Module, model_b: nn.Module,
                            input_shape: Sequence[int]) -> float:
     """sum_p |Phi_p(theta_a) - Phi_p(theta_b)| by explicit enumeration of every path (Def.
     2.3.3) with the neuron-level DAG: the ground truth for small networks (exponential)."""
-    from pathlift.testing.neurons import NeuronDAG
+    from pathlift.testing.neurons import NeuronDAG  # start-up: the oracle loads scipy.sparse
 
     values = []
     for model in (model_a, model_b):
