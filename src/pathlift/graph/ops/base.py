@@ -90,7 +90,8 @@ class Handler:
     ``fixed_l1_exceeds_one`` the neurons it makes have fixed incoming weights and biases
     whose l1 norm exceeds 1 (True), never does (False), or depends on the call (None:
     ``FixedLinear.abs_pow`` at q = 1 says), which rules out the premise of Lemma F.3;
-    ``contiguous_backward`` autograd through it needs a contiguous input; ``live`` (ops
+    ``contiguous_backward`` autograd through it needs a contiguous input; ``diagonal``
+    each neuron it makes reads only its own input channel (eval BatchNorm); ``live`` (ops
     with parameters) the differentiable pass reads its parameters in autograd.
     """
 
@@ -106,6 +107,7 @@ class Handler:
     live: ClassVar[bool] = False
     fixed_l1_exceeds_one: ClassVar[bool | None] = False
     contiguous_backward: ClassVar[bool] = False
+    diagonal: ClassVar[bool] = False
 
     def __init__(self, name: str):
         self.name = name
