@@ -17,11 +17,11 @@ import argparse
 import torch
 from torch import nn
 
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_metric
 from pathlift.lift.path_metric import enumerated_path_metric
 from pathlift.models import resnet18
 from pathlift.symmetry import magnitude_prune, normalize, random_rescale
+from pathlift.testing.neurons import NeuronDAG
 from timing import median_seconds
 
 

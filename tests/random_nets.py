@@ -28,7 +28,7 @@ outputs. With no flag the networks (and the random stream) are exactly those of 
 Each step records a ``tag`` naming the new op it draws, for coverage tests.
 
 Sizes are kept small: an upper bound of the number of paths (Def. 2.3.1) is tracked while
-the network grows, so that explicit enumeration (``pathlift.graph.neurons``) stays cheap.
+the network grows, so that explicit enumeration (``pathlift.testing.neurons``) stays cheap.
 In-place ops only ever act on a tensor that nothing else has read and that autograd does
 not need, so eager PyTorch and the traced graph compute the same function and every
 network can be differentiated (w.r.t. its input and its parameters).

@@ -36,7 +36,6 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 # Function-local imports that other engineers' files still hold (same owners as above).
 ALLOWED_LOCAL: dict[tuple[str, str], str] = {
-    ("pathlift.lift.path_metric", "pathlift.graph.neurons"): "ops engineer (neuron oracle)",
     ("pathlift.files", "pathlift.graph.memory"): "ops engineer: memory limit below graph",
 }
 

@@ -12,10 +12,10 @@ from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
 from pathlift.graph.boundary import flat_outputs
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import average_case_path_norm, local_affine, path_norm
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
+from pathlift.testing.neurons import NeuronDAG
 from random_nets import random_network
 
 

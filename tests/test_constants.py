@@ -13,7 +13,7 @@ from torch import nn
 from pathlift import models
 from pathlift.bounds import architecture_constants, peeling_constant, sharpened_constant
 from pathlift.errors import InvalidParameterError
-from pathlift.graph.neurons import Activation, NeuronDAG
+from pathlift.testing.neurons import Activation, NeuronDAG
 from random_nets import networks
 
 # Data constants of thesis Sec. 7.2.1 / Appendix E.1 (ImageNet, not architecture).
@@ -167,7 +167,7 @@ def _dag_constants(dag: NeuronDAG) -> list:
 @given(networks(max_paths=3000))
 def test_constants_match_the_neuron_dag_on_random_networks(net_shape):
     """M, K, P, d_in, d_out and Remark 4.4.1's assumptions, layer-level (pathlift.bounds)
-    against neuron-level (pathlift.graph.neurons), on random DAGs of every supported op.
+    against neuron-level (pathlift.testing.neurons), on random DAGs of every supported op.
 
     D is compared on the hand-built networks and the ResNets above only: in corner cases of
     the random DAGs (ReLU of copies of ReLU neurons, neurons repeated in a max-pool window)

@@ -11,13 +11,14 @@ docs/networks.md names every supported operation of the table.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 from markdown_it import MarkdownIt
 
-from pathlift.graph.ops.base import FUNCTIONS, METHODS, MODULES
+from pathlift.graph.ops.base import FUNCTIONS, METHODS, MODULES, supported_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -103,14 +104,28 @@ def test_no_list_of_operations_is_left_unchecked():
         "; ".join(unmarked)
 
 
-def test_the_networks_page_names_every_supported_operation():
-    """Every handler of the table (its name, e.g. MaxPool2d, interpolate, 'views and
-    splits') is in the table of docs/networks.md, which is marked supported."""
-    path = ROOT / "docs" / "networks.md"
-    table = next(text for p, mark, text, _ in BLOCKS if p == path and mark == "supported")
+def _hook():
+    spec = importlib.util.spec_from_file_location("ops_table", ROOT / "hooks" / "ops_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_networks_page_table_is_generated_from_the_registry():
+    """docs/networks.md holds the marker the mkdocs hook (mkdocs.yml ``hooks``) replaces by
+    the generated table, which names every supported handler (e.g. MaxPool2d, interpolate,
+    'views and splits') and only supported operations."""
+    hook = _hook()
+    assert "hooks/ops_table.py" in (ROOT / "mkdocs.yml").read_text()
+    page = (ROOT / "docs" / "networks.md").read_text()
+    assert hook.MARKER in page.splitlines()
+    table = supported_table()
+    assert table in hook.expand(page) and hook.MARKER not in hook.expand(page)
     expanded = _DIMS.sub(lambda m: " ".join(m.group(1) + d for d in
                                             [m.group(2), *m.group(3).split("/")[1:]]), table)
     handlers = {h.name for h in (*MODULES.values(), *FUNCTIONS.values(), *METHODS.values())
                 if h.family != "unsupported"}
     missing = sorted(name for name in handlers if name not in expanded)
-    assert not missing, f"docs/networks.md's table does not name {missing}"
+    assert not missing, f"the generated table does not name {missing}"
+    wrong = sorted(n for n in _names(table) if not REGISTRY[n])
+    assert not wrong, f"the generated table names refused operations {wrong}"

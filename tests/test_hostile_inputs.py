@@ -47,7 +47,6 @@ from cli_runner import invoke
 from nets import residual_cnn
 from pathlift.data import load_data
 from pathlift.errors import InvalidParameterError, PathliftError, PrecisionError
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.jobs.prune import PruneConfig, RunFolder, prune_rewind_retrain
 from pathlift.jobs.prune.results import COLUMNS, ResultsFileError, RunRecord
 from pathlift.lift import path_norm
@@ -55,6 +54,7 @@ from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gra
 from pathlift.lift.layer_norm import layer_norm_product
 from pathlift.lift.path_metric import path_metric
 from pathlift.prune import path_magnitude_scores
+from pathlift.testing.neurons import NeuronDAG
 
 LN10 = math.log(10.0)
 QS = (0.5, 1.0, 2.0, 4.0)

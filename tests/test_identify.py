@@ -18,9 +18,9 @@ from torch import nn
 
 from nets import SHAPE, residual_cnn, tied_mlp
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph.neurons import Activation, NeuronDAG
 from pathlift.symmetry import identify, symmetry_dimension
 from pathlift.symmetry.jacobian import Parameterized, activation_patterns
+from pathlift.testing.neurons import Activation, NeuronDAG
 from random_nets import NEW_OPS, random_network
 
 WIDTHS = (3, 5, 4, 2)  # 9 hidden neurons, 54 parameters

@@ -22,9 +22,9 @@ from torch import nn
 
 from pathlift.errors import PathliftError
 from pathlift.graph import trace
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_norm, path_norms
 from pathlift.symmetry import random_rescale
+from pathlift.testing.neurons import NeuronDAG
 from random_nets import random_network
 
 LARGE_QS = (16.0, 32.0, 64.0, 500.0, 1000.0)

@@ -3,20 +3,16 @@
 normalisation (the activation is positively homogeneous), and the functional form is the
 same op."""
 
-import math
-
 import pytest
-import torch
 import torch.nn.functional as F
 from torch import nn
 
+from activation_checks import (
+    assert_norms_equal_enumeration,
+    assert_rescaling_keeps_function_and_norms,
+    randomised,
+)
 from pathlift.graph import check
-from pathlift.graph.neurons import NeuronDAG
-from pathlift.graph.normalize import normalize
-from pathlift.lift import path_norm
-from pathlift.symmetry import random_rescale
-
-PAIRS = [(1.0, 1.0), (2.0, 2.0), (1.0, math.inf), (4.0, 1.0), (0.5, 2.0)]
 
 
 class Disc(nn.Module):
@@ -38,37 +34,16 @@ class Disc(nn.Module):
 
 
 def _net(slope: float, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    net = Disc(slope).double()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.uniform_(-1, 1)
-        net.bn.running_mean.uniform_(-1, 1)
-        net.bn.running_var.uniform_(0.5, 2)
-    return net.eval()
+    return randomised(Disc(slope), seed)
 
 
 @pytest.mark.parametrize("slope", [0.2, -0.3, 1.7])
 def test_path_norms_equal_enumeration(slope):
-    net, shape = _net(slope, 0), (2, 6, 6)
-    dag = NeuronDAG.from_module(net, shape)
-    x = torch.randn(1, *shape, dtype=torch.float64)
-    torch.testing.assert_close(torch.as_tensor(dag.output(x)), net(x).detach().reshape(-1),
-                               rtol=0, atol=1e-12)
-    for q, r in PAIRS:
-        assert path_norm(net, shape, q=q, r=r).log10 == pytest.approx(
-            dag.path_norm_log10(q, r), abs=1e-12)
+    assert_norms_equal_enumeration(_net(slope, 0), (2, 6, 6))
 
 
 def test_rescaling_and_normalisation_keep_function_and_norms():
-    net, shape = _net(0.1, 1), (2, 6, 6)
-    x = torch.randn(5, *shape, dtype=torch.float64)
-    for other in (random_rescale(net, seed=3, input_shape=shape), normalize(net, shape, q=2.0)):
-        assert not torch.equal(other.c1.weight, net.c1.weight)
-        torch.testing.assert_close(other(x), net(x), rtol=0, atol=1e-12)
-        for q, r in PAIRS:
-            assert path_norm(other, shape, q=q, r=r).log10 == pytest.approx(
-                path_norm(net, shape, q=q, r=r).log10, abs=1e-12)
+    assert_rescaling_keeps_function_and_norms(_net(0.1, 1), (2, 6, 6), lambda m: m.c1.weight)
 
 
 def test_supported_without_problems():

@@ -29,7 +29,7 @@ from nets import (
 from pathlift import bounds, lift, prune, quant, symmetry
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import check, trace, writable_copy
-from pathlift.graph.neurons import NeuronDAG
+from pathlift.testing.neurons import NeuronDAG
 
 X = torch.randn((4, *SHAPE), dtype=torch.float64, generator=torch.Generator().manual_seed(5))
 LOADER = DataLoader(TensorDataset(X, torch.tensor([0, 1, 2, 0])), batch_size=2)

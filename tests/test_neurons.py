@@ -18,8 +18,8 @@ from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
 from pathlift.graph import check
-from pathlift.graph.neurons import Activation, NeuronDAG
 from pathlift.lift import path_norm
+from pathlift.testing.neurons import Activation, NeuronDAG
 from random_nets import networks, random_input, random_network
 
 

@@ -15,8 +15,8 @@ from torch import nn
 from torch.nn.utils import prune
 
 from pathlift.graph import trace
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_norm, path_norms
+from pathlift.testing.neurons import NeuronDAG
 from random_nets import networks, random_network
 
 QS = (0.5, 1.0, 2.0, 4.0)

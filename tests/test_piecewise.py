@@ -15,10 +15,10 @@ from torch import nn
 from pathlift.bounds import certified_error, lipschitz_input
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.channels import analyse
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import path_norm
 from pathlift.quant import quantize
 from pathlift.symmetry import canonicalize, equivalent, permute, random_rescale
+from pathlift.testing.neurons import NeuronDAG
 
 PAIRS = [(1.0, 1.0), (2.0, 2.0), (1.0, math.inf), (4.0, 1.0), (0.5, 2.0), (16.0, 16.0)]
 

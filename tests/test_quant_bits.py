@@ -14,9 +14,9 @@ from torch import nn
 
 from pathlift.bounds import certified_error
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.models import mlp, small_cnn
 from pathlift.quant import lfcn_constants, quantize, sufficient_bits
+from pathlift.testing.neurons import NeuronDAG
 
 
 def test_worked_example_eps_quarter():

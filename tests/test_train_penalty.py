@@ -17,11 +17,11 @@ from torch.nn.utils import prune
 from nets import residual_cnn
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import copy_model
-from pathlift.graph.neurons import Activation, NeuronDAG
 from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
+from pathlift.testing.neurons import Activation, NeuronDAG
 from pathlift.train import AverageCasePenalty, PathNormPenalty, make_penalty
 from random_nets import NEW_OPS, random_network, randomise_batchnorm_
 

@@ -33,12 +33,12 @@ from pathlift.errors import (
     UnsupportedModelError,
 )
 from pathlift.graph.boundary import flat_outputs
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.graph.ops import supported_summary
 from pathlift.jobs.report import run_report
 from pathlift.lift import path_norm, path_norms
 from pathlift.models import get_model, load_model, save_checkpoint, set_trust_arch
 from pathlift.symmetry import identify
+from pathlift.testing.neurons import NeuronDAG
 from user_files import MODULE, write_project
 
 ZOO = Path(__file__).with_name("user_zoo.py")

@@ -42,7 +42,6 @@ from pathlift.bounds import (
 from pathlift.bounds.symmetry_aware import compare
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph import check, trace
-from pathlift.graph.neurons import NeuronDAG
 from pathlift.lift import (
     average_case_path_norm,
     layer_norm_product,
@@ -76,6 +75,7 @@ from pathlift.symmetry import (
     normalize_report,
     random_rescale,
 )
+from pathlift.testing.neurons import NeuronDAG
 from pathlift.track import PathNormTracker
 from random_nets import NEW_OPS, random_network
 from test_path_norm import QS, RS

@@ -1,6 +1,6 @@
 """The models a researcher brings in the first hour, written from their papers the way users
 write them (functional calls, loops over ModuleList/ModuleDict, concatenations, tuple and
-dict outputs), scaled down so that explicit path enumeration (``pathlift.graph.neurons``)
+dict outputs), scaled down so that explicit path enumeration (``pathlift.testing.neurons``)
 checks every number. Not copied from any library.
 
 - DenseNet-BC (Huang et al. 2017, Sec. 3): bottleneck layers BN-ReLU-Conv1x1(4k)-BN-ReLU-

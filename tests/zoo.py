@@ -3,7 +3,7 @@
 Each architecture is written here from its paper (not copied from any library), with
 torchvision's parameter names where torchvision has the model. Each has a full-size
 constructor (the paper's widths and depths) and a scaled-down one (a few channels, tiny
-inputs) small enough for the explicit neuron DAG of ``pathlift.graph.neurons``: about 20k
+inputs) small enough for the explicit neuron DAG of ``pathlift.testing.neurons``: about 20k
 paths or fewer for most, at most ``SMALL_MAX_PATHS`` (a 3x3 conv on a 2x2 map already
 multiplies the paths by 4, and every LeakyReLU/PReLU/ReLU6 lowered to two ReLU neurons by
 2), which enumeration handles in about a second:

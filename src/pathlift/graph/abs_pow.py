@@ -14,15 +14,16 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from pathlift.graph.boundary import output_leaves
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import (
     Activation,
-    AffineHandler,
     Call,
     FixedLinear,
     Handler,
@@ -30,7 +31,6 @@ from pathlift.graph.ops import (
     abs_power,
     channel_view,
 )
-from pathlift.graph.trace import LayerGraph
 from pathlift.graph.walk import OpWalker
 
 _DRIFT = 16  # a mantissa peak may drift within 2^(+-16) before it is rescaled
@@ -134,6 +134,22 @@ def _holds_scaled(value: object) -> bool:
     if isinstance(value, (list, tuple, dict)):
         return any(isinstance(v, Scaled) for v in tree_leaves(value))
     return isinstance(value, Scaled)
+
+
+@runtime_checkable
+class AbsPowLayer(Protocol):
+    """What the |theta|^q pass (Thm 3.1.1) asks of a layer with parameters: the dim of its
+    output channels, the units its weights and bias enter in, |W/u|^q x (+ bias) and its
+    bias. ``AffineHandler`` implements it."""
+
+    channel_dim: int
+
+    def units(self, module: nn.Module, exact: bool = False) -> tuple[float, float]: ...
+
+    def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None,
+                    workspace: Workspace | None = None, unit: float = 1.0) -> Tensor: ...
+
+    def bias(self, module: nn.Module) -> Tensor | None: ...
 
 
 class ScaledWalker(OpWalker):
@@ -240,11 +256,11 @@ class AbsPowInterpreter(ScaledWalker):
         offset = torch.exp(log_b - top).to(m.dtype)
         return Scaled.normalised(torch.addcmul(offset, m, gain), top)
 
-    def on_affine(self, handler: AffineHandler, call: Call) -> Scaled:
+    def on_affine(self, handler: AbsPowLayer, call: Call) -> Scaled:
         x = call.args[0]
         return self._affine(handler, x.mantissa, x.log_scale, call.replace(x.mantissa))
 
-    def _affine(self, handler: AffineHandler, x: Tensor, log_scale: float, call: Call
+    def _affine(self, handler: AbsPowLayer, x: Tensor, log_scale: float, call: Call
                 ) -> Scaled:
         """|W|^q x e^s + |b|^q (see ``scaled_affine``), as u^q |W/u|^q x e^s + v^q |b/v|^q
         with (u, v) the layer's ``units``: |theta|^q itself never leaves the float range."""
@@ -255,7 +271,7 @@ class AbsPowInterpreter(ScaledWalker):
                              self.bias_magnitude(handler, call, bias_unit),
                              handler.channel_dim, self.q * math.log(bias_unit))
 
-    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+    def units(self, handler: AbsPowLayer, call: Call) -> tuple[float, float]:
         """(u, v): the layer's weights and bias enter as |W/u|^q and |b/v|^q (a hook:
         subclasses that supply their own magnitudes say which units they took; sharded layers
         all-reduce their peaks). Powers
@@ -263,18 +279,18 @@ class AbsPowInterpreter(ScaledWalker):
         ``unit_weights``, the largest entries themselves."""
         return self.module_units(handler, call.module)
 
-    def module_units(self, handler: AffineHandler, module: nn.Module) -> tuple[float, float]:
+    def module_units(self, handler: AbsPowLayer, module: nn.Module) -> tuple[float, float]:
         """``units`` of the layer ``module`` (a hook: a sharded layer's are those of the
         whole layer, the same on every rank)."""
         return handler.units(module, exact=self.unit_weights)
 
-    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
+    def weight_part(self, handler: AbsPowLayer, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
         """|W/unit|^q x (+ bias) of one affine layer (a hook: subclasses substitute or
         record |W|^q)."""
         return handler.weight_part(x, self.q, call, bias, self.workspace, unit)
 
-    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+    def bias_magnitude(self, handler: AbsPowLayer, call: Call, unit: float = 1.0
                        ) -> Tensor | None:
         """|b/unit|^q of one affine layer, or None (a hook, like ``weight_part``)."""
         bias = handler.bias(call.module)

@@ -24,15 +24,33 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, fx, nn
 from torch.utils._pytree import tree_leaves
 
 from pathlift.graph.boundary import output_leaves
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import Activation, AffineHandler, Call, FixedLinear, Handler
-from pathlift.graph.trace import LayerGraph, graph_of
+from pathlift.graph.trace import graph_of
 from pathlift.graph.walk import OpWalker
+
+
+@runtime_checkable
+class ChannelLayer(Protocol):
+    """What the channel analysis (rescaling and permutation classes of neurons) asks of a
+    layer: the dim of its output channels, whether each neuron reads only its own channel
+    (``diagonal``), its groups and whether its outputs are neurons of their own.
+    ``AffineHandler`` implements it (and the protocols of the passes that read producers:
+    ``pathlift.graph.factors.RescalableLayer``...)."""
+
+    channel_dim: int
+    diagonal: bool
+
+    def groups(self, module: nn.Module) -> int: ...
+
+    def own_neurons(self, module: nn.Module) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +64,7 @@ class Producer:
     """
 
     name: str
-    handler: AffineHandler
+    handler: AffineHandler  # each pass reading producers asks its own protocol of it
     neurons: Tensor
     inputs: Tensor
     groups: int = 1
@@ -174,7 +192,7 @@ class _Labeller(OpWalker):
                 self.outputs.append(torch.unique(t.long()))
         return super().run_node(n)
 
-    def on_affine(self, handler: AffineHandler, call: Call) -> Tensor:
+    def on_affine(self, handler: ChannelLayer, call: Call) -> Tensor:
         return self._producer(call.node, call.args[0])
 
     def on_add(self, handler: Handler, call: Call) -> Tensor:

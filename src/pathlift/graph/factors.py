@@ -10,6 +10,7 @@ Only the module copies handed in are modified; each layer's handler does the ari
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -18,15 +19,32 @@ from pathlift.errors import ShapeError, UnsupportedModelError
 from pathlift.graph.channels import Producer
 
 
+@runtime_checkable
+class RescalableLayer(Protocol):
+    """What rescaling and normalisation (Def. 2.4.1, Alg. 3.2.1) ask of a layer: how many
+    input channels it reads, its incoming rows (theta^{->v}, b_v), and the in-place
+    rescaling of a copy. ``AffineHandler`` implements it."""
+
+    def in_channels(self, module: nn.Module) -> int: ...
+
+    def incoming_rows(self, module: nn.Module) -> Tensor: ...
+
+    def rescale_(self, module: nn.Module, grow: Tensor, shrink: Tensor) -> None: ...
+
+
+def _layer(p: Producer) -> RescalableLayer:
+    return p.handler
+
+
 def apply_(module: nn.Module, p: Producer, grow: Tensor, shrink: Tensor) -> None:
     """Multiply incoming weights/bias of p's neurons by grow, weights from its inputs by
     shrink (per neuron id), through the layer's handler."""
     s = shrink[p.inputs]
-    expected = p.handler.in_channels(module)
+    expected = _layer(p).in_channels(module)
     if expected != s.numel():
         raise ShapeError(f"layer '{p.name}' expects {expected} input channels, the traced "
                          f"graph feeds {s.numel()}")
-    p.handler.rescale_(module, grow[p.neurons], s)
+    _layer(p).rescale_(module, grow[p.neurons], s)
 
 
 def apply_all_(model: nn.Module, producers: Iterable[Producer], grow: Tensor,
@@ -38,7 +56,7 @@ def apply_all_(model: nn.Module, producers: Iterable[Producer], grow: Tensor,
 
 def incoming_norms(module: nn.Module, p: Producer, q: float) -> Tensor:
     """||(theta^{->v}, b_v)||_q of each output channel v (all kernel entries of a channel)."""
-    rows = p.handler.incoming_rows(module).abs()
+    rows = _layer(p).incoming_rows(module).abs()
     top = rows.amax(dim=1)
     if q == float("inf"):
         return top

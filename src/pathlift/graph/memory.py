@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from pathlift.errors import InvalidParameterError, PathliftError, check_count
 
 if TYPE_CHECKING:
-    from pathlift.graph.trace import LayerGraph
+    from pathlift.graph.layer_graph import LayerGraph
 
 __all__ = ["MemoryEstimate", "MemoryLimitError", "available_memory", "check", "check_bytes",
            "check_samples", "estimate", "memory_limit", "parse_size", "set_memory_limit"]

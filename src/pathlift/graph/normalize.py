@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pathlift.errors import InvalidParameterError, PrecisionError
+from pathlift.errors import PrecisionError
+from pathlift.exponents import check_q
 from pathlift.graph.boundary import writable_copy
 from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import apply_, incoming_norms, refuse_shared_parameters
-from pathlift.graph.trace import LayerGraph
+from pathlift.graph.layer_graph import LayerGraph
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,7 @@ def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
     ``model`` may be a traced ``LayerGraph``; the copy is of the plain module (wrappers
     such as DDP or torch.compile are looked through) and shares that graph.
     """
-    if not (isinstance(q, (int, float)) and q > 0):
-        raise InvalidParameterError(f"q must be a number in (0, inf], got {q!r}")
+    check_q(q, infinite=True)
     cmap = analyse(model, input_shape)
     source = cmap.graph.model
     refuse_shared_parameters(source, cmap.producers)

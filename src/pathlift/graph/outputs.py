@@ -19,7 +19,8 @@ from torch import Tensor, fx, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph.boundary import eval_mode, unwrap
-from pathlift.graph.trace import LayerGraph, graph_of
+from pathlift.graph.layer_graph import LayerGraph
+from pathlift.graph.trace import graph_of
 
 OutputKey = int | str
 

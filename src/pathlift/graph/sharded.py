@@ -44,9 +44,9 @@ from pathlift.graph.collectives import (
     same_pass,
     sum_ranks,
 )
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import AffineHandler, Call, Handler
 from pathlift.graph.ops.affine import peak_of, unit_of_peak
-from pathlift.graph.trace import LayerGraph
 
 OUTPUTS, INPUTS = "outputs", "inputs"
 _SPLITTABLE = frozenset({"weight", "bias", "weight_orig", "bias_orig"})
@@ -126,8 +126,8 @@ class ShardedLayer:
 def _layer(module: nn.Module, handler: Handler, shards: dict[str, Tensor]) -> ShardedLayer:
     """The view of one layer whose parameters ``shards`` (name -> DTensor) are sharded."""
     rows = {name: rows_of(t) for name, t in shards.items()}
-    split = handler.row_split(module) if isinstance(handler, AffineHandler) and \
-        set(shards) <= _SPLITTABLE and all(r is not None for r in rows.values()) else None
+    split = handler.row_split(module) if set(shards) <= _SPLITTABLE and \
+        all(r is not None for r in rows.values()) else None
     if split is None:  # replicated, or gathered one layer at a time
         return ShardedLayer(module_view(module, {
             name: t.to_local() if rows[name] is None else gather_rows(t.to_local(), 0,

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, fx, nn
 
 from pathlift.errors import ArchitectureMismatchError, Problem
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import Call, Kind, LinearHandler
 from pathlift.graph.sharded import ShardedLayers, is_sharded_graph
-from pathlift.graph.trace import LayerGraph
 from pathlift.graph.walk import OpWalker
 
 
@@ -81,11 +81,16 @@ class _LayerCount(OpWalker):
         d, o, _ = self._merge(call)
         if self.refined:
             return (d, d + 1, False)
-        if handler.kind is Kind.ADD or self._folds(handler, call):
+        if self._folds(handler, call):
             return (d, o, False)
         return (o, o + 1, False)
 
-    on_affine = on_pool = on_add = _opens
+    on_affine = on_pool = _opens
+
+    def on_add(self, handler, call):
+        """Identity neurons merging skip edges: a layer of their own only when refined."""
+        d, o, _ = self._merge(call)
+        return (d, d + 1, False) if self.refined else (d, o, False)
 
     def _folds(self, handler, call) -> bool:
         """An eval BatchNorm right after an affine layer is folded into it."""

@@ -2,7 +2,8 @@
 operation node to the hook of its kind (``on_affine``, ``on_relu``, ``on_activation``,
 ``on_maxpool``, ``on_pool``, ``on_add``, ``on_cat``, ``on_reshape``, ``on_identity``,
 ``on_shape``), with the node's concrete ``Call`` and its handler. A pass overrides the
-hooks it needs and reads handler traits; it never lists kinds. ``cat`` defaults to
+hooks it needs, reads handler traits and never lists kinds, except those it refuses
+(``refuses``). ``cat`` defaults to
 ``on_reshape``, which runs the op on the pass's values as they are (right for tensors of
 neuron ids), ``identity`` gives back a module's input; kinds that make neurons have no
 default: a pass that meets one it does not handle raises a typed error naming the node.
@@ -10,22 +11,25 @@ default: a pass that meets one it does not handle raises a typed error naming th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import fx
 
 from pathlift.errors import Problem, UnsupportedModelError
+from pathlift.graph.layer_graph import HANDLER, GraphInterpreter
 from pathlift.graph.ops import Call, Handler, Kind
-from pathlift.graph.trace import HANDLER, GraphInterpreter
 
 _HOOKS = {kind: f"on_{kind.value}" for kind in Kind}
 
 
 class OpWalker(GraphInterpreter):
     """Dispatch each operation node to ``on_<kind>(handler, call)``. ``purpose`` names
-    the pass in the error raised for a kind it does not handle."""
+    the pass in the error raised for a kind it does not handle; ``refuses`` maps each kind
+    the pass states it refuses to the reason appended to that error (a pass implements
+    every kind's hook or lists the kind there: tests/test_op_checklist.py)."""
 
     purpose = "this pass"
+    refuses: ClassVar[dict[Kind, str]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op in ("placeholder", "output"):
@@ -33,6 +37,9 @@ class OpWalker(GraphInterpreter):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         handler = n.meta[HANDLER]
         call = Call(n, self.layer_graph.submodule(n), tuple(args), dict(kwargs))
+        why = self.refuses.get(handler.kind)
+        if why is not None:
+            raise self.unsupported(handler, call, why)
         return getattr(self, _HOOKS[handler.kind])(handler, call)
 
     def unsupported(self, handler: Handler, call: Call, why: str = "") -> UnsupportedModelError:

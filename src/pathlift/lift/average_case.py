@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
+from pathlift.exponents import check_q
 from pathlift.graph import LayerGraph, copy_model, graph_of
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.sharded import is_sharded_graph
@@ -126,8 +127,7 @@ def average_case_path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[
     DataLoader); at most ``max_samples`` inputs are used, in order. The model is not
     modified.
     """
-    if not (q >= 1 and math.isfinite(q)):
-        raise InvalidParameterError(f"q must be in [1, inf), got {q}")
+    check_q(q, minimum=1.0)
     x = _collect(inputs, max_samples)
     graph = _in_dtype(graph_of(model, input_shape), dtype)
     coeffs = _local_affine(graph, x, dtype, 256).coefficients()

@@ -19,20 +19,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, PrecisionError, Problem, UnsupportedModelError
+from pathlift.errors import PrecisionError, Problem, UnsupportedModelError
+from pathlift.exponents import check_q, check_r
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
-from pathlift.graph.abs_pow import output_logs, output_sum
-from pathlift.graph.boundary import is_fsdp1, param
-from pathlift.graph.ops import (
-    AffineHandler,
-    BatchNormHandler,
-    Call,
-    batchnorm_affine,
-)
+from pathlift.graph.abs_pow import AbsPowLayer, output_logs, output_sum
+from pathlift.graph.boundary import is_fsdp1
+from pathlift.graph.ops import Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import COUNTING_Q, log_r_norm
 
@@ -40,14 +37,21 @@ __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_
            "magnitude_gradients"]
 
 
-def dag_parameters(handler: AffineHandler, module: nn.Module, dtype: torch.dtype
-                   ) -> tuple[Tensor, Tensor | None]:
-    """(W, b) of one layer as weights and biases of the DAG of Def. 2.2.2, in ``dtype``,
-    differentiable in the module's parameters (an eval BatchNorm folded into x*a + c)."""
-    if isinstance(handler, BatchNormHandler):
-        return batchnorm_affine(module, dtype, detach=False)
-    weight, bias = param(module, "weight", detach=False), param(module, "bias", detach=False)
-    return weight.to(dtype), None if bias is None else bias.to(dtype)
+@runtime_checkable
+class LiveLayer(AbsPowLayer, Protocol):
+    """What the differentiable pass asks of a layer beyond the |theta|^q pass's: its
+    magnitudes in autograd, its map with them, and the gradients per stored parameter.
+    ``AffineHandler`` implements it (BatchNorm and KSLinear their own way)."""
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor: ...
+
+    def live_magnitudes(self, module: nn.Module, q: float, dtype: torch.dtype,
+                        units: tuple[float, float] = (1.0, 1.0)
+                        ) -> tuple[Tensor, Tensor | None]: ...
+
+    def magnitude_gradients(self, module: nn.Module, weight: Tensor, bias: Tensor | None,
+                            q: float) -> list[tuple[str, Tensor | None]]: ...
 
 
 class LivePass(AbsPowInterpreter):
@@ -63,11 +67,11 @@ class LivePass(AbsPowInterpreter):
         super().__init__(graph, q, dtype)
         self.make_leaves = leaves
         self.leaves: dict[str, tuple[Tensor, Tensor | None]] = {}
-        self.handlers: dict[str, AffineHandler] = {}
+        self.handlers: dict[str, LiveLayer] = {}
         self.layer_units: dict[str, tuple[float, float]] = {}
         self._current: tuple[str, tuple[Tensor, Tensor | None]] | None = None
 
-    def _magnitudes(self, handler: AffineHandler, call: Call) -> tuple[Tensor, Tensor | None]:
+    def _magnitudes(self, handler: LiveLayer, call: Call) -> tuple[Tensor, Tensor | None]:
         """|W/u|^q, |b/v|^q of the layer of ``call`` (computed once per call of the layer;
         with leaves, once per layer)."""
         if self._current is not None and self._current[0] == call.node.name:
@@ -76,10 +80,8 @@ class LivePass(AbsPowInterpreter):
         if self.make_leaves and name in self.leaves:
             pair = self.leaves[name]
         else:
-            w, b = dag_parameters(handler, call.module, self.dtype)
-            unit, bias_unit = self.layer_units[name] = self.module_units(handler, call.module)
-            pair = (_abs_pow(w, self.q, unit),
-                    None if b is None else _abs_pow(b, self.q, bias_unit))
+            units = self.layer_units[name] = self.module_units(handler, call.module)
+            pair = handler.live_magnitudes(call.module, self.q, self.dtype, units)
             if self.make_leaves:
                 pair = (pair[0].detach().requires_grad_(),
                         None if pair[1] is None else pair[1].detach().requires_grad_())
@@ -87,15 +89,15 @@ class LivePass(AbsPowInterpreter):
         self._current = (call.node.name, pair)
         return pair
 
-    def units(self, handler: AffineHandler, call: Call) -> tuple[float, float]:
+    def units(self, handler: LiveLayer, call: Call) -> tuple[float, float]:
         self._magnitudes(handler, call)
         return self.layer_units[_layer_name(call)]
 
-    def weight_part(self, handler: AffineHandler, x: Tensor, call: Call,
+    def weight_part(self, handler: LiveLayer, x: Tensor, call: Call,
                     bias: Tensor | None = None, unit: float = 1.0) -> Tensor:
         return handler.apply(x, self._magnitudes(handler, call)[0], call, bias)
 
-    def bias_magnitude(self, handler: AffineHandler, call: Call, unit: float = 1.0
+    def bias_magnitude(self, handler: LiveLayer, call: Call, unit: float = 1.0
                        ) -> Tensor | None:
         return self._magnitudes(handler, call)[1]
 
@@ -110,16 +112,6 @@ class ShardedLivePass(ShardedWalker, LivePass):
 
 def _layer_name(call: Call) -> str:
     return call.node.target if isinstance(call.node.target, str) else call.node.name
-
-
-def _abs_pow(t: Tensor, q: float, unit: float = 1.0) -> Tensor:
-    """|t / unit|^q with the fewest autograd nodes: |t| for q = 1, t*t for q = 2 (no
-    division for unit 1)."""
-    if unit != 1.0:
-        t = t / unit
-    if q == 1:
-        return t.abs()
-    return t.square() if q == 2 else t.abs().pow(q)
 
 
 def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> LayerGraph:
@@ -141,7 +133,7 @@ def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> 
                     "its parameters enter the |theta|^q pass as constants; differentiable "
                     "path-norms and Path-SGD cover Linear, Conv and BatchNorm parameters")
             for n in graph.nodes()
-            if graph.handler(n).parametric and not isinstance(graph.handler(n), AffineHandler)
+            if graph.handler(n).parametric and not graph.handler(n).live
             and any(True for _ in graph.submodule(n).parameters(recurse=False))]
     if frozen:
         raise UnsupportedModelError(frozen)
@@ -191,12 +183,8 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
         loss = F.cross_entropy(model(x), y) + 1e-3 * differentiable_path_norm(model, (1, 8, 8))
         loss.backward()
     """
-    if not (q >= 1 and math.isfinite(q)):
-        raise InvalidParameterError(f"q must be in [1, inf) for a differentiable path-norm, "
-                                    f"got {q}")
-    r = q if r is None else r
-    if not r > 0:
-        raise InvalidParameterError(f"r must be in (0, inf], got {r}")
+    check_q(q, minimum=1.0, what=" for a differentiable path-norm")
+    r = q if r is None else check_r(r)
     graph = _graph(model, input_shape)
     walker = ShardedLivePass if is_sharded_graph(graph) else LivePass
     return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
@@ -253,15 +241,7 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     scales: dict[nn.Parameter, Tensor] = {}
     for name, (g_w, g_b) in found.items():
         module = graph.module.get_submodule(name)
-        if isinstance(tape.handlers[name], BatchNormHandler):
-            if q != 2:
-                continue
-            s = torch.rsqrt(module.running_var.detach().to(g_w.dtype) + module.eps)
-            m = module.running_mean.detach().to(g_w.dtype)
-            pairs = [("weight", s.pow(2) * (g_w + m.pow(2) * g_b)), ("bias", g_b)]
-        else:
-            pairs = [("weight", g_w), ("bias", g_b)]
-        for pname, gamma in pairs:
+        for pname, gamma in tape.handlers[name].magnitude_gradients(module, g_w, g_b, q):
             p = _stored_parameter(module, pname)
             if p is not None and gamma is not None:
                 scales[p] = gamma.detach()

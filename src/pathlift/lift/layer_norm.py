@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, fx, nn
 
 from pathlift.graph import Call, LayerGraph, Scaled, graph_of
 from pathlift.graph.abs_pow import ScaledWalker, channel_bias, output_logs, scaled_affine
-from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler, abs_power
+from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler, Kind, abs_power
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import check_finite, log_r_norm
 from pathlift.logspace import LN10, format_log10, power10
@@ -30,6 +31,7 @@ class _ProductPass(ScaledWalker):
     """
 
     purpose = "the product of layer norms Pi_{q,r} (Def. 3.3.1)"
+    refuses: ClassVar[dict[Kind, str]] = {Kind.ADD: ""}
 
     def __init__(self, graph: LayerGraph, q: float):
         super().__init__(graph)
@@ -109,8 +111,7 @@ class _ProductPass(ScaledWalker):
 class _ShardedProductPass(ShardedWalker, _ProductPass):
     """``_ProductPass`` over a graph with sharded layers (``pathlift.graph.sharded``)."""
 
-    def on_add(self, handler: Handler, call: Call) -> Scaled:
-        raise self.unsupported(handler, call, " (a residual sum)")
+    refuses: ClassVar[dict[Kind, str]] = {Kind.ADD: " (a residual sum)"}
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ def enumerated_path_metric(model_a: nn.Module, model_b: nn.Module,
                            input_shape: Sequence[int]) -> float:
     """sum_p |Phi_p(theta_a) - Phi_p(theta_b)| by explicit enumeration of every path (Def.
     2.3.3) with the neuron-level DAG: the ground truth for small networks (exponential)."""
-    from pathlift.graph.neurons import NeuronDAG
+    from pathlift.testing.neurons import NeuronDAG  # start-up: the oracle loads scipy.sparse
 
     values = []
     for model in (model_a, model_b):
@@ -263,9 +263,7 @@ def _rounding_log(graph: LayerGraph, norm_a: float, norm_b: float) -> float:
 
 def _lemma_f3_blocked(graph: LayerGraph) -> str | None:
     """Why the premise of Lemma F.3 cannot hold on this architecture, or None."""
-    blocking = sorted({graph.handler(n).name for n in graph.nodes()
-                       if graph.handler(n).kind in (Kind.ADD, Kind.MAXPOOL, Kind.ACTIVATION)
-                       or (graph.handler(n).kind is Kind.POOL and _fixed_l1(graph, n) > 1.0)})
+    blocking = sorted({graph.handler(n).name for n in graph.nodes() if _exceeds_l1(graph, n)})
     if blocking:
         return (f"it needs every hidden neuron of N(theta) to have l1 norm <= 1, which "
                 f"{', '.join(blocking)} (fixed weights and biases of their neurons) rule out")
@@ -273,6 +271,13 @@ def _lemma_f3_blocked(graph: LayerGraph) -> str | None:
         return ("the output neurons are not those of an affine layer (pooling after the last "
                 "layer has fixed weights)")
     return None
+
+
+def _exceeds_l1(graph: LayerGraph, node) -> bool:
+    """Whether a neuron the node creates has fixed incoming weights and bias of l1 norm > 1
+    (the op's trait, or its fixed weights measured)."""
+    exceeds = graph.handler(node).fixed_l1_exceeds_one
+    return exceeds if exceeds is not None else _fixed_l1(graph, node) > 1.0
 
 
 def _fixed_l1(graph: LayerGraph, node) -> float:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-import numbers
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, PrecisionError
+from pathlift.errors import PrecisionError
+from pathlift.exponents import check_dtype, check_exponents
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import copy_model
@@ -40,31 +39,6 @@ class PathNorm:
     def __str__(self) -> str:
         r = "inf" if math.isinf(self.r) else f"{self.r:g}"
         return f"||Phi||_(q={self.q:g}, r={r}) = {format_log10(self.log10)}"
-
-
-def check_exponents(q: float, r: float) -> None:
-    """InvalidParameterError unless q in (0, inf) and r in (0, inf], both real numbers."""
-    for name, value in (("q", q), ("r", r)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise InvalidParameterError(f"{name} must be a number, got {value!r}")
-    if not (q > 0 and math.isfinite(q)):
-        raise InvalidParameterError(f"q must be in (0, inf), got {q}")
-    if not r > 0:
-        raise InvalidParameterError(f"r must be in (0, inf], got {r}")
-
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def check_dtype(dtype: torch.dtype) -> None:
-    """Mantissas must be floating point; half precision works but costs accuracy."""
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise InvalidParameterError(
-            f"dtype must be a floating torch dtype (float64, float32), got {dtype!r}")
-    if dtype in _HALF:
-        warnings.warn(f"{dtype} mantissas keep 3 significant digits or fewer: path-norms "
-                      "of real networks come out 0.2-4% off; use float32 (~1e-6) or float64",
-                      stacklevel=3)
 
 
 #: Above this exponent the pass runs on the q-normalised parameters (Alg. 3.2.1), each

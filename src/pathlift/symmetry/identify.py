@@ -32,7 +32,6 @@ from pathlift.errors import InvalidParameterError, ShapeError, check_number
 from pathlift.graph import LayerGraph
 from pathlift.graph.channels import analyse
 from pathlift.graph.memory import check_samples
-from pathlift.graph.ops import Kind
 from pathlift.symmetry.jacobian import Parameterized, activation_patterns
 from pathlift.symmetry.obstructions import Obstructions, obstructions
 from pathlift.symmetry.rank import Rank, dense_jacobian, exact_rank, randomized_rank
@@ -135,7 +134,7 @@ def _phi_rank(par: Parameterized, method: str, seed: int) -> tuple[Rank, Tensor 
 
 def _phi_supported(graph: LayerGraph) -> bool:
     """The gated path network covers every op but activations with trainable slopes."""
-    return not any(graph.handler(n).kind is Kind.ACTIVATION and graph.handler(n).parametric
+    return not any(graph.handler(n).parametric and not graph.handler(n).live
                    for n in graph.nodes())
 
 

@@ -31,8 +31,8 @@ from torch.func import functional_call, jvp
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, writable_copy
 from pathlift.graph.boundary import flat_outputs
+from pathlift.graph.layer_graph import GraphInterpreter
 from pathlift.graph.ops import Call, Handler
-from pathlift.graph.trace import GraphInterpreter
 from pathlift.graph.walk import OpWalker
 
 

@@ -42,8 +42,8 @@ from torch import Tensor, fx
 
 from pathlift.graph.boundary import param
 from pathlift.graph.channels import ChannelMap, Producer
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import AffineHandler, Kind
-from pathlift.graph.trace import LayerGraph
 from pathlift.symmetry.jacobian import Patterns
 
 _TWIN_COSINE = 1 - 1e-12  # incoming rows this aligned are twins (up to rounding)
@@ -247,7 +247,7 @@ def _bias_shifts(graph: LayerGraph, counter: _Counter) -> int:
     count = 0
     for n in graph.nodes():
         handler = graph.handler(n)
-        if n.op != "call_module" or not (isinstance(handler, AffineHandler) and handler.diagonal):
+        if n.op != "call_module" or not handler.diagonal:
             continue
         module = graph.submodule(n)
         if not handler.own_neurons(module) or counter.calls.get(n.target, 0) != 1:
@@ -259,8 +259,8 @@ def _bias_shifts(graph: LayerGraph, counter: _Counter) -> int:
         if not (isinstance(src, fx.Node) and src.op == "call_module" and len(src.users) == 1):
             continue
         source = graph.handler(src)
-        if isinstance(source, AffineHandler) and not source.diagonal \
-                and source.bias(graph.submodule(src)) is not None:
+        if source.parametric and not source.diagonal \
+                and source.dag_parameters(graph.submodule(src))[1] is not None:
             count += handler.in_channels(module)
     return count
 

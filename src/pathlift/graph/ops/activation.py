@@ -110,6 +110,7 @@ class Activation(Handler):
 
     kind = Kind.ACTIVATION
     creates_neurons = True
+    fixed_l1_exceeds_one = True  # its identity neuron y has a bias or several inputs
     in_place = True
     family = "activations"
 
@@ -202,7 +203,7 @@ RELU = register(ReluHandler("ReLU"), modules=[nn.ReLU],
 register(HardtanhHandler("ReLU6"), modules=[nn.ReLU6], functions=[F.relu6])
 register(HardtanhHandler("Hardtanh"), modules=[nn.Hardtanh], functions=[F.hardtanh, F.hardtanh_])
 register(ClampHandler("clamp"), functions=[torch.clamp, torch.clip, torch.clamp_],
-         methods=["clamp", "clip", "clamp_", "clip_"])
+         methods=["clamp", "clip", "clamp_", "clip_"], note="/`clip` with constant bounds")
 register(PReLUHandler("PReLU"), modules=[nn.PReLU], functions=[F.prelu])
 
 

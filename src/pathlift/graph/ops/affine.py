@@ -2,11 +2,14 @@
 identity neurons with weights and a bias; a convolution is a weight-shared fully connected
 layer, an eval BatchNorm the affine neuron x*a + c).
 
-``AffineHandler`` is the protocol of such layers, in three concerns: the |theta|^q pass
-(``magnitude``, ``apply``, ``weight_part``, ``bias``, ``rank_one_input``), the layer as DAG
-parameters (``dag_parameters``, ``entry_channels``, ``in_channels``, ``incoming_rows``,
-``groups``, ``own_neurons``) and transformations of a copy (``rescale_``, ``permute_``,
-``quantizable``, ``write_quantized_``, ``value_problem``).
+``AffineHandler`` implements, for such layers, the protocol each pass declares next to
+itself: the |theta|^q pass (``pathlift.graph.abs_pow.AbsPowLayer``: ``units``,
+``weight_part``, ``bias``), the differentiable pass (``pathlift.lift.differentiable.
+LiveLayer``: ``apply``, ``live_magnitudes``, ``magnitude_gradients``), rescaling
+(``pathlift.graph.factors.RescalableLayer``: ``in_channels``, ``incoming_rows``,
+``rescale_``), the channel analysis (``pathlift.graph.channels.ChannelLayer``: ``groups``,
+``own_neurons``), and what the passes outside ``graph``/``lift`` ask (``permute_``,
+``quantizable``, ``write_quantized_``, ``entry_channels``, ``dag_parameters``).
 """
 
 from __future__ import annotations
@@ -60,6 +63,16 @@ def abs_power(t: Tensor, q: float, dtype: torch.dtype, workspace: Workspace | No
         magnitude = torch.empty_like(source, dtype=dtype, memory_format=torch.contiguous_format)
     scaled_copy_(magnitude, source, unit)
     return magnitude if q == 1 else magnitude.pow_(q)
+
+
+def live_abs_power(t: Tensor, q: float, unit: float = 1.0) -> Tensor:
+    """|t / unit|^q in the autograd graph of ``t``, with the fewest autograd nodes: |t| for
+    q = 1, t*t for q = 2 (no division for unit 1)."""
+    if unit != 1.0:
+        t = t / unit
+    if q == 1:
+        return t.abs()
+    return t.square() if q == 2 else t.abs().pow(q)
 
 
 def scaled_copy_(out: Tensor, source: Tensor, unit: float = 1.0) -> Tensor:
@@ -151,6 +164,7 @@ class AffineHandler(Parametric, Handler):
     out_dim = 0
     diagonal = False
     scored = True
+    live = True
 
     # ---- the |theta|^q network (Thm 3.1.1)
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
@@ -185,6 +199,30 @@ class AffineHandler(Parametric, Handler):
         ``workspace``."""
         return self.apply(x, self.magnitude(call.module, q, x.dtype, workspace, unit), call,
                           bias)
+
+    def live_magnitudes(self, module: nn.Module, q: float, dtype: torch.dtype,
+                        units: tuple[float, float] = (1.0, 1.0)
+                        ) -> tuple[Tensor, Tensor | None]:
+        """(|W/u|^q, |b/v|^q) as ``apply`` takes them, in ``dtype``, differentiable in the
+        module's parameters (the differentiable pass, ``pathlift.lift.differentiable``);
+        (u, v) = ``units``."""
+        weight, bias = self.live_parameters(module, dtype)
+        return (live_abs_power(weight, q, units[0]),
+                None if bias is None else live_abs_power(bias, q, units[1]))
+
+    def live_parameters(self, module: nn.Module, dtype: torch.dtype
+                        ) -> tuple[Tensor, Tensor | None]:
+        """(W, b) of the layer's DAG neurons in ``dtype``, in the autograd graph of its
+        parameters (pruning masks applied)."""
+        weight, bias = param(module, "weight", detach=False), param(module, "bias", detach=False)
+        return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+    def magnitude_gradients(self, module: nn.Module, weight: Tensor, bias: Tensor | None,
+                            q: float) -> list[tuple[str, Tensor | None]]:
+        """(stored parameter name, d||Phi||_q^q / d|p|^q) from the gradients ``weight`` and
+        ``bias`` of the pass in |W|^q and |b|^q (``live_magnitudes``), one per parameter;
+        a parameter that is no coordinate of ||Phi||_q^q is left out."""
+        return [("weight", weight), ("bias", bias)]
 
     def rank_one_input(self, x: Tensor) -> Tensor | None:
         """v with d<g, apply(x, W)>/dW = g v^T for every output gradient g, when the
@@ -405,15 +443,16 @@ class BatchNormHandler(AffineHandler):
     diagonal = True
     scored = False
     folds = True
+    contiguous_backward = True  # torch 2.13's CPU eval BatchNorm backward, see LayerGraph
 
     def problem(self, call: Call) -> str | None:
-        bn = call.module
-        if bn.training:
-            return ("BatchNorm in training mode normalises by batch statistics; call "
-                    "model.eval(), or measure inside `with pathlift.graph.eval_mode(model):`")
-        if bn.running_mean is None:
+        if call.module.running_mean is None:
             return "BatchNorm without running statistics (track_running_stats=False) is not affine"
         return None
+
+    def training_problem(self, module: nn.Module) -> str | None:
+        return ("BatchNorm in training mode normalises by batch statistics; call "
+                "model.eval(), or measure inside `with pathlift.graph.eval_mode(model):`")
 
     def value_problem(self, module: nn.Module) -> str | None:
         found = super().value_problem(module)
@@ -436,6 +475,23 @@ class BatchNormHandler(AffineHandler):
 
     def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
         return batchnorm_affine(module)
+
+    def live_parameters(self, module: nn.Module, dtype: torch.dtype
+                        ) -> tuple[Tensor, Tensor | None]:
+        """The fold x*a + c, differentiable in weight and bias (statistics constant)."""
+        return batchnorm_affine(module, dtype, detach=False)
+
+    def magnitude_gradients(self, module: nn.Module, weight: Tensor, bias: Tensor | None,
+                            q: float) -> list[tuple[str, Tensor | None]]:
+        """For x*a + c, a = w s, c = b - m a (q = 2 only, where the fold stays a sum of
+        squares per parameter): gamma_w = s^2 (gamma_a + m^2 gamma_c), gamma_b = gamma_c.
+        At q != 2 weight and bias are no coordinates of ||Phi||_q^q (the fold mixes them
+        into one bias): none."""
+        if q != 2:
+            return []
+        s = torch.rsqrt(module.running_var.detach().to(weight.dtype) + module.eps)
+        m = module.running_mean.detach().to(weight.dtype)
+        return [("weight", s.pow(2) * (weight + m.pow(2) * bias)), ("bias", bias)]
 
     def own_neurons(self, module: nn.Module) -> bool:
         return module.affine
@@ -509,4 +565,5 @@ for _d in (1, 2, 3):
     register(ConvHandler(f"Conv{_d}d"), modules=[getattr(nn, f"Conv{_d}d")])
     register(ConvTransposeHandler(f"ConvTranspose{_d}d"),
              modules=[getattr(nn, f"ConvTranspose{_d}d")])
-    register(BatchNormHandler(f"BatchNorm{_d}d"), modules=[getattr(nn, f"BatchNorm{_d}d")])
+    register(BatchNormHandler(f"BatchNorm{_d}d"), modules=[getattr(nn, f"BatchNorm{_d}d")],
+             note="in eval mode")

@@ -3,11 +3,13 @@ and the registry that maps torch modules, functions and methods to operations.
 
 An operation (a ``Handler``) says which kind of DAG neurons it makes (thesis Def. 2.2.2)
 and carries its traits as data; passes dispatch on the kind to one hook each
-(``pathlift.graph.walk.OpWalker``) and read the traits, never the class. The handler
-interface is split by concern into small protocols: validation (``problem``, ``resolve``)
-here; the pass hooks of each family in its module (``FixedLinear`` for pooling-like maps,
-``Activation`` for piecewise-linear activations, ``AffineHandler`` for layers with
-parameters).
+(``pathlift.graph.walk.OpWalker``) and read the traits, never the class. What a pass asks
+of an op is a ``typing.Protocol`` next to that pass (``AbsPowLayer`` of the |theta|^q pass,
+``LiveLayer`` of the differentiable pass, ``RescalableLayer`` of rescaling,
+``ChannelLayer`` of the channel analysis); validation (``problem``, ``training_problem``,
+``resolve``) is here; each family's module implements them (``FixedLinear`` for
+pooling-like maps, ``Activation`` for piecewise-linear activations, ``AffineHandler`` for
+layers with parameters).
 """
 
 from __future__ import annotations
@@ -84,10 +86,17 @@ class Handler:
     ``in_place`` it may overwrite its input (``inplace=True``, ``relu_``, ``add_``);
     ``folds`` an affine neuron right after an affine layer (eval BatchNorm), merged into
     it when layers are counted;
-    ``family`` the op family it is listed under in messages.
+    ``family`` the op family it is listed under in messages and the docs' table;
+    ``fixed_l1_exceeds_one`` the neurons it makes have fixed incoming weights and biases
+    whose l1 norm exceeds 1 (True), never does (False), or depends on the call (None:
+    ``FixedLinear.abs_pow`` at q = 1 says), which rules out the premise of Lemma F.3;
+    ``contiguous_backward`` autograd through it needs a contiguous input; ``diagonal``
+    each neuron it makes reads only its own input channel (eval BatchNorm); ``live`` (ops
+    with parameters) the differentiable pass reads its parameters in autograd.
     """
 
     kind: ClassVar[Kind] = Kind.IDENTITY
+    note: str = ""  # what of the op is supported, for the docs' table (``register``)
     creates_neurons: ClassVar[bool] = False
     aliases_input: ClassVar[bool] = False
     idempotent: ClassVar[bool] = False
@@ -95,6 +104,10 @@ class Handler:
     folds: ClassVar[bool] = False
     family: ClassVar[str] = "structure"
     parametric: ClassVar[bool] = False
+    live: ClassVar[bool] = False
+    fixed_l1_exceeds_one: ClassVar[bool | None] = False
+    contiguous_backward: ClassVar[bool] = False
+    diagonal: ClassVar[bool] = False
 
     def __init__(self, name: str):
         self.name = name
@@ -102,6 +115,13 @@ class Handler:
     def problem(self, call: Call) -> str | None:
         """Why this call is outside the supported model, or None. Decided from shapes,
         module settings and non-tensor arguments only: ``call`` may hold meta tensors."""
+        return None
+
+    def training_problem(self, module: nn.Module) -> str | None:
+        """Why the op's module in training mode (``module.training``) computes outside
+        Def. 2.2.2 (batch statistics, randomness), or None: asked instead of nothing by
+        validation for every module in training mode, so that no pass lists the ops that
+        behave differently in training."""
         return None
 
     def resolve(self, call: Call) -> Handler:
@@ -130,7 +150,8 @@ class Parametric:
     """Mixin of operations with parameters of their own (layers, PReLU's slopes): what
     quantisation rounds, how the rounded values are written back, and whether the values
     are usable. ``parametric`` is the trait passes read; ``scored``: its parameters are
-    coordinates of theta that pruning may zero."""
+    coordinates of theta that pruning may zero; ``live``: the differentiable pass reads its
+    parameters in autograd (``AffineHandler.live_magnitudes``), else as constants."""
 
     parametric: ClassVar[bool] = True
     scored: ClassVar[bool] = True
@@ -139,6 +160,12 @@ class Parametric:
         """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
         names = [n.removesuffix("_orig") for n, _ in module.named_parameters(recurse=False)]
         return [(name, param(module, name), None) for name in names]
+
+    def row_split(self, module: nn.Module) -> str | None:
+        """What the rows of its parameters are when they are split across ranks (dim-0
+        shards, ``pathlift.graph.sharded``): None, they are gathered whole (layers say
+        more, ``AffineHandler.row_split``)."""
+        return None
 
     def dag_parameters(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
         """(weights, bias) of the op's neurons in the DAG of Def. 2.2.2, up to sign."""
@@ -168,17 +195,20 @@ def all_finite(t: Tensor) -> bool:
 
 
 class UnsupportedHandler(Handler):
-    """An op known to be outside Def. 2.2.2: ``cause`` groups ops refused for one reason,
-    ``advice`` says what is supported instead."""
+    """An op known to be outside Def. 2.2.2: ``cause`` groups ops refused for one reason;
+    ``instead`` names the family whose supported ops the message lists after it, read from
+    the registry when the message is made (so a new op of the family is offered)."""
 
     family = "unsupported"
 
-    def __init__(self, name: str, cause: str, advice: str = ""):
+    def __init__(self, name: str, cause: str, instead: str = ""):
         super().__init__(name)
-        self.cause, self.advice = cause, advice
+        self.cause, self.instead = cause, instead
 
     def problem(self, call: Call) -> str | None:
-        return self.cause + (f"; {self.advice}" if self.advice else "")
+        if not self.instead:
+            return self.cause
+        return f"{self.cause} ({', '.join(supported_names(self.instead))})"
 
 
 # --------------------------------------------------------------------------- the registry
@@ -189,10 +219,13 @@ METHODS: dict[str, Handler] = {}
 
 
 def register(handler: Handler, modules: Iterable[type] = (),
-             functions: Iterable[Callable[..., Any]] = (), methods: Iterable[str] = ()
-             ) -> Handler:
+             functions: Iterable[Callable[..., Any]] = (), methods: Iterable[str] = (),
+             note: str = "") -> Handler:
     """Make ``handler`` the operation of these module classes (and their subclasses that
-    inherit ``forward``), torch functions and tensor methods."""
+    inherit ``forward``), torch functions and tensor methods; ``note`` follows its name in
+    the docs' table of supported operations (``supported_table``)."""
+    if note:
+        handler.note = note
     for cls in modules:
         MODULES[cls] = handler
     for fn in functions:
@@ -225,16 +258,68 @@ def _is_namedtuple(target: object) -> bool:
     return isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields")
 
 
-def supported_summary() -> str:
-    """The supported operations by family, generated from the registry (for messages)."""
-    families: dict[str, dict[str, list[str]]] = {}
+#: The families of supported operations, in the order the docs' table lists them: what
+#: their forms are, and what they are as neurons of Def. 2.2.2.
+FAMILIES = {
+    "layers": ("", "identity neurons with weights and a bias (a convolution shares its "
+               "weights; an eval BatchNorm is x·a + c; a Kronecker-sparse layer is a chain "
+               "of factor layers)"),
+    "activations": ("modules, functions, methods, in place", "ReLU neurons, lowered as below"),
+    "pooling": ("modules and functions, every option",
+                "1-max-pool neurons; identity neurons with fixed weights 1/K"),
+    "resampling": ("", "identity neurons with fixed weights, read off torch's own op"),
+    "structure": ("", "edges of weight ±1 or c; relabelling creates no neuron"),
+}
+
+
+def _supported() -> dict[str, dict[str, tuple[list[str], Handler]]]:
+    """family -> name stem -> (its 1d/2d/3d variants, its first handler), registry order."""
+    families: dict[str, dict[str, tuple[list[str], Handler]]] = {}
     for handler in (*MODULES.values(), *FUNCTIONS.values(), *METHODS.values()):
         if handler.family == "unsupported":
             continue
         stem, dims = re.fullmatch(r"(.*?)([123]d)?", handler.name).groups()
-        names = families.setdefault(handler.family, {}).setdefault(stem, [])
+        names = families.setdefault(handler.family, {}).setdefault(stem, ([], handler))[0]
         if dims and dims not in names:
             names.append(dims)
-    return "; ".join(f"{family}: " + ", ".join(stem + "/".join(sorted(dims)) for stem, dims
-                                                in names.items())
-                     for family, names in families.items())
+    return families
+
+
+def _is_torch_name(label: str) -> bool:
+    """A module, function or method name (Conv1d/2d/3d read as Conv1d), or a symbol (+/-),
+    as opposed to a description (views and splits)."""
+    names = {cls.__name__ for cls in MODULES} | set(METHODS) | {
+        getattr(fn, "__name__", "") for fn in FUNCTIONS}
+    return label.split("/")[0] in names or not any(c.isalpha() for c in label)
+
+
+def _label(stem: str, dims: list[str]) -> str:
+    return stem + "/".join(sorted(dims))
+
+
+def supported_names(family: str) -> list[str]:
+    """The supported operations of ``family`` (Conv1d/2d/3d as one), from the registry."""
+    return [_label(stem, dims) for stem, (dims, _) in _supported().get(family, {}).items()]
+
+
+def supported_summary() -> str:
+    """The supported operations by family, generated from the registry (for messages)."""
+    return "; ".join(f"{family}: " + ", ".join(supported_names(family))
+                     for family in _supported())
+
+
+def supported_table() -> str:
+    """The docs' table of supported operations (docs/networks.md), generated from the
+    registry: one row per family of ``FAMILIES``, each operation with its ``note``."""
+    rows = ["| family | operations | as neurons of Def. 2.2.2 |", "|---|---|---|"]
+    families = _supported()
+    for family, (forms, neurons) in FAMILIES.items():
+        ops = [(f"`{name}`" if _is_torch_name(name) else name)
+               + ("" if not h.note or h.note.startswith("/") else " ") + h.note
+               for name, h in ((_label(stem, dims), h)
+                               for stem, (dims, h) in families.pop(family, {}).items())]
+        rows.append(f"| {family} | {', '.join(ops)}{f' ({forms})' if forms else ''} | "
+                    f"{neurons} |")
+    if families:
+        raise ValueError(f"families missing from FAMILIES: {sorted(families)}")
+    return "\n".join(rows)

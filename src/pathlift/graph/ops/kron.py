@@ -24,7 +24,13 @@ from torch import Tensor, nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.boundary import assign_, param, stored
-from pathlift.graph.ops.affine import AffineHandler, Workspace, _scale_, abs_power
+from pathlift.graph.ops.affine import (
+    AffineHandler,
+    Workspace,
+    _scale_,
+    abs_power,
+    live_abs_power,
+)
 from pathlift.graph.ops.base import Call, register
 from pathlift.kron.factor import to_dense
 from pathlift.kron.layer import KSLinear
@@ -34,6 +40,13 @@ from pathlift.kron.pattern import KSPattern
 
 def _factors(module: KSLinear) -> list[Tensor]:
     return [param(module.factors, str(i)) for i in range(len(module.patterns))]
+
+
+def _split(flat: Tensor, module: KSLinear) -> list[Tensor]:
+    """The factors of ``module``'s shapes, in order, from their entries one after the other."""
+    shapes = [f.shape for f in module.factors]
+    parts = flat.split([s.numel() for s in shapes])
+    return [part.reshape(shape) for part, shape in zip(parts, shapes, strict=True)]
 
 
 def _rows(p: KSPattern) -> Tensor:
@@ -58,9 +71,12 @@ class KSLinearHandler(AffineHandler):
 
     def apply(self, x: Tensor, weight: Tensor | list[Tensor], call: Call,
               bias: Tensor | None = None) -> Tensor:
-        """The chain with the factors ``weight`` (a list, output factor first) in place of
+        """The chain with the factors ``weight`` (a list, output factor first, or their
+        entries flattened one after the other as ``live_magnitudes`` gives them) in place of
         the layer's, plus ``bias``: x K_L^T ⋯ K_1^T + bias on (..., N) inputs."""
         module: KSLinear = call.module
+        if isinstance(weight, Tensor):  # the factors flattened one after the other
+            weight = _split(weight, module)
         y = x.reshape(-1, module.in_features)
         for factor, pattern in reversed(list(zip(weight, module.patterns, strict=True))):
             y = ks_multiply(y, factor, pattern, "bmm")
@@ -83,6 +99,24 @@ class KSLinearHandler(AffineHandler):
         """Every factor's entries (output factor first, flattened: several layers of the
         DAG, compared coordinate by coordinate) and the bias."""
         return torch.cat([f.reshape(-1) for f in _factors(module)]), param(module, "bias")
+
+    def live_magnitudes(self, module: nn.Module, q: float, dtype: torch.dtype,
+                        units: tuple[float, float] = (1.0, 1.0)
+                        ) -> tuple[Tensor, Tensor | None]:
+        """|K_1 / u|^q, |K_2|^q, ..., |K_L|^q flattened one after the other (what ``apply``
+        takes, as ``weight_part`` carries the unit once) and |b / v|^q, differentiable in
+        the factors and the bias."""
+        factors = [param(module.factors, str(i), detach=False).to(dtype)
+                   for i in range(len(module.patterns))]
+        bias = param(module, "bias", detach=False)
+        return (torch.cat([live_abs_power(f, q, units[0] if i == 0 else 1.0).reshape(-1)
+                           for i, f in enumerate(factors)]),
+                None if bias is None else live_abs_power(bias.to(dtype), q, units[1]))
+
+    def magnitude_gradients(self, module: nn.Module, weight: Tensor, bias: Tensor | None,
+                            q: float) -> list[tuple[str, Tensor | None]]:
+        raise self._refuse(module, "magnitude gradients (Path-SGD scales) of its factors "
+                                   "are not implemented")
 
     def rescale_(self, module: nn.Module, grow: Tensor, shrink: Tensor) -> None:
         """Output neuron v's incoming weights (row v of K_1, nonzeros only) and bias times

@@ -25,6 +25,7 @@ class FixedLinear(Handler):
     """An op whose neurons have fixed (parameter-free) weights."""
 
     kind = Kind.POOL
+    fixed_l1_exceeds_one = None
     creates_neurons = True
     family = "pooling"
     elementwise = False  # trait: each output reads exactly the input at its own position
@@ -153,6 +154,7 @@ class MaxPoolHandler(_Pooling):
     """k-max-pool neurons with k = 1 (Def. 2.2.2); Thm 3.1.1 replaces them by window sums."""
 
     kind = Kind.MAXPOOL
+    fixed_l1_exceeds_one = True  # k inputs of weight 1
 
     def problem(self, call: Call) -> str | None:
         indices = (call.module.return_indices if call.module is not None
@@ -245,4 +247,4 @@ for _d in (1, 2, 3):
     register(AvgPoolHandler(f"AdaptiveAvgPool{_d}d", _d, True),
              modules=[getattr(nn, f"AdaptiveAvgPool{_d}d")],
              functions=[getattr(F, f"adaptive_avg_pool{_d}d")])
-register(MeanHandler("mean"), functions=[torch.mean], methods=["mean"])
+register(MeanHandler("mean"), functions=[torch.mean], methods=["mean"], note="over features")

@@ -111,6 +111,7 @@ class AddHandler(Handler):
 
     kind = Kind.ADD
     in_place = True
+    fixed_l1_exceeds_one = True  # a sum neuron reads two skip edges of weight 1
 
     def problem(self, call: Call) -> str | None:
         if len(call.args) < 2 or not all(isinstance(a, Tensor) for a in call.args[:2]):
@@ -144,11 +145,12 @@ class TrainingModeHandler(Handler):
     aliases_input = True
 
     def problem(self, call: Call) -> str | None:
-        if call.module is not None and call.module.training:
-            return f"{type(call.module).__name__} in training mode is random; call model.eval()"
         if call.module is None and call.arg(2, "training", True):
             return "functional dropout with training=True is random; pass training=False"
         return None
+
+    def training_problem(self, module: nn.Module) -> str | None:
+        return f"{type(module).__name__} in training mode is random; call model.eval()"
 
 
 SHAPE = ShapeHandler("sizes")
@@ -167,17 +169,21 @@ register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelU
                     F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle],
          methods=["view", "reshape", "flatten", "permute", "transpose", "squeeze",
                   "unsqueeze", "chunk", "split", "narrow", "unbind", "tensor_split",
-                  "movedim", "swapaxes", "view_as", "reshape_as", "unflatten"])
+                  "movedim", "swapaxes", "view_as", "reshape_as", "unflatten"],
+         note="(`view`, `reshape`, `permute`, `flatten`, `chunk`, `split`, `narrow`, "
+              "`unbind`, `PixelShuffle`)")
 register(IdentityHandler("Identity"), modules=[nn.Identity], methods=["contiguous"])
-register(GetItemHandler("indexing"), functions=[operator.getitem])
-register(SHAPE, functions=[getattr, len], methods=["size", "dim"])
+register(GetItemHandler("indexing"), functions=[operator.getitem],
+         note="(slicing `x[:, a:b]`, picking from a tuple)")
+register(SHAPE, functions=[getattr, len], methods=["size", "dim"], note="(`x.size(1)`)")
 register(_ARITHMETIC, functions=[operator.mul, operator.truediv, operator.floordiv,
                                  operator.mod, operator.neg, torch.mul, torch.div, torch.neg,
                                  torch.true_divide],
-         methods=["mul", "div", "neg", "__mul__", "__rmul__", "__truediv__"])
+         methods=["mul", "div", "neg", "__mul__", "__rmul__", "__truediv__"],
+         note="(`x.size(1) // 2`, scaling by a constant)")
 register(_ADD, functions=[operator.add, operator.iadd, torch.add, operator.sub, torch.sub],
          methods=["add", "add_", "__add__", "__radd__", "sub", "__sub__"])
 register(CatHandler("cat"), functions=[torch.cat, torch.concat, torch.concatenate])
 register(TrainingModeHandler("Dropout"),
          modules=[getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d")],
-         functions=[F.dropout])
+         functions=[F.dropout], note="in eval mode")

@@ -128,10 +128,14 @@ class PadHandler(FixedLinear):
 
 register(InterpolateHandler("interpolate"),
          modules=[nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d],
-         functions=[F.interpolate, F.upsample, F.upsample_bilinear, F.upsample_nearest])
+         functions=[F.interpolate, F.upsample, F.upsample_bilinear, F.upsample_nearest],
+         note="/`Upsample` in every mode (nearest, linear, bilinear, bicubic, trilinear, "
+              "area; `align_corners` either way; by size or scale factor)")
 register(PadHandler("pad"), functions=[F.pad, torch.constant_pad_nd],
          modules=[nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d,
                   nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
                   nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d,
                   nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d,
-                  nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d])
+                  nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d],
+         note="and the padding modules (`ZeroPad2d`, `ReflectionPad2d`, `ReplicationPad2d`, "
+              "`CircularPad2d`, in 1, 2 and 3 dims)")

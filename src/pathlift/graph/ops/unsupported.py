@@ -12,8 +12,7 @@ from torch import nn
 from pathlift.graph.ops.base import UnsupportedHandler, register
 
 _CURVED = ("is not piecewise linear, so no ReLU network computes it (Def. 2.2.2); use a "
-           "piecewise-linear activation (ReLU, LeakyReLU, PReLU, ReLU6, Hardtanh, "
-           "Hardsigmoid, clamp)")
+           "piecewise-linear activation")  # followed by the supported ones (the registry's)
 _NORMALISES = ("normalises by a data-dependent statistic, which is not an affine neuron; use "
                "BatchNorm in eval mode (folded into an affine map)")
 _PRODUCT = ("multiplies activations together (gating, attention, squeeze-excitation), "
@@ -47,13 +46,16 @@ _METHODS = {
     _SOFTMAX: ("softmax", "log_softmax"),
 }
 
+_INSTEAD = {_CURVED: "activations"}  # the family whose supported ops the message lists
+
 for _cause, _classes in _MODULES.items():
     for _cls in _classes:
-        register(UnsupportedHandler(_cls.__name__, _cause), modules=[_cls])
+        register(UnsupportedHandler(_cls.__name__, _cause, _INSTEAD.get(_cause, "")),
+                 modules=[_cls])
 for _cause, _fns in _FUNCTIONS.items():
     for _fn in _fns:
-        register(UnsupportedHandler(getattr(_fn, "__name__", str(_fn)), _cause),
-                 functions=[_fn])
+        register(UnsupportedHandler(getattr(_fn, "__name__", str(_fn)), _cause,
+                                    _INSTEAD.get(_cause, "")), functions=[_fn])
 for _cause, _names in _METHODS.items():
     for _name in _names:
-        register(UnsupportedHandler(_name, _cause), methods=[_name])
+        register(UnsupportedHandler(_name, _cause, _INSTEAD.get(_cause, "")), methods=[_name])

@@ -42,7 +42,7 @@ from pathlift.distributed import World, ddp, fingerprint, shard
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import copy_model, graph_of, unwrap
 from pathlift.graph.boundary import attach_masks_, cpu_state, prune_masks
-from pathlift.graph.trace import as_input_shape
+from pathlift.graph.input_shape import as_input_shape
 from pathlift.jobs.prune.results import DenseStates, RunFolder, RunKey, RunRecord
 from pathlift.prune.methods import Criterion, PruningResult, Scope, ScoreFunction, prune_model
 from pathlift.symmetry.rescale import random_rescale

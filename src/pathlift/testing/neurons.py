@@ -57,10 +57,12 @@ import scipy.sparse
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import InvalidParameterError, ShapeError, UnsupportedModelError
+from pathlift.errors import ShapeError, UnsupportedModelError
+from pathlift.exponents import check_q, check_r
 from pathlift.graph.boundary import copy_model, output_leaves
+from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import Call, Handler
-from pathlift.graph.trace import LayerGraph, trace
+from pathlift.graph.trace import trace
 from pathlift.graph.walk import OpWalker
 from pathlift.logspace import LN10, power10
 
@@ -285,8 +287,7 @@ class NeuronDAG:
 
     def output_path_norms_log(self, q: float) -> np.ndarray:
         """ln ||Phi^{->v}(theta)||_q for each output v, as an explicit sum over its paths."""
-        if not (q > 0 and math.isfinite(q)):
-            raise InvalidParameterError(f"q must be in (0, inf), got {q}")
+        check_q(q)
         phi = self.phi()
         logs = np.empty(len(self.outputs))
         bounds = np.searchsorted(phi.ends, np.arange(len(self.outputs) + 1))
@@ -298,8 +299,7 @@ class NeuronDAG:
         """log10 of the mixed path-norm ||Phi(theta)||_{q,r} of Def. 3.1.1, by enumeration
         (r = q when None: ||Phi(theta)||_q)."""
         r = q if r is None else r
-        if not r > 0:
-            raise InvalidParameterError(f"r must be in (0, inf], got {r}")
+        check_r(r)
         per_output = self.output_path_norms_log(q)
         total = per_output.max() if math.isinf(r) else _log_sum_exp(r * per_output) / r
         return float(total) / LN10

@@ -1,0 +1,145 @@
+"""The dispatch-mode dataflow recorder of validation (``pathlift.graph.validate``): the aten
+operations of a run and, for each tensor they read, the operation that last wrote it, on
+meta tensors, with shape-only stand-ins for the meta kernels that cost most."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def _shape_only(func, output):
+    """``func`` run on meta tensors as ``output(*args)``: torch's meta kernels for these
+    ops are Python references costing more than the rest of the validation together (and
+    the first call of one imports torch._dynamo, about 1 s)."""
+    def run(x, *args, **kwargs):
+        first = next(t for t in _flat((x,)) if isinstance(t, Tensor))
+        if first.device.type != "meta":
+            return func(x, *args, **kwargs)
+        return output(x, *args, **kwargs)
+    return run
+
+
+def _like(x: Tensor) -> Tensor:
+    """An uninitialised tensor of x's shape, dtype and strides: torch.empty_like's meta
+    kernel is a Python reference that imports sympy (0.7 s) on its first call."""
+    return x.new_empty_strided(x.size(), x.stride())
+
+
+def _batch_norm_outputs(x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
+    return _like(x), x.new_empty((0,)), x.new_empty((0,))
+
+
+def _sum(x: Tensor, y: Any, *args, **kwargs) -> Tensor:
+    if isinstance(y, Tensor) and (y.shape != x.shape or y.dtype != x.dtype):
+        return torch.ops.aten.add.Tensor(x, y, *args, **kwargs)
+    return _like(x)
+
+
+def _addmm(bias: Tensor, x: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
+    """Linear's bias + x @ W^T, whose meta kernel (a decomposition into references) also
+    imports torch._dynamo on its first call (about 1 s)."""
+    if not (bias.dtype == x.dtype == weight.dtype and x.dim() == weight.dim() == 2
+            and x.shape[1] == weight.shape[0] and bias.shape in ((weight.shape[1],),
+                                                                 (1, weight.shape[1]))):
+        return torch.ops.aten.addmm.default(bias, x, weight, *args, **kwargs)  # or its error
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+def _cat(tensors: list[Tensor], dim: int = 0) -> Tensor:
+    first = tensors[0]
+    dim %= max(first.dim(), 1)
+    others = [s for d, s in enumerate(first.shape) if d != dim]
+    if any(t.dtype != first.dtype or t.dim() != first.dim()
+           or [s for d, s in enumerate(t.shape) if d != dim] != others for t in tensors):
+        return torch.ops.aten.cat.default(tensors, dim)  # or its error
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return first.new_empty(shape)
+
+
+def _mean(x: Tensor, dim: list[int] | None, keepdim: bool = False, **kwargs) -> Tensor:
+    if not dim or kwargs.get("dtype") not in (None, x.dtype):
+        return torch.ops.aten.mean.dim(x, dim, keepdim, **kwargs)
+    reduced = {d % x.dim() for d in dim}
+    shape = [1 if d in reduced else n for d, n in enumerate(x.shape) if keepdim or d not in reduced]
+    return x.new_empty(shape)
+
+
+def _relu(x: Tensor) -> Tensor:
+    return _like(x)
+
+
+def _relu_(x: Tensor) -> Tensor:
+    return x  # in place: the same tensor, so the recorder sees the overwrite
+
+
+_FAST = {
+    torch.ops.aten.cat.default: _cat,
+    torch.ops.aten.mean.dim: _mean,
+    torch.ops.aten.relu.default: _relu,
+    torch.ops.aten.relu_.default: _relu_,
+    torch.ops.aten.native_batch_norm.default: _batch_norm_outputs,
+    torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_outputs,
+    torch.ops.aten.add.Tensor: _sum,
+    torch.ops.aten.addmm.default: _addmm,
+}
+_FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
+
+
+def _flat(values: Any) -> Iterator[Any]:
+    """The arguments of an aten call, lists and tuples opened (what aten ops take)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v
+
+
+def _storage(t: Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class Dataflow(TorchDispatchMode):
+    """Records the aten operations of a run: each one's name (in-place and out-of-place
+    variants alike) and, for each tensor it reads, which earlier operation last wrote that
+    tensor's storage and where the tensor sits in it. Two runs with equal records compute
+    the same function of their common leaves (input, parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.writer: dict[int, int] = {}
+        self.paused = False
+
+    def describe(self, value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return value if isinstance(value, (int, float, bool, str, type(None))) \
+                else type(value).__name__
+        source = self.writer.get(_storage(value), ("leaf", _storage(value)))
+        return (source, value.storage_offset(), tuple(value.shape), value.stride(),
+                value.dtype)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = _FAST.get(func, func)(*args, **kwargs)
+        if not self.paused:
+            reads = tuple(self.describe(a) for a in _flat((*args, *kwargs.values())))
+            self.ops.append((func.overloadpacket.__name__.rstrip("_"), reads))
+            for t in _flat(out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, Tensor):
+                    self.writer[_storage(t)] = len(self.ops) - 1
+        return out
+
+
+# TorchDispatchMode wraps every __torch_dispatch__ in torch._disable_dynamo, whose first call
+# imports torch._dynamo (about 1 s at start-up): the recorder never runs under
+# torch.compile, so it is marked as already disabled and pathlift's commands that compile
+# nothing never import it.
+_dispatch = getattr(Dataflow.__torch_dispatch__, "__wrapped__", None)
+if _dispatch is not None:
+    setattr(_dispatch, "__dynamo_disable", _dispatch)

@@ -1,0 +1,61 @@
+"""The two checks every new piecewise-linear activation's tests make (docs/networks.md,
+"Adding an operation"): the path-norms of one |theta|^q pass equal explicit path
+enumeration by the neuron oracle, whose outputs are the model's; and a homogeneous
+activation keeps the function and every path-norm through a random rescaling and
+normalisation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from pathlift.graph.normalize import normalize
+from pathlift.lift import path_norm
+from pathlift.symmetry import random_rescale
+from pathlift.testing.neurons import NeuronDAG
+
+PAIRS = [(1.0, 1.0), (2.0, 2.0), (1.0, math.inf), (4.0, 1.0), (0.5, 2.0)]
+
+
+def randomised(net: nn.Module, seed: int) -> nn.Module:
+    """``net`` in float64 and eval mode, its parameters uniform in [-1, 1] and every
+    BatchNorm's running statistics random (mean in [-1, 1], variance in [0.5, 2])."""
+    torch.manual_seed(seed)
+    net = net.double()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.uniform_(-1, 1)
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+    return net.eval()
+
+
+def assert_norms_equal_enumeration(net: nn.Module, shape: tuple[int, ...]) -> None:
+    """Float64 ``net``: the oracle's output on one input is the model's (1e-12), and
+    path_norm at every pair of PAIRS is the enumerated one (1e-12 in log10)."""
+    dag = NeuronDAG.from_module(net, shape)
+    x = torch.randn(1, *shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.as_tensor(dag.output(x)), net(x).detach().reshape(-1),
+                               rtol=0, atol=1e-12)
+    for q, r in PAIRS:
+        assert path_norm(net, shape, q=q, r=r).log10 == pytest.approx(
+            dag.path_norm_log10(q, r), abs=1e-12)
+
+
+def assert_rescaling_keeps_function_and_norms(net: nn.Module, shape: tuple[int, ...],
+                                              weight: Callable[[nn.Module], Tensor]) -> None:
+    """A random rescaling and the q = 2 normalisation of float64 ``net`` change
+    ``weight(copy)`` but neither the outputs on 5 inputs nor any path-norm of PAIRS."""
+    x = torch.randn(5, *shape, dtype=torch.float64)
+    for other in (random_rescale(net, seed=3, input_shape=shape), normalize(net, shape, q=2.0)):
+        assert not torch.equal(weight(other), weight(net))
+        torch.testing.assert_close(other(x), net(x), rtol=0, atol=1e-12)
+        for q, r in PAIRS:
+            assert path_norm(other, shape, q=q, r=r).log10 == pytest.approx(
+                path_norm(net, shape, q=q, r=r).log10, abs=1e-12)

@@ -1,0 +1,45 @@
+"""Each pass asks a layer for what its own protocol names (a ``typing.Protocol`` next to the
+pass), never for its class: every registered layer op implements the protocols of the
+|theta|^q pass, the differentiable pass, rescaling and the channel analysis, and a layer
+op missing a method the differentiable pass needs is seen as not implementing it."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathlift.graph.abs_pow import AbsPowLayer
+from pathlift.graph.channels import ChannelLayer
+from pathlift.graph.factors import RescalableLayer
+from pathlift.graph.ops import FUNCTIONS, METHODS, MODULES, Kind
+from pathlift.lift.differentiable import LiveLayer
+
+LAYERS = sorted({h for h in (*MODULES.values(), *FUNCTIONS.values(), *METHODS.values())
+                 if h.kind is Kind.AFFINE}, key=lambda h: h.name)
+PROTOCOLS = [AbsPowLayer, LiveLayer, RescalableLayer, ChannelLayer]
+
+
+def test_the_layers_are_found():
+    assert {"Linear", "Conv2d", "ConvTranspose1d", "BatchNorm3d", "KSLinear"} <= \
+        {h.name for h in LAYERS}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda h: h.name)
+def test_every_layer_op_implements_every_pass_protocol(layer, protocol):
+    assert isinstance(layer, protocol)
+
+
+def test_a_layer_without_live_magnitudes_is_no_live_layer():
+    class Frozen:
+        channel_dim = 1
+
+        def units(self, module, exact=False):
+            return 1.0, 1.0
+
+        def weight_part(self, x, q, call, bias=None, workspace=None, unit=1.0):
+            return x
+
+        def bias(self, module):
+            return None
+
+    assert isinstance(Frozen(), AbsPowLayer) and not isinstance(Frozen(), LiveLayer)
