@@ -27,17 +27,6 @@ PAGE = "docs/architecture.md"
 LAYER_LINE = re.compile(r"^\s*(\d+)\s+([\w-]+)\s+(.+?)\s*$")
 START_UP = "# start-up:"
 
-# Temporary allowances, each an (importing module, imported module) edge owned by another
-# engineer of issue 33; the lead removes them after merging their branches.
-ALLOWED: dict[tuple[str, str], str] = {
-    # ops engineer: the memory limit's home is graph/memory.py (graph/** is theirs); the
-    # atomic writer checks it before a write. The limit half belongs in a base module.
-    ("pathlift.files", "pathlift.graph.memory"): "ops engineer: memory limit below graph",
-}
-# Function-local imports that other engineers' files still hold (same owners as above).
-ALLOWED_LOCAL: dict[tuple[str, str], str] = {
-    ("pathlift.files", "pathlift.graph.memory"): "ops engineer: memory limit below graph",
-}
 
 
 @dataclass(frozen=True)
@@ -129,19 +118,10 @@ def layers(root: Path = ROOT) -> dict[str, int]:
     return order
 
 
-def allowed(imp: Import, table: dict[tuple[str, str], str]) -> bool:
-    """Whether ``table`` allows the import (its target or a module under it)."""
-    return any(imp.source == source and (imp.target == target or
-                                         imp.target.startswith(target + "."))
-               for source, target in table)
-
-
-def package_graph(found: list[Import], allow: dict = ALLOWED) -> dict[str, set[str]]:
-    """Package -> the other packages it imports (less the imports ``allow`` allows)."""
+def package_graph(found: list[Import]) -> dict[str, set[str]]:
+    """Package -> the other packages it imports."""
     graph: dict[str, set[str]] = defaultdict(set)
     for imp in found:
-        if allowed(imp, allow):
-            continue
         a, b = package(imp.source), package(imp.target)
         if a != b:
             graph[a].add(b)
@@ -177,16 +157,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-def upward(found: list[Import], order: dict[str, int], allow: dict = ALLOWED) -> list[Import]:
+def upward(found: list[Import], order: dict[str, int]) -> list[Import]:
     """The imports from a package into a package of a higher layer."""
-    return [imp for imp in found if not allowed(imp, allow)
-            and order[package(imp.source)] < order[package(imp.target)]]
+    return [imp for imp in found if order[package(imp.source)] < order[package(imp.target)]]
 
 
-def uncommented_local(found: list[Import], allow: dict = ALLOWED_LOCAL) -> list[Import]:
+def uncommented_local(found: list[Import]) -> list[Import]:
     """Function-local imports of pathlift that are not commented as buying start-up time."""
-    return [imp for imp in found if imp.local and START_UP not in imp.comment
-            and not allowed(imp, allow)]
+    return [imp for imp in found if imp.local and START_UP not in imp.comment]
 
 
 def test_every_package_has_a_layer():
@@ -222,22 +200,22 @@ def test_the_checks_see_a_cycle_an_upward_and_a_local_import():
 
 
 def main(root: Path) -> None:
-    """Print the house of the checkout at ``root``, without the allowances (the layers of
+    """Print the house of the checkout at ``root`` (the layers of
     this checkout's page, else of this one's; packages it does not place count as jobs)."""
     found = imports(root)
     order = layers(root if (root / PAGE).is_file() else ROOT)
     order = defaultdict(lambda: order["jobs"], order)
-    groups = cycles(package_graph(found, {}))
+    groups = cycles(package_graph(found))
     print(f"package cycles: {len(groups)} group(s) {groups}")
-    up = upward(found, order, {})
+    up = upward(found, order)
     print(f"upward imports: {len(up)}")
     for i in up:
         print(f"  {i.source}:{i.line} -> {i.target}{' (local)' if i.local else ''}")
     local = [i for i in found if i.local]
     cli = [i for i in local if package(i.source) in ("cli", "cli_support")]
     print(f"function-local imports of pathlift: {len(local)} ({len(cli)} in the CLI), "
-          f"{len(uncommented_local(found, {}))} without '{START_UP}'")
-    for i in uncommented_local(found, {}):
+          f"{len(uncommented_local(found))} without '{START_UP}'")
+    for i in uncommented_local(found):
         print(f"  {i.source}:{i.line} -> {i.target}")
 
 

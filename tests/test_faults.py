@@ -531,7 +531,8 @@ def test_a_checkpoint_asking_for_a_huge_model_is_refused_before_building(tmp_pat
 
 def test_the_estimate_counts_parameters_and_outputs(monkeypatch):
     from pathlift.graph import graph_of
-    from pathlift.graph.memory import MemoryLimitError, estimate
+    from pathlift.graph.memory import estimate
+    from pathlift.memory import MemoryLimitError
 
     model = mlp(64, (32, 16), 10)
     found = estimate(graph_of(model, (64,)))

@@ -37,10 +37,10 @@ from pathlift.data import load_data
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError, UnsupportedModelError
 from pathlift.files import FileSystemError, append_rows, write_text
 from pathlift.graph import graph_of
-from pathlift.graph.memory import MemoryLimitError
 from pathlift.jobs.prune import RunFolder
 from pathlift.kron import cpu_kernel
 from pathlift.lift import path_norm
+from pathlift.memory import MemoryLimitError
 from pathlift.models import (
     UntrustedArchitectureError,
     load_model,

@@ -11,7 +11,7 @@ fits in memory, locked without following links; file-system errors as one-line t
   ``remove_temporaries`` removes only those temporary names, only in the folders named.
 - Reading: ``open_regular`` (and ``read_regular``) open a file without blocking and
   refuse anything but a regular file (a FIFO, a device such as /dev/zero, a folder) and a
-  file too large for the memory limit (``pathlift.graph.memory``) before a byte is read;
+  file too large for the memory limit (``pathlift.memory``) before a byte is read;
   ``check_archive`` does the same for what a zip archive (.pt, .npz) unpacks to.
 - Locking: ``open_own`` opens a file pathlift keeps open (a lock) without following a
   link, and only when it is a regular file with no other name (no hard link).
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from pathlift.errors import InvalidParameterError, PathliftError
+from pathlift.memory import check_bytes
 
 
 class FileSystemError(PathliftError, OSError):
@@ -129,7 +130,7 @@ def open_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
                  follow_links: bool = True, action: str = "read") -> BinaryIO:
     """``path`` opened for binary reading, once it is known to be a regular file whose size
     times ``memory_per_byte`` (the memory its reader needs per byte of file) fits the memory
-    limit (``pathlift.graph.memory.check_bytes``): nothing has been read yet.
+    limit (``pathlift.memory.check_bytes``): nothing has been read yet.
 
     The file is opened without blocking, so a FIFO, a device (/dev/zero, /dev/full), a
     socket or a folder is refused at once, by what the opened file is (no race with a
@@ -151,7 +152,7 @@ def open_regular(path: str | os.PathLike[str], memory_per_byte: float = 1.0, *,
             raise FileSystemError(errno.EINVAL, f"cannot {action} '{path}': it is "
                                   f"{_kind(info.st_mode)}, not a regular file; give a file")
         os.set_blocking(fd, True)
-        _check_memory(int(info.st_size * memory_per_byte), f"reading '{path}'")
+        check_bytes(int(info.st_size * memory_per_byte), f"reading '{path}'")
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -210,7 +211,7 @@ def check_archive(fh: BinaryIO, path: str | os.PathLike[str]) -> None:
     finally:
         fh.seek(0)
     total = sum(e.file_size for e in entries)
-    _check_memory(total, f"unpacking '{os.fspath(path)}' ({len(entries)} entries)")
+    check_bytes(total, f"unpacking '{os.fspath(path)}' ({len(entries)} entries)")
 
 
 def read_safetensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -271,12 +272,6 @@ def _kind(mode: int) -> str:
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
              (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
     return next((name for test, name in kinds if test(mode)), "not a regular file")
-
-
-def _check_memory(needed: int, what: str) -> None:
-    from pathlift.graph.memory import check_bytes  # the limit's one home (imports torch)
-
-    check_bytes(needed, what, device="cpu")
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset, TensorDataset
 from pathlift.data.embedded import Split, load_digits, synthetic
 from pathlift.errors import InvalidParameterError, PathliftError, ShapeError
 from pathlift.files import TEXT_MEMORY_PER_BYTE, check_archive, open_regular, read_regular
-from pathlift.graph.memory import check_bytes
+from pathlift.memory import check_bytes
 from pathlift.models.registry import import_callable, is_import_path
 
 __all__ = ["IMAGE_SUFFIXES", "NORMALIZATIONS", "load_data"]

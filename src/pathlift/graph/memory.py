@@ -1,53 +1,26 @@
 """Fail fast on size: estimate a pass's peak memory from the traced shapes, refuse it when
-it cannot fit, before anything is allocated.
+it cannot fit (``pathlift.memory``'s limit), before anything is allocated.
 
 Every pass over a ``LayerGraph`` (the |θ|^q pass of path-norms, the path-magnitude
 gradient, path-metrics) runs the graph at batch 1 in float64 and may keep every node's
 output for a backward pass. ``estimate(graph)`` adds those outputs (known from the meta
 tensors the trace was validated on) to twice the parameters (the |θ|^q copy and its
-gradient). ``check(graph)`` raises ``MemoryLimitError`` when that exceeds the limit:
-``set_memory_limit(bytes)``, else the ``PATHLIFT_MAX_MEMORY`` environment variable
-(``8G``, ``512M``, ``2e9``), else the memory available now (``MemAvailable`` of
-/proc/meminfo and the cgroup's limit on Linux, ``os.sysconf`` elsewhere, the free CUDA
-memory for a graph on a GPU; no check where none can be read). An explicit limit replaces
-the available memory, so it can also raise the bar.
-
-``graph_of`` checks each model and input shape once, when it traces them; checkpoints
-whose architecture is too large are refused by ``check_bytes`` before they are built;
-buffers of random inputs by ``check_samples`` before they are drawn; files before they
-are read (``pathlift.files``).
+gradient). ``check(graph)`` raises ``MemoryLimitError`` when that exceeds the limit;
+``graph_of`` checks each model and input shape once, when it traces them.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pathlift.errors import InvalidParameterError, PathliftError, check_count
+from pathlift.memory import PASS_BYTES, check_bytes, show_size
 
 if TYPE_CHECKING:
     from pathlift.graph.layer_graph import LayerGraph
 
-__all__ = ["MemoryEstimate", "MemoryLimitError", "available_memory", "check", "check_bytes",
-           "check_samples", "estimate", "memory_limit", "parse_size", "set_memory_limit"]
-
-ENV = "PATHLIFT_MAX_MEMORY"
-_PASS_BYTES = 8  # passes run in float64
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_limit: int | None = None
-_CPU_ROOM_FRESH_S = 1.0
-_cpu_room: tuple[float, int | None] = (-math.inf, None)  # (when read, bytes available)
-
-
-class MemoryLimitError(PathliftError):
-    """A computation would need more memory than the limit: the message gives the
-    estimate, the largest layer and what to do."""
+__all__ = ["MemoryEstimate", "check", "estimate"]
 
 
 @dataclass(frozen=True)
@@ -67,93 +40,11 @@ class MemoryEstimate:
         return self.parameters + self.activations
 
 
-def parse_size(text: str | int | float) -> int:
-    """Bytes from ``8G``, ``512MB``, ``1.5T``, ``2e9`` or a number (binary units).
-
-    Raises InvalidParameterError for anything else, or a size that is not positive."""
-    if isinstance(text, bool):
-        raise InvalidParameterError(f"a memory size must be a number of bytes, got {text!r}")
-    if isinstance(text, int | float):
-        value = float(text)
-    else:
-        match = re.fullmatch(r"\s*([0-9.]+(?:[eE][0-9]+)?)\s*([KMGT]?)i?B?\s*", text,
-                             re.IGNORECASE)
-        if match is None:
-            raise InvalidParameterError(
-                f"memory size {text!r} is not a size; write it as 8G, 512M or 2e9 (bytes)")
-        value = float(match[1]) * _UNITS[match[2].upper()]
-    if not math.isfinite(value) or value < 1:
-        raise InvalidParameterError(f"memory size {text!r} must be a positive number of bytes")
-    return int(value)
-
-
-def set_memory_limit(limit: int | str | None) -> None:
-    """Refuse any pass (and any checkpoint) estimated to need more than ``limit`` bytes
-    (an int, or a size such as "8G"); None returns to ``PATHLIFT_MAX_MEMORY``, else the
-    memory available."""
-    global _limit
-    _limit = None if limit is None else parse_size(limit)
-
-
-def memory_limit() -> int | None:
-    """The explicit limit: ``set_memory_limit``'s, else ``PATHLIFT_MAX_MEMORY``'s, else None."""
-    if _limit is not None:
-        return _limit
-    env = os.environ.get(ENV)
-    return parse_size(env) if env else None
-
-
-def available_memory(device: str = "cpu") -> int | None:
-    """Bytes that can be allocated now on ``device`` ("cpu" or "cuda:i"), None if unknown.
-    On the CPU it is read at most once a second: reading it costs about 0.2 ms, and every
-    file pathlift reads (each image of a folder) is checked."""
-    global _cpu_room
-    if device.startswith("cuda"):
-        import torch
-
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    now = time.monotonic()
-    if now - _cpu_room[0] > _CPU_ROOM_FRESH_S:
-        _cpu_room = (now, _cpu_available())
-    return _cpu_room[1]
-
-
-def _cpu_available() -> int | None:
-    found = [v for v in (_meminfo(), _cgroup_room()) if v is not None]
-    if found:
-        return min(found)
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _meminfo() -> int | None:
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    match = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE)
-    return int(match[1]) * 1024 if match else None
-
-
-def _cgroup_room() -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2), None without a limit."""
-    try:
-        cgroup = Path("/proc/self/cgroup").read_text().strip().rpartition(":")[2]
-        folder = Path("/sys/fs/cgroup") / cgroup.lstrip("/")
-        limit = (folder / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return int(limit) - int((folder / "memory.current").read_text())
-    except (OSError, ValueError):
-        return None
-
 
 def estimate(graph: LayerGraph) -> MemoryEstimate:
     """The peak memory of a pass over ``graph`` (see the module docstring), from the
     shapes recorded when it was traced: nothing is allocated."""
-    parameters = sum(p.numel() for p in graph.module.parameters()) * 2 * _PASS_BYTES
+    parameters = sum(p.numel() for p in graph.module.parameters()) * 2 * PASS_BYTES
     activations, largest, largest_shape, largest_bytes = 0, "", (), -1
     for node in graph.graph.nodes:
         meta = node.meta.get("tensor_meta")
@@ -164,7 +55,7 @@ def estimate(graph: LayerGraph) -> MemoryEstimate:
                 tuple(meta.shape[1:])
         else:
             continue
-        size = math.prod(shape) * _PASS_BYTES
+        size = math.prod(shape) * PASS_BYTES
         activations += size
         if size > largest_bytes:
             largest, largest_shape, largest_bytes = name, shape, size
@@ -179,42 +70,5 @@ def check(graph: LayerGraph) -> MemoryEstimate:
         check_bytes(found.total, f"a pass over {type(model).__name__ if model else 'the model'} "
                     f"at input shape {graph.input_shape}",
                     f"its largest layer '{found.largest}' outputs {found.largest_shape} "
-                    f"({_show(found.largest_bytes)}); ", str(graph.device))
+                    f"({show_size(found.largest_bytes)}); ", str(graph.device))
     return found
-
-
-def check_bytes(needed: int, what: str, detail: str = "", device: str = "cpu") -> None:
-    """Raise ``MemoryLimitError`` when ``needed`` bytes exceed the explicit limit, else
-    the memory available on ``device`` (nothing when neither is known).
-
-    ``what`` says what needs them, ``detail`` (ending in "; ") what dominates."""
-    limit = memory_limit()
-    source = f"the limit set by pathlift --max-memory, pathlift.set_memory_limit or {ENV}"
-    if limit is None:
-        limit, source = available_memory(device), f"the memory available on {device}"
-    if limit is None or needed <= limit:
-        return
-    raise MemoryLimitError(
-        f"{what} needs about {_show(needed)}, more than {source} ({_show(limit)}); {detail}"
-        f"use a smaller input shape or model, or set a higher limit (pathlift --max-memory "
-        f"64G, or {ENV}=64G)")
-
-
-def check_samples(samples: int, input_shape: Sequence[int], what: str,
-                  itemsize: int = _PASS_BYTES) -> None:
-    """Refuse a buffer of ``samples`` random inputs of ``input_shape`` (``itemsize`` bytes a
-    value) before it is drawn: ``samples`` must be a positive integer
-    (``InvalidParameterError``) and the buffer must fit (``check_bytes``). ``what`` names
-    the computation they are for."""
-    check_count(f"{what}: samples", samples)
-    check_bytes(samples * math.prod(input_shape) * itemsize,
-                f"{what} on {samples:,} random inputs of shape {tuple(input_shape)}",
-                "use fewer samples, or ")
-
-
-def _show(size: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TB"

@@ -82,7 +82,7 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
         with eval_mode(model):
             return graph_of(model, shape)
     graph = _trace(model, shape, key)
-    check_memory(graph)  # MemoryLimitError before any pass allocates (graph/memory.py)
+    check_memory(graph)  # MemoryLimitError before any pass allocates (pathlift.graph.memory)
     cache.remember(model, graph)
     return graph
 

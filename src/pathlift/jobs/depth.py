@@ -31,8 +31,8 @@ from pathlift.depth.pvar import p_variation
 from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError, check_count
 from pathlift.files import append_rows, check_appendable
-from pathlift.graph.memory import check_samples
 from pathlift.jobs.plots import depth_trajectories
+from pathlift.memory import check_samples
 
 __all__ = ["CSV_FIELDS", "DepthExperiment", "DepthRow", "DepthRun", "RhoFit", "append_csv",
            "c10k", "depth_experiment", "depth_table", "digits", "fit_rate", "grid", "maxima",

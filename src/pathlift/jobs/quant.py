@@ -16,8 +16,8 @@ from pathlift.data import Split
 from pathlift.errors import ShapeError, check_count
 from pathlift.files import append_rows, check_appendable
 from pathlift.graph import graph_of
-from pathlift.graph.memory import check_samples
 from pathlift.graph.outputs import classifier_output
+from pathlift.memory import check_samples
 from pathlift.symmetry import random_rescale
 
 __all__ = ["QuantComparison", "compare_bits"]

@@ -15,7 +15,7 @@ else the data's (``data_shape``), else the architecture's default (a reference
 architecture's own, a callable's ``input_shape`` attribute, (3, 224, 224) for torchvision).
 
 The size: every model is first built on the meta device and refused when its parameters
-and buffers exceed the memory limit (``pathlift.graph.memory``), before it is built for
+and buffers exceed the memory limit (``pathlift.memory``), before it is built for
 real (``pathlift.models.registry.check_model_size``).
 """
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
-from pathlift.graph.memory import check_bytes
+from pathlift.memory import check_bytes
 from pathlift.models.alexnet import alexnet
 from pathlift.models.mobilenet import mobilenet_relu
 from pathlift.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -118,7 +118,7 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
 def check_model_size(name: str, kwargs: dict[str, Any]) -> None:
     """Build ``name`` on the meta device (no memory, no initialisation) and refuse it,
     before it is built for real, when its parameters and buffers exceed the memory limit
-    (``pathlift.graph.memory.check_bytes``): huge constructor arguments from a checkpoint
+    (``pathlift.memory.check_bytes``): huge constructor arguments from a checkpoint
     or a class count from data never allocate.
 
     Raises:

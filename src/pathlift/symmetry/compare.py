@@ -11,8 +11,8 @@ from torch import nn
 
 from pathlift.errors import check_count
 from pathlift.graph.boundary import flat_outputs, model_input
-from pathlift.graph.memory import check_samples
 from pathlift.lift import path_norm
+from pathlift.memory import check_samples
 
 __all__ = ["Comparison", "compare_models"]
 

@@ -23,9 +23,9 @@ from pathlift.graph import LayerGraph, graph_of, writable_copy
 from pathlift.graph.boundary import flat_outputs, stored
 from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import refuse_shared_parameters
-from pathlift.graph.memory import check_samples
 from pathlift.graph.normalize import normalize
 from pathlift.graph.structure import paired_parameters
+from pathlift.memory import check_samples
 
 
 # --------------------------------------------------------------------------- the slides' table

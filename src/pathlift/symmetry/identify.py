@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from pathlift.errors import InvalidParameterError, ShapeError, check_number
 from pathlift.graph import LayerGraph
 from pathlift.graph.channels import analyse
-from pathlift.graph.memory import check_samples
+from pathlift.memory import check_samples
 from pathlift.symmetry.jacobian import Parameterized, activation_patterns
 from pathlift.symmetry.obstructions import Obstructions, obstructions
 from pathlift.symmetry.rank import Rank, dense_jacobian, exact_rank, randomized_rank
