@@ -22,7 +22,8 @@ from pathlift.kron import KSLinear, monarch, replace_linears
 from pathlift.models import mlp
 
 SRC = Path(pathlift.__file__).parent
-KRON_IMPORTS = ("pathlift.kron", "pathlift.errors", "pathlift.files", "pathlift.rebuilders")
+KRON_IMPORTS = ("pathlift.kron", "pathlift.errors", "pathlift.files", "pathlift.memory",
+                "pathlift.rebuilders")
 ARCH = {"in_features": 16, "hidden": [32, 32], "num_classes": 8}
 
 
