@@ -93,12 +93,14 @@ def _log_diff(big: Tensor, small: Tensor) -> tuple[float, float]:
     return total, math.exp(float(torch.logsumexp(err, dim=0)) - total)
 
 
-def _dominates(pairs: list[tuple[str, Tensor, Tensor]]) -> tuple[bool, bool, bool]:
-    """(signs agree, |theta_b| <= |theta_a|, |theta_a| <= |theta_b|) coordinatewise."""
+def _dominates(pairs: list[tuple[str, Tensor, Tensor]]) -> tuple[bool, bool, bool, bool]:
+    """(signs agree, |theta_b| <= |theta_a|, |theta_a| <= |theta_b|, theta_a == theta_b)
+    coordinatewise."""
     signs = all(bool((a * b >= 0).all()) for _, a, b in pairs)
     b_le_a = all(bool((b.abs() <= a.abs()).all()) for _, a, b in pairs)
     a_le_b = all(bool((a.abs() <= b.abs()).all()) for _, a, b in pairs)
-    return signs, b_le_a, a_le_b
+    identical = all(bool(torch.equal(a, b)) for _, a, b in pairs)
+    return signs, b_le_a, a_le_b, identical
 
 
 def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph,
@@ -125,13 +127,14 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
         raise UnsupportedModelError(
             "one model is sharded (FSDP2) and the other is not; compare two models sharded "
             "alike, or two plain ones")
-    if sharded[0]:  # each rank compares its shards; the verdicts are all-reduced
+    if sharded[0]:  # each rank compares its shards
         views_a, views_b = (ShardedLayers(g, "path_metric") for g in (graph_a, graph_b))
         pairs = paired_parameters(views_a.graph, views_b.graph)
-        signs, b_le_a, a_le_b = all_true(_dominates(pairs), views_a.group)
+        # the verdicts, equality included, are the same on every rank
+        signs, b_le_a, a_le_b, identical = all_true(_dominates(pairs), views_a.group)
     else:
         pairs = paired_parameters(graph_a, graph_b)
-        signs, b_le_a, a_le_b = _dominates(pairs)
+        signs, b_le_a, a_le_b, identical = _dominates(pairs)
     log_a, log_b = log_outputs(graph_a, 1.0), log_outputs(graph_b, 1.0)
     norm_a = float(torch.logsumexp(log_a, 0)) / LN10
     norm_b = float(torch.logsumexp(log_b, 0)) / LN10
@@ -139,7 +142,6 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
     if signs and (b_le_a or a_le_b):
         big, small = (log_a, log_b) if b_le_a else (log_b, log_a)
         d, accuracy = _log_diff(big, small)
-        identical = all(bool(torch.equal(a, b)) for _, a, b in pairs)
         if d > -math.inf or identical:
             return PathMetric(EXACT, d / LN10, d / LN10, norm_a, norm_b, signs, accuracy,
                               "signs agree and one model dominates the other (Lemma 3.4.1)")
