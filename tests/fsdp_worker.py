@@ -109,6 +109,18 @@ def _pruned() -> nn.Module:
     return model
 
 
+def _far() -> nn.Module:
+    """The uneven MLP with layers far from 1 in scale (first layer x 2^-40, last x 2^30):
+    each layer enters the |theta|^q pass in a unit other than 1, and a sharded layer's
+    unit must be the whole layer's, the same on every rank."""
+    model = mlp(64, (33, 7), 2)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        linears[0].weight.mul_(2.0**-40)
+        linears[-1].weight.mul_(2.0**30)
+    return model
+
+
 def _resnet18() -> nn.Module:
     """ResNet-18 with 10 classes and BatchNorm statistics of its own (eval mode)."""
     model = resnet18(num_classes=10)
@@ -127,6 +139,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "resnet18": (_resnet18, (3, 32, 32)),
     "unet": (UNetBlock, (1, 8, 8)),
     "pruned": (_pruned, SHAPE),
+    "far": (_far, SHAPE),
 }
 
 

@@ -41,7 +41,7 @@ def _close(a: float, b: float, rel: float = 1e-12) -> bool:
 
 
 @pytest.mark.parametrize("world, names", [
-    (2, ("small_cnn", "mlp", "unet", "pruned")),
+    (2, ("small_cnn", "mlp", "unet", "pruned", "far")),
     pytest.param(3, ("small_cnn", "mlp", "unet", "pruned", "resnet18"), marks=pytest.mark.slow),
     pytest.param(2, ("resnet18",), marks=pytest.mark.slow),
 ])
@@ -51,7 +51,8 @@ def test_path_norms_and_lipschitz_of_sharded_models_equal_the_plain_ones(
     input-Lipschitz bound with Pi_{1,1} where it exists and the parameter-Lipschitz bound
     against the halved model (exact path-metric), FSDP2 per layer and whole; on 3
     ranks the MLP's 7- and 2-row layers and the U-Net's 2-channel head split unevenly
-    (3, 3, 1 and 1, 1, 0 rows)."""
+    (3, 3, 1 and 1, 1, 0 rows); 'far' has layers 2^-40 and 2^30 from 1, each entering the
+    pass in its own all-reduced unit."""
     ranks = ranks_of(request, "path_norms", world, names=names)
     for key, found in ranks[0].items():
         for what, value in found["reference"].items():

@@ -120,12 +120,12 @@ def replicated(t: Tensor, group: Any) -> Tensor:
     return _Replicated.apply(t, group) if t.requires_grad else t
 
 
-def all_max(value: float, group: Any) -> float:
-    """The largest ``value`` over the ranks of ``group``."""
-    t = torch.tensor([value], dtype=torch.float64, device=_device(group))
+def all_max(values: tuple[float, ...], group: Any) -> tuple[float, ...]:
+    """Each value's largest over the ranks of ``group`` (one all-reduce for all)."""
+    t = torch.tensor(values, dtype=torch.float64, device=_device(group))
     with _one_line("all-reduce"):
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t)
+    return tuple(t.tolist())
 
 
 def all_true(flags: tuple[bool, ...], group: Any) -> tuple[bool, ...]:

@@ -118,9 +118,9 @@ class ShardedLayer:
         tensor's peak is the largest of its ranks'."""
         if self.split is None:
             return handler.units(self.view, exact)
-        weight, bias = handler.dag_parameters(self.view)
-        return (unit_of_peak(all_max(peak_of(weight), self.rows.group), exact),
-                unit_of_peak(all_max(peak_of(bias), self.rows.group), exact))
+        peaks = all_max(tuple(peak_of(t) for t in handler.dag_parameters(self.view)),
+                        self.rows.group)
+        return unit_of_peak(peaks[0], exact), unit_of_peak(peaks[1], exact)
 
 
 def _layer(module: nn.Module, handler: Handler, shards: dict[str, Tensor]) -> ShardedLayer:

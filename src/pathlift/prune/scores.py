@@ -121,7 +121,7 @@ def global_masks(scores: Scores, amount: int | float) -> dict[str, Tensor]:
 
     top = max((float(v.max()) for v in counted if v.numel()), default=0.0)
     if group is not None:
-        top = all_max(top, group)
+        (top,) = all_max((top,), group)
     low, high = 0, _bits(top)  # the least threshold t with count(v <= t) >= k
     while low < high and k:
         mid = (low + high) // 2
