@@ -20,7 +20,6 @@ import zipfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -220,10 +219,12 @@ def _image_folder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     if len(classes) < 2 or not files:
         raise InvalidParameterError(f"'{folder}' must hold one sub-folder of images "
                                     f"({', '.join(IMAGE_SUFFIXES)}) per class, at least two")
+    from PIL import Image  # start-up: Pillow only for image folders
+
     images, mode, size, kept = [], None, None, 0
     for file, _ in files:
         try:
-            with open_regular(file) as fh, _open_image(fh, file) as image:
+            with open_regular(file) as fh, Image.open(fh) as image:  # nothing decoded yet
                 mode = mode or ("L" if image.mode in ("1", "L", "I", "F") else "RGB")
                 size = size or image.size
                 # decoded and converted at full size, kept as float32 at the first's size
@@ -234,30 +235,18 @@ def _image_folder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
                                     dtype=np.float32) / 255.0
         except (PathliftError, PermissionError):
             raise
+        except Image.DecompressionBombError as err:  # twice Image.MAX_IMAGE_PIXELS
+            raise InvalidParameterError(f"'{file}' is refused as a decompression bomb "
+                                        f"({err}); use smaller images") from None
         except (OSError, ValueError, SyntaxError, EOFError) as err:
-            # Pillow's errors: not an image, a zero-byte or truncated file
+            # Pillow's errors: not an image, a zero-byte or truncated file, decompressed
+            # metadata over its limits (a text chunk above PngImagePlugin.MAX_TEXT_CHUNK)
             raise InvalidParameterError(
                 f"'{file}' is not a readable image ({type(err).__name__}: {str(err)[:100]}); "
                 "replace or remove it") from None
         kept += 2 * out  # the list and the stacked array
         images.append(pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1))
     return np.stack(images), np.array([label for _, label in files])
-
-
-def _open_image(fh: io.BufferedIOBase, file: Path) -> Any:
-    """``PIL.Image.open`` on ``fh`` (nothing decoded yet); Pillow's decompression-bomb
-    limits (more pixels than twice ``Image.MAX_IMAGE_PIXELS``, a compressed text chunk
-    larger than ``PngImagePlugin.MAX_TEXT_CHUNK``) as one line."""
-    from PIL import Image
-
-    try:
-        return Image.open(fh)
-    except Image.DecompressionBombError as err:
-        raise InvalidParameterError(f"'{file}' is refused as a decompression bomb ({err}); "
-                                    "use smaller images") from None
-    except ValueError as err:  # Pillow's limits on decompressed metadata
-        raise InvalidParameterError(f"'{file}' is refused: {err}") from None
-
 
 
 #: Labels are class indices below this (int32's range): a larger one is a mistake, and
