@@ -61,7 +61,7 @@ from pathlift.bounds.code import (
 )
 from pathlift.bounds.kl import OccamBound, occam_bound
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import LayerGraph, copy_model, eval_mode, graph_of, unwrap, writable_copy
+from pathlift.graph import LayerGraph, copy_model, graph_of, unwrap, writable_copy
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
 from pathlift.graph.outputs import OutputKey, select_output
@@ -412,8 +412,8 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     """
     shape = tuple(input_shape)
     net = select_output(unwrap(model), outputs, shape)
-    with eval_mode(net):  # float64 holds a float16/bfloat16/float32 theta exactly
-        net = writable_copy(net).to(torch.float64).eval()
+    # float64 holds a float16/bfloat16/float32 theta exactly
+    net = writable_copy(net).to(torch.float64).eval()
     family = [architecture_of(net, shape)] if family is None else list(family)
     problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
     gen = torch.Generator().manual_seed(search.seed)
