@@ -37,6 +37,7 @@ def _margins(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**31 - 1))
+@example(58)  # Q = theta on every path: the difference of the norms is lost to rounding
 def test_path_metric_transfer_holds_on_random_inputs(seed):
     """Q = truncation towards zero (a random step per tensor) of a power-of-two rescaling of
     theta, some coordinates pruned first: d = ||Phi(theta)||_1 - ||Phi(Q)||_1 is exact (or
