@@ -115,8 +115,7 @@ def check_finite(graph: LayerGraph, logs: Tensor, what: str) -> None:
                          "--debug shows where)")
 
 
-def _support(graph: LayerGraph, walker: type[AbsPowInterpreter] = AbsPowInterpreter
-             ) -> Tensor:
+def _support(graph: LayerGraph, walker: type[AbsPowInterpreter]) -> Tensor:
     """Whether each output neuron ends a path p with Phi_p != 0: the pass at q = 2^-60,
     where |w|^q = 1 within 1e-15 for every non-zero float w and 0^q = 0 (it counts the
     non-zero paths, ||Phi||_0, and a sum of such terms is zero only when it has none)."""
