@@ -4,7 +4,6 @@ meta tensors, with shape-only stand-ins for the meta kernels that cost most."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -70,6 +69,31 @@ def _mean(x: Tensor, dim: list[int] | None, keepdim: bool = False, **kwargs) -> 
     return x.new_empty(shape)
 
 
+def _convolution(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
+                 padding: list[int], dilation: list[int], transposed: bool,
+                 output_padding: list[int], groups: int) -> Tensor:
+    """A convolution's output, contiguous as torch's meta kernel makes it (a Python
+    reference costing a tenth of the validation); anything it would check goes to it."""
+    dims = x.dim() - 2
+    out_channels = weight.shape[1] * groups if transposed else weight.shape[0]
+    in_channels = weight.shape[0] if transposed else weight.shape[1] * groups
+    if not (dims >= 1 and weight.dim() == x.dim() and x.shape[1] == in_channels > 0
+            and groups > 0 and weight.shape[0] % groups == 0 and x.dtype == weight.dtype
+            and (bias is None or (bias.shape == (out_channels,) and bias.dtype == x.dtype))
+            and len(stride) == len(padding) == len(dilation) == len(output_padding) == dims):
+        return torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
+                                                  transposed, output_padding, groups)
+    spatial = []
+    for n, k, s, p, d, o in zip(x.shape[2:], weight.shape[2:], stride, padding, dilation,
+                                output_padding, strict=True):
+        spatial.append((n - 1) * s - 2 * p + d * (k - 1) + o + 1 if transposed
+                       else (n + 2 * p - d * (k - 1) - 1) // s + 1)
+    if min(spatial) <= 0:
+        return torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
+                                                  transposed, output_padding, groups)
+    return x.new_empty((x.shape[0], out_channels, *spatial))
+
+
 def _relu(x: Tensor) -> Tensor:
     return _like(x)
 
@@ -87,17 +111,23 @@ _FAST = {
     torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_outputs,
     torch.ops.aten.add.Tensor: _sum,
     torch.ops.aten.addmm.default: _addmm,
+    torch.ops.aten.convolution.default: _convolution,
 }
 _FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
 
 
-def _flat(values: Any) -> Iterator[Any]:
+def _flat(values: Any, into: list | None = None) -> list:
     """The arguments of an aten call, lists and tuples opened (what aten ops take)."""
+    into = [] if into is None else into
     for v in values:
         if isinstance(v, (list, tuple)):
-            yield from _flat(v)
+            _flat(v, into)
         else:
-            yield v
+            into.append(v)
+    return into
+
+
+_SCALARS = frozenset({int, float, bool, str, type(None)})
 
 
 def _storage(t: Tensor) -> int:
@@ -117,18 +147,21 @@ class Dataflow(TorchDispatchMode):
         self.paused = False
 
     def describe(self, value: Any) -> Any:
+        if type(value) in _SCALARS:
+            return value
         if not isinstance(value, Tensor):
-            return value if isinstance(value, (int, float, bool, str, type(None))) \
+            return value if isinstance(value, (int, float, bool, str)) \
                 else type(value).__name__
-        source = self.writer.get(_storage(value), ("leaf", _storage(value)))
-        return (source, value.storage_offset(), tuple(value.shape), value.stride(),
-                value.dtype)
+        storage = _storage(value)
+        source = self.writer.get(storage)
+        return (("leaf", storage) if source is None else source, value.storage_offset(),
+                tuple(value.shape), value.stride(), value.dtype)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = _FAST.get(func, func)(*args, **kwargs)
         if not self.paused:
-            reads = tuple(self.describe(a) for a in _flat((*args, *kwargs.values())))
+            reads = tuple(map(self.describe, _flat((*args, *kwargs.values()))))
             self.ops.append((func.overloadpacket.__name__.rstrip("_"), reads))
             for t in _flat(out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, Tensor):

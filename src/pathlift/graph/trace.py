@@ -176,7 +176,8 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     dtype, device = dtype_device(model)
     clone = meta_clone(model)
     graph = _symbolic_trace(clone)
-    problems = classify(graph, clone) + in_place_problems(graph, clone)
+    modules = dict(clone.named_modules())
+    problems = classify(graph, modules) + in_place_problems(graph, modules)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise UnsupportedModelError([Problem(

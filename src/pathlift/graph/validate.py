@@ -56,10 +56,10 @@ def _op_label(node: fx.Node, module: nn.Module | None) -> str:
 _UNKNOWN = "not an operation of the ReLU DAG model (Def. 2.2.2)"
 
 
-def classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
+def classify(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[Problem]:
     """Attach a handler to every node, an ``UnsupportedHandler`` to unknown ops (so that
     validation lists their problem beside every other one); problems for parameter
-    reads outside layers."""
+    reads outside layers. ``modules``: the model's ``dict(named_modules())``."""
     problems = []
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
@@ -69,7 +69,7 @@ def classify(graph: fx.Graph, model: nn.Module) -> list[Problem]:
                                     "functional layers with their own parameters are not "
                                     "supported; use nn.Linear / nn.Conv modules"))
             continue
-        module = model.get_submodule(node.target) if node.op == "call_module" else None
+        module = modules[node.target] if node.op == "call_module" else None
         node.meta[HANDLER] = handler_for(node, module) or UnsupportedHandler(
             _op_label(node, module), _UNKNOWN)
     return problems
@@ -79,15 +79,15 @@ def _aliases(node: fx.Node) -> bool:
     return node.meta[HANDLER].aliases_input
 
 
-def _mutates_input(node: fx.Node, model: nn.Module) -> bool:
+def _mutates_input(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     """An in-place activation (relu_, inplace=True) or residual sum (add_). torch.fx
     records ``a += b`` as an out-of-place add: that mutation is caught by the dataflow
     check."""
-    module = model.get_submodule(node.target) if node.op == "call_module" else None
-    return node.meta[HANDLER].mutates(node, module)
+    return node.meta[HANDLER].mutates(node, modules.get(node.target)
+                                      if node.op == "call_module" else None)
 
 
-def in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
+def in_place_problems(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[Problem]:
     """In-place ops whose overwritten tensor is read again afterwards.
 
     The graph passes treat every op as pure; eager PyTorch reads the overwritten values
@@ -96,13 +96,13 @@ def in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
     order = {n: i for i, n in enumerate(graph.nodes)}
     problems = []
     for node in graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr") or not _mutates_input(node, model):
+        if node.op in ("placeholder", "output", "get_attr") or not _mutates_input(node, modules):
             continue
         root = node.args[0]
         if not isinstance(root, fx.Node):
             continue
         while (isinstance(root, fx.Node) and root.op not in ("placeholder", "output", "get_attr")
-               and (_aliases(root) or _mutates_input(root, model))):
+               and (_aliases(root) or _mutates_input(root, modules))):
             root = root.args[0]
         aliases, todo = set(), [root]
         while todo:  # the tensors sharing storage with the overwritten one
@@ -110,11 +110,11 @@ def in_place_problems(graph: fx.Graph, model: nn.Module) -> list[Problem]:
             aliases.add(a)
             todo += [u for u in a.users if u is not node and u not in aliases
                      and u.op not in ("output", "get_attr")
-                     and (_aliases(u) or _mutates_input(u, model))]
+                     and (_aliases(u) or _mutates_input(u, modules))]
         late = [u for a in aliases for u in a.users
                 if u is not node and u not in aliases and order[u] > order[node]]
         if late:
-            module = model.get_submodule(node.target) if node.op == "call_module" else None
+            module = modules.get(node.target) if node.op == "call_module" else None
             problems.append(Problem(
                 _node_label(node), _op_label(node, module),
                 f"overwrites a tensor that '{_node_label(late[0])}' reads afterwards, so "
@@ -148,13 +148,13 @@ class _Validate(fx.Interpreter):
         self.problems = list(problems)
 
     def call_module(self, target, args, kwargs):
-        return _without_hooks(self.clone.get_submodule(target), args, kwargs)
+        return _without_hooks(self.submodules[target], args, kwargs)
 
     def run_node(self, n: fx.Node):
         module, reason = None, None
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
         if n.op in ("call_module", "call_function", "call_method"):
-            module = self.clone.get_submodule(n.target) if n.op == "call_module" else None
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            module = self.submodules[n.target] if n.op == "call_module" else None
             call = Call(n, module, tuple(args), dict(kwargs))
             self.recorder.paused = True  # handlers may probe with small real tensors
             try:
@@ -170,12 +170,12 @@ class _Validate(fx.Interpreter):
                 self.recorder.paused = False
             if reason is not None:
                 self.problems.append(Problem(_node_label(n), _op_label(n, module), reason))
-        try:
-            result = super().run_node(n)
+        try:  # fx's run_node, without its current-node context (no trace runs here)
+            result = getattr(self, n.op)(n.target, args, kwargs)
         except Exception as err:
             if self.problems:  # an unsupported op may fail on meta tensors: say why first
                 raise UnsupportedModelError(self.problems, supported_summary()) from None
-            raise _shape_error(n, module, self.fetch_args_kwargs_from_env(n)[0], err) from None
+            raise _shape_error(n, module, args, err) from None
         if isinstance(result, Tensor):  # ShapeProp's record, without its costly layout probes
             n.meta["tensor_meta"] = TensorMetadata(result.shape, result.dtype, False,
                                                    result.stride(), None, False, {})
