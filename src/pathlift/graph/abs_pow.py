@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from pathlift.graph.boundary import output_leaves
@@ -152,6 +152,18 @@ class AbsPowLayer(Protocol):
     def bias(self, module: nn.Module) -> Tensor | None: ...
 
 
+@runtime_checkable
+class FoldingLayer(AbsPowLayer, Protocol):
+    """A layer whose handler ``scales_rows``: its whole |W/u|^q (``magnitude``, output
+    channels along dim 0) and its map with a given weight (``apply``)."""
+
+    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
+                  workspace: Workspace | None = None, unit: float = 1.0) -> Tensor: ...
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor: ...
+
+
 class ScaledWalker(OpWalker):
     """A pass whose values are ``Scaled`` tensors: relabelling ops move mantissas (several
     inputs, as in ``cat``, brought to one scale first) and keep the scale; Python-level
@@ -204,6 +216,21 @@ class AbsPowInterpreter(ScaledWalker):
         self.unit_weights = unit_weights  # divide each layer by its largest |w| (large q)
         self.rescaled = False  # a layer entered in a unit other than 1 (far from 1 in scale)
         self.workspace: Workspace | None = None
+        self.folds = graph.folds() if self._folding() else {}
+        self.folded: set[fx.Node] = set()  # the diagonal ops this pass folded into a layer
+
+    def _folding(self) -> bool:
+        """Whether eval BatchNorm enters folded into the rows of the layer before it
+        (``LayerGraph.folds``), as |a/u_a|^q |W/u|^q x + |c|^q: the same sum of path
+        products, one layer pass instead of two. Only for the pass's own magnitude hooks (a
+        subclass that supplies or records magnitudes sees every layer) and where the
+        product stays in range: each factor is at most 2^(16q) (``unit_of``), so 2^(32q)
+        times the fan-in and the input's drift must stay far below the dtype's largest
+        power of two."""
+        plain = all(getattr(type(self), hook) is getattr(AbsPowInterpreter, hook)
+                    for hook in ("units", "module_units", "weight_part", "bias_magnitude",
+                                 "on_affine"))
+        return plain and 32 * self.q + 64 <= math.frexp(torch.finfo(self.dtype).max)[1]
 
     def run_all_ones(self) -> Scaled | tuple[Scaled, ...]:
         """Outputs o_v = ||Phi^{->v}||_q^q. The model's parameters enter detached; a
@@ -258,7 +285,35 @@ class AbsPowInterpreter(ScaledWalker):
 
     def on_affine(self, handler: AbsPowLayer, call: Call) -> Scaled:
         x = call.args[0]
+        if call.node in self.folded:  # computed with the layer it follows
+            return x
+        fold = self.folds.get(call.node)
+        if fold is not None and handler.bias(call.module) is None:
+            return self._folded_affine(handler, call, fold)
         return self._affine(handler, x.mantissa, x.log_scale, call.replace(x.mantissa))
+
+    def _folded_affine(self, handler: FoldingLayer, call: Call, fold: fx.Node) -> Scaled:
+        """A bias-free layer and the diagonal op ``fold`` after it (x*a + c, eval
+        BatchNorm) as one: (|a/u_a|^q |W/u|^q) x e^(s + q ln u u_a) + |c/v|^q e^(q ln v),
+        |a|^q scaling the output rows of |W|^q in the workspace."""
+        diagonal, module = self.layer_graph.handler(fold), self.layer_graph.submodule(fold)
+        unit, _ = self.units(handler, call)
+        gain_unit, bias_unit = self.module_units(diagonal, module)
+        self.rescaled = self.rescaled or unit != 1.0 or gain_unit != 1.0 or bias_unit != 1.0
+        gain = diagonal.magnitude(module, self.q, self.dtype, unit=gain_unit)
+        x = call.args[0]
+        m = x.mantissa
+
+        def weight_part(bias: Tensor | None) -> Tensor:
+            weight = handler.magnitude(call.module, self.q, m.dtype, self.workspace, unit)
+            weight.mul_(gain.reshape(-1, *(1,) * (weight.dim() - 1)))
+            return handler.apply(m, weight, call.replace(m), bias)
+
+        self.folded.add(fold)
+        return scaled_affine(weight_part, x.log_scale + self.q * math.log(unit * gain_unit),
+                             self.bias_magnitude(diagonal, Call(fold, module, (), {}),
+                                                 bias_unit),
+                             diagonal.channel_dim, self.q * math.log(bias_unit))
 
     def _affine(self, handler: AbsPowLayer, x: Tensor, log_scale: float, call: Call
                 ) -> Scaled:

@@ -104,6 +104,27 @@ class LayerGraph:
         """The nodes of ops with parameters of their own (layers, PReLU), in order."""
         return [n for n in self.nodes() if self.handler(n).parametric]
 
+    def folds(self) -> dict[fx.Node, fx.Node]:
+        """{layer node: the node of the diagonal op folded into it}: each layer whose
+        handler ``scales_rows`` and whose output only a folding diagonal op (eval
+        BatchNorm) reads, on the same channel axis; found once per graph."""
+        found = self._memo.get("folds")
+        if found is None:
+            found = self._memo["folds"] = {}
+            for node in self.affine_nodes():
+                users = list(node.users)
+                if node.op != "call_module" or len(users) != 1 \
+                        or not self.handler(node).scales_rows:
+                    continue
+                user, ndim = users[0], len(node.meta["tensor_meta"].shape)
+                if user.op != "call_module" or user.all_input_nodes != [node]:
+                    continue
+                handler = self.handler(user)
+                if handler.folds and handler.diagonal and user.args[0] is node \
+                        and handler.channel_dim % ndim == self.handler(node).channel_dim % ndim:
+                    found[node] = user
+        return found
+
     def calls(self) -> dict[str, int]:
         """How many times each layer with parameters is called."""
         counts: dict[str, int] = {}

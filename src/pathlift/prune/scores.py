@@ -27,6 +27,7 @@ from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, param
 from pathlift.graph.boundary import is_dtensor, local, sharded_parameters
 from pathlift.graph.collectives import all_max, all_objects
+from pathlift.graph.ops.base import reading_once
 from pathlift.graph.sharded import ShardedLayers, as_shard_of, is_sharded_graph
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
@@ -243,10 +244,11 @@ def path_magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[i
         scores.tensors["layer1.0.conv1.weight"]   # mantissas; x 10**scores.log10_scale
     """
     graph = graph_of(model, input_shape)
-    graph.check_values()
     entries = prunable_parameters(graph, include_biases)
-    found = path_magnitudes(graph, [m for m, _, p in entries if p == "weight"],
-                            [m for m, _, p in entries if p == "bias"], dtype)
+    with reading_once():  # the values' check and the pass's units read each weight once
+        graph.check_values()
+        found = path_magnitudes(graph, [m for m, _, p in entries if p == "weight"],
+                                [m for m, _, p in entries if p == "bias"], dtype)
     tensors = {f"{m}.{p}": (found.weights if p == "weight" else found.biases)[m]
                for m, _, p in entries}
     if is_sharded_graph(graph):

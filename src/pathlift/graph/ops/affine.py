@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.boundary import assign_, mask, param, stored
-from pathlift.graph.ops.base import Call, Handler, Kind, Parametric, register
+from pathlift.graph.ops.base import Call, Handler, Kind, Parametric, register, value_range
 from pathlift.graph.ops.pooling import window_max
 
 
@@ -107,8 +107,8 @@ def peak_of(t: Tensor | None) -> float:
     """max |t| (0 for None or an empty t), read without a copy of |t|."""
     if t is None or not t.numel():
         return 0.0
-    low, high = torch.aminmax(t.detach())  # one pass over t
-    return max(-float(low), float(high))
+    low, high = value_range(t)  # one pass over t
+    return max(-low, high)
 
 
 def unit_of_peak(peak: float, exact: bool = False) -> float:
@@ -131,9 +131,10 @@ def _tensor_state(module: nn.Module) -> list[tuple] | None:
     """Each parameter and buffer of ``module`` (its own and its children's) as (itself,
     storage, version): an in-place update, an optimiser step or an assignment changes
     one of them. None when a tensor keeps no version (inference mode)."""
-    try:
-        return [(weakref.ref(t), t.data_ptr(), t._version)
-                for t in itertools.chain(module.parameters(), module.buffers())]
+    tensors = itertools.chain(module.parameters(), module.buffers()) if module._modules \
+        else itertools.chain(module._parameters.values(), module._buffers.values())
+    try:  # a leaf layer's own tables directly: this runs for every layer of every pass
+        return [(weakref.ref(t), t.data_ptr(), t._version) for t in tensors if t is not None]
     except RuntimeError:
         return None
 
@@ -155,6 +156,9 @@ class AffineHandler(Parametric, Handler):
     channels of a group). ``scored``: its weights and bias are coordinates of theta that
     pruning may zero. Everything pathlift does to a layer's parameters (the |theta|^q
     pass, rescaling, normalisation, permutation, quantisation) asks these methods.
+    ``scales_rows``: ``magnitude`` gives the whole |W/u|^q with output channels along dim
+    0, which ``apply`` takes, so a following diagonal op (eval BatchNorm) can enter the
+    |theta|^q pass folded into its rows (``AbsPowInterpreter``).
     """
 
     kind = Kind.AFFINE
@@ -165,6 +169,7 @@ class AffineHandler(Parametric, Handler):
     diagonal = False
     scored = True
     live = True
+    scales_rows = False
 
     # ---- the |theta|^q network (Thm 3.1.1)
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
@@ -331,6 +336,7 @@ def _scale_(tensor: Tensor, factor: Tensor) -> None:
 
 class LinearHandler(AffineHandler):
     channel_dim = -1
+    scales_rows = True
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:
@@ -367,6 +373,8 @@ _BLOCK_BYTES = 1 << 20  # a block of |W| that stays in the L2 cache
 
 
 class ConvHandler(AffineHandler):
+    scales_rows = True
+
     def problem(self, call: Call) -> str | None:
         if call.module.padding_mode != "zeros":
             return (
@@ -396,6 +404,7 @@ class ConvHandler(AffineHandler):
 
 class ConvTransposeHandler(ConvHandler):
     out_dim = 1
+    scales_rows = False  # output channels along dim 1, by groups
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:
@@ -424,14 +433,13 @@ def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | N
     ``detach=False`` keeps the autograd history of weight and bias (the statistics are
     constants either way).
     """
-    var, mean = bn.running_var.detach().to(dtype), bn.running_mean.detach().to(dtype)
-    a = torch.rsqrt(var + bn.eps)
+    a = torch.add(bn.running_var.detach().to(dtype), bn.eps).rsqrt_()
     weight, bias = param(bn, "weight", detach), param(bn, "bias", detach)
-    if weight is not None:
-        a = a * weight.to(dtype)
-    c = -mean * a
+    if weight is not None:  # in place where no autograd history is kept
+        a = a.mul_(weight.to(dtype)) if detach else a * weight.to(dtype)
+    c = torch.mul(bn.running_mean.detach().to(dtype), a).neg_()  # -mean * a
     if bias is not None:
-        c = c + bias.to(dtype)
+        c = c.add_(bias.to(dtype)) if detach else c + bias.to(dtype)
     return a, c
 
 

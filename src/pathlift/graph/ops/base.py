@@ -14,8 +14,11 @@ layers with parameters).
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
@@ -190,8 +193,43 @@ def all_finite(t: Tensor) -> bool:
     t = local(t)  # a DTensor: this rank's shard
     if not t.numel():
         return True
+    low, high = value_range(t)
+    return math.isfinite(low) and math.isfinite(high)
+
+
+_RANGES: ContextVar[dict[tuple, tuple[Tensor, float, float]] | None] = \
+    ContextVar("pathlift_value_ranges", default=None)
+
+
+@contextmanager
+def reading_once() -> Iterator[None]:
+    """Inside, ``value_range`` reads each tensor once: a call that checks every parameter's
+    values and then takes each layer's units (``unit_of``) reads each weight once, not
+    twice. The tensors read are kept until the block ends (so that no other tensor can
+    take their memory and be mistaken for them)."""
+    token = _RANGES.set({})
+    try:
+        yield
+    finally:
+        _RANGES.reset(token)
+
+
+def value_range(t: Tensor) -> tuple[float, float]:
+    """(min t, max t) of a non-empty tensor in one pass (NaN when t holds one), remembered
+    inside ``reading_once`` by the memory, layout and version of ``t`` (a view or
+    ``detach()`` of the same tensor is the same; an in-place update is not)."""
+    memo = _RANGES.get()
+    key = None
+    if memo is not None and not torch.is_inference(t):  # inference tensors keep no version
+        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version)
+        found = memo.get(key)
+        if found is not None:
+            return found[1], found[2]
     low, high = torch.aminmax(t.detach())
-    return bool(torch.isfinite(low) & torch.isfinite(high))
+    found = (t, float(low), float(high))
+    if key is not None:
+        memo[key] = found
+    return found[1], found[2]
 
 
 class UnsupportedHandler(Handler):
