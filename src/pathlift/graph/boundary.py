@@ -168,7 +168,7 @@ def meta_clone(model: nn.Module) -> nn.Module:
             empty = torch.empty(t.shape, dtype=t.dtype, device="meta") if is_dtensor(t) \
                 else torch.empty_like(t, device="meta")
             tensors[id(t)] = nn.Parameter(empty, t.requires_grad) \
-                if isinstance(t, nn.Parameter) else empty
+                if type(t) is nn.Parameter or isinstance(t, nn.Parameter) else empty
         return tensors[id(t)]
 
     def clone(m: nn.Module) -> nn.Module:
@@ -179,7 +179,8 @@ def meta_clone(model: nn.Module) -> nn.Module:
             for key, value in vars(m).items():
                 if isinstance(value, Tensor):
                     new.__dict__[key] = meta(value)
-            new._modules = {k: None if c is None else clone(c) for k, c in m._modules.items()}
+            new.__dict__["_modules"] = {k: None if c is None else clone(c)
+                                        for k, c in m._modules.items()}
         return modules[id(m)]
 
     return clone(model)
@@ -231,9 +232,10 @@ def module_view(module: nn.Module, tensors: dict[str, Tensor]) -> nn.Module:
     without FSDP's hooks: what a pass reads in place of a layer (its local shard). The
     tensors may be views or carry autograd history; the module is not touched."""
     view = object.__new__(_plain_class(type(module)))
-    view.__dict__.update(vars(module))
-    view._parameters = {k: tensors.get(k, v) for k, v in module._parameters.items()}
-    view._buffers = {k: tensors.get(k, v) for k, v in module._buffers.items()}
+    state = view.__dict__  # set directly: nn.Module.__setattr__ costs more than the copy
+    state.update(vars(module))
+    state["_parameters"] = {k: tensors.get(k, v) for k, v in module._parameters.items()}
+    state["_buffers"] = {k: tensors.get(k, v) for k, v in module._buffers.items()}
     if view.__class__ is not type(module):
         _drop_fsdp_hooks(view)
     return view

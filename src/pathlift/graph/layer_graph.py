@@ -69,13 +69,14 @@ class LayerGraph:
         return node.meta[HANDLER]
 
     def submodule(self, node: fx.Node) -> nn.Module | None:
-        """The module a ``call_module`` node calls (looked up once per node), else None."""
+        """The module a ``call_module`` node calls (from a table made once), else None."""
         if node.op != "call_module":
             return None
-        module = self._memo.get(node)
-        if module is None:
-            module = self._memo[node] = self.module.get_submodule(node.target)
-        return module
+        modules = self._memo.get("modules")
+        if modules is None:
+            modules = self._memo["modules"] = dict(self.module.named_modules(
+                remove_duplicate=False))
+        return modules[node.target]
 
     def last_uses(self) -> dict[fx.Node, list[fx.Node]]:
         """For each node, the nodes whose value it reads last (what torch.fx's Interpreter
@@ -276,16 +277,17 @@ def holder(root: nn.Module, graph: fx.Graph, replaced: dict[str, nn.Module] | No
     """The submodules ``graph`` calls (``root``'s, or ``replaced``'s), under their
     qualified names in plain containers."""
     replaced = replaced or {}
+    modules = dict(root.named_modules(remove_duplicate=False))
     holder = nn.Module()
     for node in graph.nodes:
         if node.op != "call_module":
             continue
         *path, leaf = str(node.target).split(".")
         parent = holder
-        for atom in path:
-            if not hasattr(parent, atom):
-                parent.add_module(atom, nn.Module())
-            parent = getattr(parent, atom)
-        parent.add_module(leaf, replaced.get(node.target) or root.get_submodule(node.target))
+        for atom in path:  # the tables themselves: names from a trace need no checks
+            if atom not in parent._modules:
+                parent._modules[atom] = nn.Module()
+            parent = parent._modules[atom]
+        parent._modules[leaf] = replaced.get(node.target) or modules[node.target]
     return holder
 
