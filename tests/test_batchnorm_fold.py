@@ -76,7 +76,7 @@ def _folded(graph, q, dtype):
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("q", [0.5, 1.0, 2.0, 3.0])
+@pytest.mark.parametrize("q", [0.5, 1.0, 2.0, 3.0, 6.0])
 def test_folded_batchnorm_gives_the_enumerated_path_norm(seed, q):
     model = _randomise_(ConvBlock(), seed)
     shape = (2, 4, 4)
