@@ -43,3 +43,28 @@ def test_a_layer_without_live_magnitudes_is_no_live_layer():
             return None
 
     assert isinstance(Frozen(), AbsPowLayer) and not isinstance(Frozen(), LiveLayer)
+
+
+def test_every_trait_of_an_op_is_documented_on_handler():
+    from typing import get_type_hints
+
+    from pathlift.graph.ops import Handler
+
+    traits = [name for name, hint in get_type_hints(Handler).items()
+              if "ClassVar" in str(hint) and "bool" in str(hint)]
+    assert {"layer_on_path", "maxpool", "absorbs_folds", "dense_rows", "derived"} <= set(traits)
+    missing = [name for name in traits if f"``{name}``" not in Handler.__doc__]
+    assert not missing, f"traits without a line in Handler's docstring: {missing}"
+
+
+def test_the_structure_traits_answer_for_each_layer_family():
+    from pathlift.graph.ops.kron import KSLinearHandler
+
+    by_name = {h.name: h for h in (*MODULES.values(), *FUNCTIONS.values(), *METHODS.values())}
+    assert by_name["Linear"].dense_rows and not by_name["Conv2d"].dense_rows
+    assert not any(h.dense_rows for h in by_name.values() if isinstance(h, KSLinearHandler))
+    assert by_name["MaxPool2d"].maxpool and not by_name["AvgPool2d"].maxpool
+    assert by_name["BatchNorm2d"].derived and not by_name["Linear"].derived
+    on_path = {name for name, h in by_name.items() if h.layer_on_path}
+    assert {"Linear", "Conv2d", "BatchNorm1d", "MaxPool2d", "AvgPool2d", "KSLinear"} <= on_path
+    assert not on_path & {"ReLU", "LeakyReLU", "Hardtanh", "Flatten"}

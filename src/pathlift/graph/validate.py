@@ -265,11 +265,10 @@ def warn_leading_dimension(graph: fx.Graph, model: nn.Module, shape: tuple[int, 
     node = next(n for n in graph.nodes if n.op == "placeholder")
     while len(node.users) == 1:
         node = next(iter(node.users))
-        if node.op != "call_module" or node.meta[HANDLER].kind is not Kind.AFFINE:
+        if node.op != "call_module" or not node.meta[HANDLER].dense_rows:
             return
-        module = model.get_submodule(node.target)
         rows = math.prod(shape[:-1])
-        if isinstance(module, nn.Linear) and rows > 1:
+        if rows > 1:
             warnings.warn(LeadingDimensionWarning(
                 f"input_shape {shape}: the first layer '{node.target}' (Linear) reads the "
                 f"last dimension only, so pathlift computes for {rows} separate inputs of "
