@@ -221,6 +221,14 @@ def _free_parameters(module: nn.Module) -> int:
     return own + sum(getattr(module, name).numel() for name in computed)
 
 
+def training_mode_ops(graph: LayerGraph) -> list[str]:
+    """The modules of the graph that compute otherwise in training mode (batch statistics,
+    randomness: their op's ``training_problem``), whatever mode they are in now: a model
+    with any trains outside Def. 2.2.2 and is measured in eval mode."""
+    return [str(n.target) for n in graph.nodes() if n.op == "call_module"
+            and graph.handler(n).training_problem(graph.submodule(n)) is not None]
+
+
 def outputs_are_affine(graph: LayerGraph) -> bool:
     """Whether every output tensor comes from affine layers through reshapes/cat only."""
     def affine(node: fx.Node) -> bool:
