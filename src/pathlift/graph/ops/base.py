@@ -6,7 +6,8 @@ and carries its traits as data; passes dispatch on the kind to one hook each
 (``pathlift.graph.walk.OpWalker``) and read the traits, never the class. What a pass asks
 of an op is a ``typing.Protocol`` next to that pass (``AbsPowLayer`` of the |theta|^q pass,
 ``LiveLayer`` of the differentiable pass, ``RescalableLayer`` of rescaling,
-``ChannelLayer`` of the channel analysis); validation (``problem``, ``training_problem``,
+``ChannelLayer`` of the channel analysis, ``PermutableLayer`` of permutation,
+``QuantizableOp`` of quantisation); validation (``problem``, ``training_problem``,
 ``resolve``) is here; each family's module implements them (``FixedLinear`` for
 pooling-like maps, ``Activation`` for piecewise-linear activations, ``AffineHandler`` for
 layers with parameters).
