@@ -98,18 +98,20 @@ class Handler:
 
     Traits of the DAG the structure passes read (``pathlift.graph.structure``):
     ``layer_on_path`` every path through the op crosses one layer of the neurons it makes,
-    each with incoming weights (learned or fixed): the layers L counted on a path by paper
-    002 Lemma F.3 (affine layers, pooling and resampling; not activations, whose lowering
-    is a sub-DAG of their own); ``maxpool`` its neurons are the 1-max-pool neurons of Def.
-    2.2.2, whose windows are the K and whose layers the M of Thm 4.4.1 / Remark 4.4.1;
-    ``absorbs_folds`` a ``folds`` op right after it (x*a + c) merges into its neurons' weights
-    and biases, the two making one layer of neurons (the depth D of Thm 4.4.1);
-    ``dense_rows`` y = x W^T + b over the input's last dim, one row of a dense W per neuron:
-    a layer of a layered fully connected network (Def. 2.1.1), which reads every leading
-    dim as a separate input; ``derived`` its DAG parameters (Def. 2.2.2) are computed from
-    its stored parameters and running statistics (eval BatchNorm's x*a + c), so a pass
-    that needs them reads the op's ``dag_parameters`` / ``live_parameters``, never the
-    stored tensors.
+    each with incoming weights (learned or fixed): the depth D = L + 1 of paper 002 Lemma
+    F.3 is the most such layers on one path (affine layers, pooling and resampling; not
+    activations, whose lowering is a sub-DAG of their own);
+    ``maxpool`` its neurons are the 1-max-pool neurons of Def. 2.2.2: their largest window
+    is the K, their presence makes P = 1 and their layers are the M of Thm 4.4.1 / Remark
+    4.4.1;
+    ``absorbs_folds`` a ``folds`` op right after it (x*a + c) merges into its neurons'
+    weights and biases, the two making one layer of neurons (the depth D of Thm 4.4.1);
+    ``dense_rows`` y = x W^T + b over the input's last dim, one row of a dense W per
+    neuron: a layer of a layered fully connected network (Def. 2.1.1), which reads every
+    leading dim as a separate input;
+    ``derived`` its DAG parameters (Def. 2.2.2) are computed from its stored parameters and
+    running statistics (eval BatchNorm's x*a + c), so a pass that needs them reads the
+    op's ``dag_parameters`` / ``live_parameters``, never the stored tensors.
     """
 
     kind: ClassVar[Kind] = Kind.IDENTITY
