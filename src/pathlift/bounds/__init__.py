@@ -3,8 +3,10 @@ ReLU DAG networks and their architecture constants (thesis Ch. 4), valid as stat
 (``union``), the certified top-1 error of a trained classifier (``top1``), the Lipschitz
 bounds in the input and in the parameters (``lipschitz``, thesis Sec. 3.3-3.4), the
 certified error of a quantised network (``quantization``, Lemma 3.4.1) and the quantiser that
-keeps the normalisation of smallest certified error (``symmetry_aware``, Sec. 7.5), and the
-compression certificate of a trained network (``compression``)."""
+keeps the normalisation of smallest certified error (``symmetry_aware``, Sec. 7.5), the
+certificate of a pruning (``PruningCertificate``, eq. 3.19: defined in
+``pathlift.lift.pruning_bound``, below the pruning package that computes it while it
+prunes), and the compression certificate of a trained network (``compression``)."""
 
 from pathlift.bounds.compression import (
     CompressionBound,
@@ -65,6 +67,7 @@ from pathlift.bounds.union import (
     union_margin_bound,
 )
 from pathlift.bounds.verdict import verdict
+from pathlift.lift.pruning_bound import PruningCertificate, pruning_certificate
 
 __all__ = [
     "CROSS_ENTROPY_LIPSCHITZ",
@@ -84,6 +87,7 @@ __all__ = [
     "Measured",
     "ParameterLipschitz",
     "PriorGrid",
+    "PruningCertificate",
     "RademacherBound",
     "Sigma",
     "SymmetryAwareQuantized",
@@ -109,6 +113,7 @@ __all__ = [
     "margin_losses",
     "margins",
     "peeling_constant",
+    "pruning_certificate",
     "rademacher_covering",
     "rademacher_peeling",
     "sharpened_constant",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pathlift.graph import Kind, LayerGraph, graph_of
+from pathlift.graph import LayerGraph, graph_of
 from pathlift.graph.structure import counts, cuts, longest_path, neuron_layers
 
 
@@ -63,13 +63,13 @@ def architecture_constants(model: nn.Module | LayerGraph,
     its traced graph (``pathlift.graph.structure``). The model is not modified. Raises
     UnsupportedModelError like ``pathlift.graph.trace``."""
     graph = graph_of(model, input_shape)
-    maxpools = [n for n in graph.nodes() if graph.handler(n).kind is Kind.MAXPOOL]
+    maxpools = [n for n in graph.nodes() if graph.handler(n).maxpool]
     found = counts(graph)
     return ArchitectureConstants(
         depth=neuron_layers(graph, refined=True, count_maxpool=True),
         depth_unrefined=neuron_layers(graph, refined=False, count_maxpool=True),
         depth_without_maxpool=neuron_layers(graph, refined=True, count_maxpool=False),
-        maxpool_layers=longest_path(graph, Kind.MAXPOOL),
+        maxpool_layers=longest_path(graph, "maxpool"),
         kernel=found.kernel,
         pool_types=1 if maxpools else 0,
         d_in=math.prod(graph.input_shape),

@@ -11,25 +11,28 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, fx, nn
 
 from pathlift.errors import ArchitectureMismatchError, Problem
+from pathlift.graph.abs_pow import AbsPowLayer
 from pathlift.graph.layer_graph import LayerGraph
-from pathlift.graph.ops import Call, Kind, LinearHandler
-from pathlift.graph.sharded import ShardedLayers, is_sharded_graph
+from pathlift.graph.ops import Call, Kind
+from pathlift.graph.sharded import ShardedLayer, ShardedLayers, is_sharded_graph
 from pathlift.graph.walk import OpWalker
 
 
-def longest_path(graph: LayerGraph, *kinds: Kind) -> int:
-    """The largest number of nodes of the given kinds on one input -> output path."""
+def longest_path(graph: LayerGraph, trait: str) -> int:
+    """The largest number of nodes whose handler has the boolean ``trait`` (``"maxpool"``,
+    ``"layer_on_path"``, see ``pathlift.graph.ops.Handler``) on one input -> output path."""
     best: dict[fx.Node, int] = {}
     for n in graph.graph.nodes:
         here = max((best[p] for p in n.all_input_nodes), default=0)
         if n.op == "output":
             return here
-        best[n] = here + int(n.op != "placeholder" and graph.handler(n).kind in kinds)
+        best[n] = here + int(n.op != "placeholder" and getattr(graph.handler(n), trait))
     return 0
 
 
@@ -96,7 +99,7 @@ class _LayerCount(OpWalker):
         """An eval BatchNorm right after an affine layer is folded into it."""
         pred = call.node.all_input_nodes[0]
         return (handler.folds and pred.op != "placeholder"
-                and self.layer_graph.handler(pred).kind is Kind.AFFINE)
+                and self.layer_graph.handler(pred).absorbs_folds)
 
     def on_reshape(self, handler, call):
         return self._merge(call)
@@ -133,7 +136,6 @@ def antecedent_counts(graph: LayerGraph, node: fx.Node, shards: ShardedLayers | 
     """The number of antecedents (incoming edges of the DAG, zero weights included) of
     every neuron the node creates, batch 1: the node's |theta|^0 map applied to ones (a
     sharded layer's from its local rows, ``shards`` being the graph's ``ShardedLayers``)."""
-    handler = graph.handler(node)
     ones = torch.ones((1, *graph.output_shape(node.all_input_nodes[0])), dtype=torch.float64,
                       device=graph.device)
     module = graph.submodule(node)
@@ -141,14 +143,37 @@ def antecedent_counts(graph: LayerGraph, node: fx.Node, shards: ShardedLayers | 
     call = Call(node, module if layer is None else layer.view, (ones, *node.args[1:]),
                 dict(node.kwargs))
     with torch.no_grad():
-        if handler.kind is Kind.AFFINE and layer is not None:
-            return layer.weight_part(lambda x, b: handler.weight_part(x, 0.0, call.replace(x)),
-                                     ones, None, handler.channel_dim)
-        if handler.kind is Kind.AFFINE:
-            return handler.weight_part(ones, 0.0, call)
-        if handler.kind is Kind.ACTIVATION:  # y reads one ReLU neuron per piece
-            return torch.full_like(ones, float(len(handler.pieces(call).neurons())))
-        return handler.abs_pow(ones, 0.0, call)[0]
+        return _Antecedents(graph, layer).dispatch(graph.handler(node), call)
+
+
+class _Antecedents(OpWalker):
+    """The node's |theta|^0 map applied to its input of ones (``antecedent_counts``), one
+    hook per kind of op that makes neurons."""
+
+    purpose = "counting antecedents"
+    refuses: ClassVar[dict[Kind, str]] = {
+        Kind.RELU: " (a ReLU makes no neurons of its own)",
+        Kind.ADD: " (a residual sum makes no neurons of its own)"}
+
+    def __init__(self, graph: LayerGraph, layer: ShardedLayer | None):
+        super().__init__(graph)
+        self.layer = layer
+
+    def on_affine(self, handler, call):
+        ones = call.args[0]
+        if self.layer is not None:  # a sharded layer: from its local rows
+            return self.layer.weight_part(
+                lambda x, b: handler.weight_part(x, 0.0, call.replace(x)), ones, None,
+                handler.channel_dim)
+        return handler.weight_part(ones, 0.0, call)
+
+    def on_activation(self, handler, call):  # y reads one ReLU neuron per piece
+        return torch.full_like(call.args[0], float(len(handler.pieces(call).neurons())))
+
+    def on_pool(self, handler, call):
+        return handler.abs_pow(call.args[0], 0.0, call)[0]
+
+    on_maxpool = on_pool
 
 
 def fan_in(graph: LayerGraph) -> int:
@@ -174,9 +199,9 @@ def counts(graph: LayerGraph) -> Counts:
     shards = ShardedLayers(graph, "counts") if is_sharded_graph(graph) else None
     for n in graph.nodes():
         handler, module = graph.handler(n), graph.submodule(n)
-        if handler.kind is Kind.MAXPOOL:
+        if handler.maxpool:
             kernel = max(kernel, int(antecedent_counts(graph, n).max()))
-        elif handler.kind is Kind.AFFINE:
+        elif isinstance(handler, AbsPowLayer):  # a layer: its edges and biases are theta's
             edges = int(antecedent_counts(graph, n, shards).sum())
             layer = shards.by_target.get(n.target) if shards is not None else None
             read = module if layer is None else layer.view  # a DTensor reads as its shard
@@ -194,6 +219,14 @@ def _free_parameters(module: nn.Module) -> int:
     own = sum(p.numel() for name, p in module.named_parameters()
               if not name.startswith("parametrizations."))
     return own + sum(getattr(module, name).numel() for name in computed)
+
+
+def training_mode_ops(graph: LayerGraph) -> list[str]:
+    """The modules of the graph that compute otherwise in training mode (batch statistics,
+    randomness: their op's ``training_problem``), whatever mode they are in now: a model
+    with any trains outside Def. 2.2.2 and is measured in eval mode."""
+    return [str(n.target) for n in graph.nodes() if n.op == "call_module"
+            and graph.handler(n).training_problem(graph.submodule(n)) is not None]
 
 
 def outputs_are_affine(graph: LayerGraph) -> bool:
@@ -256,15 +289,14 @@ def _shape(node: fx.Node) -> tuple[int, ...] | None:
 def lfcn_layers(graph: LayerGraph) -> tuple[list[nn.Module], list[Problem]]:
     """The Linear layers of a layered fully connected ReLU network (thesis Def. 2.1.1), in
     order, and a problem for every node that is not Linear, ReLU or a reshape."""
-    allowed = {Kind.AFFINE, Kind.RELU, Kind.RESHAPE, Kind.IDENTITY}
+    neuronless = {Kind.RELU, Kind.RESHAPE, Kind.IDENTITY}  # ReLU, relabelling, nothing
     layers, problems = [], []
     for node in graph.nodes():
         handler = graph.handler(node)
-        if handler.kind not in allowed or (handler.kind is Kind.AFFINE
-                                           and not isinstance(handler, LinearHandler)):
+        if handler.dense_rows:
+            layers.append(graph.submodule(node))
+        elif handler.kind not in neuronless:
             problems.append(Problem(str(node.target), handler.name, "not a layer of a "
                                     "layered fully connected ReLU network (Def. 2.1.1): "
                                     "Linear and ReLU only"))
-        elif handler.kind is Kind.AFFINE:
-            layers.append(graph.submodule(node))
     return layers, problems

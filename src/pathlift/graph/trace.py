@@ -184,7 +184,7 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
     validate(graph, clone, shape, dtype, problems)
-    warn_leading_dimension(graph, clone, shape)
+    warn_leading_dimension(graph, shape)
     return LayerGraph(holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
                       key)
 

@@ -256,7 +256,7 @@ def validate(graph: fx.Graph, clone: nn.Module, shape: tuple[int, ...],
 
 
 
-def warn_leading_dimension(graph: fx.Graph, model: nn.Module, shape: tuple[int, ...]) -> None:
+def warn_leading_dimension(graph: fx.Graph, shape: tuple[int, ...]) -> None:
     """Warn when the input reaches a Linear layer (through views only) with more than one
     dimension: the layer reads the last dimension only, so each row of the others is a
     separate input of the network, and every result counts all of their outputs."""
@@ -265,11 +265,10 @@ def warn_leading_dimension(graph: fx.Graph, model: nn.Module, shape: tuple[int, 
     node = next(n for n in graph.nodes if n.op == "placeholder")
     while len(node.users) == 1:
         node = next(iter(node.users))
-        if node.op != "call_module" or node.meta[HANDLER].kind is not Kind.AFFINE:
+        if node.op != "call_module" or not node.meta[HANDLER].dense_rows:
             return
-        module = model.get_submodule(node.target)
         rows = math.prod(shape[:-1])
-        if isinstance(module, nn.Linear) and rows > 1:
+        if rows > 1:
             warnings.warn(LeadingDimensionWarning(
                 f"input_shape {shape}: the first layer '{node.target}' (Linear) reads the "
                 f"last dimension only, so pathlift computes for {rows} separate inputs of "

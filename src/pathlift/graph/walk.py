@@ -36,7 +36,12 @@ class OpWalker(GraphInterpreter):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         handler = n.meta[HANDLER]
-        call = Call(n, self.layer_graph.submodule(n), tuple(args), dict(kwargs))
+        return self.dispatch(handler, Call(n, self.layer_graph.submodule(n), tuple(args),
+                                           dict(kwargs)))
+
+    def dispatch(self, handler: Handler, call: Call) -> Any:
+        """The hook of the handler's kind on one call, or the refusal this pass states
+        (a pass may also send one call of its own making, as ``antecedent_counts`` does)."""
         why = self.refuses.get(handler.kind)
         if why is not None:
             raise self.unsupported(handler, call, why)

@@ -1,6 +1,7 @@
 """Quantities of the path-lifting Phi(theta): path-norms, path-metrics, the average-case
 path-norm and the product of layer norms (the Lipschitz bounds built on them are in
-``pathlift.bounds``).
+``pathlift.bounds``, which also re-exports the pruning certificate of eq. 3.19 defined here
+in ``pruning_bound``: the pruning package below ``pathlift.bounds`` computes it).
 
 Every function takes an ``nn.Module`` (plain, pruned, DDP-wrapped or compiled) and an input
 shape, or the ``LayerGraph`` of a model traced before: the graph is traced once per model
@@ -16,7 +17,8 @@ from pathlift.lift.average_case import (
 from pathlift.lift.layer_norm import LayerNormProduct, layer_norm_product
 from pathlift.lift.path_metric import PathMetric, path_metric
 from pathlift.lift.path_norm import PathNorm, path_norm, path_norms
+from pathlift.lift.pruning_bound import PruningCertificate, pruning_certificate
 
 __all__ = ["AverageCasePathNorm", "LayerNormProduct", "LocalAffine", "PathMetric", "PathNorm",
-           "average_case_path_norm", "layer_norm_product", "local_affine", "path_metric",
-           "path_norm", "path_norms"]
+           "PruningCertificate", "average_case_path_norm", "layer_norm_product",
+           "local_affine", "path_metric", "path_norm", "path_norms", "pruning_certificate"]

@@ -22,9 +22,9 @@ from torch import Tensor
 
 from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
-from pathlift.graph.abs_pow import output_sum
+from pathlift.graph.abs_pow import AbsPowLayer, output_sum
 from pathlift.graph.boundary import param
-from pathlift.graph.ops import Activation, AffineHandler, Call, Kind, abs_power
+from pathlift.graph.ops import Activation, AffineHandler, Call, abs_power
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.differentiable import refuse_flushed
 
@@ -56,10 +56,10 @@ class _Tape(AbsPowInterpreter):
         # the pass's scale): theta_i d/d theta_i is the same in any unit
         self.layer_units = {name: self.module_units(handlers[name], module(name))
                             for name in {*layers, *biases}
-                            if handlers[name].kind is Kind.AFFINE}
+                            if isinstance(handlers[name], AbsPowLayer)}
         self.weights = {name: (handlers[name].magnitude(module(name), 1.0, dtype,
                                                         unit=self.layer_units[name][0])
-                               if handlers[name].kind is Kind.AFFINE
+                               if name in self.layer_units
                                else abs_power(param(module(name), "weight"), 1.0, dtype)
                                ).requires_grad_() for name in layers}
         self.biases = {name: abs_power(handlers[name].bias(module(name)), 1.0, dtype,
@@ -139,7 +139,7 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
         mantissa, log_scale = output_sum(tape.run_all_ones())
         # a layer whose weight gradient is g v^T gets g (its output's gradient) and is
         # never formed; the others get their weight gradient: one backward for all
-        rank_one = {name: handler.rank_one_input(x) if handler.kind is Kind.AFFINE else None
+        rank_one = {name: handler.rank_one_input(x)
                     for name, (handler, x, _) in tape.records.items()}
         wanted = [y if rank_one[name] is not None else tape.weights[name]
                   for name, (_, _, y) in tape.records.items()]

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import PrecisionError, UnsupportedModelError
-from pathlift.graph import Call, Kind, LayerGraph, graph_of
+from pathlift.graph import Call, LayerGraph, graph_of
 from pathlift.graph.channels import channel_map
 from pathlift.graph.collectives import all_true
 from pathlift.graph.factors import incoming_norms
@@ -232,7 +232,7 @@ def _upper_bound_log(graph_a: LayerGraph, graph_b: LayerGraph, norm_a: float, no
     if unusable:
         return triangle, f"{_TRIANGLE} (Lemma F.3 of paper 002 does not apply: {unusable})"
     graph = graph_a
-    k, depth, d_out = fan_in(graph), longest_path(graph, *_LAYERS), graph.d_out
+    k, depth, d_out = fan_in(graph), longest_path(graph, "layer_on_path"), graph.d_out
     smallest = min(p[1] for p in premise)
     excess = max(p[2] for p in premise)
     factor = d_out * (k + 1) + smallest * (depth - 1) * (k + 1)
@@ -289,9 +289,6 @@ def _fixed_l1(graph: LayerGraph, node) -> float:
     with torch.no_grad():
         sums, log_gain = graph.handler(node).abs_pow(ones, 1.0, call)
     return float(sums.max()) * math.exp(log_gain)
-
-
-_LAYERS = (Kind.AFFINE, Kind.POOL, Kind.MAXPOOL)  # each a layer of neurons on a path
 
 
 def _premise(graph: LayerGraph) -> tuple[str | None, float, float]:

@@ -24,7 +24,7 @@ from pathlift.graph import LayerGraph, graph_of, unwrap
 from pathlift.graph.boundary import mask
 from pathlift.graph.sharded import is_sharded_graph
 from pathlift.lift import path_norm
-from pathlift.logspace import log10_difference, log10_sum, power10
+from pathlift.lift.pruning_bound import PruningCertificate, pruning_certificate
 from pathlift.prune.scores import (
     Scores,
     magnitude_scores,
@@ -85,7 +85,8 @@ def path_magnitude_unstructured(module: nn.Module, name: str, amount: int | floa
 
 @dataclass(frozen=True)
 class PruningResult:
-    """One pruning of a model and its guarantees (thesis eq. 3.19, Lemma 3.4.1).
+    """One pruning of a model and its guarantees (thesis eq. 3.19, Lemma 3.4.1; the
+    ``certificate``, ``pathlift.lift.pruning_bound``).
 
     For every input x, ||R_theta(x) - R_theta'(x)||_1 <= path_metric * max(1, ||x||_inf)
     <= bound * max(1, ||x||_inf). ``path_metric`` = ||Phi(theta)||_1 - ||Phi(theta')||_1
@@ -108,12 +109,17 @@ class PruningResult:
         return self.pruned / self.total
 
     @property
+    def certificate(self) -> PruningCertificate:
+        return PruningCertificate(self.log10_path_norm, self.log10_path_metric,
+                                  self.log10_bound)
+
+    @property
     def path_metric(self) -> float:
-        return power10(self.log10_path_metric)
+        return self.certificate.path_metric
 
     @property
     def bound(self) -> float:
-        return power10(self.log10_bound)
+        return self.certificate.bound
 
 
 def _masks(targets: list[tuple[str, nn.Module, str]]) -> dict[str, Tensor]:
@@ -187,7 +193,7 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
     global_steps = _split(round(sum(wanted.values())), steps)
     dense_norm = path_norm(graph).log10
     method = PathMagnitudeUnstructured if criterion == "path-magnitude" else prune.L1Unstructured
-    bounds = []
+    step_costs = []
     for step in range(steps):
         graph = graph_of(graph)  # a new reparametrisation re-traces, once
         path_mag = path_magnitude_scores(graph, None, include_biases)
@@ -208,13 +214,14 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
                 method.apply(module, p, per_step[name][step],
                              importance_scores=scores.tensors[name].contiguous())
         after = _masks(targets)
-        bounds.append(path_mag.log10_sum({n: before[n] & ~after[n] for n in before}))
-    pruned_norm = path_norm(graph).log10
+        step_costs.append(path_mag.log10_sum({n: before[n] & ~after[n] for n in before}))
+    certificate = pruning_certificate(dense_norm, path_norm(graph).log10, step_costs)
     total = sum(m.numel() for m in masks.values())
     remaining = sum(int(m.sum()) for m in _masks(targets).values())
     name = criterion if isinstance(criterion, str) else getattr(criterion, "__name__", "custom")
-    return PruningResult(name, scope, steps, total - remaining, total, dense_norm,
-                         log10_difference(dense_norm, pruned_norm), log10_sum(bounds))
+    return PruningResult(name, scope, steps, total - remaining, total,
+                         certificate.log10_path_norm, certificate.log10_path_metric,
+                         certificate.log10_bound)
 
 
 def layer_sparsity(model: nn.Module) -> dict[str, float]:

@@ -18,13 +18,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of, writable_copy
 from pathlift.quant.uniform import QuantizedTensor, Rounding, as_rounding, quantize_tensor
+
+
+@runtime_checkable
+class QuantizableOp(Protocol):
+    """What quantisation (thesis Sec. 6.1) asks of an op with parameters: the tensors it
+    rounds, each as (name, effective value, per-channel dim), and how the rounded values
+    are written back so that the op computes with them. ``Parametric`` implements it (an
+    eval BatchNorm rounds its affine pair, a KSLinear its factors, PReLU its slopes)."""
+
+    def quantizable(self, module: nn.Module) -> list[tuple[str, Tensor, int | None]]: ...
+
+    def write_quantized_(self, module: nn.Module, values: dict[str, Tensor]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,8 @@ def quantize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
             if node.target in seen:
                 continue
             seen.add(node.target)
-            handler, module = graph.handler(node), copied.get_submodule(node.target)
+            handler: QuantizableOp = graph.handler(node)
+            module = copied.get_submodule(node.target)
             values = {}
             for pname, value, channel_dim in handler.quantizable(module):
                 name = f"{node.target}.{pname}"

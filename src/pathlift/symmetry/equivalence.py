@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -26,6 +27,23 @@ from pathlift.graph.factors import refuse_shared_parameters
 from pathlift.graph.normalize import normalize
 from pathlift.graph.structure import paired_parameters
 from pathlift.memory import check_samples
+
+
+@runtime_checkable
+class PermutableLayer(Protocol):
+    """What permutation (canonical forms, functional equivalence, ``permute``) asks of a
+    layer beyond the channel analysis' ``ChannelLayer``: which dim of its weight holds its
+    output channels (``out_dim``), and the in-place permutation of a copy's output channels
+    and input columns. ``AffineHandler`` implements it (a KSLinear refuses, typed)."""
+
+    out_dim: int
+
+    def permute_(self, module: nn.Module, outputs: Tensor | None = None,
+                 inputs: Tensor | None = None) -> None: ...
+
+
+def _permutable(p: Producer) -> PermutableLayer:
+    return p.handler
 
 
 # --------------------------------------------------------------------------- the slides' table
@@ -125,7 +143,7 @@ def _apply_permutation(model: nn.Module, cmap: ChannelMap, unit: Unit, perm: Ten
         old = p.neurons.tolist()
         id_map.update({old[c]: old[int(perm[c])] for c in range(len(old))})
         if p is unit.producer or not p.passthrough:
-            p.handler.permute_(model.get_submodule(p.name), outputs=perm)
+            _permutable(p).permute_(model.get_submodule(p.name), outputs=perm)
     for name, ids in cmap.carriers:  # per-channel slopes follow their channels
         labels = ids.tolist()
         if any(i in id_map for i in labels):
@@ -145,7 +163,7 @@ def _apply_permutation(model: nn.Module, cmap: ChannelMap, unit: Unit, perm: Ten
             if i in id_map:
                 for position, old in zip(positions, columns[id_map[i]], strict=True):
                     src[position] = old
-        p.handler.permute_(model.get_submodule(p.name), inputs=torch.tensor(src))
+        _permutable(p).permute_(model.get_submodule(p.name), inputs=torch.tensor(src))
 
 
 def permute(model: nn.Module | LayerGraph, perms: Mapping[str, Sequence[int] | Tensor],
@@ -189,7 +207,7 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
     p = unit.producer
     module = model.get_submodule(p.name)
     weight = stored(module, "weight").detach().double()
-    if p.handler.out_dim == 1:
+    if _permutable(p).out_dim == 1:
         weight = weight.transpose(0, 1)
     biases = [stored(model.get_submodule(q.name), "bias") for q in (p, *unit.carried)
               if q is p or not q.passthrough]
@@ -200,7 +218,7 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
         if reader.diagonal or not torch.isin(reader.inputs, last.neurons).any():
             continue
         w = stored(model.get_submodule(reader.name), "weight").detach().double()
-        w = w.transpose(0, 1) if reader.handler.out_dim == 0 else w
+        w = w.transpose(0, 1) if _permutable(reader).out_dim == 0 else w
         columns.append(_outgoing(w, reader.inputs, last.neurons))
     key = -torch.cat(columns, dim=1).numpy()
     scale = np.maximum(np.abs(key).max(axis=0, keepdims=True), 1e-300)

@@ -41,9 +41,9 @@ import torch
 from torch import Tensor, fx
 
 from pathlift.graph.boundary import param
-from pathlift.graph.channels import ChannelMap, Producer
+from pathlift.graph.channels import ChannelLayer, ChannelMap, Producer
 from pathlift.graph.layer_graph import LayerGraph
-from pathlift.graph.ops import AffineHandler, Kind
+from pathlift.graph.ops import AffineHandler
 from pathlift.symmetry.jacobian import Patterns
 
 _TWIN_COSINE = 1 - 1e-12  # incoming rows this aligned are twins (up to rounding)
@@ -155,7 +155,7 @@ def _relu_channels(graph: LayerGraph, on: dict[str, Tensor], value: bool
         if n.name not in on or not isinstance(n.args[0], fx.Node):
             continue
         src = n.args[0]
-        if src.op != "call_module" or graph.handler(src).kind is not Kind.AFFINE \
+        if src.op != "call_module" or not isinstance(graph.handler(src), ChannelLayer) \
                 or len(src.users) != 1:
             continue
         handler: AffineHandler = graph.handler(src)
@@ -254,7 +254,7 @@ def _bias_shifts(graph: LayerGraph, counter: _Counter) -> int:
             continue
         src = n.args[0]
         while isinstance(src, fx.Node) and len(src.users) == 1 and src.op != "placeholder" \
-                and graph.handler(src).kind in (Kind.IDENTITY, Kind.RESHAPE):
+                and graph.handler(src).aliases_input:
             src = src.args[0]
         if not (isinstance(src, fx.Node) and src.op == "call_module" and len(src.users) == 1):
             continue

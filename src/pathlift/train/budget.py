@@ -99,7 +99,8 @@ def _output_layer(graph) -> nn.Linear:
     outputs = graph.outputs()
     node = outputs[0] if len(outputs) == 1 else None
     module = graph.submodule(node) if node is not None and node.op == "call_module" else None
-    if not isinstance(module, nn.Linear) or len(node.users) != 1 or graph.calls()[node.target] != 1:
+    if module is None or not graph.handler(node).dense_rows or len(node.users) != 1 \
+            or graph.calls()[node.target] != 1:
         raise UnsupportedModelError(
             "the path-norm budget projects the output layer: the network must return the "
             "output of one nn.Linear layer, called once")

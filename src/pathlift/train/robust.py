@@ -23,8 +23,6 @@ from pathlift.bounds.box import Interval, box_margins
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of
 from pathlift.graph.boundary import mask
-from pathlift.graph.ops import batchnorm_affine
-from pathlift.graph.ops.affine import BatchNormHandler
 
 __all__ = ["box_robust_loss", "live_boxes"]
 
@@ -38,8 +36,8 @@ def live_boxes(graph: LayerGraph, model: nn.Module, relative: float
     for node in graph.parametric_nodes():
         module = model.get_submodule(node.target)
         handler = graph.handler(node)
-        if isinstance(handler, BatchNormHandler):
-            values = dict(zip(("weight", "bias"), batchnorm_affine(module, detach=False),
+        if handler.derived:  # the op's (a, c), differentiable in its stored parameters
+            values = dict(zip(("weight", "bias"), handler.live_parameters(module, None),
                               strict=True))
         else:
             names = {n.removesuffix("_orig") for n, _ in module.named_parameters(recurse=False)}

@@ -170,6 +170,8 @@ class AffineHandler(Parametric, Handler):
     scored = True
     live = True
     scales_rows = False
+    layer_on_path = True
+    absorbs_folds = True
 
     # ---- the |theta|^q network (Thm 3.1.1)
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
@@ -228,12 +230,6 @@ class AffineHandler(Parametric, Handler):
         ``bias`` of the pass in |W|^q and |b|^q (``live_magnitudes``), one per parameter;
         a parameter that is no coordinate of ||Phi||_q^q is left out."""
         return [("weight", weight), ("bias", bias)]
-
-    def rank_one_input(self, x: Tensor) -> Tensor | None:
-        """v with d<g, apply(x, W)>/dW = g v^T for every output gradient g, when the
-        weight gradient is that outer product (a Linear layer on one row), else None.
-        Lets a caller scale a huge weight by its gradient without forming it."""
-        return None
 
     def bias(self, module: nn.Module) -> Tensor | None:
         """The bias vector b (one entry per output channel), or None."""
@@ -337,6 +333,7 @@ def _scale_(tensor: Tensor, factor: Tensor) -> None:
 class LinearHandler(AffineHandler):
     channel_dim = -1
     scales_rows = True
+    dense_rows = True
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:
@@ -451,6 +448,7 @@ class BatchNormHandler(AffineHandler):
     diagonal = True
     scored = False
     folds = True
+    derived = True
     contiguous_backward = True  # torch 2.13's CPU eval BatchNorm backward, see LayerGraph
 
     def problem(self, call: Call) -> str | None:

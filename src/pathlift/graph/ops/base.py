@@ -6,7 +6,8 @@ and carries its traits as data; passes dispatch on the kind to one hook each
 (``pathlift.graph.walk.OpWalker``) and read the traits, never the class. What a pass asks
 of an op is a ``typing.Protocol`` next to that pass (``AbsPowLayer`` of the |theta|^q pass,
 ``LiveLayer`` of the differentiable pass, ``RescalableLayer`` of rescaling,
-``ChannelLayer`` of the channel analysis); validation (``problem``, ``training_problem``,
+``ChannelLayer`` of the channel analysis, ``PermutableLayer`` of permutation,
+``QuantizableOp`` of quantisation); validation (``problem``, ``training_problem``,
 ``resolve``) is here; each family's module implements them (``FixedLinear`` for
 pooling-like maps, ``Activation`` for piecewise-linear activations, ``AffineHandler`` for
 layers with parameters).
@@ -94,8 +95,26 @@ class Handler:
     whose l1 norm exceeds 1 (True), never does (False), or depends on the call (None:
     ``FixedLinear.abs_pow`` at q = 1 says), which rules out the premise of Lemma F.3;
     ``contiguous_backward`` autograd through it needs a contiguous input; ``diagonal``
-    each neuron it makes reads only its own input channel (eval BatchNorm); ``live`` (ops
-    with parameters) the differentiable pass reads its parameters in autograd.
+    each neuron it makes reads only its own input channel (eval BatchNorm); ``parametric``
+    the op has parameters of its own (``Parametric``); ``live`` (ops with parameters) the
+    differentiable pass reads its parameters in autograd.
+
+    Traits of the DAG the structure passes read (``pathlift.graph.structure``):
+    ``layer_on_path`` every path through the op crosses one layer of the neurons it makes,
+    each with incoming weights (learned or fixed): the depth D = L + 1 of paper 002 Lemma
+    F.3 is the most such layers on one path (affine layers, pooling and resampling; not
+    activations, whose lowering is a sub-DAG of their own);
+    ``maxpool`` its neurons are the 1-max-pool neurons of Def. 2.2.2: their largest window
+    is the K, their presence makes P = 1 and their layers are the M of Thm 4.4.1 / Remark
+    4.4.1;
+    ``absorbs_folds`` a ``folds`` op right after it (x*a + c) merges into its neurons'
+    weights and biases, the two making one layer of neurons (the depth D of Thm 4.4.1);
+    ``dense_rows`` y = x W^T + b over the input's last dim, one row of a dense W per
+    neuron: a layer of a layered fully connected network (Def. 2.1.1), which reads every
+    leading dim as a separate input;
+    ``derived`` its DAG parameters (Def. 2.2.2) are computed from its stored parameters and
+    running statistics (eval BatchNorm's x*a + c), so a pass that needs them reads the
+    op's ``dag_parameters`` / ``live_parameters``, never the stored tensors.
     """
 
     kind: ClassVar[Kind] = Kind.IDENTITY
@@ -111,6 +130,11 @@ class Handler:
     fixed_l1_exceeds_one: ClassVar[bool | None] = False
     contiguous_backward: ClassVar[bool] = False
     diagonal: ClassVar[bool] = False
+    layer_on_path: ClassVar[bool] = False
+    maxpool: ClassVar[bool] = False
+    absorbs_folds: ClassVar[bool] = False
+    dense_rows: ClassVar[bool] = False
+    derived: ClassVar[bool] = False
 
     def __init__(self, name: str):
         self.name = name
@@ -163,6 +187,12 @@ class Parametric:
         """(name, effective value, per-channel dim) of every tensor quantisation rounds."""
         names = [n.removesuffix("_orig") for n, _ in module.named_parameters(recurse=False)]
         return [(name, param(module, name), None) for name in names]
+
+    def rank_one_input(self, x: Tensor) -> Tensor | None:
+        """v with d<g, apply(x, W)>/dW = g v^T for every output gradient g, when the
+        weight gradient is that outer product (a Linear layer on one row), else None.
+        Lets a caller scale a huge weight by its gradient without forming it."""
+        return None
 
     def row_split(self, module: nn.Module) -> str | None:
         """What the rows of its parameters are when they are split across ranks (dim-0

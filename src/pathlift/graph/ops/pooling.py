@@ -27,6 +27,7 @@ class FixedLinear(Handler):
     kind = Kind.POOL
     fixed_l1_exceeds_one = None
     creates_neurons = True
+    layer_on_path = True
     family = "pooling"
     elementwise = False  # trait: each output reads exactly the input at its own position
 
@@ -161,6 +162,7 @@ class MaxPoolHandler(_Pooling):
     """k-max-pool neurons with k = 1 (Def. 2.2.2); Thm 3.1.1 replaces them by window sums."""
 
     kind = Kind.MAXPOOL
+    maxpool = True
     fixed_l1_exceeds_one = True  # k inputs of weight 1
 
     def problem(self, call: Call) -> str | None:

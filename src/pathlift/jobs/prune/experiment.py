@@ -14,6 +14,7 @@ from pathlift.data.training import reproducible
 from pathlift.distributed import launched
 from pathlift.errors import ShapeError
 from pathlift.graph import graph_of, writable_copy
+from pathlift.graph.structure import training_mode_ops
 from pathlift.jobs import plots
 from pathlift.jobs.prune.pipeline import SGDTraining, scatter
 from pathlift.jobs.prune.protocol import Method, ProtocolResult, PruneConfig, prune_rewind_retrain
@@ -25,7 +26,6 @@ from pathlift.symmetry import random_rescale
 
 __all__ = ["PruneExperiment", "prune_experiment"]
 
-_TRAIN_ONLY = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 EVAL_NOTE = ("the model has BatchNorm or Dropout: it trains in training mode and is scored, "
              "pruned and measured in eval mode (BatchNorm as its affine map, Def. 2.2.2)")
 
@@ -81,8 +81,8 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
                           normalize=normalize)
         make = model_factory(model, split.num_classes, weights)
         probe = make().eval()  # a fresh copy: the protocol scores in eval mode too
-        note = EVAL_NOTE if any(isinstance(m, _TRAIN_ONLY) for m in probe.modules()) else None
         graph = graph_of(probe, split.input_shape)
+        note = EVAL_NOTE if training_mode_ops(graph) else None
         if graph.d_out != split.num_classes:
             raise ShapeError(f"{model} has {graph.d_out} outputs, {data} has "
                              f"{split.num_classes} classes")

@@ -32,6 +32,7 @@ from pathlift.data.training import train_classifier
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import copy_model, eval_mode, graph_of, writable_copy
 from pathlift.graph.outputs import classifier_output
+from pathlift.graph.structure import training_mode_ops
 from pathlift.jobs.prune.pipeline import data_digest
 from pathlift.lift import AverageCasePathNorm, average_case_path_norm, path_norm
 from pathlift.prune import prune_model
@@ -168,14 +169,12 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
         with eval_mode(model):
             classifier_output(graph_of(model, shape), data.num_classes)
     net = copy_model(model)
-    notes = (EVAL_NOTE,) if any(isinstance(m, (nn.modules.batchnorm._BatchNorm,
-                                               nn.modules.dropout._DropoutNd))
-                               for m in net.modules()) else ()
     torch.manual_seed(seed)
     train, test = loaders(data, batch_size=batch_size, seed=seed) if data else (None, None)
     history = _train(net, shape, train, test, epochs, seed, progress) if epochs else []
     net.eval()
     graph = graph_of(net, shape)
+    notes = (EVAL_NOTE,) if training_mode_ops(graph) else ()
     constants = architecture_constants(graph)
     norms = {q: path_norm(graph, q=q, r=q) for q in QS}  # ||Phi||_q, Table 7.2
     common = dict(title=title, input_shape=shape, data=data_name, epochs=epochs, seed=seed,
