@@ -28,7 +28,9 @@ def _randomise_(model: nn.Module, seed: int) -> nn.Module:
 
 
 class ConvBlock(nn.Module):
-    """conv -> BN -> ReLU twice, a residual sum and a BN-folded classifier (Linear -> BN1d)."""
+    """conv -> BN -> ReLU three times, a residual sum and a BN-folded classifier (Linear ->
+    BN1d). The 1x1 conv has fewer weights than outputs (its rows are scaled), the others
+    more (their outputs are scaled): both ways of folding run."""
 
     def __init__(self):
         super().__init__()
@@ -36,12 +38,15 @@ class ConvBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(3)
         self.conv2 = nn.Conv2d(3, 3, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(3)
+        self.conv3 = nn.Conv2d(3, 3, 1, bias=False)
+        self.bn4 = nn.BatchNorm2d(3)
         self.fc = nn.Linear(3 * 16, 4, bias=False)
         self.bn3 = nn.BatchNorm1d(4)
 
     def forward(self, x):
         h = F.relu(self.bn1(self.conv1(x)))
         h = F.relu(self.bn2(self.conv2(h)) + h)
+        h = F.relu(self.bn4(self.conv3(h)))
         return self.bn3(self.fc(h.flatten(1)))
 
 
@@ -80,7 +85,7 @@ def _folded(graph, q, dtype):
 def test_folded_batchnorm_gives_the_enumerated_path_norm(seed, q):
     model = _randomise_(ConvBlock(), seed)
     shape = (2, 4, 4)
-    assert len(_folded(graph_of(model, shape), q, torch.float64)) == 3  # every BN folded
+    assert len(_folded(graph_of(model, shape), q, torch.float64)) == 4  # every BN folded
     expected = NeuronDAG.from_module(model, shape).path_norm_log10(q)
     assert path_norm(model, shape, q=q).log10 == pytest.approx(expected, abs=1e-12)
     assert path_norm(model, shape, q=q, dtype=torch.float32).log10 == \
@@ -89,9 +94,9 @@ def test_folded_batchnorm_gives_the_enumerated_path_norm(seed, q):
 
 def test_float32_folds_only_where_the_product_of_two_layers_stays_in_range():
     graph = graph_of(_randomise_(ConvBlock(), 0), (2, 4, 4))
-    assert len(_folded(graph, 2.0, torch.float32)) == 3
+    assert len(_folded(graph, 2.0, torch.float32)) == 4
     assert not _folded(graph, 3.0, torch.float32)  # 2^(32q) would leave float32
-    assert len(_folded(graph, 3.0, torch.float64)) == 3
+    assert len(_folded(graph, 3.0, torch.float64)) == 4
 
 
 @pytest.mark.parametrize("q", [1.0, 2.0])
@@ -111,6 +116,6 @@ def test_a_batchnorm_far_from_its_layer_in_scale_is_folded_exactly():
         model.bn2.running_var.mul_(2.0**-80)
     shape = (2, 4, 4)
     expected = NeuronDAG.from_module(model, shape).path_norm_log10(1.0)
-    assert len(_folded(graph_of(model, shape), 1.0, torch.float32)) == 3
+    assert len(_folded(graph_of(model, shape), 1.0, torch.float32)) == 4
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         assert path_norm(model, shape, dtype=dtype).log10 == pytest.approx(expected, abs=tol)

@@ -295,7 +295,8 @@ class AbsPowInterpreter(ScaledWalker):
     def _folded_affine(self, handler: FoldingLayer, call: Call, fold: fx.Node) -> Scaled:
         """A bias-free layer and the diagonal op ``fold`` after it (x*a + c, eval
         BatchNorm) as one: (|a/u_a|^q |W/u|^q) x e^(s + q ln u u_a) + |c/v|^q e^(q ln v),
-        |a|^q scaling the output rows of |W|^q in the workspace."""
+        |a|^q scaling the output rows of |W|^q in the workspace, or the layer's output
+        channels where they hold fewer numbers (the late layers of a CNN)."""
         diagonal, module = self.layer_graph.handler(fold), self.layer_graph.submodule(fold)
         unit, _ = self.units(handler, call)
         gain_unit, bias_unit = self.module_units(diagonal, module)
@@ -306,8 +307,14 @@ class AbsPowInterpreter(ScaledWalker):
 
         def weight_part(bias: Tensor | None) -> Tensor:
             weight = handler.magnitude(call.module, self.q, m.dtype, self.workspace, unit)
-            weight.mul_(gain.reshape(-1, *(1,) * (weight.dim() - 1)))
-            return handler.apply(m, weight, call.replace(m), bias)
+            outputs = math.prod(call.node.meta["tensor_meta"].shape[1:]) * m.shape[0]
+            if weight.numel() <= outputs:
+                weight.mul_(gain.reshape(-1, *(1,) * (weight.dim() - 1)))
+                return handler.apply(m, weight, call.replace(m), bias)
+            y = handler.apply(m, weight, call.replace(m))
+            per_channel = channel_bias(gain, y.dim(), diagonal.channel_dim)
+            return y.mul_(per_channel) if bias is None else \
+                torch.addcmul(channel_bias(bias, y.dim(), diagonal.channel_dim), y, per_channel)
 
         self.folded.add(fold)
         return scaled_affine(weight_part, x.log_scale + self.q * math.log(unit * gain_unit),
