@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_engine.py [--rounds 5] [--threads 1]
         [--models resnet18 resnet50 vgg11] [--authors PATH/TO/pathnorm.py]
 
-For each model at 3x224x224, measured in turns in the same run (median of the rounds):
+For each model at 3x224x224, measured in turns in the same run (each figure is the median
+over the rounds of its ratio to the forward pass timed in the same round):
 one float32 forward pass at batch 1 (the baseline); the first ``path_norm`` call on a model
 object never seen before (trace, validation and the |theta| pass; float64 and float32
 mantissas); a repeated call after an in-place weight update (the graph is reused);
@@ -97,12 +98,13 @@ def main() -> None:
         model = MODELS[name]().eval()
         path_norm(model, SHAPE, dtype=torch.float32)  # the repeated call's graph
         with torch.no_grad():
-            times = {label: statistics.median(t) for label, t in round_robin(
-                cases(model, authors), args.rounds, min_sample=0, setup=True,
-                clock=time.thread_time if args.threads == 1 else time.perf_counter).items()}
+            times = round_robin(cases(model, authors), args.rounds, min_sample=0, setup=True,
+                                clock=time.thread_time if args.threads == 1 else time.perf_counter)
         base = times.pop("forward")
-        row = "  ".join(f"{label} {t / base:5.2f}x" for label, t in times.items())
-        print(f"{name:<9} forward {base * 1e3:6.1f} ms  {row}")
+        ratios = {label: statistics.median(t / b for t, b in zip(ts, base, strict=True))
+                  for label, ts in times.items()}  # each against its own round's forward
+        row = "  ".join(f"{label} {r:5.2f}x" for label, r in ratios.items())
+        print(f"{name:<9} forward {statistics.median(base) * 1e3:6.1f} ms  {row}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.graph import AbsPowInterpreter, graph_of
+from pathlift.graph.ops import affine
+from pathlift.graph.ops.affine import ConvHandler
 from pathlift.lift import path_norm
 from pathlift.testing.neurons import NeuronDAG
 
@@ -119,3 +123,27 @@ def test_a_batchnorm_far_from_its_layer_in_scale_is_folded_exactly():
     assert len(_folded(graph_of(model, shape), 1.0, torch.float32)) == 4
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         assert path_norm(model, shape, dtype=dtype).log10 == pytest.approx(expected, abs=tol)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(-160, 160), st.sampled_from([0.5, 1.0, 2.0, 3.0]),
+       st.sampled_from([torch.float32, torch.float64]),
+       st.sampled_from([torch.float32, torch.float64]), st.booleans(), st.integers(0, 9))
+def test_magnitude_found_with_its_units_is_the_magnitude_in_the_units_bit_for_bit(
+        exponent, q, weight_dtype, dtype, exact, seed):
+    """The fold's one-read |W/u|^q (units found from the copy) equals ``units`` then
+    ``magnitude``, for weights from 2^-160 to 2^160 and with a first call and a kept one."""
+    conv = nn.Conv2d(3, 4, 3, bias=seed % 2 == 0).to(weight_dtype)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64)
+                    * 2.0**exponent)
+    handler = ConvHandler("Conv2d")
+    expected_units = handler.units(conv, exact)
+    expected = handler.magnitude(conv, q, dtype, unit=expected_units[0]).clone()
+    affine._UNITS.pop(conv, None)  # a first pass: nothing kept
+    for _ in range(2):  # found from the copy, then kept
+        got, units = handler.magnitude_in_units(conv, q, dtype, exact=exact)
+        assert units == expected_units
+        assert torch.equal(got, expected)

@@ -154,11 +154,13 @@ class AbsPowLayer(Protocol):
 
 @runtime_checkable
 class FoldingLayer(AbsPowLayer, Protocol):
-    """A layer whose handler ``scales_rows``: its whole |W/u|^q (``magnitude``, output
-    channels along dim 0) and its map with a given weight (``apply``)."""
+    """A layer whose handler ``scales_rows``: its whole |W/u|^q with its units
+    (``magnitude_in_units``, output channels along dim 0) and its map with a given weight
+    (``apply``)."""
 
-    def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
-                  workspace: Workspace | None = None, unit: float = 1.0) -> Tensor: ...
+    def magnitude_in_units(self, module: nn.Module, q: float, dtype: torch.dtype,
+                           workspace: Workspace | None = None, exact: bool = False
+                           ) -> tuple[Tensor, tuple[float, float]]: ...
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor: ...
@@ -298,15 +300,15 @@ class AbsPowInterpreter(ScaledWalker):
         |a|^q scaling the output rows of |W|^q in the workspace, or the layer's output
         channels where they hold fewer numbers (the late layers of a CNN)."""
         diagonal, module = self.layer_graph.handler(fold), self.layer_graph.submodule(fold)
-        unit, _ = self.units(handler, call)
+        x = call.args[0]
+        m = x.mantissa
+        weight, (unit, _) = handler.magnitude_in_units(call.module, self.q, m.dtype,
+                                                       self.workspace, self.unit_weights)
         gain_unit, bias_unit = self.module_units(diagonal, module)
         self.rescaled = self.rescaled or unit != 1.0 or gain_unit != 1.0 or bias_unit != 1.0
         gain = diagonal.magnitude(module, self.q, self.dtype, unit=gain_unit)
-        x = call.args[0]
-        m = x.mantissa
 
         def weight_part(bias: Tensor | None) -> Tensor:
-            weight = handler.magnitude(call.module, self.q, m.dtype, self.workspace, unit)
             outputs = math.prod(call.node.meta["tensor_meta"].shape[1:]) * m.shape[0]
             if weight.numel() <= outputs:
                 weight.mul_(gain.reshape(-1, *(1,) * (weight.dim() - 1)))

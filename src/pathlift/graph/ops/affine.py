@@ -139,6 +139,23 @@ def _tensor_state(module: nn.Module) -> list[tuple] | None:
         return None
 
 
+def _known_units(module: nn.Module, exact: bool) -> tuple[list[tuple] | None,
+                                                         tuple[float, float] | None]:
+    """(the state of the module's tensors, its units kept for that state or None); no
+    state (nothing kept) for exact units or tensors without versions."""
+    state = None if exact else _tensor_state(module)
+    kept = _UNITS.get(module)
+    if kept is not None and state is not None and _same(kept[0], state):
+        return state, kept[1]
+    return state, None
+
+
+def _remember_units(module: nn.Module, state: list[tuple] | None,
+                    found: tuple[float, float]) -> None:
+    if state is not None:
+        _UNITS[module] = (state, found)
+
+
 def _same(a: list[tuple], b: list[tuple]) -> bool:
     return len(a) == len(b) and all(x[0]() is y[0]() and x[1:] == y[1:]
                                     for x, y in zip(a, b, strict=True))
@@ -185,15 +202,32 @@ class AffineHandler(Parametric, Handler):
         each unit that of its own tensor (``unit_of``), so that a bias far from the
         weights' scale keeps its precision. Powers of two are kept per module until one
         of its tensors changes (a repeated pass reads no weight twice)."""
-        state = None if exact else _tensor_state(module)
-        kept = _UNITS.get(module)
-        if kept is not None and state is not None and _same(kept[0], state):
-            return kept[1]
-        weight, bias = self.dag_parameters(module)
-        found = unit_of(weight, exact), unit_of(bias, exact)
-        if state is not None:
-            _UNITS[module] = (state, found)
+        state, found = _known_units(module, exact)
+        if found is None:
+            weight, bias = self.dag_parameters(module)
+            found = unit_of(weight, exact), unit_of(bias, exact)
+            _remember_units(module, state, found)
         return found
+
+    def magnitude_in_units(self, module: nn.Module, q: float, dtype: torch.dtype,
+                           workspace: Workspace | None = None, exact: bool = False
+                           ) -> tuple[Tensor, tuple[float, float]]:
+        """(``magnitude`` in the layer's ``units``, the units), for a layer whose DAG
+        weight is its ``weight``. Where the units are not known yet and ``dtype`` is at
+        least as wide as the weight, the peak of |W| is read from the copy just made, as
+        |W|/u = |W/u| bit for bit: a first pass reads W once, not twice."""
+        state, found = _known_units(module, exact)
+        weight = param(module, "weight")
+        if found is not None or torch.finfo(dtype).bits < torch.finfo(weight.dtype).bits:
+            found = found or self.units(module, exact)
+            return self.magnitude(module, q, dtype, workspace, found[0]), found
+        magnitude = abs_power(weight, 1.0, dtype, workspace)
+        unit = unit_of_peak(float(magnitude.amax()) if magnitude.numel() else 0.0, exact)
+        if unit != 1.0:
+            magnitude.div_(unit)
+        found = unit, unit_of(param(module, "bias"), exact)
+        _remember_units(module, state, found)
+        return (magnitude if q == 1 else magnitude.pow_(q)), found
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:
