@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from pathlift.bounds.compression import input_scale
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph
 from pathlift.lift import PathMetric, path_metric
@@ -56,7 +57,7 @@ class CertifiedError:
     def bound(self, x: Tensor) -> Tensor:
         """max(1, ||x||_inf) * d for each sample of the batch ``x`` (Cor. 3.4.1): a bound on
         ||R_theta(x) - R_Q(theta)(x)||_1."""
-        return x.detach().double().flatten(1).abs().amax(dim=1).clamp(min=1.0) * self.value
+        return input_scale(x) * self.value
 
 
 def certified_error(model: nn.Module | LayerGraph, quantized: QuantizedModel | nn.Module,

@@ -77,21 +77,18 @@ def _convolution(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[in
     dims = x.dim() - 2
     out_channels = weight.shape[1] * groups if transposed else weight.shape[0]
     in_channels = weight.shape[0] if transposed else weight.shape[1] * groups
-    if not (dims >= 1 and weight.dim() == x.dim() and x.shape[1] == in_channels > 0
-            and groups > 0 and weight.shape[0] % groups == 0 and x.dtype == weight.dtype
-            and (bias is None or (bias.shape == (out_channels,) and bias.dtype == x.dtype))
-            and len(stride) == len(padding) == len(dilation) == len(output_padding) == dims):
-        return torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
-                                                  transposed, output_padding, groups)
-    spatial = []
-    for n, k, s, p, d, o in zip(x.shape[2:], weight.shape[2:], stride, padding, dilation,
-                                output_padding, strict=True):
-        spatial.append((n - 1) * s - 2 * p + d * (k - 1) + o + 1 if transposed
-                       else (n + 2 * p - d * (k - 1) - 1) // s + 1)
-    if min(spatial) <= 0:
-        return torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
-                                                  transposed, output_padding, groups)
-    return x.new_empty((x.shape[0], out_channels, *spatial))
+    if dims >= 1 and weight.dim() == x.dim() and x.shape[1] == in_channels > 0 \
+            and groups > 0 and weight.shape[0] % groups == 0 and x.dtype == weight.dtype \
+            and (bias is None or (bias.shape == (out_channels,) and bias.dtype == x.dtype)) \
+            and len(stride) == len(padding) == len(dilation) == len(output_padding) == dims:
+        spatial = [(n - 1) * s - 2 * p + d * (k - 1) + o + 1 if transposed
+                   else (n + 2 * p - d * (k - 1) - 1) // s + 1
+                   for n, k, s, p, d, o in zip(x.shape[2:], weight.shape[2:], stride, padding,
+                                               dilation, output_padding, strict=True)]
+        if min(spatial) > 0:
+            return x.new_empty((x.shape[0], out_channels, *spatial))
+    return torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
+                                              transposed, output_padding, groups)
 
 
 def _relu(x: Tensor) -> Tensor:
