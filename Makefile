@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[all,dev,docs,lightning]' '$(TORCH)'
 	# Torch-Pruning without its dependencies, so that torch stays the pinned build
 	$(BIN)/pip install -q --no-deps 'torch-pruning>=1.5'
+	# torchvision and timm without their dependencies too (their wheels ask for a CUDA
+	# torch); timm's own needs beside them. The tests stub torchvision's compiled-op module.
+	$(BIN)/pip install -q --no-deps 'torchvision==0.28.0' 'timm>=1.0'
+	$(BIN)/pip install -q 'pyyaml>=6' 'huggingface_hub>=0.20'
 	touch $(STAMP)
 
 install: $(STAMP)
