@@ -2,19 +2,11 @@
 examples, so a green or red CI does not depend on the draw."""
 
 import os
-import sys
-import types
 
-# torchvision and timm install here with --no-deps (their wheels are built for a CUDA torch):
-# torchvision's compiled operators do not load against the CPU torch, and only its
-# _meta_registrations module needs them. A stand-in for that module, before the first
-# `import torchvision`, makes torchvision's and timm's model definitions importable; they
-# run on the CPU torch as plain Python. Without torchvision installed this changes nothing.
-sys.modules.setdefault("torchvision._meta_registrations",
-                       types.ModuleType("torchvision._meta_registrations"))
+import torch
+from hypothesis import settings
 
-import torch  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import cpu_torchvision  # noqa: F401  (before anything imports torchvision)
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):

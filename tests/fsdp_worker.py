@@ -20,6 +20,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+import cpu_torchvision  # noqa: F401  (a spawned rank imports torchvision through Lightning)
 from pathlift.distributed import exit_process, launched
 from pathlift.models import mlp, resnet18, small_cnn
 
