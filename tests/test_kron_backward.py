@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
-from pathlift.kron import KSPattern, cpu_kernel, ks_multiply, random_factor, to_dense
+from kron_fixtures import WIDTHS, isolated_kron_cache, kron_cache_dir  # noqa: F401
+from pathlift.kron import KSPattern, cpu_kernel, ks_multiply, random_factor, to_dense, vector_width
 from pathlift.kron import multiply as multiply_module
 
 # (pattern, batch): flat d in {1, 2, 4, 8} (c > 128 and batch > 128: blocks of the inner
@@ -49,15 +49,20 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
+@pytest.mark.parametrize("bits", WIDTHS, ids=lambda b: f"{b}bit")
 @pytest.mark.parametrize("layout", ["bsf", "bsl"])
 @pytest.mark.parametrize("pattern,batch", CASES, ids=str)
-def test_fused_gradients_match_the_dense_product_in_float64(pattern, batch, layout):
+def test_fused_gradients_match_the_dense_product_in_float64(pattern, batch, layout, bits):
+    """On the kernel of every vector width this CPU runs (its own and, on x86, each
+    narrower build: ``vector_width``)."""
     p = KSPattern(*pattern)
     g = torch.Generator().manual_seed(sum(pattern) + batch)
     w = random_factor(p, torch.float64, generator=g)
     x = torch.randn(batch, p.in_features, dtype=torch.float64, generator=g)
     gy = torch.randn(batch, p.out_features, dtype=torch.float64, generator=g)
-    got, ref = fused_gradients(x, w, gy, p, layout), dense_gradients(x, w, gy, p)
+    with vector_width(bits):
+        got = fused_gradients(x, w, gy, p, layout)
+    ref = dense_gradients(x, w, gy, p)
     assert all(rel_err(a, b) <= 1e-12 for a, b in zip(got, ref, strict=True))
 
 

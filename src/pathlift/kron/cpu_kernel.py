@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from pathlift import files
-from pathlift.errors import PathliftError
+from pathlift.errors import InvalidParameterError, PathliftError
 from pathlift.kron.machine import (
     cpu_features,
     trusted_cache_dir,
@@ -77,8 +77,9 @@ from pathlift.kron.machine import (
     warn_unusable_cache,
 )
 
-__all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
-           "multiply_once", "multiply_transposed", "pack", "path_of"]
+__all__ = ["CpuKernel", "bsf_path", "build_flags", "current_kernel", "grad_factor",
+           "load_kernel", "multiply", "multiply_once", "multiply_transposed", "pack", "path_of",
+           "vector_width", "width_flags"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -312,6 +313,52 @@ def load_kernel(dtype: torch.dtype) -> CpuKernel | None:
 def _load_for(dtype: torch.dtype, cc: str | None, path: str, cflags: str) -> CpuKernel | None:
     # per value of the variables the build depends on: every fused prepare asks
     return _load(dtype, cc or _compiler_on_path(path), _flags(cflags))
+
+
+# x86 flags that narrow the kernel's vectors below the CPU's (each a build the CPU runs)
+_NARROWER = {256: ("-mno-avx512f",), 128: ("-mno-avx",)}
+_forced_bits: int | None = None
+
+
+class vector_width:  # noqa: N801 (a context manager, as torch.no_grad)
+    """Inside ``with vector_width(bits):`` the fused CPU kernel is built and run with
+    vectors of at most ``bits`` (256: the AVX2 kernel on an AVX-512 CPU, 128: SSE2; 512 or
+    None: the CPU's own), so one machine tests and times the build of a narrower one;
+    factors prepared inside keep that kernel. Process-wide, like ``torch.set_num_threads``;
+    narrower builds on x86 only."""
+
+    def __init__(self, bits: int | None) -> None:
+        if bits not in (None, 128, 256, 512):
+            raise InvalidParameterError(f"vector_width({bits!r}): choose 128, 256, 512 or None")
+        if bits is not None and bits < 512 and platform.machine() not in ("x86_64", "AMD64"):
+            raise InvalidParameterError(f"vector_width({bits}): only x86 builds narrower "
+                                        f"kernels; this machine is {platform.machine()}")
+        self.bits = None if bits == 512 else bits
+        self._previous: list[int | None] = []
+
+    def __enter__(self) -> vector_width:
+        global _forced_bits
+        self._previous.append(_forced_bits)
+        _forced_bits = self.bits
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _forced_bits
+        _forced_bits = self._previous.pop()
+
+
+def width_flags() -> tuple[str, ...]:
+    """The compiler flags of the width ``vector_width`` forces, () where none is forced."""
+    return () if _forced_bits is None else _NARROWER[_forced_bits]
+
+
+def current_kernel(dtype: torch.dtype) -> CpuKernel | None:
+    """``load_kernel(dtype)``, or the same build with the narrower vectors ``vector_width``
+    forces where the CPU's are wider: the kernel the fused algorithm runs."""
+    native = load_kernel(dtype)
+    if native is None or _forced_bits is None or native.vector_bytes * 8 <= _forced_bits:
+        return native
+    return _load(dtype, native.compiler, native.flags + width_flags())
 
 
 @functools.lru_cache(maxsize=1024)
