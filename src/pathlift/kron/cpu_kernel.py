@@ -373,15 +373,17 @@ def path_of(lanes: int, bcast: int, wp: int, d: int, c: int) -> str:
     pattern with this d and c: ``"along_d"`` (``ks_bsf_d``) for d a multiple of the lanes,
     ``"flat"`` (``ks_bsf_f``) for d dividing them up to ``bcast``, ``"phased"``
     (``ks_bsf_p``) for d with lcm(d, lanes) = 3 lanes and d <= 2 lanes (3, 6, 12, 24 in
-    float32 with AVX-512) unless d = 3 and c >= 128, else ``"gemm"`` (``ks_bsf``). At d = 3
-    the GEMM's gathers and scatters share cache lines, and over a long inner dimension its
-    tile beat the phased one's (c = 192-1024: 1.15-1.2x); the phased path ran d = 6, 12, 24
-    1.1-2.2x and d = 3 with c <= 96 1.0-1.9x faster than the GEMM (float32, AVX-512)."""
+    float32 with AVX-512; 3, 6, 12 with AVX2) while the inner dimension c is under 8 lanes
+    (128 floats with AVX-512, 64 with AVX2), else ``"gemm"`` (``ks_bsf``). The phased tile
+    loads a vector of X per multiply-add, the GEMM's one per two after packing X, which
+    pays over a long inner dimension: on a Zen 4 (float32, 4 x 3 phased tile) the phased
+    path ran c = 24-48 1.2-1.5x (AVX2) and 1.2-2.0x (AVX-512) faster than the GEMM, c = 64
+    and 192 within 6% of it, c = 96-512 (AVX2) and 128-512 (AVX-512) 0.82-0.93x of it."""
     if lanes and d % lanes == 0:
         return "along_d"
     if lanes and lanes % d == 0 and d <= bcast:
         return "flat"
-    if wp and d <= 2 * lanes and d // math.gcd(d, lanes) == 3 and (d >= 6 or c < 128):
+    if wp and d <= 2 * lanes and d // math.gcd(d, lanes) == 3 and c < 8 * lanes:
         return "phased"
     return "gemm"
 
