@@ -21,17 +21,20 @@ through their strides). The gradients run in the same kernel: dX = dY K is the p
 K^T (``multiply_transposed``; K's rows as they are on the flat and phased paths), dw a
 product with the batch as its inner dimension (``grad_factor``).
 
-The vector width and the tile come from the instruction set the compiler targets
-(``-march=native`` unless ``PATHLIFT_KRON_CFLAGS`` adds flags such as ``-mno-avx512f``):
+The vector width and the tiles come from the instruction set the compiler targets
+(``-march=native``, narrowed by ``vector_width`` or by flags in ``PATHLIFT_KRON_CFLAGS``
+such as ``-mno-avx512f``); GEMM MR x NR, flat rows x vectors, phased rows x vectors:
 
-    AVX-512   64-byte vectors, 32 registers: MR = 12, NR = 2 vectors (24 accumulators)
-    AVX2/AVX  32-byte vectors, 16 registers: MR = 6,  NR = 2 vectors (12 accumulators)
-    NEON      16-byte vectors, 32 registers: MR = 12, NR = 2 vectors (24 accumulators)
-    SSE2 and anything else: 16-byte vectors, MR = 6, NR = 2 vectors
+    AVX-512   64-byte vectors, 32 registers: 12 x 2, 6 x 4, 4 x 3
+    AVX2/AVX  32-byte vectors, 16 registers:  6 x 2, 6 x 2, 4 x 3
+    NEON      16-byte vectors, 32 registers: 12 x 2, 6 x 4, 4 x 3
+    SSE2 and anything else: 16-byte vectors,  6 x 2, 6 x 2 (no phased path)
 
-so the accumulators, the loaded vectors and a broadcast fit in the register file (the
-earlier kernel hard-coded 64-byte vectors and a 6 × 2 tile: 24 registers' worth of
-accumulators, which spill on AVX2's 16 and made it 20-50x slower than bmm there).
+so the accumulators, the loaded vectors and a broadcast fit in the register file (24 or
+12 accumulators), and the phased path's shuffled X of a block stays in half of a 32 kB L1.
+The flat tile was 6 x 4 vectors on every instruction set and the phased one 8 x 3 until
+issue 41: 24 accumulators spill on AVX2's 16 registers, which made d = 1 patterns run at
+0.55-0.6x bmm there.
 
 The shared objects are built on first use (``gcc -O3 -march=native -fopenmp``, about a
 second each) from ``ks_fused.c`` (package data beside this module) into

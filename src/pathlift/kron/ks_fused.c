@@ -145,6 +145,19 @@ store_tile(const vec *acc, const int stride, real *C, long cr, long cc, long mr,
         }
 }
 
+/* out[r*stride + v] = acc[r*stride + v] for r < rows, v < nv, all constants where it is
+   inlined: the accumulators are then only indexed by constants, so they live in registers
+   (stored once here), whereas store_tile's indexing by run-time counts would keep them in
+   memory, written back at every step of the loop (GCC). */
+static inline __attribute__((always_inline)) void
+copy_tile(vec *restrict out, const vec *acc, const int rows, const int stride, const int nv)
+{
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) out[r * stride + v] = acc[r * stride + v];
+}
+
 /* C[r*cr + t*cc] (+)= sum_{l < kc} Ap[l*MR + r] * Bp[l*bk + t] for r < mr, t < nr, with
    nv vectors per row (a constant where it is inlined); the operands hold a full MR x
    nv*LANES tile (zero-padded). */
@@ -168,7 +181,9 @@ micro_nv(long kc, const real *restrict Ap, const real *restrict Bp, long bk, rea
             for (int v = 0; v < nv; v++) acc[r][v] += s * bv[v];
         }
     }
-    store_tile(&acc[0][0], NV, C, cr, cc, mr, nr, accumulate, nv);
+    vec out[MR][NV];
+    copy_tile(&out[0][0], &acc[0][0], MR, NV, nv);
+    store_tile(&out[0][0], NV, C, cr, cc, mr, nr, accumulate, nv);
 }
 
 /* The MR x NR micro-kernel, or MR x LANES for a last sliver of at most LANES columns
@@ -294,10 +309,12 @@ static inline void micro_d(long kc, const real *X, long xn, long xl, const real 
             for (int r = 0; r < DR; r++) acc[r][q] += xv[r] * wv;
         }
     }
+    vec out[DR][DK];
+    copy_tile(&out[0][0], &acc[0][0], DR, DK, DK);
     for (long r = 0; r < nr; r++)
         for (long q = 0; q < kr; q++) {
             vec *dst = (vec *)(Y + r * yn + q * yk);
-            if (accumulate) *dst += acc[r][q]; else *dst = acc[r][q];
+            if (accumulate) *dst += out[r][q]; else *dst = out[r][q];
         }
 }
 
@@ -417,7 +434,9 @@ micro_f(long kc, const real *X, long xr, long xl, const real *restrict W, long w
             }
         }
     }
-    store_tile(&acc[0][0], NVF, C, cr, 1, mr, nr, accumulate, nv);
+    vec out[FR][NVF];
+    copy_tile(&out[0][0], &acc[0][0], FR, NVF, nv);
+    store_tile(&out[0][0], NVF, C, cr, 1, mr, nr, accumulate, nv);
 }
 
 /* micro_f for the vectors a sliver needs (its last one may be partial) and this d. */
@@ -603,7 +622,9 @@ static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict
 #pragma GCC unroll 4
             for (int v = 0; v < NP; v++) acc[r][v] += Xe[(l * FRP + r) * NP + v] * wv[v];
     }
-    store_tile(&acc[0][0], NP, C, cr, 1, mr, nr, accumulate, NP);
+    vec out[FRP][NP];
+    copy_tile(&out[0][0], &acc[0][0], FRP, NP, NP);
+    store_tile(&out[0][0], NP, C, cr, 1, mr, nr, accumulate, NP);
 }
 
 /* idx[v][t] = (v*LANES + t) % d, the lanes of phase v; returns 0 (no failure yet). */
