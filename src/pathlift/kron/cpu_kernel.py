@@ -10,7 +10,7 @@ in MR·NR/LANES vector registers; per step of the inner dimension the micro-kern
 NR/LANES vectors of one operand and broadcasts MR scalars of the other. Both operands of
 the micro-kernel are contiguous: the weights are packed once (``pack``) into slivers of
 NR columns (batch-size-first) or MR rows (batch-size-last), and the strided block
-X[rows, col] of batch-size-first is packed into MR-row slivers per block of 256 columns,
+X[rows, col] of batch-size-first is packed into MR-row slivers per block of 512 columns,
 a copy that stays in the L2 cache. Batch-size-first has three more paths (``path_of``)
 that gather and scatter nothing: along d when d is a multiple of the vector lanes; *flat*
 when d divides them (vectors along the output features f = k*d + j, contiguous in Y, X's

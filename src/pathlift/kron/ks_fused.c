@@ -109,6 +109,10 @@ static inline vec bcast(const real *p, const int bytes) { (void)bytes; return (v
 #ifndef KC
 #define KC 256
 #endif
+#ifndef KCB
+#define KCB 512  /* ks_bsf's steps of l per block: fewer passes of its scattered stores (d > 1)
+                    than 256, 1.05-1.1x on d = 3, 6 patterns with c = 384-768 (both widths) */
+#endif
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
 
@@ -251,7 +255,7 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
     int failed = 0;
     #pragma omp parallel num_threads(threads)
     {
-        real *Ap = malloc(sizeof(real) * ((mc + MR - 1) / MR) * MR * KC);
+        real *Ap = malloc(sizeof(real) * ((mc + MR - 1) / MR) * MR * KCB);
         if (!Ap) {
             #pragma omp atomic write
             failed = 1;
@@ -265,8 +269,8 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
                     const real *A = x + n0 * xs[0] + i * xs[1] + j * xs[3];
                     const real *W = ws + (i * d + j) * nsl * c * NR;
                     real *C = y + n0 * ys[0] + i * ys[1] + j * ys[3];
-                    for (long k0 = 0; k0 < c; k0 += KC) {
-                        const long kc = lmin(KC, c - k0);
+                    for (long k0 = 0; k0 < c; k0 += KCB) {
+                        const long kc = lmin(KCB, c - k0);
                         pack_rows(rows, kc, A + k0 * xs[2], xs[0], xs[2], Ap);
                         for (long s = 0; s < nsl; s++)
                             for (long m0 = 0; m0 < rows; m0 += MR)
