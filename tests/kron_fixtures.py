@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 # A fresh process: the float32 kernel from $PATHLIFT_CACHE_DIR, its product against the
 # dense matrix in float64, and the warnings it gave.
@@ -48,3 +50,17 @@ def isolated_kron_cache(kron_cache_dir, monkeypatch):
     """PATHLIFT_CACHE_DIR points at the session's temporary cache (import this fixture)."""
     monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(kron_cache_dir))
     return kron_cache_dir
+
+
+def _native_bits() -> int:
+    from pathlift.kron import cpu_kernel
+
+    kernel = cpu_kernel.load_kernel(torch.float32)
+    return 0 if kernel is None else kernel.vector_bytes * 8
+
+
+X86 = platform.machine() in ("x86_64", "AMD64")
+# every vector width this machine runs the fused kernel at: its own and, on x86, each
+# narrower build (``pathlift.kron.vector_width``)
+WIDTHS = [b for b in (512, 256, 128) if b <= _native_bits() and (X86 or b == _native_bits())]
+

@@ -10,19 +10,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
-from pathlift.kron import KSPattern, cpu_kernel, ks_multiply, random_factor, to_dense
+from kron_fixtures import WIDTHS, isolated_kron_cache, kron_cache_dir  # noqa: F401
+from pathlift.kron import KSPattern, cpu_kernel, ks_multiply, random_factor, to_dense, vector_width
 from pathlift.kron import multiply as multiply_module
 
 # (pattern, batch): flat d in {1, 2, 4, 8} (c > 128 and batch > 128: blocks of the inner
 # dimension accumulate; b·d not a multiple of 64), d a multiple of the lanes (16, 32),
 # phased d in {6, 12, 24} (b·d not a multiple of 48, c past its blocks of 24), the GEMM
-# (d = 3, 5; b > 32, c > 256: its blocks), tiny b and c, one row
+# (d = 3, 5; b > 32, c > 256 and > 512: its blocks), tiny b and c, one row
 CASES = [((1, 48, 48, 1), 13), ((1, 100, 300, 1), 257), ((3, 7, 130, 2), 7),
          ((2, 33, 17, 4), 131), ((1, 5, 200, 8), 6), ((2, 7, 300, 16), 11),
          ((1, 13, 5, 32), 9), ((2, 33, 17, 5), 300), ((1, 40, 260, 3), 5),
          ((1, 48, 48, 24), 12), ((2, 5, 31, 6), 17), ((1, 9, 50, 12), 33),
-         ((4, 2, 2, 3), 19), ((1, 1, 1, 1), 1)]
+         ((4, 2, 2, 3), 19), ((1, 1, 1, 1), 1), ((1, 20, 530, 3), 7)]
 
 
 def dense_gradients(x, w, gy, p):
@@ -49,15 +49,20 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
+@pytest.mark.parametrize("bits", WIDTHS, ids=lambda b: f"{b}bit")
 @pytest.mark.parametrize("layout", ["bsf", "bsl"])
 @pytest.mark.parametrize("pattern,batch", CASES, ids=str)
-def test_fused_gradients_match_the_dense_product_in_float64(pattern, batch, layout):
+def test_fused_gradients_match_the_dense_product_in_float64(pattern, batch, layout, bits):
+    """On the kernel of every vector width this CPU runs (its own and, on x86, each
+    narrower build: ``vector_width``)."""
     p = KSPattern(*pattern)
     g = torch.Generator().manual_seed(sum(pattern) + batch)
     w = random_factor(p, torch.float64, generator=g)
     x = torch.randn(batch, p.in_features, dtype=torch.float64, generator=g)
     gy = torch.randn(batch, p.out_features, dtype=torch.float64, generator=g)
-    got, ref = fused_gradients(x, w, gy, p, layout), dense_gradients(x, w, gy, p)
+    with vector_width(bits):
+        got = fused_gradients(x, w, gy, p, layout)
+    ref = dense_gradients(x, w, gy, p)
     assert all(rel_err(a, b) <= 1e-12 for a, b in zip(got, ref, strict=True))
 
 

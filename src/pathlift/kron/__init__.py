@@ -4,6 +4,7 @@ designed for this machine (``design``, ``replace_linears``; thesis Sec. 7.4.1), 
 saved with their chains (``load_state``)."""
 
 from pathlift.kron.cache import machine_description
+from pathlift.kron.cpu_kernel import vector_width
 from pathlift.kron.design import Candidate, CostModel, Design, design, hand_families
 from pathlift.kron.factor import (
     ButterflyFactorization,
@@ -79,4 +80,5 @@ __all__ = [
     "square_dyadic_butterfly",
     "steady_allocator",
     "to_dense",
+    "vector_width",
 ]

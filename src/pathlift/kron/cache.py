@@ -48,13 +48,13 @@ def fingerprint() -> str:
     """Hash of CPU model and flags, machine, torch version, thread count, kernel build and
     timing procedure."""
     return _fingerprint(torch.get_num_threads(), cpu_kernel._compiler(),
-                        cpu_kernel.build_flags())
+                        cpu_kernel.build_flags() + cpu_kernel.width_flags())
 
 
 def machine_description(dtype: torch.dtype = torch.float32) -> str:
     """One line naming what a figure was measured on: CPU, the fused kernel's instruction
     set and tile, torch version and thread count."""
-    kernel = cpu_kernel.load_kernel(dtype) or cpu_kernel.load_kernel(
+    kernel = cpu_kernel.current_kernel(dtype) or cpu_kernel.current_kernel(
         torch.float32 if dtype in HALF else dtype)  # half precision: on the float32 kernel
     build = kernel.describe() if kernel is not None else "no fused kernel (einsum fallback)"
     return (f"{cpu_name()}, {os.cpu_count()} cpus; fused kernel {build}; torch "

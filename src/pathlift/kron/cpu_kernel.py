@@ -10,7 +10,7 @@ in MR·NR/LANES vector registers; per step of the inner dimension the micro-kern
 NR/LANES vectors of one operand and broadcasts MR scalars of the other. Both operands of
 the micro-kernel are contiguous: the weights are packed once (``pack``) into slivers of
 NR columns (batch-size-first) or MR rows (batch-size-last), and the strided block
-X[rows, col] of batch-size-first is packed into MR-row slivers per block of 256 columns,
+X[rows, col] of batch-size-first is packed into MR-row slivers per block of 512 columns,
 a copy that stays in the L2 cache. Batch-size-first has three more paths (``path_of``)
 that gather and scatter nothing: along d when d is a multiple of the vector lanes; *flat*
 when d divides them (vectors along the output features f = k*d + j, contiguous in Y, X's
@@ -21,17 +21,20 @@ through their strides). The gradients run in the same kernel: dX = dY K is the p
 K^T (``multiply_transposed``; K's rows as they are on the flat and phased paths), dw a
 product with the batch as its inner dimension (``grad_factor``).
 
-The vector width and the tile come from the instruction set the compiler targets
-(``-march=native`` unless ``PATHLIFT_KRON_CFLAGS`` adds flags such as ``-mno-avx512f``):
+The vector width and the tiles come from the instruction set the compiler targets
+(``-march=native``, narrowed by ``vector_width`` or by flags in ``PATHLIFT_KRON_CFLAGS``
+such as ``-mno-avx512f``); GEMM MR x NR, flat rows x vectors, phased rows x vectors:
 
-    AVX-512   64-byte vectors, 32 registers: MR = 12, NR = 2 vectors (24 accumulators)
-    AVX2/AVX  32-byte vectors, 16 registers: MR = 6,  NR = 2 vectors (12 accumulators)
-    NEON      16-byte vectors, 32 registers: MR = 12, NR = 2 vectors (24 accumulators)
-    SSE2 and anything else: 16-byte vectors, MR = 6, NR = 2 vectors
+    AVX-512   64-byte vectors, 32 registers: 12 x 2, 6 x 4, 4 x 3
+    AVX2/AVX  32-byte vectors, 16 registers:  6 x 2, 6 x 2, 4 x 3
+    NEON      16-byte vectors, 32 registers: 12 x 2, 6 x 4, 4 x 3
+    SSE2 and anything else: 16-byte vectors,  6 x 2, 6 x 2 (no phased path)
 
-so the accumulators, the loaded vectors and a broadcast fit in the register file (the
-earlier kernel hard-coded 64-byte vectors and a 6 × 2 tile: 24 registers' worth of
-accumulators, which spill on AVX2's 16 and made it 20-50x slower than bmm there).
+so the accumulators, the loaded vectors and a broadcast fit in the register file (24 or
+12 accumulators), and the phased path's shuffled X of a block stays in half of a 32 kB L1.
+The flat tile was 6 x 4 vectors on every instruction set and the phased one 8 x 3 until
+issue 41: 24 accumulators spill on AVX2's 16 registers, which made d = 1 patterns run at
+0.55-0.6x bmm there.
 
 The shared objects are built on first use (``gcc -O3 -march=native -fopenmp``, about a
 second each) from ``ks_fused.c`` (package data beside this module) into
@@ -69,7 +72,7 @@ import torch
 import torch.nn.functional as F
 
 from pathlift import files
-from pathlift.errors import PathliftError
+from pathlift.errors import InvalidParameterError, PathliftError
 from pathlift.kron.machine import (
     cpu_features,
     trusted_cache_dir,
@@ -77,8 +80,9 @@ from pathlift.kron.machine import (
     warn_unusable_cache,
 )
 
-__all__ = ["CpuKernel", "bsf_path", "build_flags", "grad_factor", "load_kernel", "multiply",
-           "multiply_once", "multiply_transposed", "pack", "path_of"]
+__all__ = ["CpuKernel", "bsf_path", "build_flags", "current_kernel", "grad_factor",
+           "load_kernel", "multiply", "multiply_once", "multiply_transposed", "pack", "path_of",
+           "vector_width", "width_flags"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -314,6 +318,52 @@ def _load_for(dtype: torch.dtype, cc: str | None, path: str, cflags: str) -> Cpu
     return _load(dtype, cc or _compiler_on_path(path), _flags(cflags))
 
 
+# x86 flags that narrow the kernel's vectors below the CPU's (each a build the CPU runs)
+_NARROWER = {256: ("-mno-avx512f",), 128: ("-mno-avx",)}
+_forced_bits: int | None = None
+
+
+class vector_width:  # noqa: N801 (a context manager, as torch.no_grad)
+    """Inside ``with vector_width(bits):`` the fused CPU kernel is built and run with
+    vectors of at most ``bits`` (256: the AVX2 kernel on an AVX-512 CPU, 128: SSE2; 512 or
+    None: the CPU's own), so one machine tests and times the build of a narrower one;
+    factors prepared inside keep that kernel. Process-wide, like ``torch.set_num_threads``;
+    narrower builds on x86 only."""
+
+    def __init__(self, bits: int | None) -> None:
+        if bits not in (None, 128, 256, 512):
+            raise InvalidParameterError(f"vector_width({bits!r}): choose 128, 256, 512 or None")
+        if bits is not None and bits < 512 and platform.machine() not in ("x86_64", "AMD64"):
+            raise InvalidParameterError(f"vector_width({bits}): only x86 builds narrower "
+                                        f"kernels; this machine is {platform.machine()}")
+        self.bits = None if bits == 512 else bits
+        self._previous: list[int | None] = []
+
+    def __enter__(self) -> vector_width:
+        global _forced_bits
+        self._previous.append(_forced_bits)
+        _forced_bits = self.bits
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _forced_bits
+        _forced_bits = self._previous.pop()
+
+
+def width_flags() -> tuple[str, ...]:
+    """The compiler flags of the width ``vector_width`` forces, () where none is forced."""
+    return () if _forced_bits is None else _NARROWER[_forced_bits]
+
+
+def current_kernel(dtype: torch.dtype) -> CpuKernel | None:
+    """``load_kernel(dtype)``, or the same build with the narrower vectors ``vector_width``
+    forces where the CPU's are wider: the kernel the fused algorithm runs."""
+    native = load_kernel(dtype)
+    if native is None or _forced_bits is None or native.vector_bytes * 8 <= _forced_bits:
+        return native
+    return _load(dtype, native.compiler, native.flags + width_flags())
+
+
 @functools.lru_cache(maxsize=1024)
 def _longs(values: tuple[int, ...]) -> ctypes.Array:
     """A C array of longs (strides), made once per value: the kernels only read it."""
@@ -326,15 +376,17 @@ def path_of(lanes: int, bcast: int, wp: int, d: int, c: int) -> str:
     pattern with this d and c: ``"along_d"`` (``ks_bsf_d``) for d a multiple of the lanes,
     ``"flat"`` (``ks_bsf_f``) for d dividing them up to ``bcast``, ``"phased"``
     (``ks_bsf_p``) for d with lcm(d, lanes) = 3 lanes and d <= 2 lanes (3, 6, 12, 24 in
-    float32 with AVX-512) unless d = 3 and c >= 128, else ``"gemm"`` (``ks_bsf``). At d = 3
-    the GEMM's gathers and scatters share cache lines, and over a long inner dimension its
-    tile beat the phased one's (c = 192-1024: 1.15-1.2x); the phased path ran d = 6, 12, 24
-    1.1-2.2x and d = 3 with c <= 96 1.0-1.9x faster than the GEMM (float32, AVX-512)."""
+    float32 with AVX-512; 3, 6, 12 with AVX2) while the inner dimension c is under 8 lanes
+    (128 floats with AVX-512, 64 with AVX2), else ``"gemm"`` (``ks_bsf``). The phased tile
+    loads a vector of X per multiply-add, the GEMM's one per two after packing X, which
+    pays over a long inner dimension: on a Zen 4 (float32, 4 x 3 phased tile) the phased
+    path ran c = 24-48 1.2-1.5x (AVX2) and 1.2-2.0x (AVX-512) faster than the GEMM, c = 64
+    and 192 within 6% of it, c = 96-512 (AVX2) and 128-512 (AVX-512) 0.82-0.93x of it."""
     if lanes and d % lanes == 0:
         return "along_d"
     if lanes and lanes % d == 0 and d <= bcast:
         return "flat"
-    if wp and d <= 2 * lanes and d // math.gcd(d, lanes) == 3 and (d >= 6 or c < 128):
+    if wp and d <= 2 * lanes and d // math.gcd(d, lanes) == 3 and c < 8 * lanes:
         return "phased"
     return "gemm"
 

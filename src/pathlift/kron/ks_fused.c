@@ -1,44 +1,57 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* real is float or double (-Dreal=...). The vector width, the register file and thus the
-   micro-tile MR x NR come from the instruction set the compiler targets. */
+/* real is float or double (-Dreal=...). The vector width, the register file and thus every
+   micro-tile come from the instruction set the compiler targets: each tile's accumulators,
+   the vectors it loads per step and a broadcast fit in the register file (32 vector
+   registers with AVX-512 and NEON, 16 with AVX2, AVX and SSE2), as in the BLIS
+   micro-kernels (e.g. 6 x 16 float32 for Haswell, 12 x 32 or 14 x 32 for SkylakeX).
+   MR x NV vectors: ks_bsf, ks_bsl, ks_grad (GEMM); DR x DK: ks_bsf_d (along d); FR x NVF:
+   ks_bsf_f, ks_grad_f (flat); FRP x NP: ks_bsf_p, ks_grad_p (phased, NP = 3).
+   Measured on a Zen 4 EPYC (1 MB L2, 32 kB L1), -mno-avx512f against the native build. */
 #if defined(__AVX512F__)
 #define VBYTES 64
-#define MR 12
-#define DR 4
-#define DK 6
 #define ISA "avx512"
 #elif defined(__AVX2__)
 #define VBYTES 32
-#define MR 6
-#define DR 2
-#define DK 6
 #define ISA "avx2"
 #elif defined(__AVX__)
 #define VBYTES 32
-#define MR 6
-#define DR 2
-#define DK 6
 #define ISA "avx"
 #elif defined(__ARM_NEON) || defined(__aarch64__)
 #define VBYTES 16
-#define MR 12
-#define DR 4
-#define DK 6
 #define ISA "neon"
 #elif defined(__SSE2__)
 #define VBYTES 16
-#define MR 6
-#define DR 2
-#define DK 6
 #define ISA "sse2"
 #else
 #define VBYTES 16
-#define MR 6
-#define DR 2
-#define DK 6
 #define ISA "generic"
+#endif
+#if defined(__AVX512F__) || defined(__ARM_NEON) || defined(__aarch64__)
+#define REGS32 1  /* 32 vector registers */
+#else
+#define REGS32 0  /* 16 */
+#endif
+/* -D overrides of the tiles are for experiments; the defaults are the measured ones */
+#ifndef MR
+#define MR (REGS32 ? 12 : 6)    /* 24 or 12 accumulators, 2 loaded vectors, a broadcast */
+#endif
+#ifndef DR
+#define DR (REGS32 ? 4 : 2)     /* 24 or 12 accumulators, DR loaded, one weight vector */
+#endif
+#ifndef DK
+#define DK 6
+#endif
+#ifndef FR
+#define FR 6
+#endif
+#ifndef NVF
+#define NVF (REGS32 ? 4 : 2)    /* 24 or 12 accumulators, NVF weights, a broadcast */
+#endif
+#ifndef FRP
+#define FRP 4  /* 12 accumulators, 3 weights, X from L1 (8 rows, 36 kB of X with AVX-512,
+                  ran 10-30% slower on a Zen 4: 32 kB L1) */
 #endif
 
 typedef real vec __attribute__((vector_size(VBYTES), aligned(sizeof(real))));
@@ -84,16 +97,21 @@ static inline vec bcast(const real *p, const int bytes) { (void)bytes; return (v
 #endif
 #define NV 2
 #define NR (NV * LANES)
-#define FR 6           /* ks_bsf_f: rows and vectors of its micro-tile, steps of l per block */
-#define NV4 4
-#define NF (NV4 * LANES)
+#define NF (NVF * LANES)  /* ks_bsf_f: sliver width; KCF steps of l per block */
+#ifndef KCF
 #define KCF 128
-#define NP 3           /* ks_bsf_p: vectors per sliver, rows of its micro-tile, steps of l */
+#endif
+#define NP 3              /* ks_bsf_p: vectors per sliver; KCP steps of l per block */
 #define WP (NP * LANES)
-#define FRP 8
-#define KCP 24
+#ifndef KCP
+#define KCP 24  /* the expanded X of KCP steps (FRP x 3 vectors each) in half the L1 */
+#endif
 #ifndef KC
 #define KC 256
+#endif
+#ifndef KCB
+#define KCB 512  /* ks_bsf's steps of l per block: fewer passes of its scattered stores (d > 1)
+                    than 256, 1.05-1.1x on d = 3, 6 patterns with c = 384-768 (both widths) */
 #endif
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
@@ -131,6 +149,19 @@ store_tile(const vec *acc, const int stride, real *C, long cr, long cc, long mr,
         }
 }
 
+/* out[r*stride + v] = acc[r*stride + v] for r < rows, v < nv, all constants where it is
+   inlined: the accumulators are then only indexed by constants, so they live in registers
+   (stored once here), whereas store_tile's indexing by run-time counts would keep them in
+   memory, written back at every step of the loop (GCC). */
+static inline __attribute__((always_inline)) void
+copy_tile(vec *restrict out, const vec *acc, const int rows, const int stride, const int nv)
+{
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) out[r * stride + v] = acc[r * stride + v];
+}
+
 /* C[r*cr + t*cc] (+)= sum_{l < kc} Ap[l*MR + r] * Bp[l*bk + t] for r < mr, t < nr, with
    nv vectors per row (a constant where it is inlined); the operands hold a full MR x
    nv*LANES tile (zero-padded). */
@@ -154,7 +185,9 @@ micro_nv(long kc, const real *restrict Ap, const real *restrict Bp, long bk, rea
             for (int v = 0; v < nv; v++) acc[r][v] += s * bv[v];
         }
     }
-    store_tile(&acc[0][0], NV, C, cr, cc, mr, nr, accumulate, nv);
+    vec out[MR][NV];
+    copy_tile(&out[0][0], &acc[0][0], MR, NV, nv);
+    store_tile(&out[0][0], NV, C, cr, cc, mr, nr, accumulate, nv);
 }
 
 /* The MR x NR micro-kernel, or MR x LANES for a last sliver of at most LANES columns
@@ -222,7 +255,7 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
     int failed = 0;
     #pragma omp parallel num_threads(threads)
     {
-        real *Ap = malloc(sizeof(real) * ((mc + MR - 1) / MR) * MR * KC);
+        real *Ap = malloc(sizeof(real) * ((mc + MR - 1) / MR) * MR * KCB);
         if (!Ap) {
             #pragma omp atomic write
             failed = 1;
@@ -236,8 +269,8 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
                     const real *A = x + n0 * xs[0] + i * xs[1] + j * xs[3];
                     const real *W = ws + (i * d + j) * nsl * c * NR;
                     real *C = y + n0 * ys[0] + i * ys[1] + j * ys[3];
-                    for (long k0 = 0; k0 < c; k0 += KC) {
-                        const long kc = lmin(KC, c - k0);
+                    for (long k0 = 0; k0 < c; k0 += KCB) {
+                        const long kc = lmin(KCB, c - k0);
                         pack_rows(rows, kc, A + k0 * xs[2], xs[0], xs[2], Ap);
                         for (long s = 0; s < nsl; s++)
                             for (long m0 = 0; m0 < rows; m0 += MR)
@@ -280,10 +313,12 @@ static inline void micro_d(long kc, const real *X, long xn, long xl, const real 
             for (int r = 0; r < DR; r++) acc[r][q] += xv[r] * wv;
         }
     }
+    vec out[DR][DK];
+    copy_tile(&out[0][0], &acc[0][0], DR, DK, DK);
     for (long r = 0; r < nr; r++)
         for (long q = 0; q < kr; q++) {
             vec *dst = (vec *)(Y + r * yn + q * yk);
-            if (accumulate) *dst += acc[r][q]; else *dst = acc[r][q];
+            if (accumulate) *dst += out[r][q]; else *dst = out[r][q];
         }
 }
 
@@ -371,14 +406,14 @@ int ks_grad(const real *x, const real *g, real *dw, long B, long a, long b, long
    are contiguous in Y, and for each step l the X operand x[n, i, l, 0..d) is broadcast to
    every group of d lanes, straight from X's rows: nothing is packed or scattered.
    wf (a, ceil(b*d/NF), c, NF) from ks_pack_f, wf[i, s, l, t] = w[i, k, l, j] for
-   s*NF + t = k*d + j (zero past b*d). The micro-kernel holds FR rows x nv vectors (nv <= 4)
-   in registers and reads FR rows of X, NV4 weight vectors per step. */
+   s*NF + t = k*d + j (zero past b*d). The micro-kernel holds FR rows x nv vectors (nv <= NVF)
+   in registers and reads FR rows of X, nv weight vectors per step. */
 
 static inline __attribute__((always_inline)) void
 micro_f(long kc, const real *X, long xr, long xl, const real *restrict W, long wl, real *C,
         long cr, long mr, long nr, int accumulate, const int nv, const int dd)
 {
-    vec acc[FR][NV4];
+    vec acc[FR][NVF];
     const real *rows[FR];
 #pragma GCC unroll 8
     for (int r = 0; r < FR; r++) {
@@ -387,7 +422,7 @@ micro_f(long kc, const real *X, long xr, long xl, const real *restrict W, long w
         for (int v = 0; v < nv; v++) acc[r][v] = (vec){0};
     }
     for (long l = 0; l < kc; l++) {
-        vec bv[NV4];
+        vec bv[NVF];
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) bv[v] = *(const vec *)(W + l * wl + v * LANES);
 #pragma GCC unroll 8
@@ -403,7 +438,9 @@ micro_f(long kc, const real *X, long xr, long xl, const real *restrict W, long w
             }
         }
     }
-    store_tile(&acc[0][0], NV4, C, cr, 1, mr, nr, accumulate, nv);
+    vec out[FR][NVF];
+    copy_tile(&out[0][0], &acc[0][0], FR, NVF, nv);
+    store_tile(&out[0][0], NVF, C, cr, 1, mr, nr, accumulate, nv);
 }
 
 /* micro_f for the vectors a sliver needs (its last one may be partial) and this d. */
@@ -413,9 +450,13 @@ micro_f_d(long kc, const real *X, long xr, long xl, const real *restrict W, long
 {
     switch ((nr + LANES - 1) / LANES) {
     case 1: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 1, dd); break;
+#if NVF > 2
     case 2: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 2, dd); break;
+#endif
+#if NVF > 3
     case 3: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 3, dd); break;
-    default: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 4, dd);
+#endif
+    default: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, NVF, dd);
     }
 }
 
@@ -585,7 +626,9 @@ static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict
 #pragma GCC unroll 4
             for (int v = 0; v < NP; v++) acc[r][v] += Xe[(l * FRP + r) * NP + v] * wv[v];
     }
-    store_tile(&acc[0][0], NP, C, cr, 1, mr, nr, accumulate, NP);
+    vec out[FRP][NP];
+    copy_tile(&out[0][0], &acc[0][0], FRP, NP, NP);
+    store_tile(&out[0][0], NP, C, cr, 1, mr, nr, accumulate, NP);
 }
 
 /* idx[v][t] = (v*LANES + t) % d, the lanes of phase v; returns 0 (no failure yet). */

@@ -170,7 +170,7 @@ class KSLinear(nn.Module):
         never compiles or writes a file."""
         w = self.factors[0]
         if "fused" in self._chosen and w.device.type == "cpu":
-            cpu_kernel.load_kernel(torch.float32 if w.dtype in HALF else w.dtype)
+            cpu_kernel.current_kernel(torch.float32 if w.dtype in HALF else w.dtype)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
                ) -> KSLinear:
@@ -241,7 +241,7 @@ class KSLinear(nn.Module):
                 sources[0].device.type == "meta":
             return prepare(self._combined(sources), self.patterns[idx], algorithm)
         key = (idx, algorithm, *(t.data_ptr() for t in sources), sources[0].dtype,
-               sources[0].device)
+               sources[0].device, cpu_kernel.width_flags())
         version = tuple(t._version for t in sources)
         hit = self._cache.get(key)
         if hit is None or hit[0] != version:

@@ -190,11 +190,11 @@ def _prep_fused(w: torch.Tensor, p: KSPattern) -> dict:
     that layout (``_packed``), so the layout can be chosen per call and a training step
     packs only the one it uses. For bfloat16 also the packing of the bf16 kernel
     (batch-size-first, bf16 dot products) where the instruction set has one."""
-    kernel = cpu_kernel.load_kernel(torch.float32 if w.dtype in HALF else w.dtype)
+    kernel = cpu_kernel.current_kernel(torch.float32 if w.dtype in HALF else w.dtype)
     if w.device.type != "cpu" or kernel is None:
         return {"w": w}
     op = {"w": w, "kernel": kernel, "packed": {}}
-    if w.dtype == torch.bfloat16 and (bf16 := cpu_kernel.load_kernel(torch.bfloat16)):
+    if w.dtype == torch.bfloat16 and (bf16 := cpu_kernel.current_kernel(torch.bfloat16)):
         op["bf16"] = (bf16, cpu_kernel.pack(w, bf16, "bsf"))
     return op
 
@@ -369,12 +369,12 @@ _PREPARED_MAX = 64  # entries kept (oldest dropped first); each also dies with i
 def _cached_prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict:
     """``prepare(w, pattern, algorithm)``, from ``_PREPARED`` when autograd does not record
     w and w's storage (the same Python object, so not a new tensor at a reused address),
-    view and version match."""
+    view and version match (and the kernel's forced vector width, ``vector_width``)."""
     if w.device.type == "meta" or (torch.is_grad_enabled() and w.requires_grad):
         return prepare(w, pattern, algorithm)
     storage = w.untyped_storage()
     key = (algorithm, pattern, storage.data_ptr(), w.storage_offset(), tuple(w.shape),
-           w.stride(), w.dtype, w.device)
+           w.stride(), w.dtype, w.device, cpu_kernel.width_flags())
     hit = _PREPARED.get(key)
     if hit is None or hit[0]() is not storage or hit[1] != w._version:
         _PREPARED.pop(key, None)

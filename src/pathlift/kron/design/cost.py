@@ -123,7 +123,7 @@ def _spread(patterns: Sequence[KSPattern], count: int) -> list[KSPattern]:
 def geometry(dtype: torch.dtype) -> tuple[int, tuple[int, int, int, int], int, int]:
     """The fused kernel's vector lanes, register tile (MR, NR, DR, DK), largest d of its
     flat path and width of its phased slivers for ``dtype``."""
-    kernel = cpu_kernel.load_kernel(dtype)
+    kernel = cpu_kernel.current_kernel(dtype)
     if kernel is None:
         return 0, (1, 1, 1, 1), 0, 0
     return kernel.lanes, (kernel.mr, kernel.nr, kernel.dr, kernel.dk), kernel.bcast, kernel.wp
