@@ -445,3 +445,73 @@ def typer_command():
     from pathlift.cli import app
 
     return typer.main.get_command(app)
+
+
+# ------------------------------------------------------- 7. work sized before it starts
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("work started: the size should have been refused before")
+
+
+@pytest.mark.parametrize(("suffix", "layers"), [(".pt", 200_000), (".safetensors", 100_000),
+                                                (".pt", 50)])
+def test_a_checkpoint_naming_more_layers_than_it_holds_is_refused_before_building(
+        suffix, layers, tmp_path, monkeypatch):
+    """Once: a 600 KB checkpoint naming the reference mlp with 200,000 hidden layers built a
+    200,000-layer skeleton for minutes (1.4 GB) before anything was said."""
+    import json
+
+    from safetensors.torch import save_file
+
+    import pathlift.models.loading as loading
+
+    path = tmp_path / f"deep{suffix}"
+    state = {"1.weight": torch.ones(2, 64), "1.bias": torch.ones(2)}
+    if suffix == ".pt":
+        torch.save({"arch": "mlp", "kwargs": {"hidden": [2] * layers}, "state_dict": state},
+                   path)
+    else:
+        save_file(state, path, metadata={"pathlift.arch": "mlp",
+                                         "pathlift.kwargs": json.dumps({"hidden": [2] * layers})})
+    monkeypatch.setattr(loading, "check_model_size", _never)
+    monkeypatch.setattr(loading, "get_model", _never)
+    line = _one_line(invoke("norm", str(path)))
+    assert f"{layers:,} entries" in line and "holds 2 tensors" in line
+
+
+def test_a_checkpoint_whose_layers_match_its_tensors_still_loads(tmp_path):
+    from pathlift.models import load_model, mlp, save_checkpoint
+
+    save_checkpoint(mlp(hidden=(4, 3)), tmp_path / "ok.pt", "mlp", hidden=[4, 3])
+    model, _ = load_model(str(tmp_path / "ok.pt"))
+    assert [m.out_features for m in model if isinstance(m, nn.Linear)] == [4, 3, 10]
+
+
+@pytest.mark.parametrize("args", [
+    ["depth", "--depths", "1000000"],
+    ["depth", "--depths", "128", "3000000", "--seeds", "1"],
+    ["--max-memory", "1M", "depth", "--depths", "2000", "--samples", "1000"],
+    ["--max-memory", "1G", "depth", "--model", "Digits-B11c", "--depths", "20000"],
+])
+def test_depths_are_sized_before_any_run(args, monkeypatch):
+    import pathlift.jobs.depth as depth
+
+    monkeypatch.setattr(depth, "run", _never)
+    line = _one_line(invoke(*args))
+    assert "at depth L = " in line and "needs about" in line
+
+
+@pytest.mark.parametrize("args", [
+    ["kron-design", "1000000000", "1000000000"],
+    ["kron-design", "100000", "100000", "--batch", "100000000"],
+    ["--max-memory", "10M", "kron-design", "4096", "4096", "--dtype", "float64"],
+])
+def test_kron_design_sizes_are_checked_before_the_search(args, monkeypatch, tmp_path):
+    import pathlift.jobs.bench.kron_run as kron_run
+
+    monkeypatch.setattr(kron_run, "design", _never)
+    monkeypatch.chdir(tmp_path)
+    line = _one_line(invoke(*args))
+    assert "timing a dense" in line and "needs about" in line
+    assert not (tmp_path / "runs").exists()
