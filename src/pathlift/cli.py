@@ -8,6 +8,7 @@ library function returning a result object, and prints it.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Annotated, Any
 
@@ -20,6 +21,7 @@ except ImportError as err:  # the library installed without its command line
                      "'pathlift[cli]'") from err
 
 from pathlift.cli_support import (
+    INTERRUPTED,
     USAGE_EXIT,
     default_out,
     printable,
@@ -73,13 +75,17 @@ Out = Annotated[str | None, typer.Option(
 def main() -> None:
     """The ``pathlift`` console script: one-line errors with exit status 2 (see
     ``pathlift.cli_support.run``). A command that ran a torch.distributed group (under
-    torchrun) ends through ``pathlift.distributed.exit_process``."""
+    torchrun) ends through ``pathlift.distributed.exit_process``; one interrupted by Ctrl-C
+    (status 130) ends at once, without the interpreter's finalisation."""
     try:
         run(app)
     except SystemExit as done:
         distributed = sys.modules.get("pathlift.distributed")  # imported by such commands
         if distributed is not None:
             distributed.exit_process(done.code)
+        if done.code == INTERRUPTED:  # Ctrl-C: every file is whole (atomic writes), so the
+            sys.stdout.flush()        # seconds of finalising a large model's memory are
+            os._exit(INTERRUPTED)     # skipped
         raise
 
 

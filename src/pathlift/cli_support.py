@@ -39,13 +39,14 @@ from pathlift.errors import PathliftError
 # stack of C++ frames before the command's own one-line error); errors still show
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-__all__ = ["USAGE_EXIT", "default_out", "one_line", "printable", "run",
+__all__ = ["INTERRUPTED", "USAGE_EXIT", "default_out", "one_line", "printable", "run",
            "spread_list_values", "version_callback", "working"]
 
 #: Exceptions that are the user's doing: one line and exit status 2 unless --debug.
 USER_ERRORS = (PathliftError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
                PermissionError)
 USAGE_EXIT = 2
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
@@ -107,6 +108,10 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
                    f"{one_line(err)[:300]}); please report it with the command line "
                    "(pathlift --debug ... shows where)", err=True)
         sys.exit(1)
+    if code == INTERRUPTED:  # Typer's status for Ctrl-C, said on one line
+        typer.echo("Interrupted (Ctrl-C): the files of runs that finished are kept; run the "
+                   "same command again to resume where it resumes (prune, report, frontier)",
+                   err=True)
     sys.exit(code if isinstance(code, int) else 0)
 
 
