@@ -109,9 +109,8 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
                    "(pathlift --debug ... shows where)", err=True)
         sys.exit(1)
     if code == INTERRUPTED:  # Typer's status for Ctrl-C, said on one line
-        typer.echo("Interrupted (Ctrl-C): the files of runs that finished are kept; run the "
-                   "same command again to resume where it resumes (prune, report, frontier)",
-                   err=True)
+        typer.echo("Interrupted (Ctrl-C): the files written so far are whole and kept "
+                   "(prune --out DIR resumes from them when run again)", err=True)
     sys.exit(code if isinstance(code, int) else 0)
 
 
