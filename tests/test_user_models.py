@@ -249,7 +249,8 @@ def test_a_transformer_is_refused_once_per_cause_with_the_supported_ops_once() -
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.count("pooling:") == 1
     summary = invoke("summary", f"{ZOO}:tiny_transformer")
-    assert summary.exit_code == 1 and summary.stdout.count("pooling:") == 1
+    assert summary.exit_code == 2 and summary.stdout.count("pooling:") == 1
+    assert summary.stderr.count("\n") == 1 and summary.stderr.startswith("Error: ")
 
 
 # ----------------------------------------------------------------------- several outputs

@@ -8,6 +8,7 @@ library function returning a result object, and prints it.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Annotated, Any
 
@@ -19,7 +20,15 @@ except ImportError as err:  # the library installed without its command line
     raise SystemExit(f"pathlift's command line needs {err.name}: pip install "
                      "'pathlift[cli]'") from err
 
-from pathlift.cli_support import default_out, run, version_callback, working
+from pathlift.cli_support import (
+    INTERRUPTED,
+    USAGE_EXIT,
+    default_out,
+    printable,
+    run,
+    version_callback,
+    working,
+)
 
 # start-up: every command imports the library (torch) in its body, so --help, argument
 # errors and 'pathlift models' start without it (tests/test_cli.py times them)
@@ -66,13 +75,17 @@ Out = Annotated[str | None, typer.Option(
 def main() -> None:
     """The ``pathlift`` console script: one-line errors with exit status 2 (see
     ``pathlift.cli_support.run``). A command that ran a torch.distributed group (under
-    torchrun) ends through ``pathlift.distributed.exit_process``."""
+    torchrun) ends through ``pathlift.distributed.exit_process``; one interrupted by Ctrl-C
+    (status 130) ends at once, without the interpreter's finalisation."""
     try:
         run(app)
     except SystemExit as done:
         distributed = sys.modules.get("pathlift.distributed")  # imported by such commands
         if distributed is not None:
             distributed.exit_process(done.code)
+        if done.code == INTERRUPTED:  # Ctrl-C: every file is whole (atomic writes), so the
+            sys.stdout.flush()        # seconds of finalising a large model's memory are
+            os._exit(INTERRUPTED)     # skipped
         raise
 
 
@@ -178,7 +191,9 @@ def summary(
             console.print(f"  - {problem}")
         if s.supported_ops:
             console.print(f"supported: {s.supported_ops}")
-        raise typer.Exit(1)
+        typer.echo(f"Error: {printable(model)} is not a supported ReLU network (the causes are "
+                   "listed above)", err=True)
+        raise typer.Exit(USAGE_EXIT)  # a refusal, as norm and bounds refuse it
     c = s.constants
     rows = [["parameters", f"{s.parameters:,}"], ["D, depth (Thm 4.4.1)", c.depth],
             ["K, largest max-pool kernel", c.kernel], ["d_in, d_out", f"{c.d_in}, {c.d_out}"],
@@ -418,8 +433,6 @@ def depth(
 
     from pathlift.jobs.depth import depth_experiment
 
-    if dtype not in ("float64", "float32"):
-        raise typer.BadParameter("--dtype must be one of ['float32', 'float64']")
     all_depths = depths or [128, 256, 512]
     with Progress(console=console) as progress:
         task = progress.add_task(model, total=len(all_depths) * seeds)
@@ -591,7 +604,7 @@ def kron_design(
                        ] = 5,
     threads: Annotated[int | None, typer.Option("--threads", help="intra-op threads; "
                                                 "default torch's")] = None,
-    rows: Annotated[int, typer.Option("--rows", min=1, help="candidates shown")] = 20,
+    rows: Annotated[int, typer.Option("--rows", help="candidates shown")] = 20,
     out: Out = None,
 ) -> None:
     """Fastest Kronecker-sparse chain for an N_OUT x N_IN weight (thesis Sec. 7.4.1).

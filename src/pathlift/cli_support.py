@@ -2,8 +2,11 @@
 
 - ``run``: the console-script entry point around the Typer app. List options take their
   values as written (``--input-shape 3 224 224``, and the repeated form); a user's error
-  (pathlift's typed errors, missing files, bad values) prints one line on stderr and exits
-  with status 2; ``pathlift --debug`` (or PATHLIFT_DEBUG=1) shows the traceback instead.
+  (pathlift's typed errors, missing files, bad values, an exception raised in the user's
+  own model or data code) prints one line on stderr and exits with status 2;
+  ``pathlift --debug`` (or PATHLIFT_DEBUG=1) shows the traceback instead. Every message and
+  warning is printed with its control characters escaped (text from a file may hold
+  terminal escape sequences).
 - Output folders default to ``runs/<command>-<timestamp>`` under the current directory.
 """
 
@@ -14,8 +17,11 @@ import errno
 import io
 import os
 import sys
+import sysconfig
+import traceback
 import typing
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -26,19 +32,21 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import pathlift
+from pathlift.cli_domains import constrain
 from pathlift.errors import PathliftError
 
 # torch's C++ layer prints its warnings straight to stderr (a rank that lost another: a
 # stack of C++ frames before the command's own one-line error); errors still show
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-__all__ = ["USAGE_EXIT", "default_out", "one_line", "run", "spread_list_values",
-           "version_callback", "working"]
+__all__ = ["INTERRUPTED", "USAGE_EXIT", "default_out", "one_line", "printable", "run",
+           "spread_list_values", "version_callback", "working"]
 
 #: Exceptions that are the user's doing: one line and exit status 2 unless --debug.
 USER_ERRORS = (PathliftError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
                PermissionError)
 USAGE_EXIT = 2
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
@@ -47,20 +55,24 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     Usage errors and user errors print ``Error: ...`` on one line of stderr (exit status 2)
     unless --debug is given; --help and a missing command print the help (status 0 / 2).
     A standard output that is closed, full or a broken pipe is a user error too (nothing
-    is computed when it is closed at the start). Any other exception is a bug: one line
-    saying so, exit status 1, the traceback with --debug.
+    is computed when it is closed at the start), and so is an exception raised in the
+    user's own code (``user_code_error``). Any other exception is a bug: one line saying
+    so, exit status 1, the traceback with --debug. Messages and warnings are one line with
+    control characters escaped (``printable``).
     """
     args = list(sys.argv[1:] if args is None else args)
+    known = _loaded_files()  # what runs later from elsewhere is the user's code
+    warnings.formatwarning = _one_line_warning
     if hasattr(sys.stdout, "reconfigure"):  # a path that is not UTF-8 prints as its bytes
         sys.stdout.reconfigure(errors="surrogateescape")
-    command = typer.main.get_command(app)
+    command = constrain(typer.main.get_command(app))
     debug = "--debug" in args or os.environ.get("PATHLIFT_DEBUG", "") not in ("", "0")
     if _closed(sys.stdout):
         typer.echo("Error: standard output is closed, so nothing could be printed; redirect "
                    "it to a file or /dev/null instead", err=True)
         sys.exit(USAGE_EXIT)
     try:
-        code = command.main(spread_list_values(args, _list_options(command)),
+        code = command.main(spread_list_values(args, _list_options(command, args)),
                             prog_name="pathlift", standalone_mode=False)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
     except typer.TyperException as err:  # click's usage errors: bad option, bad value
@@ -74,7 +86,7 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     except USER_ERRORS as err:
         if debug:
             raise
-        typer.echo(f"Error: {one_line(err)}", err=True)
+        typer.echo(f"Error: {user_code_error(err, known) or one_line(err)}", err=True)
         sys.exit(USAGE_EXIT)
     except typer.Abort:
         typer.echo("Aborted!", err=True)
@@ -88,10 +100,17 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     except Exception as err:
         if debug:
             raise
+        yours = user_code_error(err, known)
+        if yours:
+            typer.echo(f"Error: {yours}", err=True)
+            sys.exit(USAGE_EXIT)
         typer.echo(f"Error: internal error, not your input ({type(err).__name__}: "
                    f"{one_line(err)[:300]}); please report it with the command line "
                    "(pathlift --debug ... shows where)", err=True)
         sys.exit(1)
+    if code == INTERRUPTED:  # Typer's status for Ctrl-C, said on one line
+        typer.echo("Interrupted (Ctrl-C): the files written so far are whole and kept "
+                   "(prune --out DIR resumes from them when run again)", err=True)
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -127,10 +146,12 @@ def _output_failed(err: OSError) -> bool:
     return True
 
 
-def _list_options(group: Any) -> dict[str, type]:
-    """Option string -> item type of every list option of every command (and the group)."""
+def _list_options(group: Any, args: Sequence[str]) -> dict[str, type]:
+    """Option string -> item type of every list option of the group and of the command
+    ``args`` name (``--threads`` is a list in kron-bench, one number in kron-design)."""
     items: dict[str, type] = {}
-    for command in [group, *group.commands.values()]:
+    named = next((group.commands[a] for a in args if a in group.commands), None)
+    for command in [group] + ([named] if named is not None else []):
         hints = typing.get_type_hints(command.callback) if command.callback else {}
         for param in command.params:
             if getattr(param, "multiple", False):
@@ -184,14 +205,84 @@ def _is_value(token: str, item: type) -> bool:
 
 def one_line(error: BaseException | str) -> str:
     """A message on one line: its lines joined by '; ' (by a space after a line that ends a
-    sentence), surrounding whitespace dropped."""
+    sentence), surrounding whitespace dropped, control characters escaped (``printable``)."""
     text = str(error)
     if isinstance(error, OSError) and error.filename is not None:
         text = f"{error.strerror}: '{error.filename}'"
     out = ""
     for line in (line.strip() for line in text.splitlines() if line.strip()):
         out += ("" if not out else " " if out[-1] in ".:;," else "; ") + line
-    return out
+    return printable(out)
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (ESC, BEL, backspace, a
+    carriage return, bidirectional overrides, a file name's undecodable bytes) written as
+    its Python escape (``\\x1b``): names and text from a file reach the terminal inert."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    """``warnings.formatwarning`` of the command line: where, the category and the message
+    on one line, escaped (a warning may quote a file's text)."""
+    return f"{printable(filename)}:{lineno}: {category.__name__}: {one_line(str(message))}\n"
+
+
+#: where the interpreter's and the installed packages' modules live
+_LIBRARY_DIRS = tuple({os.path.realpath(sysconfig.get_path(key)) + os.sep
+                       for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+_PATHLIFT_DIR = os.path.dirname(os.path.realpath(pathlift.__file__)) + os.sep
+
+
+def _loaded_files() -> frozenset[str]:
+    """The source files of every module imported so far (pathlift, its libraries)."""
+    return frozenset(os.path.realpath(file) for module in list(sys.modules.values())
+                     if isinstance(file := getattr(module, "__file__", None), str))
+
+
+def _is_users(file: str, known: Collection[str]) -> bool:
+    """Whether ``file`` is the user's code: a Python file imported after the command
+    started (a model or data callable it named), outside pathlift and the libraries."""
+    path = os.path.realpath(file)
+    return not _is_library(file) and path not in known and not path.startswith(_PATHLIFT_DIR)
+
+
+def _is_library(file: str) -> bool:
+    """Whether ``file`` is the interpreter's or an installed package's (torch, click), or
+    has no file (<frozen importlib._bootstrap>, <string>)."""
+    return file.startswith("<") or os.path.realpath(file).startswith(_LIBRARY_DIRS)
+
+
+def user_code_error(err: BaseException, known: Collection[str]) -> str | None:
+    """One line naming the file, line and exception when ``err`` was raised in the user's
+    own code (the innermost frame outside the libraries is theirs; a SyntaxError in their
+    file; a pathlift error caused by an exception their code raised itself), else None.
+    ``known``: the files loaded before the command ran."""
+    if isinstance(err, PathliftError):  # pathlift's words, unless it wraps the user's raise
+        cause = err.__cause__
+        raised = cause is not None and _frames(cause)[-1:]
+        if not raised or not _is_users(raised[0][0], known):
+            return None
+        err = cause
+    if isinstance(err, SyntaxError) and err.filename and _is_users(err.filename, known):
+        where = f"{err.filename}:{err.lineno}"
+        text = err.msg
+    else:
+        innermost = next((f for f in reversed(_frames(err)) if not _is_library(f[0])), None)
+        if innermost is None or not _is_users(innermost[0], known):
+            return None  # raised in pathlift (or code loaded before the command)
+        where = f"{innermost[0]}:{innermost[1]}, in {innermost[2]}"
+        text = str(err) if not isinstance(err, OSError) or err.filename is None else \
+            f"{err.strerror}: '{err.filename}'"
+    return one_line(f"your code raised {type(err).__name__} ({where}): {text or 'no message'};"
+                    " fix it there (pathlift --debug ... shows the traceback)")
+
+
+def _frames(err: BaseException) -> list[tuple[str, int | None, str]]:
+    """(file, line, function) of each frame of ``err``'s traceback, outermost first."""
+    return [(frame.f_code.co_filename, line, frame.f_code.co_name)
+            for frame, line in traceback.walk_tb(err.__traceback__)]
 
 
 def version_callback(show: bool) -> None:

@@ -32,11 +32,11 @@ from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError, check_count
 from pathlift.files import append_rows, check_appendable
 from pathlift.jobs.plots import depth_trajectories
-from pathlift.memory import check_samples
+from pathlift.memory import check_bytes, check_samples
 
 __all__ = ["CSV_FIELDS", "DepthExperiment", "DepthRow", "DepthRun", "RhoFit", "append_csv",
-           "c10k", "depth_experiment", "depth_table", "digits", "fit_rate", "grid", "maxima",
-           "run"]
+           "c10k", "check_run_size", "depth_experiment", "depth_table", "digits", "fit_rate",
+           "grid", "maxima", "run"]
 
 CSV_FIELDS = ("model", "depth", "seed", "n_samples", "dtype", "steps", "learning_rate",
               "one_var_norm", "one_var_matrix", "loss_first", "loss_last", "rho", "C")
@@ -110,6 +110,23 @@ def run(model: str, depth: int, seed: int = 0, n_samples: int = 10_000,
                     trained.loss, trained.omega, tuple(norms.tolist()))
 
 
+#: tensors autograd keeps per residual layer and sample: the layer's input, its
+#: pre-activation and its activation, each of d values (DepthResNet, eq. 4.1)
+_SAVED_PER_LAYER = 3
+_DIGITS = 1797  # scikit-learn's digits, every split: a bound on the training split
+
+
+def check_run_size(model: str, depth: int, n_samples: int, dtype: torch.dtype) -> None:
+    """Refuse, before anything is drawn or trained, a run whose backward pass would keep
+    more than the memory limit: about 3 L N d values for L layers, N samples and width d
+    (``--depths 1000000`` once trained silently for minutes before failing)."""
+    cls, _ = parse_model(model)
+    n = n_samples if cls.dataset == "C10k" else _DIGITS
+    needed = _SAVED_PER_LAYER * depth * n * cls.d * torch.empty((), dtype=dtype).element_size()
+    check_bytes(needed, f"training {model} at depth L = {depth:,} on {n:,} samples "
+                f"({cls.steps(depth)} full-batch steps)", "use smaller depths or --samples, or ")
+
+
 def grid(model: str, depths: Iterable[int], seeds: int = 3, n_samples: int = 10_000,
          dtype: torch.dtype = torch.float64,
          on_run: Callable[[DepthRun], None] | None = None) -> list[DepthRun]:
@@ -118,6 +135,7 @@ def grid(model: str, depths: Iterable[int], seeds: int = 3, n_samples: int = 10_
     depths = list(depths)
     if not depths:
         raise InvalidParameterError("give at least one depth")
+    check_run_size(model, max(check_count("depth", d) for d in depths), n_samples, dtype)
     runs = []
     for depth in depths:
         for seed in range(seeds):

@@ -1,16 +1,20 @@
 """Every figure pathlift draws: the report's, the pruning experiment's and the depth lab's.
 
 matplotlib's object API on the Agg canvas (no pyplot state, safe in threads and servers);
-each function takes plain numbers or result objects and writes one PNG through ``save``.
+each function takes plain numbers or result objects and writes one PNG through ``save``,
+with matplotlib's warnings silenced (``_quiet``: a figure of one seed has no error bars,
+which is no news for whoever reads the run's output).
 Needs matplotlib: ``pip install 'pathlift[plots]'``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from pathlift.files import atomic_write
 
@@ -24,6 +28,21 @@ if TYPE_CHECKING:
 __all__ = ["accuracy_curves", "average_vs_worst", "bound_during_training", "bounds_vs_gap",
            "depth_trajectories", "margins_histogram", "pruning_curves", "pruning_experiment",
            "save", "training_curves"]
+
+
+_P = ParamSpec("_P")
+
+
+def _quiet(draw: Callable[_P, Path]) -> Callable[_P, Path]:
+    """``draw`` with every warning raised while it draws silenced: the plots are pathlift's
+    own, so matplotlib's remarks on them (an empty legend, NaN error bars) are not the
+    user's to read."""
+    @functools.wraps(draw)
+    def quiet(*args: _P.args, **kwargs: _P.kwargs) -> Path:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return draw(*args, **kwargs)
+    return quiet
 
 
 def _style(ax: Any, title: str, xlabel: str, ylabel: str | None = None) -> None:
@@ -50,6 +69,7 @@ def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     return atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=dpi))
 
 
+@_quiet
 def training_curves(history: Sequence[Mapping[str, Any]], qs: Sequence[float], path: Path
                     ) -> Path:
     """log10 of the l_q path-norms and of the average-case path-norm per epoch."""
@@ -65,6 +85,7 @@ def training_curves(history: Sequence[Mapping[str, Any]], qs: Sequence[float], p
     return save(fig, path)
 
 
+@_quiet
 def accuracy_curves(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Train/test top-1 accuracy and cross-entropy per epoch (eval mode)."""
     fig = _figure(9, 3.5)
@@ -80,6 +101,7 @@ def accuracy_curves(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return save(fig, path)
 
 
+@_quiet
 def margins_histogram(train: Sequence[float], test: Sequence[float], gamma: float, path: Path
                       ) -> Path:
     """Histogram of the margins R(x)_y - max_{c != y} R(x)_c with the chosen gamma."""
@@ -98,6 +120,7 @@ def margins_histogram(train: Sequence[float], test: Sequence[float], gamma: floa
     return save(fig, path)
 
 
+@_quiet
 def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], path: Path
                      ) -> Path:
     """Per output neuron: E_x ||A^T Phi^{->v}||_1 against ||Phi^{->v}||_1 (log scale)."""
@@ -118,6 +141,7 @@ def average_vs_worst(average: Sequence[float], worst_log10: Sequence[float], pat
     return save(fig, path)
 
 
+@_quiet
 def bounds_vs_gap(labels: Sequence[str], bounds_log10: Sequence[float], gap: float,
                   path: Path) -> Path:
     """Bounds and the measured gap on one log10 axis: orders of magnitude at a glance."""
@@ -136,6 +160,7 @@ def bounds_vs_gap(labels: Sequence[str], bounds_log10: Sequence[float], gap: flo
     return save(fig, path)
 
 
+@_quiet
 def bound_during_training(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """log10 of the cross-entropy bound and of the measured gap per epoch."""
     fig = _figure(7, 4)
@@ -150,6 +175,7 @@ def bound_during_training(history: Sequence[Mapping[str, Any]], path: Path) -> P
     return save(fig, path)
 
 
+@_quiet
 def pruning_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Test accuracy and log10 l1 path-norm against sparsity, per pruning criterion."""
     fig = _figure(9, 3.5)
@@ -165,6 +191,7 @@ def pruning_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return save(fig, path)
 
 
+@_quiet
 def pruning_experiment(result: ProtocolResult, path: Path, title: str,
          scatters: dict[bool, tuple[Tensor, Tensor]] | None = None) -> Path:
     """Accuracy vs pruning level per method (solid: trained weights, dashed: after a random
@@ -201,10 +228,12 @@ def pruning_experiment(result: ProtocolResult, path: Path, title: str,
                           marker="o", color=f"C{i}", label=method)
     axes[-1].set(xlabel="pruned (%)", ylabel="overlap with magnitude pruning's mask (%)",
                  title="mask overlap (Table 3.1)", ylim=(0, 100))
-    axes[-1].legend(fontsize=7)
+    if overlaps:  # magnitude pruning alone has no overlap to draw
+        axes[-1].legend(fontsize=7)
     return save(fig, path)
 
 
+@_quiet
 def depth_trajectories(runs: Sequence[DepthRun], path: str | Path) -> Path:
     """||L^beta W_k|| against k / L for each run (thesis Figs. 4.2-4.5), saved to ``path``."""
     fig = _figure(7, 4)

@@ -60,6 +60,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -103,14 +104,51 @@ def build_flags() -> tuple[str, ...]:
     return _flags(os.environ.get("PATHLIFT_KRON_CFLAGS", ""))
 
 
+#: the flags PATHLIFT_KRON_CFLAGS may add: optimisation and instruction-set choices, none
+#: of which reads a file, loads a plugin, defines a macro or picks another program
+#: (-include, -D, -B, -wrapper, -specs=, -fplugin=, -Wl, @file are refused)
+_SAFE_FLAG = re.compile(
+    r"-O[0-3sgz]?|-Ofast|-g[0-3]?|-pipe|-m(arch|tune)=[\w.+-]+|-mprefer-vector-width=\w+"
+    r"|-m(no-)?[a-z0-9][a-z0-9.-]*"
+    r"|-f(no-)?(?!dump|profile|plugin|auto-profile|record|stack-usage|opt-info|sanitize"
+    r"|instrument|callgraph|diagnostics|save|debug|.*-map)[a-z0-9][a-z0-9-]*")
+
+
 @functools.cache
 def _flags(extra: str) -> tuple[str, ...]:
+    """``_BASE_FLAGS`` and the flags of ``extra`` (PATHLIFT_KRON_CFLAGS), each of which
+    must be an optimisation or instruction-set flag (``_SAFE_FLAG``): the environment
+    chooses how the kernel is built, never what code is compiled or run."""
     # parsed once per value: every fused prepare asks for the kernel of the current flags
-    return _BASE_FLAGS + tuple(shlex.split(extra))
+    try:
+        added = tuple(shlex.split(extra))
+    except ValueError as err:
+        raise InvalidParameterError(f"PATHLIFT_KRON_CFLAGS={extra!r} cannot be read ({err})"
+                                    ) from err
+    refused = [flag for flag in added if not _SAFE_FLAG.fullmatch(flag)]
+    if refused:
+        raise InvalidParameterError(
+            f"PATHLIFT_KRON_CFLAGS holds {' '.join(map(repr, refused))}: only optimisation "
+            "and instruction-set flags are passed to the compiler (-O*, -march=, -mtune=, "
+            "-m[no-]FEATURE, -f[no-]OPTION without '=', -g); remove the others")
+    return _BASE_FLAGS + added
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CC") or _compiler_on_path(os.environ.get("PATH", os.defpath))
+    return _trusted_cc(os.environ.get("CC")) or \
+        _compiler_on_path(os.environ.get("PATH", os.defpath))
+
+
+def _trusted_cc(cc: str | None) -> str | None:
+    """``$CC`` when it names a program as ``PATH`` does: an absolute path or a bare name
+    looked up on ``PATH`` (trusted like ``PATH``, docs/threat-model.md); a relative path
+    (``./cc.sh``, ``bin/cc``) depends on the current folder, which may be anyone's, and is
+    refused."""
+    if cc and os.sep in cc and not os.path.isabs(cc):
+        raise InvalidParameterError(
+            f"CC={cc!r} is a relative path, so the compiler would depend on the current "
+            "folder; give an absolute path or a name on PATH")
+    return cc or None
 
 
 @functools.cache
@@ -308,7 +346,7 @@ def load_kernel(dtype: torch.dtype) -> CpuKernel | None:
     if dtype not in _TYPES:
         return None
     env = os.environ
-    return _load_for(dtype, env.get("CC"), env.get("PATH", os.defpath),
+    return _load_for(dtype, _trusted_cc(env.get("CC")), env.get("PATH", os.defpath),
                      env.get("PATHLIFT_KRON_CFLAGS", ""))
 
 

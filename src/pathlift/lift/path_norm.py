@@ -94,7 +94,11 @@ def _pass(graph: LayerGraph, q: float, dtype: torch.dtype, walker: type[AbsPowIn
     if normalised:
         wide = copy_model(graph.model).to(torch.float64)
         normalised_model = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
-        graph = graph_of(normalised_model)
+        if all(bool(p.isfinite().all()) for p in normalised_model.parameters()):
+            graph = graph_of(normalised_model)
+        # else Alg. 3.2.1 moved every hidden neuron's scale into the output layer, beyond
+        # float64 (weights near 1e200 in two layers): the pass runs on the parameters as
+        # they are, each layer divided by its largest entry, exact unless |w/u|^q underflows
     with torch.no_grad():
         log_o = output_logs(walker(graph, q, dtype, unit_weights=unit_weights).run_all_ones())
     check_finite(source, log_o, f"||Phi^(->v)||_q^q at q = {q:g}")
@@ -110,9 +114,9 @@ def check_finite(graph: LayerGraph, logs: Tensor, what: str) -> None:
         return
     graph.check_values()
     raise PrecisionError(f"{what} came out {'NaN' if bool(logs.isnan().any()) else 'inf'} "
-                         "although every parameter is finite: beyond what scaling in log "
-                         "space covers (an extreme q?), else a bug to report (pathlift "
-                         "--debug shows where)")
+                         "although every parameter is finite and every layer enters divided "
+                         "by its largest entry (log space): a bug to report, with the model "
+                         "(pathlift --debug shows where)")
 
 
 def _support(graph: LayerGraph, walker: type[AbsPowInterpreter]) -> Tensor:

@@ -16,7 +16,10 @@ import json
 import operator
 import os
 import pickle
+import re
 import typing
+import warnings
+import zipfile
 from collections import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -153,16 +156,35 @@ def _read_safetensors(data: bytes, path: Path) -> Checkpoint:
     return _checked(state, meta.get(_ARCH), kwargs, shape, path)
 
 
+#: what a checkpoint holding any other object must become to be read
+_RESAVE = ("save the model's weights instead: torch.save(model.state_dict(), FILE) or "
+           "pathlift's save_checkpoint")
+
+
 def _read_torch(fh: BinaryIO, path: Path) -> Checkpoint:
-    try:
-        obj = torch.load(fh, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
+    """The checkpoint in a torch file, read weights-only; a refusal says what the file
+    holds and how to re-save it, never torch's advice to load it unsafely."""
+    if _is_torchscript(fh):
         raise UnsafeCheckpointError(
-            f"refused to load '{path}': it contains pickled objects that are not weights "
-            f"(torch.load(weights_only=True) says: {str(err).splitlines()[0]}). Re-save it "
-            "as a plain state_dict or with pathlift's save_checkpoint.") from err
+            f"refused to load '{path}': it is a TorchScript archive (compiled model code, "
+            f"run when loaded), not weights; {_RESAVE}")
+    try:
+        with warnings.catch_warnings():  # torch's remarks on the file's pickle protocol
+            warnings.simplefilter("ignore")
+            obj = torch.load(fh, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(err))
+        if found is None:
+            raise UnsafeCheckpointError(f"refused to load '{path}': weights-only loading "
+                                        f"cannot read it; {_RESAVE}") from err
+        raise UnsafeCheckpointError(
+            f"refused to load '{path}': it holds a pickled {found[1]}, which only an unsafe "
+            f"load rebuilds (unpickling can run code); {_RESAVE}") from err
     except Exception as err:
-        raise InvalidParameterError(f"'{path}' is not a readable torch checkpoint: {err}") \
+        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InvalidParameterError(  # torch's words, unless they advise an unsafe load
+            f"'{path}' is not a readable torch checkpoint"
+            + ("" if "weights_only" in said else f" ({said[:200]})") + f"; {_RESAVE}") \
             from err
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         return _checked(obj["state_dict"], obj.get("arch"), obj.get("kwargs") or {},
@@ -172,6 +194,22 @@ def _read_torch(fh: BinaryIO, path: Path) -> Checkpoint:
     raise InvalidParameterError(
         f"'{path}' holds a {type(obj).__name__}; expected a state_dict or a dict with keys "
         "arch, kwargs, state_dict")
+
+
+def _is_torchscript(fh: BinaryIO) -> bool:
+    """Whether ``fh`` is a zip archive written by ``torch.jit.save`` (its ``constants.pkl``
+    and ``code/`` entries); ``fh`` is left at its start."""
+    try:
+        if not zipfile.is_zipfile(fh):
+            return False
+        fh.seek(0)
+        with zipfile.ZipFile(fh) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        return False
+    finally:
+        fh.seek(0)
+    return any(name.endswith("/constants.pkl") for name in names)
 
 
 def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
@@ -201,7 +239,9 @@ def _stored_shape(shape: Any, path: Path) -> tuple[int, ...] | None:
 def _checked(state: Mapping, arch: Any, kwargs: Any, shape: Any, path: Path) -> Checkpoint:
     """The checkpoint read from ``path``, after checking it against the schema: tensors,
     an architecture name, keyword arguments its constructor takes (lists only where it
-    takes a sequence) and an input shape."""
+    takes a sequence, of at most one entry per tensor held: a list of 200,000 widths once
+    built a 200,000-layer skeleton for minutes before its weights were compared) and an
+    input shape."""
     bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
     if bad:
         raise InvalidParameterError(f"'{path}': state_dict entries {bad[:3]} are not tensors")
@@ -214,6 +254,10 @@ def _checked(state: Mapping, arch: Any, kwargs: Any, shape: Any, path: Path) -> 
     kwargs = dict(kwargs)
     for name, value in kwargs.items():
         problem = _kwarg_problem(arch, name, value)
+        if isinstance(value, list) and len(value) > len(state):  # before building anything
+            problem = (f"{len(value):,} entries, each a layer with weights, but the file holds "
+                       f"{len(state):,} tensors")
+            value = f"[{len(value):,} entries]"
         if problem:
             raise InvalidParameterError(f"'{path}' stores constructor argument {name}="
                                         f"{value!r} for '{arch}': {problem}; save it again")

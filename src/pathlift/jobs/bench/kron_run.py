@@ -39,6 +39,7 @@ from pathlift.kron import (
     machine_description,
     steady_allocator,
 )
+from pathlift.memory import check_bytes
 
 __all__ = ["KronBenchResult", "KronBenchRun", "KronDesignRun", "run_kron_benchmark",
            "run_kron_design"]
@@ -215,6 +216,18 @@ class KronDesignRun:
         return f"KronDesignRun({self.design!r}, csv={str(self.csv)!r})"
 
 
+def _check_design_size(n_in: int, n_out: int, batch: int, dtype: str) -> None:
+    """Refuse, before anything is searched or allocated, a layer whose dense baseline (the
+    weight, a batch of inputs and its outputs, each candidate timed against it) does not
+    fit the memory limit: ``kron-design 1000000000 1000000000`` once searched for minutes."""
+    for name, value in (("n_in", n_in), ("n_out", n_out), ("batch", batch)):
+        check_count(name, value)
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    check_bytes((n_in * n_out + batch * (n_in + n_out)) * itemsize,
+                f"timing a dense {n_out:,} x {n_in:,} layer on a batch of {batch:,}",
+                "use smaller N_IN, N_OUT or --batch, or ")
+
+
 def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path], *,
                     budget: float = 0.25, batch: int = 256, dtype: str = "float32",
                     lengths: Sequence[int] = (2, 3), top_k: int = 8, repeats: int = 5,
@@ -228,6 +241,7 @@ def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path],
     the design (default, or 0: left as it is), restored afterwards. ``progress(stage, n)`` is
     passed to ``design``. Keeps freed memory in the process (``steady_allocator``).
     """
+    _check_design_size(n_in, n_out, batch, dtype)
     steady_allocator()
     with _threads(threads or None):
         result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
