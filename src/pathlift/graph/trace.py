@@ -16,6 +16,7 @@ from torch import fx, nn
 from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph import cache
 from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
+from pathlift.graph.functional import lower_calls
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, holder
 from pathlift.graph.memory import check as check_memory
@@ -176,7 +177,8 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     dtype, device = dtype_device(model)
     clone = meta_clone(model)
     graph = _symbolic_trace(clone)
-    modules = dict(clone.named_modules())
+    lower_calls(graph, clone)
+    modules = dict(holder(clone, graph).named_modules(remove_duplicate=False))
     problems = classify(graph, modules) + in_place_problems(graph, modules)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
