@@ -38,7 +38,7 @@ from pathlift.graph.functional import LOWERED, REFUSED
 from pathlift.graph.layer_graph import HANDLER, holder
 from pathlift.graph.ops import Call, Kind, UnsupportedHandler, handler_for, supported_summary
 
-_BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
+BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
 
 
 def _node_label(node: fx.Node) -> str:
@@ -207,7 +207,7 @@ class _Validate(fx.Interpreter):
         if not parts or not all(isinstance(t, Tensor) for t in parts):
             self.problems.append(Problem(_node_label(n), _op_label(n, None),
                                          "returns a non-tensor value"))
-        elif any(t.dim() == 0 or t.shape[0] != _BATCH for t in parts):
+        elif any(t.dim() == 0 or t.shape[0] != BATCH for t in parts):
             self.problems.append(Problem(
                 _node_label(n), _op_label(n, None),
                 "mixes the batch dimension with features; keep dim 0 as the batch"))
@@ -245,7 +245,7 @@ def validate(graph: fx.Graph, clone: nn.Module, shape: tuple[int, ...],
               dtype: torch.dtype, problems: list[Problem]) -> None:
     """Steps 3 and 4 of the module docstring, on ``clone``, the model's meta copy;
     ``problems`` found before are raised with those found here, all at once."""
-    example = torch.empty((_BATCH, *shape), dtype=dtype, device="meta")
+    example = torch.empty((BATCH, *shape), dtype=dtype, device="meta")
     with torch.no_grad():
         traced_flow = Dataflow()
         validator = _Validate(graph, clone, traced_flow, problems)
