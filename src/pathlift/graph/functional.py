@@ -22,7 +22,7 @@ from torch import Tensor, fx, nn
 from torch.nn.utils import prune
 
 from pathlift.graph.ops import Handler
-from pathlift.graph.ops.base import INPUT, LOWERINGS, Lowered, Operand
+from pathlift.graph.ops.base import INPUT, LOWERINGS, VALUES_OF, Lowered, Operand
 
 LOWERED = "pathlift_lowered"  # node.meta key of a lowered call's ``FunctionalCall``
 REFUSED = "pathlift_refused"  # node.meta key of the reason a functional layer is refused
@@ -118,6 +118,36 @@ def lower_calls(graph: fx.Graph, root: nn.Module) -> None:
             continue
         lowered[owner] = _tensors(found)
         _replace(graph, node, found, owner)
+
+
+def select_values(graph: fx.Graph) -> None:
+    """``torch.max(h, dim)`` (or ``h.max(dim)``) whose users read only ``.values`` or
+    ``[0]`` becomes one node of the op table's function of its values
+    (``pathlift.graph.ops.base.VALUES_OF``): max-pool neurons. A call whose indices are
+    read is refused (``node.meta[REFUSED]``)."""
+    for node in list(graph.nodes):
+        values = VALUES_OF.get(node.target) if node.op in ("call_function", "call_method") \
+            else None
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if values is None or dim is None or isinstance(dim, fx.Node) or not node.users:
+            continue
+        if not all(_reads_values(u, node) for u in node.users):
+            node.meta[REFUSED] = ("its indices (argmax) are read: they are no neuron of Def. "
+                                  "2.2.2; read only .values (max-pool neurons)")
+            continue
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        with graph.inserting_before(node):
+            new = graph.call_function(values, (node.args[0], dim, keepdim))
+        for user in list(node.users):
+            user.replace_all_uses_with(new)
+            graph.erase_node(user)
+        graph.erase_node(node)
+
+
+def _reads_values(user: fx.Node, node: fx.Node) -> bool:
+    return user.op == "call_function" and user.args[0] is node and (
+        (user.target is getattr and user.args[1] == "values")
+        or (user.target is operator.getitem and user.args[1] == 0))
 
 
 def _value(root: nn.Module, node: fx.Node) -> Any:

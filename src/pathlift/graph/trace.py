@@ -20,7 +20,7 @@ from torch import Tensor, fx, nn
 from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph import cache
 from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
-from pathlift.graph.functional import lower_calls
+from pathlift.graph.functional import lower_calls, select_values
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, holder
 from pathlift.graph.memory import check as check_memory
@@ -286,6 +286,7 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     clone = meta_clone(model)
     graph = _symbolic_trace(clone, torch.empty((BATCH, *shape), dtype=dtype, device="meta"))
     lower_calls(graph, clone)
+    select_values(graph)
     modules = dict(holder(clone, graph).named_modules(remove_duplicate=False))
     problems = classify(graph, modules) + in_place_problems(graph, modules)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]

@@ -340,6 +340,11 @@ def lower(functions: Iterable[Callable[..., Any] | str], reader: Reader) -> None
         LOWERINGS[fn] = reader
 
 
+#: Calls returning (values, indices) whose users read only the values (``.values``,
+#: ``[0]``): the function of the same arguments returning those values, one op.
+VALUES_OF: dict[Callable[..., Any] | str, Callable[..., Any]] = {}
+
+
 # --------------------------------------------------------------------------- the registry
 
 MODULES: dict[type, Handler] = {}
