@@ -261,3 +261,32 @@ def test_refused_in_one_line_naming_the_tensors(model, shape, words):
     message = str(info.value)
     assert words in message
     assert "multiplies activations" not in message and "broadcasting" not in message
+
+
+def _module_form(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every BatchNorm subclass that applies its own activation
+    (timm's BatchNormAct2d) replaced by a plain BatchNorm2d (same tensors) and a ReLU."""
+    out = copy_model(model)
+    for name, m in list(out.named_modules()):
+        if type(m).__name__ == "BatchNormAct2d":
+            bn = nn.BatchNorm2d(m.num_features, m.eps).double().eval()
+            bn.load_state_dict(m.state_dict())
+            owner, _, leaf = name.rpartition(".")
+            setattr(out.get_submodule(owner), leaf, nn.Sequential(bn, nn.ReLU()))
+    return out
+
+
+def test_timms_own_norm_act_layers_equal_their_module_form():
+    layers = pytest.importorskip("timm.layers")
+    net = randomised(nn.Sequential(
+        layers.ConvNormAct(1, 2, 3, act_layer="relu"),
+        layers.ConvNormAct(2, 2, 3, stride=2, groups=2, act_layer="relu"),
+        nn.Flatten(), nn.Linear(8, 2)), seed=7)
+    twin = _module_form(net)
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64)
+    torch.testing.assert_close(net(x), twin(x), rtol=0, atol=1e-12)
+    assert_norms_equal_enumeration(net, (1, 4, 4))
+    for q, r in PAIRS:
+        assert path_norm(net, (1, 4, 4), q=q, r=r).log10 == pytest.approx(
+            path_norm(twin, (1, 4, 4), q=q, r=r).log10, abs=1e-12)
+    assert_rescaling_keeps_function_and_norms(net, (1, 4, 4), lambda m: m[1].conv.weight)
