@@ -26,6 +26,8 @@ from pathlift.graph.ops.base import INPUT, LOWERINGS, VALUES_OF, Lowered, Operan
 
 LOWERED = "pathlift_lowered"  # node.meta key of a lowered call's ``FunctionalCall``
 REFUSED = "pathlift_refused"  # node.meta key of the reason a functional layer is refused
+COMPUTED = "pathlift_computed"  # node.meta key of a tensor computed from parameters alone,
+# for a refused layer (its reason says why; the node itself is no problem of its own)
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,13 @@ def lower_calls(graph: fx.Graph, root: nn.Module) -> None:
     why such a call is refused (``node.meta[REFUSED]``: a tensor of the model's root, a
     module holding it under another name, settings the module contradicts)."""
     lowered: dict[str, tuple[str, ...]] = {}
+    live = _reading_input(graph)
     for node in list(graph.nodes):
         reader = LOWERINGS.get(node.target) if node.op in ("call_function", "call_method") \
-            else None
+            and node in live else None
         found = reader(node, lambda n: _value(root, n)) if reader is not None else None
+        if found is None and reader is not None:
+            found = _computed_tensor(node, live)
         if found is None:
             continue
         owner, reason = _owner(found, root) if isinstance(found, Lowered) else ("", found)
@@ -148,6 +153,37 @@ def _reads_values(user: fx.Node, node: fx.Node) -> bool:
     return user.op == "call_function" and user.args[0] is node and (
         (user.target is getattr and user.args[1] == "values")
         or (user.target is operator.getitem and user.args[1] == 0))
+
+
+def _reading_input(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes whose value depends on the model's input."""
+    live: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" or any(n in live for n in node.all_input_nodes):
+            live.add(node)
+    return live
+
+
+def _computed_tensor(node: fx.Node, live: set[fx.Node]) -> str | None:
+    """Why a layer call whose tensor is computed in forward from parameters alone (a
+    standardised weight, as timm's StdConv2d and ScaledStdConv2d) is refused, marking
+    that computation as explained by it (``COMPUTED``); None when it has no such tensor."""
+    computed = [n for n in node.all_input_nodes if n not in live and n.op != "get_attr"]
+    if not computed:
+        return None
+    reads, todo = set(), list(computed)
+    while todo:
+        n = todo.pop()
+        n.meta[COMPUTED] = True
+        if n.op == "get_attr":
+            reads.add(str(n.target))
+        todo += n.all_input_nodes
+    owners = sorted({r.rpartition(".")[0] or "<root>" for r in reads})
+    return (f"module '{', '.join(owners)}': its weight is computed in forward from "
+            f"{', '.join(sorted(reads))} (a weight "
+            "standardisation, as timm's StdConv2d); pathlift measures a layer on its stored "
+            "weight and bias, and rescaling or pruning the stored tensors would not act "
+            "on the computed ones; use a plain convolution holding the effective weight")
 
 
 def _value(root: nn.Module, node: fx.Node) -> Any:

@@ -34,9 +34,10 @@ from pathlift.errors import (
     UnsupportedModelError,
 )
 from pathlift.graph.dataflow import Dataflow
-from pathlift.graph.functional import LOWERED, REFUSED
+from pathlift.graph.functional import COMPUTED, LOWERED, REFUSED
 from pathlift.graph.layer_graph import HANDLER, holder
 from pathlift.graph.ops import Call, Kind, UnsupportedHandler, handler_for, supported_summary
+from pathlift.graph.ops.relabel import SHAPE
 
 BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
 
@@ -66,6 +67,9 @@ def classify(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[Problem]:
     problems = []
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
+            continue
+        if COMPUTED in node.meta:  # computes a tensor of a refused layer, which says why
+            node.meta[HANDLER] = SHAPE
             continue
         if node.op == "get_attr":
             if not any(REFUSED in u.meta for u in node.users):
