@@ -249,7 +249,18 @@ class _Training(BatchNormAct):
                             True, self.momentum, self.eps)
 
 
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 1)
+        self.gamma = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(x) * self.gamma[:, None, None]
+
+
 @pytest.mark.parametrize(("model", "shape", "words"), [
+    (nn.Sequential(_Scaled()), (2, 3, 3), "scales by the module's tensor 0.gamma"),
     (_Root(), (4,), "not the model's root"),
     (_Renamed(), (4,), "reads 'fc.w' as its weight"),
     (nn.Sequential(_Groups(4, 4, 3)), (4, 5, 5), "groups=2 but module '0' holds groups=1"),
@@ -259,7 +270,7 @@ def test_refused_in_one_line_naming_the_tensors(model, shape, words):
     with pytest.raises(UnsupportedModelError) as info:
         path_norm(model.eval(), shape)
     message = str(info.value)
-    assert words in message
+    assert words in message and len(info.value.problems) == 1
     assert "multiplies activations" not in message and "broadcasting" not in message
 
 

@@ -120,6 +120,7 @@ def lower_calls(graph: fx.Graph, root: nn.Module) -> None:
                       "one module per layer (its weight and bias as `weight` and `bias`)")
         if reason is not None:
             node.meta[REFUSED] = reason
+            _explained(node, live)
             continue
         lowered[owner] = _tensors(found)
         _replace(graph, node, found, owner)
@@ -168,22 +169,28 @@ def _computed_tensor(node: fx.Node, live: set[fx.Node]) -> str | None:
     """Why a layer call whose tensor is computed in forward from parameters alone (a
     standardised weight, as timm's StdConv2d and ScaledStdConv2d) is refused, marking
     that computation as explained by it (``COMPUTED``); None when it has no such tensor."""
-    computed = [n for n in node.all_input_nodes if n not in live and n.op != "get_attr"]
-    if not computed:
+    if not any(n not in live and n.op != "get_attr" for n in node.all_input_nodes):
         return None
-    reads, todo = set(), list(computed)
-    while todo:
-        n = todo.pop()
-        n.meta[COMPUTED] = True
-        if n.op == "get_attr":
-            reads.add(str(n.target))
-        todo += n.all_input_nodes
+    reads = _explained(node, live)
     owners = sorted({r.rpartition(".")[0] or "<root>" for r in reads})
     return (f"module '{', '.join(owners)}': its weight is computed in forward from "
             f"{', '.join(sorted(reads))} (a weight "
             "standardisation, as timm's StdConv2d); pathlift measures a layer on its stored "
             "weight and bias, and rescaling or pruning the stored tensors would not act "
             "on the computed ones; use a plain convolution holding the effective weight")
+
+
+def _explained(node: fx.Node, live: set[fx.Node]) -> set[str]:
+    """Mark what ``node`` reads that is computed from parameters alone as explained by
+    its refusal (``COMPUTED``); the module tensors it reads."""
+    reads, todo = set(), [n for n in node.all_input_nodes if n not in live]
+    while todo:
+        n = todo.pop()
+        n.meta[COMPUTED] = True
+        if n.op == "get_attr":
+            reads.add(str(n.target))
+        todo += n.all_input_nodes
+    return reads
 
 
 def _value(root: nn.Module, node: fx.Node) -> Any:
