@@ -152,9 +152,9 @@ def traces(monkeypatch):
     count = [0]
     original = module._symbolic_trace
 
-    def counting(model):
+    def counting(*args):
         count[0] += 1
-        return original(model)
+        return original(*args)
 
     monkeypatch.setattr(module, "_symbolic_trace", counting)
     return count

@@ -19,6 +19,7 @@ from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph.boundary import dtype_device, is_sharded, structure_key, unwrap
 from pathlift.graph.cache import remember
 from pathlift.graph.collectives import all_objects
+from pathlift.graph.functional import LOWERED, functional_view
 from pathlift.graph.ops import Handler, Kind
 
 HANDLER = "pathlift_handler"
@@ -77,6 +78,15 @@ class LayerGraph:
             modules = self._memo["modules"] = dict(self.module.named_modules(
                 remove_duplicate=False))
         return modules[node.target]
+
+    def stored_in(self, node: fx.Node) -> nn.Module | None:
+        """The module of the traced model whose tensors a layer node computes with, as
+        torch.nn.utils.prune reparametrises it: the called module, or for a functional
+        layer (``pathlift.graph.functional``) the module whose forward calls it (its view
+        in ``submodule`` shares its tensors, not its forward)."""
+        if LOWERED not in node.meta:
+            return self.submodule(node)
+        return self.owner.get_submodule(str(node.target))
 
     def last_uses(self) -> dict[fx.Node, list[fx.Node]]:
         """For each node, the nodes whose value it reads last (what torch.fx's Interpreter
@@ -275,19 +285,26 @@ def _tensor_nodes(value: Any) -> list[fx.Node]:
 def holder(root: nn.Module, graph: fx.Graph, replaced: dict[str, nn.Module] | None = None
             ) -> nn.Module:
     """The submodules ``graph`` calls (``root``'s, or ``replaced``'s), under their
-    qualified names in plain containers."""
+    qualified names in plain containers; a lowered functional layer's target holds a view
+    of its module as the module form (``pathlift.graph.functional``), whose submodules
+    called as layers of their own hang below it."""
     replaced = replaced or {}
     modules = dict(root.named_modules(remove_duplicate=False))
-    holder = nn.Module()
+    holder, done = nn.Module(), set()
     for node in graph.nodes:
-        if node.op != "call_module":
+        if node.op != "call_module" or node.target in done:
             continue
+        done.add(node.target)
         *path, leaf = str(node.target).split(".")
         parent = holder
         for atom in path:  # the tables themselves: names from a trace need no checks
             if atom not in parent._modules:
                 parent._modules[atom] = nn.Module()
             parent = parent._modules[atom]
-        parent._modules[leaf] = replaced.get(node.target) or modules[node.target]
+        module = replaced.get(node.target) or modules[node.target]
+        if LOWERED in node.meta and node.target not in replaced:
+            module = functional_view(module, node.meta[LOWERED])
+            module._modules.update(getattr(parent._modules.get(leaf), "_modules", {}))
+        parent._modules[leaf] = module
     return holder
 

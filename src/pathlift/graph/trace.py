@@ -7,20 +7,26 @@ model and never touches the caller's tensors.
 
 from __future__ import annotations
 
+import os
+import traceback
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from torch import fx, nn
+import torch
+from torch import Tensor, fx, nn
 
 from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph import cache
 from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
+from pathlift.graph.functional import lower_calls, select_values
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, holder
 from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import MODULES
 from pathlift.graph.validate import (
+    BATCH,
     classify,
     in_place_problems,
     validate,
@@ -126,13 +132,55 @@ def check(model: nn.Module, input_shape: Sequence[int] | None = None) -> CheckRe
 # --------------------------------------------------------------------------- tracing
 
 
+class _SizedProxy(fx.Proxy):
+    """A proxy that knows its value on meta tensors at the traced input shape: its sizes
+    are numbers (so Python control flow on shapes, ``torch._assert`` on ranks and "same"
+    padding computed from the input size specialise at that shape), except the batch
+    size, which stays a node of the graph."""
+
+    @property
+    def value(self) -> Any:
+        return self.tracer.values.get(self.node)
+
+    def size(self, dim: int | None = None) -> Any:
+        if not isinstance(self.value, Tensor):
+            return self.tracer.create_proxy("call_method", "size",
+                                            (self,) if dim is None else (self, dim), {})
+        if dim is None:
+            return (self.size(0), *self.value.shape[1:])
+        if dim % self.value.dim() == 0:
+            return self.tracer.create_proxy("call_method", "size", (self, dim), {})
+        return self.value.shape[dim]
+
+    @property
+    def shape(self) -> Any:
+        return self.size()
+
+    def dim(self) -> Any:
+        if not isinstance(self.value, Tensor):
+            return self.tracer.create_proxy("call_method", "dim", (self,), {})
+        return self.value.dim()
+
+    @property
+    def ndim(self) -> Any:
+        return self.dim()
+
+
 class _Tracer(fx.Tracer):
     """torch.fx's default tracer (torch.nn modules are leaves), remembering where it failed.
-    A user's subclass of a supported module that inherits its ``forward`` is a leaf too."""
+    A user's subclass of a supported module that inherits its ``forward`` is a leaf too.
 
-    def __init__(self) -> None:
+    Every proxy carries its value on meta tensors for ``example`` (``_SizedProxy``), found
+    by running each recorded op on the values of its arguments, as torch.fx's
+    experimental MetaTracer does; an op that cannot run on them leaves its proxy
+    symbolic (the plain torch.fx behaviour)."""
+
+    def __init__(self, example: Tensor | None = None) -> None:
         super().__init__()
         self.failed_in: str | None = None
+        self.example = example
+        self.values: dict[fx.Node, Any] = {}
+        self._running = False
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         forward = type(m).forward
@@ -141,6 +189,8 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m, forward, args, kwargs):
+        if self._running:  # a leaf's own submodules, run on meta values
+            return forward(*args, **kwargs)
         try:
             return super().call_module(m, forward, args, kwargs)
         except Exception:
@@ -148,10 +198,58 @@ class _Tracer(fx.Tracer):
                 self.failed_in = self.path_of_module(m)
             raise
 
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict) -> Any:
+        if self._running:
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _SizedProxy(node, self)
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None,
+                     proxy_factory_fn=None):
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr,
+                                     proxy_factory_fn)
+        if isinstance(proxy, fx.Proxy) and self.example is not None:
+            self.values[proxy.node] = self._value(kind, target, args, kwargs)
+        return proxy
+
+    def _value(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        """The op's value on the meta values of its arguments, or None."""
+        if kind == "placeholder":
+            return self.example
+        known = [True]
+
+        def meta(a: Any) -> Any:
+            if isinstance(a, fx.Proxy):  # an Attribute proxy too (``.T``)
+                value = self.values.get(a.node)
+                known[0] = known[0] and value is not None
+                return value
+            return a
+        values = fx.node.map_aggregate(args, meta)
+        kw = fx.node.map_aggregate(kwargs, meta)
+        if not known[0]:
+            return None
+        self._running = True
+        try:
+            if kind == "call_function":
+                return target(*values, **kw)
+            if kind == "call_method":
+                return getattr(values[0], target)(*values[1:], **kw)
+            if kind == "call_module":
+                return self.root.get_submodule(target)(*values, **kw)
+            if kind == "get_attr":
+                owner, _, leaf = str(target).rpartition(".")
+                return getattr(self.root.get_submodule(owner), leaf)
+        except Exception:  # an op meta tensors cannot run: its proxy stays symbolic
+            return None
+        finally:
+            self._running = False
+        return None
 
 
-def _symbolic_trace(model: nn.Module) -> fx.Graph:
-    tracer = _Tracer()
+def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:
+    tracer = _Tracer(example)
     try:
         graph = tracer.trace(model)
     except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
@@ -161,12 +259,23 @@ def _symbolic_trace(model: nn.Module) -> fx.Graph:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UnsupportedModelError([Problem(
             where or "<root>", "data-dependent control flow",
-            f"torch.fx cannot trace it ({reason}); make the forward free of Python "
-            "control flow on tensor values")]) from None
+            f"torch.fx cannot trace it ({reason}){_user_line(err)}; make the forward "
+            "free of Python control flow on tensor values")]) from None
     finally:
         tracer.root = None  # the tracer's closures must not keep the model alive
     return graph
 
+
+def _user_line(err: Exception) -> str:
+    """`` at file:line `code` `` of the innermost frame of the model's own code (outside
+    torch and pathlift) where ``err`` was raised, or ""."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not any(part in f.filename for part in (f"{os.sep}torch{os.sep}",
+                                                         f"{os.sep}pathlift{os.sep}"))]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {os.path.basename(frame.filename)}:{frame.lineno} `{(frame.line or '').strip()}`"
 
 
 def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
@@ -175,8 +284,10 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     parameters), then bind the graph to the model's own modules."""
     dtype, device = dtype_device(model)
     clone = meta_clone(model)
-    graph = _symbolic_trace(clone)
-    modules = dict(clone.named_modules())
+    graph = _symbolic_trace(clone, torch.empty((BATCH, *shape), dtype=dtype, device="meta"))
+    lower_calls(graph, clone)
+    select_values(graph)
+    modules = dict(holder(clone, graph).named_modules(remove_duplicate=False))
     problems = classify(graph, modules) + in_place_problems(graph, modules)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:

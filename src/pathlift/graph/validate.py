@@ -34,10 +34,12 @@ from pathlift.errors import (
     UnsupportedModelError,
 )
 from pathlift.graph.dataflow import Dataflow
-from pathlift.graph.layer_graph import HANDLER
+from pathlift.graph.functional import COMPUTED, LOWERED, REFUSED
+from pathlift.graph.layer_graph import HANDLER, holder
 from pathlift.graph.ops import Call, Kind, UnsupportedHandler, handler_for, supported_summary
+from pathlift.graph.ops.relabel import SHAPE
 
-_BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
+BATCH = 2  # validation batch: a size that exposes reshapes across the batch dimension
 
 
 def _node_label(node: fx.Node) -> str:
@@ -58,16 +60,29 @@ _UNKNOWN = "not an operation of the ReLU DAG model (Def. 2.2.2)"
 
 def classify(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[Problem]:
     """Attach a handler to every node, an ``UnsupportedHandler`` to unknown ops (so that
-    validation lists their problem beside every other one); problems for parameter
-    reads outside layers. ``modules``: the model's ``dict(named_modules())``."""
+    validation lists their problem beside every other one); problems for tensor reads
+    outside layers. A functional layer lowered to its module form has its handler
+    already (``pathlift.graph.functional``); one refused there is refused for the reason
+    found there, alone. ``modules``: the model's ``dict(named_modules())``."""
     problems = []
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
+        if COMPUTED in node.meta:  # computes a tensor of a refused layer, which says why
+            node.meta[HANDLER] = SHAPE
+            continue
         if node.op == "get_attr":
-            problems.append(Problem(node.name, f"parameter access '{node.target}'",
-                                    "functional layers with their own parameters are not "
-                                    "supported; use nn.Linear / nn.Conv modules"))
+            if not any(REFUSED in u.meta for u in node.users):
+                problems.append(Problem(
+                    node.name, f"tensor '{node.target}'",
+                    "read outside any layer of the ReLU DAG model (a functional layer reads "
+                    "its module's own `weight` and `bias`); use it in such a layer"))
+            continue
+        if LOWERED in node.meta:
+            node.meta[HANDLER] = node.meta[LOWERED].handler
+            continue
+        if REFUSED in node.meta:
+            node.meta[HANDLER] = UnsupportedHandler(_op_label(node, None), node.meta[REFUSED])
             continue
         module = modules[node.target] if node.op == "call_module" else None
         node.meta[HANDLER] = handler_for(node, module) or UnsupportedHandler(
@@ -142,13 +157,19 @@ class _Validate(fx.Interpreter):
 
     def __init__(self, graph: fx.Graph, clone: nn.Module, recorder: Dataflow,
                  problems: list[Problem]):
-        super().__init__(clone, graph=graph)
+        super().__init__(holder(clone, graph), graph=graph)
         self.clone, self.recorder = clone, recorder
         self.extra_traceback = False
         self.problems = list(problems)
 
     def call_module(self, target, args, kwargs):
         return _without_hooks(self.submodules[target], args, kwargs)
+
+    def get_attr(self, target, args, kwargs):
+        """A tensor read outside any layer, from the model (the graph's own table holds
+        the layers it calls only)."""
+        owner, _, name = str(target).rpartition(".")
+        return getattr(self.clone.get_submodule(owner), name)
 
     def run_node(self, n: fx.Node):
         module, reason = None, None
@@ -190,7 +211,7 @@ class _Validate(fx.Interpreter):
         if not parts or not all(isinstance(t, Tensor) for t in parts):
             self.problems.append(Problem(_node_label(n), _op_label(n, None),
                                          "returns a non-tensor value"))
-        elif any(t.dim() == 0 or t.shape[0] != _BATCH for t in parts):
+        elif any(t.dim() == 0 or t.shape[0] != BATCH for t in parts):
             self.problems.append(Problem(
                 _node_label(n), _op_label(n, None),
                 "mixes the batch dimension with features; keep dim 0 as the batch"))
@@ -228,7 +249,7 @@ def validate(graph: fx.Graph, clone: nn.Module, shape: tuple[int, ...],
               dtype: torch.dtype, problems: list[Problem]) -> None:
     """Steps 3 and 4 of the module docstring, on ``clone``, the model's meta copy;
     ``problems`` found before are raised with those found here, all at once."""
-    example = torch.empty((_BATCH, *shape), dtype=dtype, device="meta")
+    example = torch.empty((BATCH, *shape), dtype=dtype, device="meta")
     with torch.no_grad():
         traced_flow = Dataflow()
         validator = _Validate(graph, clone, traced_flow, problems)

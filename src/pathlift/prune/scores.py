@@ -172,7 +172,7 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
     layer."""
     entries, seen = [], set()
     for node in graph.parametric_nodes():
-        handler, module = graph.handler(node), graph.submodule(node)
+        handler, module = graph.handler(node), graph.stored_in(node)
         if not handler.scored or node.target in seen:
             continue
         seen.add(node.target)

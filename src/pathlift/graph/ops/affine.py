@@ -16,17 +16,32 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
+import re
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph.boundary import assign_, mask, param, stored
-from pathlift.graph.ops.base import Call, Handler, Kind, Parametric, register, value_range
+from pathlift.graph.ops.base import (
+    INPUT,
+    MODULES,
+    Call,
+    Handler,
+    Kind,
+    Lowered,
+    Operand,
+    Parametric,
+    lower,
+    register,
+    value_range,
+)
 from pathlift.graph.ops.pooling import window_max
 
 
@@ -400,6 +415,23 @@ class LinearHandler(AffineHandler):
         return x.amax(dim=-1, keepdim=True)  # every output reads every input feature
 
 
+class MatmulHandler(AffineHandler):
+    """y = x W + b with W stored (in, out): ``x @ self.weight`` or ``einsum("bi,io->bo")``
+    over a module's own weight, the transpose of a Linear layer (output channels along
+    dim 1 of W)."""
+
+    channel_dim = -1
+    out_dim = 1
+
+    def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+              ) -> Tensor:
+        y = torch.matmul(x, weight)
+        return y if bias is None else y + bias
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x.amax(dim=-1, keepdim=True)
+
+
 _BLOCK_BYTES = 1 << 20  # a block of |W| that stays in the L2 cache
 
 
@@ -607,3 +639,187 @@ for _d in (1, 2, 3):
              modules=[getattr(nn, f"ConvTranspose{_d}d")])
     register(BatchNormHandler(f"BatchNorm{_d}d"), modules=[getattr(nn, f"BatchNorm{_d}d")],
              note="in eval mode")
+
+
+# --------------------------------------------------------------------------- functional forms
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _operand(arg: Any, role: str = "") -> tuple[fx.Node, Operand] | None:
+    """(a get_attr node holding the tensor, its ``Operand``) of an argument that is a
+    tensor of the module (``self.weight``; ``weight_orig * weight_mask`` under
+    torch.nn.utils.prune, which the pass reads itself), or its transpose (``.T``, ``.mT``,
+    ``.t()``, ``.transpose(0, 1)``)."""
+    if not isinstance(arg, fx.Node):
+        return None
+    if arg.op == "get_attr":
+        return arg, Operand(role)
+    if _is_masked(arg):
+        return arg.args[1], Operand(role)
+    source = arg.args[0] if arg.args else None
+    if not isinstance(source, fx.Node) or not (source.op == "get_attr" or _is_masked(source)):
+        return None
+    source = source if source.op == "get_attr" else source.args[1]
+    if arg.op == "call_function" and arg.target is getattr and arg.args[1] in ("T", "mT"):
+        return source, Operand(role, arg.args[1])
+    if arg.op == "call_method" and (arg.target == "t" or (
+            arg.target == "transpose" and {d % 2 for d in arg.args[1:3]} == {0, 1})):
+        return source, Operand(role, arg.target, tuple(arg.args[1:]))
+    return None
+
+
+def _is_masked(node: fx.Node) -> bool:
+    """``name_mask.to(dtype=...) * name_orig``: torch.nn.utils.prune's pre-hook, traced."""
+    if node.op != "call_function" or node.target is not operator.mul or len(node.args) != 2:
+        return False
+    mask, orig = node.args
+    if isinstance(mask, fx.Node) and mask.op == "call_method" and mask.target == "to":
+        mask = mask.args[0]
+    return all(isinstance(n, fx.Node) and n.op == "get_attr" for n in (orig, mask)) and \
+        str(orig.target).endswith("_orig") and \
+        str(mask.target) == str(orig.target).removesuffix("_orig") + "_mask"
+
+
+def _tensors(node: fx.Node, value: Callable[[fx.Node], Any], *roles: tuple[str, Any],
+             ) -> dict[fx.Node, Any] | None:
+    """{argument node: Operand} for (role, argument) pairs, or None when an argument is
+    not a tensor of the module (an activation, or a tensor computed in forward)."""
+    marks: dict[fx.Node, Any] = {}
+    for role, arg in roles:
+        if arg is None:
+            continue
+        found = _operand(arg, role)
+        if found is None or not isinstance(value(found[0]), Tensor):
+            return None
+        marks[arg] = found[1]
+    return marks
+
+
+def _layer(handler: Handler, form: type, x: Any, marks: dict[fx.Node, Any] | None,
+           settings: dict[str, Any], checked: dict[str, Any] | None = None) -> Lowered | None:
+    """The ``Lowered`` call reading the activation ``x`` (None when x is no node)."""
+    if marks is None or not isinstance(x, fx.Node):
+        return None
+    return Lowered(handler, form, {x: INPUT, **marks}, settings, checked or {})
+
+
+def _read_linear(node: fx.Node, value: Callable[[fx.Node], Any]) -> Lowered | None:
+    """``F.linear(x, self.weight, self.bias)``: nn.Linear's op."""
+    weight = _arg(node, 1, "weight")
+    marks = _tensors(node, value, ("weight", weight), ("bias", _arg(node, 2, "bias")))
+    if marks is None or marks[weight].transposed:
+        return None
+    w = value(_operand(weight)[0])
+    return _layer(MODULES[nn.Linear], nn.Linear, node.args[0], marks,
+                  {"in_features": w.shape[1], "out_features": w.shape[0]})
+
+
+def _matmul(node: fx.Node, value: Callable[[fx.Node], Any], x: Any, weight: Any,
+            rows_out: bool) -> Lowered | None:
+    """x times a weight of the module: a Linear layer when the weight as the call reads
+    it is (out, in) (``rows_out``), else the transposed layout (``MatmulHandler``)."""
+    marks = _tensors(node, value, ("weight", weight))
+    if marks is None:
+        return None
+    w = value(_operand(weight)[0])
+    if w.dim() != 2:
+        return None
+    out_first = rows_out != marks[weight].transposed
+    handler = MODULES[nn.Linear] if out_first else MATMUL
+    return _layer(handler, nn.Linear, x, marks,
+                  {"in_features": w.shape[1 if out_first else 0],
+                   "out_features": w.shape[0 if out_first else 1]})
+
+
+def _read_matmul(node: fx.Node, value: Callable[[fx.Node], Any]) -> Lowered | None:
+    """``x @ self.weight.T`` (Linear), ``x @ self.weight`` (weight stored (in, out))."""
+    return _matmul(node, value, node.args[0], _arg(node, 1, "other"), rows_out=False)
+
+
+_EINSUM = re.compile(r"(\.\.\.|[a-z]*)([a-z]),([a-z])([a-z])->\1([a-z])")
+
+
+def _read_einsum(node: fx.Node, value: Callable[[fx.Node], Any]) -> Lowered | None:
+    """``einsum("bi,oi->bo", x, self.weight)`` (Linear), ``"...i,io->...o"`` (weight
+    stored (in, out)): a contraction of x's last dim with one dim of a 2-d weight."""
+    equation, *operands = node.args
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = list(operands[0])
+    found = _EINSUM.fullmatch(str(equation).replace(" ", ""))
+    if found is None or len(operands) != 2:
+        return None
+    batch, i, a, b, o = found.groups()
+    if len({i, o}) != 2 or {a, b} != {i, o} or {i, o} & set(batch):
+        return None
+    return _matmul(node, value, operands[0], operands[1], rows_out=(a == o))
+
+
+def _tuple(v: Any, dims: int) -> Any:
+    return v if isinstance(v, str) else tuple(v) if isinstance(v, (tuple, list)) \
+        else (v,) * dims
+
+
+def _read_conv(dims: int, transposed: bool) -> Callable[[fx.Node, Callable], Lowered | None]:
+    """``F.conv{d}d`` / ``F.conv_transpose{d}d`` over the module's weight and bias: the
+    op of the module form, its settings read off the call."""
+    names = ("stride", "padding", "output_padding", "groups", "dilation") if transposed \
+        else ("stride", "padding", "dilation", "groups")
+    defaults = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, "output_padding": 0}
+    form = getattr(nn, f"ConvTranspose{dims}d" if transposed else f"Conv{dims}d")
+
+    def read(node: fx.Node, value: Callable[[fx.Node], Any]) -> Lowered | None:
+        weight = _arg(node, 1, "weight")
+        marks = _tensors(node, value, ("weight", weight), ("bias", _arg(node, 2, "bias")))
+        if marks is None or marks[weight].transposed:
+            return None
+        given = {k: _arg(node, 3 + i, k, defaults[k]) for i, k in enumerate(names)}
+        if any(isinstance(v, fx.Node) for v in given.values()):
+            return None
+        w, groups = value(_operand(weight)[0]), given["groups"]
+        settings = {k: v if k == "groups" else _tuple(v, dims) for k, v in given.items()}
+        channels = (w.shape[0], w.shape[1] * groups) if transposed else \
+            (w.shape[1] * groups, w.shape[0])
+        settings.update(in_channels=channels[0], out_channels=channels[1],
+                        kernel_size=tuple(w.shape[2:]), padding_mode="zeros",
+                        transposed=transposed)
+        if not transposed:
+            settings["output_padding"] = (0,) * dims
+        return _layer(MODULES[form], form, node.args[0], marks, settings, {"groups": 1})
+    return read
+
+
+def _read_batch_norm(node: fx.Node, value: Callable[[fx.Node], Any]) -> Lowered | str | None:
+    """``F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+    False, momentum, eps)`` inside a BatchNorm subclass (timm's ``BatchNormAct2d``, which
+    then applies its activation): eval BatchNorm's op, x*a + c."""
+    roles = [("running_mean", _arg(node, 1, "running_mean")),
+             ("running_var", _arg(node, 2, "running_var")),
+             ("weight", _arg(node, 3, "weight")), ("bias", _arg(node, 4, "bias"))]
+    marks = _tensors(node, value, *roles)
+    if marks is None:
+        return None
+    if _arg(node, 5, "training", False) is not False or roles[0][1] is None:
+        return ("functional batch_norm normalises by batch statistics (training=True or "
+                "no running statistics); call model.eval()")
+    mean = value(_operand(roles[0][1])[0])
+    settings = {"num_features": mean.shape[0], "eps": _arg(node, 7, "eps", 1e-5),
+                "momentum": _arg(node, 6, "momentum", 0.1),
+                "affine": roles[2][1] is not None or roles[3][1] is not None,
+                "track_running_stats": True}
+    return _layer(MODULES[nn.BatchNorm2d], nn.BatchNorm2d, node.args[0], marks, settings,
+                  {"eps": None, "num_features": None, "affine": None})
+
+
+MATMUL = MatmulHandler("matmul")
+lower([F.linear], _read_linear)
+lower([torch.matmul, operator.matmul, "matmul", "__matmul__"], _read_matmul)
+lower([torch.einsum], _read_einsum)
+lower([F.batch_norm], _read_batch_norm)
+for _d in (1, 2, 3):
+    lower([getattr(F, f"conv{_d}d")], _read_conv(_d, False))
+    lower([getattr(F, f"conv_transpose{_d}d")], _read_conv(_d, True))

@@ -279,6 +279,72 @@ class UnsupportedHandler(Handler):
         return f"{self.cause} ({', '.join(supported_names(self.instead))})"
 
 
+# --------------------------------------------------------------------------- lowerings
+
+
+INPUT = "input"  # the activation a lowered functional call reads (a mark of ``Lowered``)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor of the calling module that a functional call reads: the module form's
+    attribute ``role`` (``weight``, ``bias``, ``running_mean``...), as it is or transposed
+    (``x @ self.weight.T``) by the attribute or method ``flip`` (``"T"``, ``"t"``...)
+    with ``flip_args``."""
+
+    role: str
+    flip: str = ""
+    flip_args: tuple[Any, ...] | None = None  # None: the attribute ``flip``, else a method
+
+    @property
+    def transposed(self) -> bool:
+        return bool(self.flip)
+
+    def read(self, t: Tensor) -> Tensor:
+        """The tensor as the call reads it, from the module's tensor ``t``."""
+        if not self.flip:
+            return t
+        flipped = getattr(t, self.flip)
+        return flipped if self.flip_args is None else flipped(*self.flip_args)
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A functional call over its own module's tensors read as the op of the module class
+    ``form`` (``F.linear(x, self.weight, self.bias)`` is ``nn.Linear``'s op): ``marks``
+    says what each node among its arguments is (``INPUT`` or an ``Operand``; the other
+    arguments are constants), ``settings`` the plain attributes of ``form`` the call fixes
+    (stride, groups, eps, ...); ``checked`` those of them that passes also read off the
+    calling module itself (rescaling a copy, quantisation), which must then hold the same
+    value (the default given applies when the module has no such attribute; None: it must
+    have it)."""
+
+    handler: Handler
+    form: type
+    marks: dict[fx.Node, Any]
+    settings: dict[str, Any]
+    checked: dict[str, Any]
+
+
+#: A reader per functional call that may be a layer: (node, meta value of a node) ->
+#: ``Lowered``, a reason to refuse it, or None when the call is not a layer (a product of
+#: two activations), found by the function or method name the node calls.
+Reader = Callable[[fx.Node, Callable[[fx.Node], Any]], "Lowered | str | None"]
+LOWERINGS: dict[Callable[..., Any] | str, Reader] = {}
+
+
+def lower(functions: Iterable[Callable[..., Any] | str], reader: Reader) -> None:
+    """Make ``reader`` say which functional calls of ``functions`` (torch functions or
+    method names) are the op of a module form, over the calling module's own tensors."""
+    for fn in functions:
+        LOWERINGS[fn] = reader
+
+
+#: Calls returning (values, indices) whose users read only the values (``.values``,
+#: ``[0]``): the function of the same arguments returning those values, one op.
+VALUES_OF: dict[Callable[..., Any] | str, Callable[..., Any]] = {}
+
+
 # --------------------------------------------------------------------------- the registry
 
 MODULES: dict[type, Handler] = {}

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pathlift.graph.ops.base import Call, Handler, Kind, register
+from pathlift.graph.ops.base import VALUES_OF, Call, Handler, Kind, register
 
 
 class FixedLinear(Handler):
@@ -245,6 +245,64 @@ class MeanHandler(FixedLinear):
         return x.amax(dim=self._dims(call, x.dim()), keepdim=bool(call.arg(2, "keepdim")))
 
 
+class _Reduction(FixedLinear):
+    """A reduction over feature dims ``dim`` (never the batch): its neurons read every
+    input of one fibre."""
+
+    def dims(self, call: Call) -> tuple[int, ...] | None:
+        """The reduced dims (non-negative), None when the call gives none (all dims)."""
+        dim = call.arg(1, "dim")
+        if dim is None or dim == ():
+            return None
+        ndim = call.args[0].dim()
+        return tuple(d % ndim for d in ((dim,) if isinstance(dim, int) else dim))
+
+    def keepdim(self, call: Call) -> bool:
+        return bool(call.arg(2, "keepdim", False))
+
+    def problem(self, call: Call) -> str | None:
+        dims = self.dims(call)
+        if dims is None or 0 in dims:
+            return (f"{self.name} over the batch dimension mixes samples; reduce over "
+                    "feature dims only (dim=...)")
+        return None
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return x.amax(dim=self.dims(call), keepdim=self.keepdim(call))
+
+    def abs_pow(self, x: Tensor, q: float, call: Call) -> tuple[Tensor, float]:
+        """(the sum over each fibre, 0): weights 1 (Thm 3.1.1 sums a max-pool's window)."""
+        return x.sum(dim=self.dims(call), keepdim=self.keepdim(call)), 0.0
+
+
+class ReduceMaxHandler(_Reduction):
+    """``amax`` / ``max(x, dim).values`` over feature dims: 1-max-pool neurons, weights 1,
+    bias 0 (Def. 2.2.2), each over one fibre (``nn.AdaptiveMaxPool1d(1)`` over the last
+    dim is the same op)."""
+
+    kind = Kind.MAXPOOL
+    maxpool = True
+    fixed_l1_exceeds_one = True
+
+
+class SumHandler(_Reduction):
+    """``sum`` over feature dims: identity neurons with fixed weights 1."""
+
+    fixed_l1_exceeds_one = True
+
+
+def max_values(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
+    """``torch.max(input, dim, keepdim).values``: what a traced ``torch.max(h, dim)`` whose
+    users only read its values (``.values``, ``[0]``) becomes (``pathlift.graph.
+    functional.select_values``), so that it runs the user's own op."""
+    return torch.max(input, dim, keepdim).values
+
+
+REDUCE_MAX = ReduceMaxHandler("amax")
+register(REDUCE_MAX, functions=[torch.amax, max_values], methods=["amax"],
+         note="over features (and the values of torch's maximum over a dim)")
+VALUES_OF.update({torch.max: max_values, "max": max_values})
+register(SumHandler("sum"), functions=[torch.sum], methods=["sum"], note="over features")
 for _d in (1, 2, 3):
     register(MaxPoolHandler(f"MaxPool{_d}d", _d, False),
              modules=[getattr(nn, f"MaxPool{_d}d")], functions=[getattr(F, f"max_pool{_d}d")])
