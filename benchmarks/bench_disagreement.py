@@ -48,6 +48,16 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model.eval()(x).argmax(1) == y).double().mean())
 
 
+def append_row(path: str, row: dict[str, object]) -> None:
+    """Append ``row`` to the CSV file ``path``, with a header when the file is new."""
+    new = not Path(path).exists()
+    with Path(path).open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=75000)
@@ -94,13 +104,7 @@ def main() -> None:
     for k, v in row.items():
         print(f"{k:28s} {v}")
     if args.out:
-        path = Path(args.out)
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+        append_row(args.out, row)
 
 
 if __name__ == "__main__":

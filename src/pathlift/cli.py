@@ -204,6 +204,10 @@ def bounds(
         "--compression/--no-compression", help="also the compression certificate (Occam "
         "bound on a coded quantised network, carried to the trained one)")] = True,
     output: Output = None,
+    unlabeled: Annotated[str | None, typer.Option(
+        "--unlabeled", metavar="NPZ", help="held-out unlabeled inputs (an .npz with an array "
+        "x, unused in training): adds the disagreement route through distilled compact "
+        "surrogates and prints the tightest route")] = None,
 ) -> None:
     """Generalisation bounds of a trained model on its training data, with the measured gap.
 
@@ -216,6 +220,8 @@ def bounds(
     """
     from pathlift.bounds import compression_bound, generalization_bounds, verdict
     from pathlift.data import load_data, loaders
+    from pathlift.graph.outputs import select_output
+    from pathlift.jobs.report.certificate import certified_route, load_unlabeled
     from pathlift.models import load_model
 
     with working(console, f"bounds of {model} on {data}"):
@@ -224,8 +230,11 @@ def bounds(
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
-        cert = compression_bound(net, shape, *split.train.tensors, outputs=output) \
-            if compression else None
+        route = None if unlabeled is None else certified_route(
+            select_output(net, output, shape), shape, *split.train.tensors,
+            load_unlabeled(unlabeled, shape), split.num_classes, direct=compression)
+        cert = route.direct if route is not None else compression_bound(
+            net, shape, *split.train.tensors, outputs=output) if compression else None
     m = b.measured
     u = b.top1_union
     rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
@@ -236,6 +245,10 @@ def bounds(
                      f"kl^-1({cert.occam.empirical:.4f}, {cert.occam.budget:.4f}), "
                      f"L = {cert.length.total} bits",
                      verdict(math.log10(cert.value), m.test_error)])
+    if route is not None:
+        rows.append([f"tightest route: {route.route}", ", ".join(
+            f"{k} {v:.4f}" for k, v in route.routes().items()),
+            verdict(math.log10(route.value), m.test_error)])
     console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
                          rows))
