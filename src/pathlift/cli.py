@@ -218,10 +218,9 @@ def bounds(
     in eval mode. Use the data and --seed it was trained with, so that the training split
     is the same.
     """
-    from pathlift.bounds import compression_bound, generalization_bounds, verdict
+    from pathlift.bounds import generalization_bounds, verdict
     from pathlift.data import load_data, loaders
-    from pathlift.graph.outputs import select_output
-    from pathlift.jobs.report.certificate import certified_route, load_unlabeled
+    from pathlift.jobs.report.certificate import certificates_of, route_rows
     from pathlift.models import load_model
 
     with working(console, f"bounds of {model} on {data}"):
@@ -230,11 +229,7 @@ def bounds(
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
-        route = None if unlabeled is None else certified_route(
-            select_output(net, output, shape), shape, *split.train.tensors,
-            load_unlabeled(unlabeled, shape), split.num_classes, direct=compression)
-        cert = route.direct if route is not None else compression_bound(
-            net, shape, *split.train.tensors, outputs=output) if compression else None
+        cert, route = certificates_of(net, shape, split, output, compression, unlabeled)
     m = b.measured
     u = b.top1_union
     rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
@@ -245,13 +240,9 @@ def bounds(
                      f"kl^-1({cert.occam.empirical:.4f}, {cert.occam.budget:.4f}), "
                      f"L = {cert.length.total} bits",
                      verdict(math.log10(cert.value), m.test_error)])
-    if route is not None:
-        rows.append([f"tightest route: {route.route}", ", ".join(
-            f"{k} {v:.4f}" for k, v in route.routes().items()),
-            verdict(math.log10(route.value), m.test_error)])
     console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
-                         rows))
+                         rows + route_rows(route, m.test_error)))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
              "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]

@@ -13,15 +13,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pathlift.bounds.compression import CompressionSearch
+from pathlift.bounds.compression import CompressionBound, CompressionSearch, compression_bound
 from pathlift.bounds.disagreement import RouteCertificate, certify
+from pathlift.bounds.verdict import verdict
+from pathlift.data import Split
 from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.graph.outputs import OutputKey, select_output
 from pathlift.train.recipes import compact_model, train_recipe
 from pathlift.train.surrogate import distil_surrogate, predictions
 
-__all__ = ["REPORT_RECIPE", "SURROGATE_SEARCH", "against_chance", "certified_network",
-           "certified_route", "chance_error", "load_unlabeled", "recipe_network",
-           "surrogate_epochs", "surrogate_kinds"]
+__all__ = ["REPORT_RECIPE", "SURROGATE_SEARCH", "against_chance", "certificates_of",
+           "certified_network", "certified_route", "chance_error", "load_unlabeled",
+           "recipe_network", "route_rows", "surrogate_epochs", "surrogate_kinds"]
 
 # the recipe chosen on the digits' validation split (docs/training.md): mlp-small,
 # quantisation-aware at grid offset 2
@@ -108,6 +111,30 @@ def certified_network(target: nn.Module, shape: Sequence[int], x: Tensor, y: Ten
         out["target_test_error"] = float((predictions(target, test[0]) != test[1])
                                          .double().mean())
     return out
+
+
+def certificates_of(net: nn.Module, shape: Sequence[int], split: Split,
+                    output: OutputKey | None, compression: bool, unlabeled: str | None
+                    ) -> tuple[CompressionBound | None, RouteCertificate | None]:
+    """What ``pathlift bounds`` certifies beside the path-norm bound: the compression
+    certificate (when ``compression``), and with an ``unlabeled`` .npz file the tightest
+    route (``certified_route``; its direct certificate is then the compression one)."""
+    if unlabeled is None:
+        return (compression_bound(net, shape, *split.train.tensors, outputs=output)
+                if compression else None), None
+    route = certified_route(select_output(net, output, shape), shape, *split.train.tensors,
+                            load_unlabeled(unlabeled, shape), split.num_classes,
+                            direct=compression)
+    return route.direct, route
+
+
+def route_rows(route: RouteCertificate | None, test_error: float) -> list[list[str]]:
+    """The table row of ``pathlift bounds`` for the tightest route (none without one)."""
+    if route is None:
+        return []
+    return [[f"tightest route: {route.route}",
+             ", ".join(f"{k} {v:.4f}" for k, v in route.routes().items()),
+             verdict(math.log10(route.value), test_error)]]
 
 
 def load_unlabeled(path: str | Path, shape: Sequence[int]) -> Tensor:
