@@ -219,6 +219,10 @@ def bounds(
         "--compression/--no-compression", help="also the compression certificate (Occam "
         "bound on a coded quantised network, carried to the trained one)")] = True,
     output: Output = None,
+    unlabeled: Annotated[str | None, typer.Option(
+        "--unlabeled", metavar="NPZ", help="held-out unlabeled inputs (an .npz with an array "
+        "x, unused in training): adds the disagreement route through distilled compact "
+        "surrogates and prints the tightest route")] = None,
 ) -> None:
     """Generalisation bounds of a trained model on its training data, with the measured gap.
 
@@ -229,8 +233,9 @@ def bounds(
     in eval mode. Use the data and --seed it was trained with, so that the training split
     is the same.
     """
-    from pathlift.bounds import compression_bound, generalization_bounds, verdict
+    from pathlift.bounds import generalization_bounds, verdict
     from pathlift.data import load_data, loaders
+    from pathlift.jobs.report.certificate import certificates_of, route_rows
     from pathlift.models import load_model
 
     with working(console, f"bounds of {model} on {data}"):
@@ -239,8 +244,7 @@ def bounds(
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
-        cert = compression_bound(net, shape, *split.train.tensors, outputs=output) \
-            if compression else None
+        cert, route = certificates_of(net, shape, split, output, compression, unlabeled)
     m = b.measured
     u = b.top1_union
     rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
@@ -253,7 +257,7 @@ def bounds(
                      verdict(math.log10(cert.value), m.test_error)])
     console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
-                         rows))
+                         rows + route_rows(route, m.test_error)))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
              "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]

@@ -19,6 +19,7 @@ from pathlift.bounds.constants import (
     architecture_constants,
 )
 from pathlift.bounds.covering import CoveringNumber, covering_deep, covering_shallow
+from pathlift.bounds.disagreement import DisagreementBound, RouteCertificate, certify
 from pathlift.bounds.lipschitz import (
     InputLipschitz,
     LipschitzBounds,
@@ -79,6 +80,7 @@ __all__ = [
     "CompressionBound",
     "CompressionSearch",
     "CoveringNumber",
+    "DisagreementBound",
     "EventGrid",
     "GeneralizationBounds",
     "InputLipschitz",
@@ -89,6 +91,7 @@ __all__ = [
     "PriorGrid",
     "PruningCertificate",
     "RademacherBound",
+    "RouteCertificate",
     "Sigma",
     "SymmetryAwareQuantized",
     "UnionGapBound",
@@ -96,6 +99,7 @@ __all__ = [
     "architecture_constants",
     "certified_error",
     "certified_top1",
+    "certify",
     "compression_bound",
     "covering_deep",
     "covering_shallow",

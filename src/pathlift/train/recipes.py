@@ -9,6 +9,11 @@ and the small architectures it is informative on.
   (CE + ``box_robust_loss`` at radius rho ramped up over the first half of training) / 2,
   so that the margins survive a quantisation step of about rho times each tensor's
   largest weight; ``BOX_ROBUST_PRUNE`` of the weights are pruned before retraining.
+- ``"quantized"`` (strength = the grid offset o, an integer >= 1): the same as
+  ``prune-retrain`` at ``BOX_ROBUST_PRUNE``, the retraining quantisation-aware
+  (``pathlift.train.quantized``: each tensor on the grid of step 2^(floor(log2 max|w|) - o),
+  straight-through), and the weights set on that grid at the end: the network is its own
+  coded network (exact path-metric d = 0) with o + 1 mantissa bits a weight.
 
 Both use Adam (lr ``lr``, then ``lr`` / 3 for the retraining), batches drawn with
 ``seed``, and leave the model dense (pruning masks folded in, pruned weights exactly 0).
@@ -26,11 +31,12 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
 from pathlift.prune.methods import prune_model
+from pathlift.train.quantized import quantized_forward, snap_
 from pathlift.train.robust import box_robust_loss
 
 __all__ = ["BOX_ROBUST_PRUNE", "RECIPES", "compact_model", "fit", "train_recipe"]
 
-RECIPES = ("prune-retrain", "box-robust")
+RECIPES = ("prune-retrain", "box-robust", "quantized")
 BOX_ROBUST_PRUNE = 0.6
 
 
@@ -61,8 +67,10 @@ def train_recipe(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: 
         raise InvalidParameterError(f"unknown recipe {method!r}; choose from {RECIPES}")
     shape = tuple(x.shape[1:])
     robust = strength if method == "box-robust" else 0.0
-    fraction = BOX_ROBUST_PRUNE if method == "box-robust" else strength
-    if not 0 <= fraction < 1 or robust < 0:
+    fraction = strength if method == "prune-retrain" else BOX_ROBUST_PRUNE
+    offset = int(strength) if method == "quantized" else None
+    if not 0 <= fraction < 1 or robust < 0 or (offset is not None and (
+            offset != strength or offset < 1)):
         raise InvalidParameterError(f"{method}: strength {strength} out of range")
     gen = torch.Generator().manual_seed(seed)
     _adam(model, x, y, shape, epochs, batch_size, lr, robust, gen, on_epoch, 0)
@@ -70,21 +78,25 @@ def train_recipe(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: 
         with torch.no_grad():
             prune_model(model, shape, fraction)
         _adam(model, x, y, shape, max(epochs // 2, 1), batch_size, lr / 3, robust, gen,
-              on_epoch, epochs)
+              on_epoch, epochs, offset)
     for module in model.modules():
         for name in ("weight", "bias"):
             if torch_prune.is_pruned(module) and hasattr(module, name + "_orig"):
                 torch_prune.remove(module, name)
+    if offset is not None:
+        snap_(model, offset)
 
 
 def _adam(model: nn.Module, x: Tensor, y: Tensor, shape: tuple[int, ...], epochs: int,
           batch_size: int, lr: float, robust: float, gen: torch.Generator,
-          on_epoch: Callable[[int], None] | None, done: int) -> None:
+          on_epoch: Callable[[int], None] | None, done: int, offset: int | None = None
+          ) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     radius = {"rho": 0.0}
 
     def loss(xb: Tensor, yb: Tensor) -> Tensor:
-        plain = F.cross_entropy(model(xb), yb)
+        out = model(xb) if offset is None else quantized_forward(model, xb, offset)
+        plain = F.cross_entropy(out, yb)
         if radius["rho"] == 0:
             return plain
         return (plain + box_robust_loss(model, shape, xb, yb, radius["rho"])) / 2

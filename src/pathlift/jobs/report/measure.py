@@ -34,6 +34,7 @@ from pathlift.graph import copy_model, eval_mode, graph_of, writable_copy
 from pathlift.graph.outputs import classifier_output
 from pathlift.graph.structure import training_mode_ops
 from pathlift.jobs.prune.pipeline import data_digest
+from pathlift.jobs.report.certificate import certified_network
 from pathlift.lift import AverageCasePathNorm, average_case_path_norm, path_norm
 from pathlift.prune import prune_model
 from pathlift.track import PathNormTracker
@@ -91,9 +92,11 @@ class Report:
     per criterion and level: sparsity, accuracy, log10 ||Phi||_1, log10 bound, log10
     certificate of Lemma 3.4.1) when data was given, with ``compression`` (the Occam
     certificate of ``pathlift.bounds.compression`` for the trained network, as
-    ``CompressionBound.summary()``); ``samples_needed_log10``: without data, log10 of
-    the n above which the cross-entropy bound drops below 1; ``provenance``: versions,
-    seed, data digest and the whole command's seconds.
+    ``CompressionBound.summary()``) and ``certified`` (a network trained by the recipe
+    and certified, and the model certified through it by the disagreement route:
+    ``pathlift.jobs.report.certificate.certified_network``); ``samples_needed_log10``:
+    without data, log10 of the n above which the cross-entropy bound drops below 1;
+    ``provenance``: versions, seed, data digest and the whole command's seconds.
     ``to_dict()`` is what ``report.json`` holds.
     """
 
@@ -112,6 +115,7 @@ class Report:
     worst_per_output_log10: tuple[float, ...] = ()
     pruning: list[dict[str, Any]] = field(default_factory=list)
     compression: dict[str, Any] | None = None
+    certified: dict[str, Any] | None = None
     samples_needed_log10: float | None = None
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
@@ -194,8 +198,12 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
     pruning = _pruning(net, shape, test, bounds)
     x, y = (torch.cat(t) for t in zip(*train, strict=True))
     compression = compression_bound(net, shape, x, y, search=REPORT_SEARCH).summary()
+    test_x, test_y = data.test.tensors
+    certified = certified_network(net, shape, x, y, test_x, data.num_classes, seed,
+                                  test=(test_x, test_y))
     return Report(**common, bounds=bounds, average_case=average, pruning=pruning,
-                  compression=compression, seconds=time.perf_counter() - start), net
+                  compression=compression, certified=certified,
+                  seconds=time.perf_counter() - start), net
 
 
 def _train(net: nn.Module, shape: tuple[int, ...], train: Any, test: Any, epochs: int,

@@ -131,6 +131,33 @@ def _certificates(doc: Document, report: Report) -> None:
     doc.table(["certificate", "terms", "bound", "verdict"], rows)
 
 
+def _certified(doc: Document, report: Report) -> None:
+    """The certified network: the recipe's network and the model through it, with the
+    terms and the verdict against chance of each."""
+    c = report.certified
+    doc.heading("The certified network")
+    doc.para(f"A {c['recipe']} network trained on the same training split, certified by the "
+             f"compression bound (probability >= {1 - c['recipe_delta']:g}), and the model "
+             "itself certified through it by the disagreement route (Bazinet, Zantedeschi "
+             "& Germain 2026, pathlift.bounds.disagreement): its top-1 error is at most the "
+             "recipe network's bound plus a bound on how often the two disagree, counted on "
+             f"the m = {c['m']} test inputs without their labels (probability >= "
+             f"{1 - c['target_delta']:g} for both statements together). Chance: "
+             f"{c['chance']:.4f}, the error of the best constant classifier on the training "
+             "labels.")
+    measured = {k: f"{c[k]:.4f}" if k in c else "n/a" for k in ("recipe_test_error",
+                                                                  "target_test_error")}
+    doc.table(["network", "terms", "bound", "test error", "verdict"], [
+        (c["recipe"], f"kl^-1({c['recipe_empirical']:.4f}, {c['recipe_budget']:.4f}), L = "
+         f"{c['recipe_bits']} bits ({c['recipe_bits_mantissas']} mantissas), "
+         f"{c['recipe_transfer']} transfer", f"{c['recipe_bound']:.4f}",
+         measured["recipe_test_error"], c["recipe_verdict"]),
+        (report.title, f"{c['recipe_bound']:.4f} + kl^-1({c['disagreement']:.4f}, "
+         f"{c['disagreement_budget']:.4f}) = {c['recipe_bound']:.4f} + "
+         f"{c['disagreement_bound']:.4f}", f"{c['target_bound']:.4f}",
+         measured["target_test_error"], c["target_verdict"])])
+
+
 def _bounds(doc: Document, report: Report, out: Path, figures: list[Path]) -> None:
     b, avg = report.bounds, report.average_case
     m = b.measured
@@ -141,6 +168,8 @@ def _bounds(doc: Document, report: Report, out: Path, figures: list[Path]) -> No
                ("top-1 error", f"{1 - m.train_accuracy:.4f}", f"{m.test_error:.4f}",
                 f"{m.train_accuracy - m.test_accuracy:.4f}")])
     _certificates(doc, report)
+    if report.certified is not None:
+        _certified(doc, report)
     doc.heading("Generalisation bounds against the measured gap (fixed-class form)")
     doc.para("The rows below use the class {||Phi||_1 <= r} with r the trained network's own "
              "path-norm (and gamma read off its margins): the form of thesis Sec. 7.2.1, "
