@@ -1,16 +1,16 @@
 """An independent |theta|^q pass (thesis Thm 3.1.1) on the model's own eager forward, the
 way the path-norm papers' scripts compute it, written without pathlift's engine.
 
-A float64 copy of the model gets every layer's weight and bias replaced by |.|^q, every
+A float64 copy of the model gets every layer's weight and bias replaced by |.|^q and every
 eval BatchNorm turned into the identity neuron a x + b of its fold (a = gamma /
-sqrt(var + eps), b = beta - mean a) with |a|^q, |b|^q, every max-pool into a sum-pool
-(weights 1), every average pool into a pool of weights (1/K)^q over its own windows, and
-runs its forward on the all-ones input: the outputs are o_v = ||Phi^{->v}||_q^q. ReLU is
-the identity on the non-negative values of that pass; sums, concatenations, flattening and
-nearest upsampling are fixed maps of weight 1 and stay as they are.
-
-It only knows modules: a model whose pooling or normalisation is functional inside a
-forward is not what it computes, and ``supported`` says so (it then raises).
+sqrt(var + eps), b = beta - mean a) with |a|^q, |b|^q; its forward runs on the all-ones
+input under a torch-function mode that turns every max-pool (module or functional) into a
+sum-pool (weights 1), every average pool and mean into weights (1/K)^q over its own
+windows, and ReLU6 into the pass of its two-ReLU sub-DAG: the outputs are
+o_v = ||Phi^{->v}||_q^q. ReLU is the identity on the non-negative values of that pass;
+sums, concatenations, flattening, channel shuffles and nearest upsampling are fixed maps
+of weight 1 and stay as they are. An op it does not know runs as it is, so the comparison
+then fails loudly rather than passing by accident.
 """
 
 from __future__ import annotations
@@ -21,61 +21,70 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-#: modules whose forward is the identity or already right on the |theta|^q pass
-_KEPT = (nn.ReLU, nn.Identity, nn.Dropout, nn.Flatten, nn.Sequential, nn.ModuleList,
-         nn.ModuleDict, nn.Upsample)
+from torch.overrides import TorchFunctionMode
 
 
-class _SumPool(nn.Module):
+def _sum_pool(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+              return_indices=False) -> Tensor:
     """Window sums of a max-pool (every window weight 1)."""
-
-    def __init__(self, pool: nn.Module):
-        super().__init__()
-        self.pool = pool
-
-    def forward(self, x: Tensor) -> Tensor:
-        p = self.pool
-        if isinstance(p, (nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool1d)):
-            return _adaptive_sum(x, p.output_size, q=0.0)
-        dims = x.dim() - 2
-        pool = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[dims - 1]
-        k, s, pad = (_tuple(v, dims) for v in (p.kernel_size, p.stride or p.kernel_size,
-                                                 p.padding))
-        if any(d != 1 for d in _tuple(p.dilation, dims)):
-            raise NotImplementedError("dilated max-pool")
-        args = dict(kernel_size=k, stride=s, padding=pad, ceil_mode=p.ceil_mode,
-                    count_include_pad=True)
-        if dims == 1:
-            return pool(x, **args) * k[0]
-        return pool(x, divisor_override=1, **args)
+    dims = x.dim() - 2
+    if return_indices or any(d != 1 for d in _tuple(dilation, dims)) or dims == 1:
+        raise NotImplementedError("max-pool with indices, dilation or in 1-d")
+    pool = (F.avg_pool2d, F.avg_pool3d)[dims - 2]
+    return pool(x, kernel_size, stride or kernel_size, padding, ceil_mode,
+                count_include_pad=True, divisor_override=1)
 
 
-class _PowAvgPool(nn.Module):
+def _pow_avg_pool(q: float, x: Tensor, kernel_size, stride=None, padding=0, ceil_mode=False,
+                  count_include_pad=True, divisor_override=None) -> Tensor:
     """An average pool with weights (1/K_w)^q, K_w its own divisor on each window."""
+    dims = x.dim() - 2
+    if divisor_override or dims == 1:
+        raise NotImplementedError("average pool with divisor_override or in 1-d")
+    pool = (F.avg_pool2d, F.avg_pool3d)[dims - 2]
+    args = (kernel_size, stride or kernel_size, padding, ceil_mode)
+    ones = torch.ones_like(x[:1, :1])
+    count = pool(ones, *args, count_include_pad=True, divisor_override=1)
+    divisor = count / pool(ones, *args, count_include_pad=count_include_pad)  # K_w
+    return pool(x, *args, count_include_pad=count_include_pad) * divisor.pow(1.0 - q)
 
-    def __init__(self, pool: nn.Module, q: float):
+
+class _AbsPowMode(TorchFunctionMode):
+    """The |theta|^q pass of the fixed maps and activations, functional or in modules:
+    max-pools sum their windows, average pools and means weigh by (1/K)^q, ReLU6 (Hardtanh
+    on [0, M]) is the pass of ReLU(z) - ReLU(z - M) (DESIGN.md): 2x + M^q."""
+
+    def __init__(self, q: float):
         super().__init__()
-        self.pool, self.q = pool, q
+        self.q = q
 
-    def forward(self, x: Tensor) -> Tensor:
-        p = self.pool
-        if isinstance(p, (nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool1d)):
-            return _adaptive_sum(x, p.output_size, q=self.q)
-        dims = x.dim() - 2
-        pool = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[dims - 1]
-        k, s, pad = (_tuple(v, dims) for v in (p.kernel_size, p.stride or p.kernel_size,
-                                                 p.padding))
-        args = dict(kernel_size=k, stride=s, padding=pad, ceil_mode=p.ceil_mode,
-                    count_include_pad=p.count_include_pad)
-        if getattr(p, "divisor_override", None):
-            raise NotImplementedError("divisor_override")
-        if dims == 1:
-            raise NotImplementedError("1-d average pool")
-        ones = torch.ones_like(x[:1, :1])
-        count = pool(ones, **{**args, "count_include_pad": True}, divisor_override=1)
-        divisor = count / pool(ones, **args)  # each window's own divisor K_w
-        return pool(x, **args) * divisor.pow(1.0 - self.q)  # sum * K_w^-q
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        q = self.q
+        if name in ("max_pool2d", "max_pool3d", "_max_pool2d", "_max_pool3d"):
+            return _sum_pool(*args, **kwargs)
+        if name in ("avg_pool2d", "avg_pool3d"):
+            return _pow_avg_pool(q, *args, **kwargs)
+        if name.lstrip("_") in ("adaptive_max_pool1d", "adaptive_max_pool2d",
+                                "adaptive_avg_pool1d", "adaptive_avg_pool2d"):
+            size = args[1] if len(args) > 1 else kwargs["output_size"]
+            return _adaptive_sum(args[0], size, q if "avg" in name else 0.0)
+        if name == "mean" and (len(args) > 1 or "dim" in kwargs):
+            x, dim = args[0], kwargs.get("dim", args[1] if len(args) > 1 else None)
+            dims = [dim] if isinstance(dim, int) else list(dim)
+            size = math.prod(x.shape[d] for d in dims)
+            return func(*args, **kwargs) * float(size) ** (1.0 - q)
+        if name == "hardtanh":
+            x = args[0]
+            low = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
+            high = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
+            if low != 0:
+                raise NotImplementedError("Hardtanh with a non-zero minimum")
+            return 2 * x + float(high) ** q
+        if name in ("relu6",):
+            return 2 * args[0] + 6.0**q
+        return func(*args, **kwargs)
 
 
 def _adaptive_sum(x: Tensor, output_size, q: float) -> Tensor:
@@ -99,37 +108,23 @@ def _tuple(v, n: int) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
 
 
-def _leaf_types(model: nn.Module) -> set[str]:
-    return {type(m).__name__ for m in model.modules() if not list(m.children())}
-
-
 def abs_pow_copy(model: nn.Module, q: float) -> nn.Module:
-    """The float64 copy of ``model`` whose forward on all-ones is the |theta|^q pass."""
+    """The float64 copy of ``model`` with |theta|^q parameters (BatchNorm folded first);
+    run it under ``_AbsPowMode(q)`` on all-ones for the |theta|^q pass."""
     net = copy.deepcopy(model).double().eval()
-    for name, module in list(net.named_modules()):
-        replacement = None
-        if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d,
-                               nn.AdaptiveMaxPool2d)):
-            replacement = _SumPool(module)
-        elif isinstance(module, (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-                                 nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
-            replacement = _PowAvgPool(module, q)
-        elif isinstance(module, nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
+    with torch.no_grad():
+        for module in net.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 a = module.weight / torch.sqrt(module.running_var + module.eps)
                 b = module.bias - module.running_mean * a
                 module.weight.copy_(a.abs().pow(q))
                 module.bias.copy_(b.abs().pow(q))
                 module.running_mean.zero_()
                 module.running_var.fill_(1.0 - module.eps)
-        elif isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
-            with torch.no_grad():
+            elif isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
                 module.weight.copy_(module.weight.abs().pow(q))
                 if module.bias is not None:
                     module.bias.copy_(module.bias.abs().pow(q))
-        if replacement is not None:
-            parent, _, child = name.rpartition(".")
-            setattr(net.get_submodule(parent) if parent else net, child, replacement)
     return net
 
 
@@ -140,7 +135,7 @@ def abs_pow_outputs(model: nn.Module, shape: tuple[int, ...], q: float,
     net = abs_pow_copy(model, q)
     for p in net.parameters():
         p.requires_grad_(requires_grad)
-    with torch.set_grad_enabled(requires_grad):
+    with torch.set_grad_enabled(requires_grad), _AbsPowMode(q):
         out = net(torch.ones((1, *shape), dtype=torch.float64))
     leaves = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) \
         else (out,)

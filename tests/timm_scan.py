@@ -85,16 +85,20 @@ def parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def classify(name: str, model: nn.Module | None = None) -> Verdict:
-    """pathlift's verdict on ``name`` at the smallest of ``SIZES`` it accepts."""
-    fam = family(name)
+def classify(name: str) -> Verdict:
+    """pathlift's verdict on the timm model ``name`` (see ``verdict``)."""
     try:
-        model = build(name) if model is None else model
+        model = build(name)
     except Exception as err:  # timm's own constructor failing (an optional dependency)
-        return Verdict(name, fam, "not_built", reason=one_line(err)[:200])
+        return Verdict(name, family(name), "not_built", reason=one_line(err)[:200])
     declared = getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))
+    return verdict(name, family(name), model, declared[0])
+
+
+def verdict(name: str, fam: str, model: nn.Module, channels: int = 3) -> Verdict:
+    """pathlift's verdict on an image model at the smallest side of ``SIZES`` it takes."""
     for size in SIZES:
-        shape = (declared[0], *(size,) * (len(declared) - 1))
+        shape = (channels, size, size)
         try:
             trace(model, shape)
         except ShapeError:
