@@ -97,7 +97,8 @@ def test_every_model_argument_has_the_same_help():
     helps = {command: " ".join(invoke(command, "--help").output.split())
              for command in COMMANDS}
     model_help = ("a reference architecture (see 'pathlift models'), a checkpoint file "
-                  "(.safetensors, .pt, .pth), module:callable or path/to/file.py:callable")
+                  "(.safetensors, .pt, .pth), timm:NAME (a timm architecture, random "
+                  "weights), module:callable or path/to/file.py:callable")
     takes_model = {c for c, text in helps.items() if "MODEL" in text or "--model" in text}
     takes_model -= {"depth", "frontier"}  # their --model names a class of their own tables
     assert takes_model == {"norm", "summary", "bounds", "report", "prune", "quantize",

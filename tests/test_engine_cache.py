@@ -120,11 +120,14 @@ def test_the_cache_does_not_keep_models_alive():
     assert ref() is None
 
 
-def test_the_input_shape_of_the_latest_graph_is_the_default():
+def test_a_call_without_a_shape_never_takes_an_earlier_calls():
     model = residual_cnn()
-    assert path_norm(model, SHAPE).log10 == path_norm(model).log10
+    graph = graph_of(model, SHAPE)
+    with pytest.raises(ShapeError, match="does not declare its input shape"):
+        path_norm(model)
+    assert path_norm(graph).log10 == path_norm(model, SHAPE).log10  # a graph keeps its own
     with pytest.raises(ShapeError, match="traced for input shape"):
-        path_norm(graph_of(model), (2, 16, 16))
+        path_norm(graph, (2, 16, 16))
 
 
 def test_trace_checks_values_that_the_cached_graph_does_not():

@@ -38,8 +38,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=N
 console = Console()
 
 MODEL_HELP = ("a reference architecture (see 'pathlift models'), a checkpoint file "
-              "(.safetensors, .pt, .pth), module:callable or path/to/file.py:callable (a class "
-              "or factory returning an nn.Module)")
+              "(.safetensors, .pt, .pth), timm:NAME (a timm architecture, random weights), "
+              "module:callable or path/to/file.py:callable (a class or factory returning an "
+              "nn.Module)")
 DATA_HELP = ("digits, synthetic, a .npz file (arrays x, y), a .csv file (label column 'label', "
              "'y' or the last), a folder of class sub-folders of images, or module:callable "
              "returning (train, test) datasets")
@@ -49,7 +50,8 @@ ModelB = Annotated[str, typer.Argument(metavar="MODEL_B", help="the second model
 InputShape = Annotated[list[int] | None, typer.Option(
     "--input-shape", metavar="<int>...", help="input shape without the batch dimension, "
     "values separated by spaces as in --input-shape 3 224 224 (default: the checkpoint's, "
-    "else the factory's input_shape attribute, else the data's)")]
+    "else the data's, else the one the model declares: an input_shape attribute, timm's "
+    "pretrained_cfg; never a guess)")]
 Weights = Annotated[str | None, typer.Option(
     "--weights", help="state_dict file (.safetensors, .pt, .pth; weights only) for MODEL")]
 WeightsB = Annotated[str | None, typer.Option(
@@ -164,7 +166,7 @@ def norm(
     with working(console, f"path-norms of {model}"):
         net, shape = load_model(model, input_shape, weights, seed=seed)
         norms = path_norms(net, shape, q, r)
-    console.print(_table(f"path-norms of {model}, input {tuple(shape)}, "
+    console.print(_table(f"path-norms of {model}, input {shape.described()}, "
                          f"r={'q' if r is None else f'{r:g}'}", ["q", "value", "log10"],
                          [[f"{k:g}", f"{n.value:.6g}", f"{n.log10:.6f}"]
                           for k, n in norms.items()]))
@@ -202,7 +204,7 @@ def summary(
             ["log10 Lipschitz in x, l_inf -> l_1 (Thm 3.3.1)", f"{s.lipschitz_log10:.6f}"],
             ["log10 product of layer norms (Thm 3.3.2)", "n/a (residual sums)"
              if s.layer_product_log10 is None else f"{s.layer_product_log10:.6f}"]]
-    console.print(_table(f"{model}, input {shape}", ["quantity", "value"], rows))
+    console.print(_table(f"{model}, input {shape.described()}", ["quantity", "value"], rows))
 
 
 @app.command(short_help="Generalisation bounds of a trained model against its measured gap.")
@@ -745,7 +747,8 @@ def metric(
                                               seed=seed)
         d = path_metric(net_a, net_b, shape)
     console.print(_table(
-        f"path-metric between {model} and {model_b}, input {shape}", ["quantity", "value"],
+        f"path-metric between {model} and {model_b}, input {shape.described()}",
+        ["quantity", "value"],
         [["case", d.case], ["d lower", f"{d.lower:.6g} (log10 {d.lower_log10:.6f})"],
          ["d upper", f"{d.upper:.6g} (log10 {d.upper_log10:.6f})"],
          ["||Phi(A)||_1, ||Phi(B)||_1 (log10)", f"{d.norm_a_log10:.6f}, {d.norm_b_log10:.6f}"],
@@ -790,7 +793,7 @@ def lipschitz(
                   f"{p.log10:.6f}" if p.applies else "no bound"],
                  ["in theta: classical (eq. 3.7)",
                   "n/a" if p.lfcn_log10 is None else f"{p.lfcn_log10:.6f}"]]
-    console.print(_table(f"Lipschitz bounds of {model}, input {shape}, r={r:g}",
+    console.print(_table(f"Lipschitz bounds of {model}, input {shape.described()}, r={r:g}",
                          ["bound", "log10"], rows, caption=p.reason if other else None))
 
 

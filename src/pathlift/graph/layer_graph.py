@@ -170,7 +170,7 @@ class LayerGraph:
                            *dtype_device(model), weakref.ref(model), structure_key(model))
         bound.derived.update({k: v.rebind(bound) for k, v in self.derived.items()
                               if hasattr(v, "rebind")})  # structural results carry over
-        remember(model, bound)
+        remember(model, bound, made=True)
         return bound
 
     def with_modules(self, replaced: dict[str, nn.Module]) -> LayerGraph:

@@ -58,8 +58,8 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
     unchanged; a ``LayerGraph`` is returned as is while its model's structure is unchanged
     (else traced anew). Parameter values are not checked (see ``LayerGraph.check_values``).
 
-    ``input_shape`` None takes the graph's own, else that of the model's latest graph, else
-    one inferred from the model's first layer. ``as_eval``: the graph of the model as in
+    ``input_shape`` None takes the graph's own, else the one the model declares, never an
+    earlier call's (``pathlift.graph.input_shape``). ``as_eval``: the graph of the model as in
     eval mode, what ``with eval_mode(model): graph_of(model)`` returns, but a cached graph
     is found without flipping any flag (the model is traced under ``eval_mode``).
     DDP, DataParallel and torch.compile are looked through; FSDP2 models are traced as
@@ -76,10 +76,7 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
             return model
         return graph_of(source, model.input_shape, as_eval)
     model = readable(model)
-    if input_shape is None:
-        known = cache.shapes(model)
-        input_shape = known[-1] if known else None
-    shape = resolve_input_shape(model, input_shape, graph_of)
+    shape = resolve_input_shape(model, input_shape)
     key = structure_key(model, as_eval)
     cached = cache.lookup(model, shape)
     if cached is not None and cached.key == key:
@@ -100,8 +97,8 @@ def trace(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = Non
 
     Args:
         model: the network (plain, pruned, DDP-wrapped or compiled), or a ``LayerGraph``.
-        input_shape: input size without the batch dimension; None reuses the model's
-            latest graph or infers it from the first layer.
+        input_shape: input size without the batch dimension; None takes the one the
+            model declares (``pathlift.graph.input_shape``), else raises ShapeError.
 
     Returns:
         The ``LayerGraph``, which every public function accepts in place of the model.

@@ -213,7 +213,7 @@ def _upper_bound_log(graph_a: LayerGraph, graph_b: LayerGraph, norm_a: float, no
     normalised = []
     for g in (graph_a, graph_b):
         try:
-            n = graph_of(normalize(g, None, 1.0))
+            n = graph_of(normalize(g, None, 1.0), g.input_shape)
         except PrecisionError as err:
             return triangle, f"{_TRIANGLE} (N(theta) of Alg. 3.2.1 is out of reach: {err})"
         if any(not bool((torch.isfinite(m) & ((m != 0) | (t == 0))).all())

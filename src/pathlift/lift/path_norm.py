@@ -14,6 +14,7 @@ from pathlift.exponents import check_dtype, check_exponents
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import copy_model
+from pathlift.graph.input_shape import InputShape, as_input_shape
 from pathlift.graph.normalize import normalize
 from pathlift.graph.sharded import ShardedAbsPow, is_sharded_graph
 from pathlift.logspace import LN10, format_log10, power10
@@ -25,12 +26,15 @@ class PathNorm:
 
     ``value`` is a float (inf when it exceeds float64); ``log10`` is always finite for a
     non-zero norm. ``per_output_log10`` holds log10 ||Phi^{->v}||_q for each output neuron.
+    ``input_shape`` is the shape it was computed at, and ``input_shape.source`` where that
+    came from ("given", "timm's pretrained_cfg['input_size']", ...: never a guess).
     """
 
     q: float
     r: float
     log10: float
     per_output_log10: tuple[float, ...] = field(repr=False)
+    input_shape: InputShape | None = field(default=None, repr=False, compare=False)
 
     @property
     def value(self) -> float:
@@ -95,7 +99,7 @@ def _pass(graph: LayerGraph, q: float, dtype: torch.dtype, walker: type[AbsPowIn
         wide = copy_model(graph.model).to(torch.float64)
         normalised_model = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
         if all(bool(p.isfinite().all()) for p in normalised_model.parameters()):
-            graph = graph_of(normalised_model)
+            graph = graph_of(normalised_model, graph.input_shape)
         # else Alg. 3.2.1 moved every hidden neuron's scale into the output layer, beyond
         # float64 (weights near 1e200 in two layers): the pass runs on the parameters as
         # they are, each layer divided by its largest entry, exact unless |w/u|^q underflows
@@ -154,7 +158,9 @@ def path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None =
     Args:
         model: a supported ReLU network (DDP, compiled and pruned models included), or
             its ``LayerGraph``. The graph is traced once per model object and reused.
-        input_shape: input size without the batch dimension, e.g. (3, 224, 224).
+        input_shape: input size without the batch dimension, e.g. (3, 224, 224); None
+            takes the one the model declares (an ``input_shape`` attribute, timm's
+            pretrained_cfg, torchvision's documented input), else raises ShapeError.
         q: the exponent, in (0, inf).
         r: None (default) takes r = q: the l^q norm ||Phi||_q of the whole path-lifting,
             as ``path_norms`` and ``pathlift norm``; a number in (0, inf] gives the mixed
@@ -187,7 +193,8 @@ def path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None =
     graph = graph_of(model, input_shape)
     total, per_output = mixed_norm_log(log_outputs(graph, q, dtype), q, r)
     return PathNorm(q=q, r=r, log10=total / LN10,
-                    per_output_log10=tuple((per_output / LN10).tolist()))
+                    per_output_log10=tuple((per_output / LN10).tolist()),
+                    input_shape=as_input_shape(graph.input_shape))
 
 
 def path_norms(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,

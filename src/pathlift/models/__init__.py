@@ -1,4 +1,5 @@
-"""Reference ReLU architectures; the torchvision ones share torchvision's parameter names."""
+"""Reference ReLU architectures (the torchvision ones share torchvision's parameter names),
+models by name (reference, torchvision, ``timm:NAME``, import paths) and checkpoints."""
 
 from pathlift.models.alexnet import alexnet
 from pathlift.models.checkpoints import (
@@ -24,6 +25,7 @@ from pathlift.models.registry import (
     default_input_shape,
     get_model,
     import_callable,
+    model_input_shape,
     reference_models,
 )
 from pathlift.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -48,6 +50,7 @@ __all__ = [
     "mlp",
     "mobilenet_relu",
     "model_factory",
+    "model_input_shape",
     "read_checkpoint",
     "reference_models",
     "resnet18",

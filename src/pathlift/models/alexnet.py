@@ -10,6 +10,8 @@ __all__ = ["AlexNet", "alexnet"]
 class AlexNet(nn.Module):
     """Five convs with three 3x3/2 max-pools, 6x6 adaptive average pool, 3 Linear layers."""
 
+    input_shape = (3, 224, 224)  # what path-norms read without a shape
+
     def __init__(self, num_classes: int = 1000, dropout: float = 0.5):
         super().__init__()
         self.features = nn.Sequential(

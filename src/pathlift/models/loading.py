@@ -3,7 +3,9 @@
 The trust rule. What the user types (a command line, a Python call) is theirs to run: a
 model spec ``module:callable`` or ``path/to/file.py:callable`` is imported and called. A
 *file* is not trusted: a checkpoint may name only a reference architecture (pathlift's
-registry) or a torchvision classification model. An import path read from inside a file
+registry), a torchvision classification model or a timm architecture (``timm:NAME``,
+built with random weights and never with arguments that load files or download:
+``pathlift.models.timm_models``). An import path read from inside a file
 (``pathlift.arch`` in a .safetensors' metadata, the ``arch`` field of a .pt dict) is
 refused with ``UntrustedArchitectureError`` before anything is imported or called, unless
 the user names the architecture themselves (``load_model(FILE, arch="mymodule:Net")``,
@@ -11,8 +13,9 @@ the user names the architecture themselves (``load_model(FILE, arch="mymodule:Ne
 (``trust_arch=True``, ``pathlift --trust-arch COMMAND``). See docs/threat-model.md.
 
 The input shape, in this order: the one given, else the one stored in the checkpoint,
-else the data's (``data_shape``), else the architecture's default (a reference
-architecture's own, a callable's ``input_shape`` attribute, (3, 224, 224) for torchvision).
+else the data's (``data_shape``), else the one the architecture declares (a callable's
+``input_shape`` attribute, else the model's: ``pathlift.graph.input_shape``); never a
+guess. It comes as an ``InputShape`` whose ``source`` says which.
 
 The size: every model is first built on the meta device and refused when its parameters
 and buffers exceed the memory limit (``pathlift.memory``), before it is built for
@@ -34,6 +37,7 @@ from torch import nn
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError, ShapeError
 from pathlift.graph import copy_model
 from pathlift.graph.boundary import unwrap
+from pathlift.graph.input_shape import InputShape, as_input_shape
 from pathlift.models.checkpoints import (
     CHECKPOINT_SUFFIXES,
     Checkpoint,
@@ -44,9 +48,9 @@ from pathlift.models.checkpoints import (
 from pathlift.models.registry import (
     REFERENCE_MODELS,
     check_model_size,
-    default_input_shape,
     get_model,
     is_import_path,
+    model_input_shape,
 )
 
 __all__ = ["UntrustedArchitectureError", "load_model", "load_model_pair", "model_factory",
@@ -123,22 +127,23 @@ def _checkpoint(spec: str | os.PathLike[str], weights: str | os.PathLike[str] | 
 def load_model(spec: str | os.PathLike[str], input_shape: Sequence[int] | None = None,
                weights: str | os.PathLike[str] | None = None, *, seed: int | None = None,
                arch: str | None = None, trust_arch: bool | None = None,
-               data_shape: Sequence[int] | None = None) -> tuple[nn.Module, tuple[int, ...]]:
+               data_shape: Sequence[int] | None = None) -> tuple[nn.Module, InputShape]:
     """An eval-mode model and its input shape from a model name or a checkpoint file.
 
     ``spec`` is a model name as ``get_model`` takes it (reference architecture,
-    ``module:callable``, ``path/to/file.py:callable``, torchvision name), with random
-    weights or those of ``weights`` (a plain or pathlift state_dict file), or a checkpoint
-    written by ``save_checkpoint`` (a file whose metadata names the architecture).
+    ``module:callable``, ``path/to/file.py:callable``, ``timm:NAME``, torchvision name), with
+    random weights or those of ``weights`` (a plain or pathlift state_dict file), or a
+    checkpoint written by ``save_checkpoint`` (a file whose metadata names the architecture).
 
-    A file may name only a reference or torchvision architecture (the trust rule of this
-    module): for your own class give ``arch`` (``load_model("net.safetensors",
+    A file may name only a reference, timm or torchvision architecture (the trust rule of
+    this module): for your own class give ``arch`` (``load_model("net.safetensors",
     arch="mymodels:Net")``, the same as ``load_model("mymodels:Net",
     weights="net.safetensors")``), or ``trust_arch=True`` to build the import path the file
     names (default: ``set_trust_arch``'s setting, off).
 
     The input shape is ``input_shape`` if given, else the one stored in the checkpoint, else
-    ``data_shape`` (the data's), else the architecture's default (``default_input_shape``).
+    ``data_shape`` (the data's), else the one the architecture declares
+    (``model_input_shape``), else a ShapeError; its ``source`` says which.
     ``seed`` seeds the random initialisation (in a forked RNG: the caller's RNG state is
     left as it was), so one architecture name and one seed always give the same weights.
 
@@ -162,10 +167,11 @@ def load_model(spec: str | os.PathLike[str], input_shape: Sequence[int] | None =
     if ckpt.state_dict:
         load_weights(unwrap(model), ckpt.state_dict)  # a compiled factory too
     model.eval()
-    for shape in (input_shape, ckpt.input_shape, data_shape):
+    for shape, source in ((input_shape, "given"), (ckpt.input_shape, "the checkpoint"),
+                          (data_shape, "the data")):
         if shape:
-            return model, tuple(int(s) for s in shape)
-    return model, default_input_shape(name, **ckpt.kwargs)
+            return model, as_input_shape(shape, source)
+    return model, model_input_shape(name, unwrap(model))
 
 
 def load_model_pair(spec_a: str, spec_b: str, input_shape: Sequence[int] | None = None,
@@ -190,7 +196,7 @@ def model_factory(spec: str, num_classes: int | None = None, weights: str | None
     """A callable building a fresh model from ``spec``.
 
     - a model name (``pathlift models``, ``module:callable``, ``path/to/file.py:callable``;
-      a torchvision name when torchvision is installed): a new randomly initialised model
+      ``timm:NAME``, a torchvision name when installed): a new randomly initialised model
       each call, with ``num_classes`` when a reference constructor takes that argument;
     - a checkpoint file, or a name with ``weights``: each call returns a copy of those
       weights (``load_model``, its trust rule included), so every run starts from them.
@@ -211,7 +217,7 @@ def model_factory(spec: str, num_classes: int | None = None, weights: str | None
         return lambda: copy_model(template)
     constructor = REFERENCE_MODELS[spec].constructor if spec in REFERENCE_MODELS else None
     takes = "num_classes" in inspect.signature(constructor).parameters if constructor \
-        else not is_import_path(spec)  # torchvision constructors take num_classes
+        else not is_import_path(spec)  # torchvision's and timm's constructors take num_classes
     kwargs = {"num_classes": num_classes} if num_classes is not None and takes else {}
     check_model_size(spec, kwargs)  # an unknown name or a huge model fails here
     return functools.partial(get_model, spec, **kwargs)

@@ -49,6 +49,8 @@ class InvertedResidual(nn.Module):
 class MobileNetReLU(nn.Module):
     """MobileNetV2 layout: stem, 17 inverted residuals, 1x1 conv to 1280, pool, classifier."""
 
+    input_shape = (3, 224, 224)  # what path-norms read without a shape
+
     def __init__(self, num_classes: int = 1000, width_mult: float = 1.0,
                  dropout: float = 0.2):
         super().__init__()

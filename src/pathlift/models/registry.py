@@ -1,5 +1,6 @@
-"""Models by name: the reference architectures, torchvision's, and the user's own factories
-named by import path (``module:callable`` or ``path/to/file.py:callable``)."""
+"""Models by name: the reference architectures, torchvision's, timm's (``timm:NAME``) and the
+user's own factories named by import path (``module:callable`` or
+``path/to/file.py:callable``)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ import torch
 from torch import nn
 
 from pathlift.errors import InvalidParameterError, ShapeError
+from pathlift.graph.input_shape import InputShape, declared_input_shape
 from pathlift.memory import check_bytes
 from pathlift.models.alexnet import alexnet
 from pathlift.models.mobilenet import mobilenet_relu
 from pathlift.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
 from pathlift.models.small import mlp, small_cnn
+from pathlift.models.timm_models import is_timm_spec, timm_model
 from pathlift.models.unet import unet
 from pathlift.models.vgg import vgg11, vgg11_bn, vgg16, vgg16_bn
 
 __all__ = ["REFERENCE_MODELS", "ModelSpec", "ReferenceModel", "check_model_size",
            "default_input_shape", "get_model", "import_callable", "is_import_path",
+           "model_input_shape",
            "reference_models"]
 
 _IMAGENET = (3, 224, 224)
@@ -76,9 +80,11 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
     ``name`` is a reference architecture (``pathlift models``), an import path
     ``module:callable`` or ``path/to/file.py:callable`` (a class or factory returning an
     ``nn.Module``, called with ``kwargs``; the current folder is importable, as with
-    ``python -m``), or, when torchvision is installed, a torchvision classification model
-    name (pathlift's own names win; detection, segmentation, video and quantised models,
-    which download weights when asked, are not taken).
+    ``python -m``), ``timm:NAME`` for a timm architecture when timm is installed
+    (``pathlift.models.timm_models``), or, when torchvision is installed, a torchvision
+    classification model name (pathlift's own names win; detection, segmentation, video and
+    quantised models, which download weights when asked, are not taken). Every model comes
+    with random weights.
 
     Raises:
         InvalidParameterError: unknown name, module or attribute, bad ``kwargs``, or a
@@ -89,6 +95,8 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
         >>> net = get_model("mymodels:relu_mlp")  # mymodels.py in the current folder
     """
     spec = REFERENCE_MODELS.get(name)
+    if is_timm_spec(name):
+        return timm_model(name, **kwargs)
     constructor = spec.constructor if spec is not None else \
         import_callable(name) if is_import_path(name) else None
     if constructor is not None:
@@ -111,8 +119,9 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
                 from err
     known = ", ".join(sorted(REFERENCE_MODELS))
     extra = "" if torchvision_models is None else ", a torchvision model name"
-    raise InvalidParameterError(f"unknown model {name!r}; choose one of: {known}{extra}, or "
-                                "module:callable / path/to/file.py:callable for your own")
+    raise InvalidParameterError(f"unknown model {name!r}; choose one of: {known}{extra}, "
+                                "timm:NAME, or module:callable / path/to/file.py:callable for "
+                                "your own")
 
 
 def check_model_size(name: str, kwargs: dict[str, Any]) -> None:
@@ -137,7 +146,10 @@ def check_model_size(name: str, kwargs: dict[str, Any]) -> None:
 
 
 def is_import_path(name: str) -> bool:
-    """Whether ``name`` reads ``module:callable`` or ``path/to/file.py:callable``."""
+    """Whether ``name`` reads ``module:callable`` or ``path/to/file.py:callable`` (a
+    ``timm:NAME`` spec is a model name, not an import path)."""
+    if is_timm_spec(name):
+        return False
     module, colon, attr = str(name).rpartition(":")
     return bool(colon and module and attr.replace(".", "_").isidentifier())
 
@@ -185,27 +197,41 @@ def _import_file(file: Path) -> Any:
     return module
 
 
-def default_input_shape(name: str, **kwargs: Any) -> tuple[int, ...]:
-    """The input shape (no batch dimension) a model name is meant for.
+def default_input_shape(name: str, **kwargs: Any) -> InputShape:
+    """The input shape (no batch dimension) a model name is meant for, with its source.
 
     A reference architecture's own (adapted to ``in_channels``/``in_features``); for an
-    import path, the ``input_shape`` attribute of the callable; (3, 224, 224) for a
-    torchvision name.
+    import path, the ``input_shape`` attribute of the callable, else of the model it
+    builds; for a timm or torchvision name, the model's declaration
+    (``pathlift.graph.input_shape.declared_input_shape``: timm's pretrained_cfg,
+    torchvision's documented input), read from the model built on the meta device.
 
     Raises:
-        ShapeError: an import path whose callable has no ``input_shape`` attribute.
+        ShapeError: a model that declares no input shape.
     """
     spec = REFERENCE_MODELS.get(name)
     if spec is not None:
-        return spec.default_input_shape(**kwargs)
-    if not is_import_path(name):
-        return _IMAGENET
-    shape = getattr(import_callable(name), "input_shape", None)
-    if shape is None:
+        return InputShape(spec.default_input_shape(**kwargs), f"{name}'s default")
+    return model_input_shape(name, None, **kwargs)
+
+
+def model_input_shape(name: str, model: nn.Module | None, **kwargs: Any) -> InputShape:
+    """The input shape ``model`` (built from ``name`` with ``kwargs``, on the meta device
+    when None) declares, else the ``input_shape`` attribute of the callable an import path
+    names; a ShapeError saying how to give one when neither does."""
+    if is_import_path(name):
+        shape = getattr(import_callable(name), "input_shape", None)
+        if shape is not None:
+            return InputShape(tuple(int(s) for s in shape), f"{name}.input_shape")
+    if model is None:
+        with torch.device("meta"):
+            model = get_model(name, **kwargs)
+    declared = declared_input_shape(model)
+    if declared is None:
         raise ShapeError(f"'{name}' does not say its input shape: give --input-shape (input_shape"
-                         " in Python), or set an input_shape attribute on the callable, as in "
-                         "make.input_shape = (3, 32, 32)")
-    return tuple(int(s) for s in shape)
+                         " in Python), or set an input_shape attribute on the model or the "
+                         "callable, as in make.input_shape = (3, 32, 32)")
+    return declared
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Sequential | None:
 class ResNet(nn.Module):
     """Stem (7x7/2 conv-BN-ReLU, 3x3/2 max-pool), four stages, global average pool, fc."""
 
+    input_shape = (3, 224, 224)  # what path-norms read without a shape
+
     def __init__(self, block: type[BasicBlock | Bottleneck], depths: tuple[int, int, int, int],
                  num_classes: int = 1000):
         super().__init__()

@@ -23,7 +23,9 @@ def mlp(in_features: int = 64, hidden: Sequence[int] = (128, 64),
         layers.append(nn.Linear(fan_in, fan_out))
         if i < len(widths) - 2:
             layers.append(nn.ReLU(inplace=True))
-    return nn.Sequential(*layers)
+    model = nn.Sequential(*layers)
+    model.input_shape = (1, 8, 8) if widths[0] == 64 else (widths[0],)  # the 8x8 digits
+    return model
 
 
 class SmallCNN(nn.Module):
@@ -45,6 +47,7 @@ class SmallCNN(nn.Module):
             nn.Flatten(), nn.Linear(32 * 2 * 2, 64), nn.ReLU(inplace=True),
             nn.Linear(64, num_classes),
         )
+        self.input_shape = (in_channels, 8, 8)
 
     def forward(self, x):
         return self.classifier(self.features(x))

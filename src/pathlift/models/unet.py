@@ -39,6 +39,7 @@ class UNet(nn.Module):
                                 for a, b in itertools.pairwise(widths))
         self.merge = nn.ModuleList(_double_conv(2 * a, a) for a in widths[:-1])
         self.head = nn.Conv2d(base, num_classes, 1)
+        self.input_shape = (in_channels, *(max(64, 2**depth),) * 2)  # sides divisible by 2^depth
         init_like_torchvision(self, linear_std=None)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -18,6 +18,8 @@ _STAGES = {
 class VGG(nn.Module):
     """``features`` (3x3 convs, ReLU, max-pools), 7x7 adaptive average pool, 3 Linear layers."""
 
+    input_shape = (3, 224, 224)  # what path-norms read without a shape
+
     def __init__(self, depth: int, batch_norm: bool, num_classes: int = 1000,
                  dropout: float = 0.5):
         super().__init__()

@@ -301,7 +301,7 @@ def equivalent(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph,
     if tolerance is None:
         tolerance = max(1e-6, *(4 * torch.finfo(g.dtype).eps for g in (graph_a, graph_b)))
     ca, cb = canonicalize(graph_a).model, canonicalize(graph_b).model
-    pairs = paired_parameters(graph_of(ca), graph_of(cb))
+    pairs = paired_parameters(graph_of(ca, graph_a.input_shape), graph_of(cb, graph_a.input_shape))
     scale = max((float(a.double().abs().max()) for _, a, _ in pairs if a.numel()), default=0.0)
     gap = max((float((a.double() - b.double()).abs().max()) for _, a, b in pairs if a.numel()),
               default=0.0)
