@@ -3,6 +3,7 @@ protocol (thesis Sec. 3.5.2), with its results folder and figure."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlift.data import load_data, loaders
 from pathlift.data.training import reproducible
 from pathlift.distributed import launched
 from pathlift.errors import ShapeError
+from pathlift.files import refuse_replacing
 from pathlift.graph import graph_of, writable_copy
 from pathlift.graph.structure import training_mode_ops
 from pathlift.jobs import plots
@@ -57,7 +59,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
                      weights: str | None = None, input_shape: Sequence[int] | None = None,
                      test_fraction: float = 0.25, normalize: str = "none",
                      batch_size: int = 64, lr: float = 0.05, spread: str = "data",
-                     save_models: bool = False,
+                     save_models: bool = False, overwrite: bool = False,
                      on_progress: Callable[[str, int, int], None] | None = None
                      ) -> PruneExperiment:
     """Train ``model`` (a name, import path or checkpoint: ``pathlift.models.model_factory``)
@@ -69,12 +71,16 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     magnitude / Path-Mag scatter of Figure 3.8 without and with a random rescale, and the
     mask overlaps of Table 3.1). ``out`` may be a callable creating a new folder: it is
     called once the model and the data have been checked, and the folder is removed if the
-    run then fails before writing a result, so a refused run leaves no folder. A finished
+    run then fails before writing a result, so a refused run leaves no folder (only the
+    files the run wrote are removed, then its folders once empty: anything put there
+    meanwhile stays). An existing ``out`` that is not a run folder to resume (no
+    manifest.json) but holds a summary.png is refused unless ``overwrite``. A finished
     folder that cannot be written is read back (its summary.png kept as it is).
 
     Raises:
         ShapeError: the model's outputs do not match the data's classes.
         InvalidParameterError: unknown model, data, method or spread.
+        OutputExistsError: ``out`` holds a summary.png of something else (``overwrite``).
     """
     with launched() as world:
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
@@ -87,6 +93,8 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
             raise ShapeError(f"{model} has {graph.d_out} outputs, {data} has "
                              f"{split.num_classes} classes")
         refuse_parametrized(prunable_parameters(graph))  # before any training
+        if world.main and not callable(out) and not os.path.lexists(Path(out) / "manifest.json"):
+            refuse_replacing(out, ("summary.png",), overwrite)  # not a resume: the user's
         train, test = loaders(split, batch_size=batch_size, seed=0)
         training = SGDTraining(train, test, lr)
         folder = (RunFolder(out(), fresh=True) if callable(out) else RunFolder(out)) \

@@ -298,8 +298,9 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
         spread: "data" (every training DDP over all ranks) or "runs" (one run per rank).
         folder: where rank 0 appends each finished run and keeps the dense weights; a
             folder holding some runs of the same settings (``manifest``) is resumed, not
-            redone. It is locked while the protocol runs, and removed if this call created
-            it and fails before writing any result.
+            redone. It is locked while the protocol runs; if this call fails or is
+            interrupted before writing any result, the files it wrote there are removed,
+            then the folders it created once empty (``RunFolder.close``).
         save_models: also write each run's final network to ``folder``/models.
         on_progress: called on rank 0 after each dense training and each run with a short
             text, the number of these done and their total (progress bars).
@@ -329,13 +330,11 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     if folder is None or not world.main:
         return _protocol(model_fn, shape, train, evaluate, config, spread, None, {},
                          save_models, on_progress, world)
-    try:
+    with folder:  # closed as failed on an error or an interrupt: its own files removed
         done = folder.open(manifest(model_fn, shape, train, config, spread, world.size,
                                     settings))
         return _protocol(model_fn, shape, train, evaluate, config, spread, folder, done,
                          save_models, on_progress, world)
-    finally:
-        folder.close()
 
 
 def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], train: Train,
