@@ -351,3 +351,104 @@ def test_append_rows_waits_for_a_writer_holding_the_lock(tmp_path):
         assert proc.poll() is None and table.read_text() == "a\n1\n"  # waiting
     assert proc.communicate(timeout=30)[0].strip() == "ok"
     assert table.read_text() == "a\n1\n2\n"
+
+
+# ------------------------------------------------------------- everything read is range-checked
+
+
+def _finished(out: Path) -> None:
+    """A finished GRID in ``out``, then its runs.csv removed: a resume reads the dense
+    weights of every seed again."""
+    prune_rewind_retrain(_net, SHAPE, _epochs, lambda m: 0.5, GRID, folder=RunFolder(out))
+    (out / "runs.csv").unlink()
+
+
+def _edit_dense(path: Path, metadata: dict[str, str] | None = None,
+                tensors: dict[str, torch.Tensor] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    from pathlift.files import read_safetensors
+
+    state, meta = read_safetensors(path)
+    save_file(tensors if tensors is not None else state, str(path),
+              metadata={**meta, **(metadata or {})})
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("accuracy", "nan", "accuracy 'nan'"), ("accuracy", "7", "accuracy '7'"),
+    ("accuracy", "-1", "accuracy '-1'"), ("accuracy", "inf", "accuracy 'inf'"),
+    ("accuracy", "0.5 ", "accuracy '0.5 '"), ("accuracy", "high", "accuracy 'high'"),
+    ("seed", "3", "seed '3'"), ("seed", "-1", "seed '-1'")])
+def test_dense_metadata_out_of_range_is_refused_naming_file_and_field(tmp_path, field, value,
+                                                                      shown):
+    out = tmp_path / "out"
+    _finished(out)
+    dense = out / "dense" / "seed1-rewind.safetensors"
+    _edit_dense(dense, {field: value})
+    with pytest.raises(ResultsFileError) as info:
+        prune_rewind_retrain(_net, SHAPE, _epochs, lambda m: 0.5, GRID, folder=RunFolder(out))
+    message = str(info.value)
+    assert "\n" not in message and str(dense) in message and shown in message
+    assert not (out / "runs.csv").exists()  # nothing computed from it, nothing written
+
+
+def test_dense_files_that_disagree_or_hold_other_tensors_are_refused(tmp_path):
+    """Unlisted fields: the two files' accuracies, the tensors' names and shapes."""
+    out = tmp_path / "out"
+    _finished(out)
+    trained, rewind = (out / "dense" / f"seed0-{p}.safetensors" for p in ("trained", "rewind"))
+    from pathlift.files import read_safetensors
+
+    state = dict(read_safetensors(trained)[0])
+    first = next(iter(state))
+    wider = torch.zeros(state[first].shape[0] + 1, *state[first].shape[1:])
+    cases = [
+        (rewind, {"accuracy": "0.25"}, state, "differs from the trained file's 0.5"),
+        (trained, None, {k: v for k, v in state.items() if k != first},
+         f"tensor '{first}' is missing"),
+        (trained, None, {**state, first: wider}, f"tensor '{first}' is {tuple(wider.shape)}"),
+        (trained, None, {**state, "z": torch.zeros(1)}, "tensor 'z' is not one of the model's"),
+    ]
+    for path, metadata, tensors, shown in cases:
+        before = {p: p.read_bytes() for p in (trained, rewind)}
+        _edit_dense(path, metadata, tensors if path == trained else None)
+        with pytest.raises(ResultsFileError) as info:
+            prune_rewind_retrain(_net, SHAPE, _epochs, lambda m: 0.5, GRID,
+                                 folder=RunFolder(out))
+        message = str(info.value)
+        assert "\n" not in message and str(path) in message and shown in message, message
+        for p, data in before.items():
+            p.write_bytes(data)
+    assert len(prune_rewind_retrain(_net, SHAPE, _epochs, lambda m: 0.5, GRID,
+                                    folder=RunFolder(out)).runs) == 2  # restored: resumes
+
+
+@pytest.mark.parametrize(("column", "value"), [("log10_bound", "nan"),
+                                               ("log10_path_metric", "inf")])
+def test_a_runs_csv_log10_that_cannot_be_is_refused(tmp_path, column, value):
+    out = tmp_path / "out"
+    prune_rewind_retrain(_net, SHAPE, _epochs, lambda m: 0.5, GRID, folder=RunFolder(out))
+    rows = list(csv.reader((out / "runs.csv").read_text().splitlines()))
+    rows[2][COLUMNS.index(column)] = value
+    (out / "runs.csv").write_text("".join(",".join(r) + "\n" for r in rows))
+    with pytest.raises(ResultsFileError) as info:
+        RunFolder(out).records()
+    message = str(info.value)
+    assert "line 3" in message and f"{column} {value}" in message and "\n" not in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", ["7", "nan"])
+def test_prune_with_an_edited_dense_accuracy_exits_2_in_one_line(tmp_path, value):
+    out = tmp_path / "out"
+    args = ["prune", "--model", "mlp", "--data", "digits", "--epochs", "2", "--rewind-epoch",
+            "1", "--seeds", "1", "--amount", "0.5", "--method", "magnitude-global", "--out",
+            str(out)]
+    assert invoke(*args).exit_code == 0
+    (out / "runs.csv").unlink()
+    _edit_dense(out / "dense" / "seed0-trained.safetensors", {"accuracy": value})
+    result = invoke(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and f"accuracy '{value}'" in lines[0]
+    assert "700.0" not in result.stdout and "nan" not in result.stdout
+    assert not (out / "runs.csv").exists()

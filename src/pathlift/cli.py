@@ -343,6 +343,7 @@ def prune(
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="replace a summary.png already in OUT (not a run to resume)")
     ] = False,
+    output: Output = None,
 ) -> None:
     """Train, rescale at random or not, prune, rewind, retrain (thesis Sec. 3.5.2); run it
     under `torchrun --nproc_per_node N` to use N processes."""
@@ -360,7 +361,7 @@ def prune(
             model, data, config, out or (lambda: default_out("prune")), weights=weights,
             input_shape=input_shape, test_fraction=test_fraction, normalize=normalize,
             batch_size=batch_size, lr=lr, spread=spread, save_models=save_models,
-            overwrite=overwrite,
+            overwrite=overwrite, output=output,
             on_progress=lambda text, n, total: bar.update(task, completed=n, total=total,
                                                           description=text))
     if done.result is None:

@@ -481,30 +481,39 @@ class RunFolder:
                 self._made.append(path)
         self._wrote = True
 
-    def load_dense(self, seed: int) -> DenseStates | None:
+    def load_dense(self, seed: int, like: dict[str, Tensor] | None = None
+                   ) -> DenseStates | None:
         """The seed's dense states, or None when they were not saved (completely).
 
+        Everything read is checked (``_dense_problem``): the metadata's seed is ``seed``
+        and its accuracy a number in [0, 1], the same in both files; with ``like`` (the
+        model's state_dict), the tensors have its names, shapes and dtypes.
+
         Raises:
-            ResultsFileError: a file is damaged or lacks its accuracy.
+            ResultsFileError: a file is damaged, or holds something impossible (named,
+                with the field).
         """
         paths = [self.dense_path(seed, part) for part in ("trained", "rewind")]
         if not all(p.is_file() for p in paths):
             return None
-        states, accuracy = [], math.nan
+        states, accuracies = [], []
         for p in paths:
             try:
                 state, metadata = read_safetensors(p)
-                states.append(state)
-                accuracy = float(metadata["accuracy"])
             except OSError as err:  # the file is there but cannot be read: not damaged
                 raise describe(err, p, "read") from err
             except PathliftError:  # too large for the memory limit: not damaged either
                 raise
-            except Exception as err:  # safetensors' own error, a missing or bad accuracy
+            except Exception as err:  # safetensors' own error
                 raise ResultsFileError(
                     f"'{p}' is damaged ({type(err).__name__}: {str(err)[:80]}); delete it to "
                     f"train seed {seed} again") from None
-        return DenseStates(seed, states[0], states[1], accuracy)
+            problem = _dense_problem(seed, metadata, state, like, accuracies)
+            if problem:
+                raise ResultsFileError(f"'{p}': {problem} (edited by hand?); delete it to "
+                                       f"train seed {seed} again")
+            states.append(state)
+        return DenseStates(seed, states[0], states[1], accuracies[0])
 
     def model_path(self, record: RunRecord) -> Path:
         """Where ``save_model`` writes ``record``'s network: one name per run (the amount
@@ -550,6 +559,33 @@ def _refuse_link(path: Path) -> None:
             "another output folder")
 
 
+def _dense_problem(seed: int, metadata: dict[str, str], state: dict[str, Tensor],
+                   like: dict[str, Tensor] | None, accuracies: list[float]) -> str | None:
+    """What is impossible in a dense-weights file, or None (its accuracy appended to
+    ``accuracies``): a seed other than ``seed``, an accuracy that is not a number in
+    [0, 1] or differs from the other file's, tensors unlike ``like``'s."""
+    if metadata.get("seed") != str(seed):
+        return f"metadata seed {metadata.get('seed')!r} is not {seed}"
+    text = metadata.get("accuracy")
+    try:
+        accuracy = _parse_float(text) if isinstance(text, str) else math.nan
+    except ValueError:
+        accuracy = math.nan
+    if not 0.0 <= accuracy <= 1.0:
+        return f"metadata accuracy {text!r} is not an accuracy in [0, 1]"
+    if accuracies and accuracy != accuracies[0]:
+        return f"metadata accuracy {text!r} differs from the trained file's {accuracies[0]!r}"
+    accuracies.append(accuracy)
+    for name, tensor in (like or {}).items():
+        got = state.get(name)
+        if got is None or got.shape != tensor.shape or got.dtype != tensor.dtype:
+            found = "missing" if got is None else f"{tuple(got.shape)} {got.dtype}"
+            return f"tensor {name!r} is {found}, the model's is {tuple(tensor.shape)} " \
+                   f"{tensor.dtype}"
+    extra = sorted(set(state) - set(like)) if like is not None else []
+    return f"tensor {extra[0]!r} is not one of the model's" if extra else None
+
+
 def _decode(data: bytes, path: Path) -> str:
     try:
         return data.decode("utf-8")
@@ -562,6 +598,7 @@ def _decode(data: bytes, path: Path) -> str:
 
 
 _ACCURACIES = ("dense_accuracy", "pruned_accuracy", "accuracy", "sparsity")
+_LOG10S = ("log10_path_metric", "log10_bound")  # -inf: a zero metric; never NaN or +inf
 #: row field -> manifest setting holding every value the grid allows
 _GRID = {"seed": "seeds", "method": "methods", "rescaled": "rescaled", "amount": "amounts"}
 _SAME = {"rounds": "rounds", "world_size": "world_size", "spread": "spread"}
@@ -575,6 +612,10 @@ def _out_of_range(record: RunRecord, settings: dict[str, Any]) -> str | None:
         value = getattr(record, name)
         if not 0.0 <= value <= 1.0:
             return f"{name} {value!r} is not in [0, 1]"
+    for name in _LOG10S:
+        value = getattr(record, name)
+        if math.isnan(value) or value == math.inf:
+            return f"{name} {value!r} is not a log10 of a finite number"
     if not (math.isnan(record.overlap) or 0.0 <= record.overlap <= 100.0):
         return f"overlap {record.overlap!r} is not a percentage"
     if not re.fullmatch(r"[0-9a-f]{16}", record.mask_digest):
