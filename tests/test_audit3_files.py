@@ -452,3 +452,54 @@ def test_prune_with_an_edited_dense_accuracy_exits_2_in_one_line(tmp_path, value
     assert result.exit_code == 2 and len(lines) == 1 and f"accuracy '{value}'" in lines[0]
     assert "700.0" not in result.stdout and "nan" not in result.stdout
     assert not (out / "runs.csv").exists()
+
+
+CLI = "import sys; from pathlift.cli import main; sys.argv[0] = 'pathlift'; main()"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_prune_stopped_during_training_removes_only_its_own_files(tmp_path, sig):
+    out = tmp_path / "out"
+    out.mkdir()
+    user = _user_files(out)
+    proc = _spawn(CLI, "prune", "--model", "mlp", "--data", "digits", "--epochs", "100000",
+                  "--seeds", "1", "--amount", "0.5", "--method", "magnitude-global", "--out",
+                  str(out))
+    deadline = time.monotonic() + 120
+    while not (out / "manifest.json").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # training
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, stderr
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*")} == \
+        {"NOTES.txt", "data", "data/x.bin", "report.md"}
+    assert all(path.read_bytes() == data for path, data in user.items())
+
+
+def test_sigterm_during_prune_experiment_exits_143_removing_only_its_files(tmp_path,
+                                                                          monkeypatch):
+    """In-process: the dense training receives SIGTERM (as from `kill PID` or torchrun)."""
+    from pathlift.jobs.prune import SGDTraining, prune_experiment
+
+    out = tmp_path / "out"
+    out.mkdir()
+    user = _user_files(out)
+    terminated = []
+
+    def train(self, model, epochs, phase):
+        terminated.append(phase.seed)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+
+    monkeypatch.setattr(SGDTraining, "train", train)
+    with pytest.raises(SystemExit) as info:
+        prune_experiment("mlp", "digits", GRID, out)
+    assert info.value.code == 143 and terminated == [0]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*")} == \
+        {"NOTES.txt", "data", "data/x.bin", "report.md"}
+    assert all(path.read_bytes() == data for path, data in user.items())

@@ -4,7 +4,10 @@ protocol (thesis Sec. 3.5.2), with its results folder and figure."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,8 +78,9 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     called once the model and the data have been checked, and the folder is removed if the
     run then fails before writing a result, so a refused run leaves no folder (only the
     files the run wrote are removed, then its folders once empty: anything put there
-    meanwhile stays). An existing ``out`` that is not a run folder to resume (no
-    manifest.json) but holds a summary.png is refused unless ``overwrite``. A finished
+    meanwhile stays), on an error, Ctrl-C or ``SIGTERM`` (exit status 143). An existing
+    ``out`` that is not a run folder to resume (no manifest.json) but holds a summary.png
+    is refused unless ``overwrite``. A finished
     folder that cannot be written is read back (its summary.png kept as it is).
 
     Raises:
@@ -108,7 +112,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         training = SGDTraining(train, test, lr)
         folder = (RunFolder(out(), fresh=True) if callable(out) else RunFolder(out)) \
             if world.main else None
-        with reproducible():
+        with reproducible(), _terminate_as_exit():
             result = prune_rewind_retrain(make, split.input_shape, training.train,
                                           training.evaluate, config, spread=spread,
                                           folder=folder, save_models=save_models,
@@ -135,6 +139,27 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         plots.pruning_experiment(result, png, f"{model} on {data}, {len(config.seeds)} "
                                  f"seeds, {world.size} process(es)", scatters)
     return PruneExperiment(result, folder.path, folder.csv, png, world.size, note, sparsity)
+
+
+@contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """While the protocol runs (in the main thread, where ``SIGTERM`` still has its
+    default action): ``SIGTERM`` raises ``SystemExit(143)``, so that the run folder is
+    closed as after Ctrl-C (only this run's own files removed when it wrote no result)
+    instead of the process vanishing mid-way."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _selected(make: Callable[[], nn.Module], output: OutputKey | None,
