@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 report: $(STAMP)
-	$(BIN)/pathlift report --out report
+	$(BIN)/pathlift report --out report --overwrite
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

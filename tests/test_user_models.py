@@ -327,8 +327,8 @@ def test_a_unet_is_refused_by_bounds_and_report_and_its_label_head_is_bounded(
     out = _ok("bounds", spec, "--data", data, "--output", "label")
     assert f"log10 ||Phi||_1 = {want.path_norm_log10:.3f}" in out
     _ok("report", "--model", spec, "--data", data, "--output", "label", "--epochs", "1",
-        "--out", "rep")
-    saved = json.loads(Path("rep/report.json").read_text())
+        "--out", "rep_label")
+    saved = json.loads(Path("rep_label/report.json").read_text())
     assert saved["bounds"]["n_train"] == len(split.train)
     assert saved["constants"]["d_out"] == 3
 

@@ -301,13 +301,16 @@ def report(
     normalize: Normalize = "none",
     batch_size: BatchSize = 64,
     output: Output = None,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="replace report files (report.md, .html, .json, the PNGs) "
+        "already in OUT")] = False,
 ) -> None:
     """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md, .html, .json."""
     from pathlift.jobs.report import run_report
 
     result = run_report(out or default_out("report"), model, input_shape, data, epochs, seed,
                         weights=weights, test_fraction=test_fraction, normalize=normalize,
-                        batch_size=batch_size, outputs=output)
+                        batch_size=batch_size, outputs=output, overwrite=overwrite)
     for note in result.report.notes:
         console.print(f"note: {note}")
     rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]
@@ -358,6 +361,10 @@ def prune(
         " a folder of the same settings is resumed")] = None,
     save_models: Annotated[bool, typer.Option("--save-models", help="also write each run's "
                                               "final network to OUT/models")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="replace a summary.png already in OUT (not a run to resume)")
+    ] = False,
+    output: Output = None,
 ) -> None:
     """Train, rescale at random or not, prune, rewind, retrain (thesis Sec. 3.5.2); run it
     under `torchrun --nproc_per_node N` to use N processes."""
@@ -375,6 +382,7 @@ def prune(
             model, data, config, out or (lambda: default_out("prune")), weights=weights,
             input_shape=input_shape, test_fraction=test_fraction, normalize=normalize,
             batch_size=batch_size, lr=lr, spread=spread, save_models=save_models,
+            overwrite=overwrite, output=output,
             on_progress=lambda text, n, total: bar.update(task, completed=n, total=total,
                                                           description=text))
     if done.result is None:

@@ -13,6 +13,10 @@ fits in memory, locked without following links; file-system errors as one-line t
   refuse anything but a regular file (a FIFO, a device such as /dev/zero, a folder) and a
   file too large for the memory limit (``pathlift.memory``) before a byte is read;
   ``check_archive`` does the same for what a zip archive (.pt, .npz) unpacks to.
+- Replacing: ``refuse_replacing`` refuses, before any work, an output folder that already
+  holds a file a command would write, unless the user says ``overwrite``.
+- Appending: ``append_rows`` adds rows to a CSV under an exclusive lock, so concurrent
+  writers take turns and lose nothing.
 - Locking: ``open_own`` opens a file pathlift keeps open (a lock) without following a
   link, and only when it is a regular file with no other name (no hard link).
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import fcntl
 import io
 import json
 import os
@@ -274,6 +279,26 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+class OutputExistsError(InvalidParameterError):
+    """An output folder already holds a file a command would replace (``refuse_replacing``)."""
+
+
+def refuse_replacing(folder: str | os.PathLike[str], names: Iterable[str],
+                     overwrite: bool = False) -> None:
+    """Before any work: refuse (``OutputExistsError``, one line) when ``folder`` already
+    holds one of the files ``names`` that a command is about to write there, unless
+    ``overwrite``, so that a user's own ``report.md`` or ``summary.png`` is never replaced
+    unasked. A link in such a place counts as a file."""
+    if overwrite:
+        return
+    for name in names:
+        path = Path(folder) / name
+        if os.path.lexists(path):
+            raise OutputExistsError(
+                f"'{path}' already exists and would be replaced: give --overwrite "
+                "(overwrite=True in Python) to replace it, or choose another output folder")
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """``data`` written atomically to ``path``."""
     return atomic_write(path, lambda fh: fh.write(data))
@@ -302,17 +327,55 @@ def append_rows(path: str | os.PathLike[str], header: Sequence[str],
 
     An existing ``path`` must be a regular file, not a link (``check_appendable``); it is
     read back size-checked and replaced whole (``atomic_write``), so a kill or a full disk
-    leaves the previous rows; fine for the few hundred rows of an experiment log."""
+    leaves the previous rows; fine for the few hundred rows of an experiment log. Writers
+    take turns (``_locked_csv``: an exclusive ``flock`` on the file they read), so several
+    processes appending to one file at once each add every row, none lost."""
     path = Path(path)
-    old, fh = b"", _open_rewritten(path)
-    if fh is not None:
-        with fh:
-            old = _read_all(fh, path)
-    _check_header(old, header, path)
-    if old and not old.endswith(b"\n"):
-        old += b"\n"
     new = b"".join(csv_line(r) for r in rows)
-    return write_bytes(path, (old or csv_line(header)) + new)
+    with _locked_csv(path) as fh:
+        old = _read_all(fh, path)
+        _check_header(old, header, path)
+        if old and not old.endswith(b"\n"):
+            old += b"\n"
+        write_bytes(path, (old or csv_line(header)) + new)
+    return path
+
+
+@contextmanager
+def _locked_csv(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for reading under an exclusive ``flock``, once the file locked is
+    still the one at ``path`` (a writer that replaced it meanwhile is waited for, then its
+    new file is locked and read): the lock is held until the new file is renamed in place.
+    A missing ``path`` is created empty first (and removed again, if still empty, when the
+    caller fails), so that a first writer has a file to lock too."""
+    created = False
+    with os_errors(path, "write"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        while True:
+            with os_errors(path, "write"), suppress(FileExistsError):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o666))
+                created = True
+            fh = _open_rewritten(path)
+            if fh is None:
+                continue  # removed meanwhile: created again
+            with fh:
+                with os_errors(path, "lock"):
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+                    now = os.fstat(fh.fileno())
+                    there = os.stat(path, follow_symlinks=False) if os.path.lexists(path) \
+                        else None
+                if there is None or (there.st_ino, there.st_dev) != (now.st_ino, now.st_dev):
+                    continue  # replaced by the writer before: lock its file
+                yield fh
+                return
+    except BaseException:
+        if created:  # the empty file this call made, unless another writer filled it
+            with suppress(OSError):
+                if os.stat(path, follow_symlinks=False).st_size == 0:
+                    os.unlink(path)
+        raise
 
 
 def _open_rewritten(path: str | os.PathLike[str]) -> BinaryIO | None:

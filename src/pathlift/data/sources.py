@@ -35,6 +35,17 @@ __all__ = ["IMAGE_SUFFIXES", "NORMALIZATIONS", "load_data"]
 
 NORMALIZATIONS = ("none", "standard")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+#: the only Pillow plugins an image file may be opened with (those of ``IMAGE_SUFFIXES``):
+#: whatever its name, a file of another format (EPS, which runs Ghostscript; PDF, PSD...)
+#: is refused before any plugin of that format sees it
+IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP")
+#: stored value -> value read, per Pillow image mode: divided by the mode's largest value,
+#: so that 8-bit and 16-bit pixels land in [0, 1]; 1-bit pixels are 0 or 1; 32-bit float
+#: (F) pixels are read as stored. Bands are kept as stored (LA: luminance, alpha; CMYK: its
+#: four inks); a palette (P, PA) is looked up as RGB, or RGBA when it has transparency.
+IMAGE_SCALES = {"1": 1.0, "L": 255.0, "LA": 255.0, "RGB": 255.0, "RGBA": 255.0,
+                "CMYK": 255.0, "I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0,
+                "I;16N": 65535.0, "I": 65535.0, "F": 1.0}
 
 
 def load_data(spec: str, *, input_shape: Sequence[int] | None = None,
@@ -49,9 +60,13 @@ def load_data(spec: str, *, input_shape: Sequence[int] | None = None,
       ``x_train``, ``y_train``, ``x_test``, ``y_test`` (then the file's own split is kept);
     - a ``.csv`` file of numbers, one sample a row, the label in a column named ``label``
       or ``y`` (else the last column); a header row is optional;
-    - a folder with one sub-folder of images per class (read with Pillow, ``pathlift[data]``;
-      every image converted to the first one's mode and size, pixels scaled to [0, 1],
-      channels first);
+    - a folder with one sub-folder of images per class (read with Pillow, ``pathlift[data]``,
+      only as one of ``IMAGE_FORMATS``; channels first, resized to the first image's size;
+      values by ``IMAGE_SCALES``: 8-bit pixels / 255, 16-bit ones (I;16) / 65535, 32-bit
+      integers (I) / 65535 when in 0..65535, 1-bit ones 0 or 1, floats (F) as stored and
+      finite, every band kept (LA 2 channels, RGBA and CMYK 4; a palette as RGB, or RGBA
+      with transparency); another mode, or an image with another number of channels than
+      the first, is refused naming the file);
     - ``module:callable`` or ``path/to/file.py:callable`` returning a ``Split`` or a pair
       (train, test) of datasets of (input, label) pairs.
 
@@ -221,32 +236,72 @@ def _image_folder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
                                     f"({', '.join(IMAGE_SUFFIXES)}) per class, at least two")
     from PIL import Image  # start-up: Pillow only for image folders
 
-    images, mode, size, kept = [], None, None, 0
+    images, channels, size, kept = [], 0, None, 0
     for file, _ in files:
         try:
-            with open_regular(file) as fh, Image.open(fh) as image:  # nothing decoded yet
-                mode = mode or ("L" if image.mode in ("1", "L", "I", "F") else "RGB")
+            with open_regular(file) as fh, \
+                    Image.open(fh, formats=IMAGE_FORMATS) as image:  # nothing decoded yet
                 size = size or image.size
-                # decoded and converted at full size, kept as float32 at the first's size
-                out = math.prod(size) * (1 if mode == "L" else 3) * 4
-                check_bytes(kept + 2 * math.prod(image.size) * len(image.getbands()) * 4
-                            + out, f"reading the images of '{folder}' (at '{file}')")
-                pixels = np.asarray(image.convert(mode).resize(size),
-                                    dtype=np.float32) / 255.0
+                # decoded at full size, kept as float32 at the first's size
+                out = math.prod(size) * max(len(image.getbands()), 3) * 4
+                check_bytes(kept + 2 * math.prod(image.size) * max(len(image.getbands()), 4)
+                            * 4 + out, f"reading the images of '{folder}' (at '{file}')")
+                pixels = _pixels(image, file)
         except (PathliftError, PermissionError):
             raise
         except Image.DecompressionBombError as err:  # twice Image.MAX_IMAGE_PIXELS
             raise InvalidParameterError(f"'{file}' is refused as a decompression bomb "
                                         f"({err}); use smaller images") from None
         except (OSError, ValueError, SyntaxError, EOFError) as err:
-            # Pillow's errors: not an image, a zero-byte or truncated file, decompressed
-            # metadata over its limits (a text chunk above PngImagePlugin.MAX_TEXT_CHUNK)
+            # Pillow's errors: not an image (or not one of IMAGE_FORMATS), a zero-byte or
+            # truncated file, decompressed metadata over its limits (a text chunk above
+            # PngImagePlugin.MAX_TEXT_CHUNK)
             raise InvalidParameterError(
-                f"'{file}' is not a readable image ({type(err).__name__}: {str(err)[:100]}); "
+                f"'{file}' is not a readable image of a format pathlift reads "
+                f"({', '.join(IMAGE_FORMATS)}; {type(err).__name__}: {str(err)[:100]}); "
                 "replace or remove it") from None
+        channels = channels or pixels.shape[0]
+        if pixels.shape[0] != channels:
+            raise InvalidParameterError(
+                f"'{file}' has {pixels.shape[0]} channel(s), the folder's first image "
+                f"'{files[0][0]}' {channels}: save every image in one mode (e.g. all RGB)")
         kept += 2 * out  # the list and the stacked array
-        images.append(pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1))
+        images.append(_resized(pixels, size))
     return np.stack(images), np.array([label for _, label in files])
+
+
+def _pixels(image, file: Path) -> np.ndarray:
+    """The decoded pixels of a Pillow ``image``, channels first, float32, by its mode's
+    ``IMAGE_SCALES`` (a palette looked up first); another mode, 32-bit integers outside
+    0..65535 or non-finite floats are refused naming ``file``."""
+    if image.mode in ("P", "PA"):
+        rgba = image.mode == "PA" or "transparency" in image.info
+        image = image.convert("RGBA" if rgba else "RGB")
+    scale = IMAGE_SCALES.get(image.mode)
+    if scale is None:
+        raise InvalidParameterError(
+            f"'{file}' has the image mode {image.mode!r}, which pathlift does not read; save "
+            f"it in one of {', '.join(IMAGE_SCALES)} (or a palette)")
+    values = np.asarray(image)
+    if image.mode == "I" and values.size and not 0 <= values.min() <= values.max() <= 65535:
+        raise InvalidParameterError(
+            f"'{file}' holds 32-bit integer pixels from {values.min()} to {values.max()}, "
+            "outside 0..65535 (read / 65535); save it as 8-bit, 16-bit or float")
+    pixels = values.astype(np.float32) / np.float32(scale)
+    if not np.isfinite(pixels).all():
+        raise InvalidParameterError(f"'{file}' holds NaN or infinite pixels; replace it")
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+def _resized(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``pixels`` (channels, height, width) resized to ``size`` (width, height), each
+    channel as a float image (bicubic), or as they are when already that size."""
+    if pixels.shape[2:0:-1] == size:
+        return pixels
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.fromarray(channel).resize(
+        size, Image.Resampling.BICUBIC)) for channel in pixels])
 
 
 #: Labels are class indices below this (int32's range): a larger one is a mistake, and

@@ -3,7 +3,11 @@ protocol (thesis Sec. 3.5.2), with its results folder and figure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +17,9 @@ from pathlift.data import load_data, loaders
 from pathlift.data.training import reproducible
 from pathlift.distributed import launched
 from pathlift.errors import ShapeError
+from pathlift.files import refuse_replacing
 from pathlift.graph import graph_of, writable_copy
+from pathlift.graph.outputs import OutputKey, classifier_output, select_output
 from pathlift.graph.structure import training_mode_ops
 from pathlift.jobs import plots
 from pathlift.jobs.prune.pipeline import SGDTraining, scatter
@@ -57,7 +63,8 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
                      weights: str | None = None, input_shape: Sequence[int] | None = None,
                      test_fraction: float = 0.25, normalize: str = "none",
                      batch_size: int = 64, lr: float = 0.05, spread: str = "data",
-                     save_models: bool = False,
+                     save_models: bool = False, overwrite: bool = False,
+                     output: OutputKey | None = None,
                      on_progress: Callable[[str, int, int], None] | None = None
                      ) -> PruneExperiment:
     """Train ``model`` (a name, import path or checkpoint: ``pathlift.models.model_factory``)
@@ -69,29 +76,43 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     magnitude / Path-Mag scatter of Figure 3.8 without and with a random rescale, and the
     mask overlaps of Table 3.1). ``out`` may be a callable creating a new folder: it is
     called once the model and the data have been checked, and the folder is removed if the
-    run then fails before writing a result, so a refused run leaves no folder. A finished
+    run then fails before writing a result, so a refused run leaves no folder (only the
+    files the run wrote are removed, then its folders once empty: anything put there
+    meanwhile stays), on an error, Ctrl-C or ``SIGTERM`` (exit status 143). An existing
+    ``out`` that is not a run folder to resume (no manifest.json) but holds a summary.png
+    is refused unless ``overwrite``. A finished
     folder that cannot be written is read back (its summary.png kept as it is).
 
     Raises:
-        ShapeError: the model's outputs do not match the data's classes.
+        ShapeError: the model's outputs do not match the data's classes (a model returning
+            several tensors needs ``output``: the position or key of its logits).
+        UnsupportedModelError: the model cannot be pruned (a layer called twice...):
+            refused before any training.
         InvalidParameterError: unknown model, data, method or spread.
+        OutputExistsError: ``out`` holds a summary.png of something else (``overwrite``).
     """
     with launched() as world:
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize)
-        make = model_factory(model, split.num_classes, weights)
+        make = _selected(model_factory(model, split.num_classes, weights), output,
+                         split.input_shape)
         probe = make().eval()  # a fresh copy: the protocol scores in eval mode too
         graph = graph_of(probe, split.input_shape)
         note = EVAL_NOTE if training_mode_ops(graph) else None
+        if len(graph.outputs()) != 1:  # several tensors: which holds the logits
+            classifier_output(graph, split.num_classes, data)
         if graph.d_out != split.num_classes:
             raise ShapeError(f"{model} has {graph.d_out} outputs, {data} has "
                              f"{split.num_classes} classes")
         refuse_parametrized(prunable_parameters(graph))  # before any training
+        scatter(probe, split.input_shape)  # the figure's scores: refused now, not after
+        if world.main and not callable(out) and not os.path.lexists(Path(out) / "manifest.json"):
+            refuse_replacing(out, ("summary.png",), overwrite)  # not a resume: the user's
         train, test = loaders(split, batch_size=batch_size, seed=0)
         training = SGDTraining(train, test, lr)
         folder = (RunFolder(out(), fresh=True) if callable(out) else RunFolder(out)) \
             if world.main else None
-        with reproducible():
+        with reproducible(), _terminate_as_exit():
             result = prune_rewind_retrain(make, split.input_shape, training.train,
                                           training.evaluate, config, spread=spread,
                                           folder=folder, save_models=save_models,
@@ -99,7 +120,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         if not world.main:
             return PruneExperiment(None, None, None, None, world.size, note)
         trained = make()
-        states = folder.load_dense(config.seeds[0])
+        states = folder.load_dense(config.seeds[0], trained.state_dict())
         if states is None:  # every run was finished, then the weights were deleted
             raise ResultsFileError(
                 f"'{folder.dense_path(config.seeds[0])}' (or its rewind file) is missing: the "
@@ -118,6 +139,37 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         plots.pruning_experiment(result, png, f"{model} on {data}, {len(config.seeds)} "
                                  f"seeds, {world.size} process(es)", scatters)
     return PruneExperiment(result, folder.path, folder.csv, png, world.size, note, sparsity)
+
+
+@contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """While the protocol runs (in the main thread, where ``SIGTERM`` still has its
+    default action): ``SIGTERM`` raises ``SystemExit(143)``, so that the run folder is
+    closed as after Ctrl-C (only this run's own files removed when it wrote no result)
+    instead of the process vanishing mid-way."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _selected(make: Callable[[], nn.Module], output: OutputKey | None,
+              shape: Sequence[int]) -> Callable[[], nn.Module]:
+    """``make``, or, with ``output``, a factory of ``make()`` returning only that output
+    (``select_output``, the key checked once against the traced model)."""
+    if output is None:
+        return make
+    select_output(make(), output, tuple(shape))
+    return lambda: select_output(make(), output)
 
 
 def _layer_sparsity(trained: nn.Module, method: Method, shape: Sequence[int], amount: float,

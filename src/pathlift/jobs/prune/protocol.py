@@ -29,7 +29,7 @@ import hashlib
 import math
 import numbers
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -47,7 +47,8 @@ from pathlift.jobs.prune.results import DenseStates, RunFolder, RunKey, RunRecor
 from pathlift.prune.methods import Criterion, PruningResult, Scope, ScoreFunction, prune_model
 from pathlift.symmetry.rescale import random_rescale
 
-__all__ = ["METHODS", "Method", "Phase", "ProtocolResult", "PruneConfig", "manifest",
+__all__ = ["METHODS", "Method", "Phase", "ProtocolResult", "PruneConfig", "check_prunable",
+           "manifest",
            "mask_overlap", "prune_rewind_retrain"]
 
 METHODS = ("magnitude-global", "magnitude-layerwise", "path-magnitude-global",
@@ -298,8 +299,9 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
         spread: "data" (every training DDP over all ranks) or "runs" (one run per rank).
         folder: where rank 0 appends each finished run and keeps the dense weights; a
             folder holding some runs of the same settings (``manifest``) is resumed, not
-            redone. It is locked while the protocol runs, and removed if this call created
-            it and fails before writing any result.
+            redone. It is locked while the protocol runs; if this call fails or is
+            interrupted before writing any result, the files it wrote there are removed,
+            then the folders it created once empty (``RunFolder.close``).
         save_models: also write each run's final network to ``folder``/models.
         on_progress: called on rank 0 after each dense training and each run with a short
             text, the number of these done and their total (progress bars).
@@ -329,13 +331,11 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     if folder is None or not world.main:
         return _protocol(model_fn, shape, train, evaluate, config, spread, None, {},
                          save_models, on_progress, world)
-    try:
+    with folder:  # closed as failed on an error or an interrupt: its own files removed
         done = folder.open(manifest(model_fn, shape, train, config, spread, world.size,
                                     settings))
         return _protocol(model_fn, shape, train, evaluate, config, spread, folder, done,
                          save_models, on_progress, world)
-    finally:
-        folder.close()
 
 
 def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], train: Train,
@@ -418,12 +418,16 @@ def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: 
             done = {k: r for k, r in done.items() if k not in lost}
     done = world.broadcast(done)
     pending = [k for k in config.grid() if k not in done]
+    check_prunable(model_fn, shape, config, {methods[k.method] for k in pending})
     if folder is not None and pending:  # before any training: a read-only one is refused
         folder.check_writable(f"{len(pending)} of {len(config.grid())} runs are not done")
     seeds = [s for s in config.seeds if any(k.seed == s for k in pending)]
 
-    saved = world.broadcast({s: folder.load_dense(s) for s in seeds}
-                            if folder is not None else {})
+    if folder is not None and seeds:
+        with torch.random.fork_rng(devices=[]):
+            like = dict(model_fn().state_dict())  # what a dense file must hold
+    saved = world.broadcast({s: folder.load_dense(s, like) for s in seeds}
+                            if folder is not None and seeds else {})
     dense = {s: d for s, d in saved.items() if d is not None}
     to_train = [s for s in seeds if s not in dense]
     tasks = iter(range(1, len(to_train) + len(pending) + 1))
@@ -455,6 +459,28 @@ def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: 
         note(f"seed {record.seed} {record.method}{' rescaled' if record.rescaled else ''} "
              f"{100 * record.amount:g}%: {100 * record.accuracy:.1f}%")
     return ProtocolResult(config, tuple(records[k] for k in config.grid()))
+
+
+def check_prunable(model_fn: Callable[[], nn.Module], input_shape: Sequence[int],
+                   config: PruneConfig, methods: Iterable[Method] | None = None) -> None:
+    """Before any training: prune the untrained ``model_fn()`` (first seed) with each of
+    ``methods`` (default ``config.methods``) and the magnitude reference of its scope, as
+    every run will (thesis Sec. 3.5.2), so that a model pruning refuses (a layer called
+    twice, an unsupported operation) is refused now, not after the dense training.
+
+    Raises:
+        UnsupportedModelError (or the criterion's own error): naming the layer.
+    """
+    chosen = list(config.methods if methods is None else methods)  # type: ignore[arg-type]
+    if not chosen:
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seeds[0])
+        untrained = model_fn()
+    per_round = 1.0 - (1.0 - max(config.amounts)) ** (1.0 / config.rounds)
+    for method in {m.name: m for m in [*chosen, *(m.reference for m in chosen)]}.values():
+        method.prune(copy_model(untrained).eval(), input_shape, per_round,
+                     config.last_layer_factor)
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:

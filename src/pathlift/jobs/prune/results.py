@@ -22,6 +22,13 @@ What a folder guarantees:
   (``pathlift.files``), so a kill or a full disk leaves the previous file; opening the
   folder removes pathlift's temporary files that a kill left in it, ``dense/`` and
   ``models/``, and nothing else.
+- no link followed: ``dense/``, ``models/``, ``manifest.json`` or ``runs.csv`` that is a
+  symbolic link is refused (``ResultsFileError`` naming it), at ``open`` and again before
+  each file is written into ``dense/`` or ``models/``.
+- only its own files removed: a run that fails or is interrupted before writing any
+  result removes the files it wrote (its manifest, lock, a half-saved dense network) and
+  the folders it created, once they are empty; never a file it did not write (a user's
+  notes put there meanwhile, a report written into the same folder).
 - strict reading: anything in ``runs.csv`` that cannot be parsed raises
   ``ResultsFileError`` naming the file, line and column; a last line without its newline
   (a file cut by an older writer or by hand) is dropped and its run computed again; rows
@@ -30,6 +37,7 @@ What a folder guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import fcntl
@@ -37,7 +45,6 @@ import json
 import math
 import os
 import re
-import shutil
 import socket
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
@@ -209,6 +216,7 @@ class RunFolder:
         self._fresh = fresh
         self._created = False
         self._wrote = False
+        self._made: list[Path] = []  # files and folders this run created, in order
         self._text = b""  # runs.csv's complete lines, what the next row is added to
         self._settings: dict[str, Any] | None = None  # the manifest, once open
 
@@ -248,27 +256,46 @@ class RunFolder:
             else:
                 self.check_writable()
                 write_json(self.manifest, manifest)
+                self._made.append(self.manifest)
             self._settings = manifest
             return {r.key: r for r in self.records()}
         except BaseException:
-            self.close()
+            self.close(failed=True)
             raise
 
-    def close(self) -> None:
-        """Release the lock; remove the folder if this run created it and wrote nothing."""
+    def close(self, failed: bool = False) -> None:
+        """Release the lock. When this run wrote no result and ``failed`` (an error or an
+        interrupt) or created the folder, remove what it created: its files, then its
+        folders once empty, never anything else."""
         if not self._locked:
             return
-        if self._created and not self._wrote:
-            shutil.rmtree(self.path, ignore_errors=True)
+        if not self._wrote and (failed or self._created):
+            self._remove_own()
         if self._lock is not None:
             os.close(self._lock)  # closing the descriptor releases the flock
         self._lock, self._locked, self._created, self._fresh = None, False, False, False
+        self._made = []
+
+    def _remove_own(self) -> None:
+        """Remove the files and folders this run created, newest first, then the run
+        folder if this run created it: a folder only when empty (``rmdir``), so a file
+        someone else put there meanwhile keeps it."""
+        if self.writable:
+            with contextlib.suppress(PathliftError):
+                remove_temporaries(self.path, self.path / "dense", self.path / "models")
+        made = [*([self.path] if self._created else []), *self._made]
+        for path in reversed(made):
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    path.rmdir()
+                else:
+                    path.unlink()
 
     def __enter__(self) -> RunFolder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.close(failed=kind is not None)
 
     def _acquire(self) -> None:
         """Take ``.lock``: exclusively, or shared (read-only) when the folder cannot be
@@ -297,6 +324,8 @@ class RunFolder:
         except OSError as err:
             os.close(fd)
             raise describe(err, path, "lock") from err
+        if created:
+            self._made.append(path)
         with os_errors(path, "write"):
             os.ftruncate(fd, 0)  # pathlift's lock (checked above): rewritten as this run's
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
@@ -331,13 +360,15 @@ class RunFolder:
             raise FileSystemError(errno.EROFS, f"cannot write '{self.path}': it is "
                                   f"read-only{' and ' + why if why else ''}; make it "
                                   "writable or choose another output folder")
+
     def _check_kinds(self) -> None:
         """Before any run is computed: the folder's files are files and its folders
         folders (a ``runs.csv`` replaced by a folder once failed only at the first row)."""
         for path, folder in ((self.manifest, False), (self.csv, False),
                              (self.path / "dense", True), (self.path / "models", True)):
             # (a FIFO or device in a file's place is refused where the file is opened)
-            if (path.exists() or path.is_symlink()) and path.is_dir() != folder:
+            _refuse_link(path)
+            if path.exists() and path.is_dir() != folder:
                 raise ResultsFileError(
                     f"'{path}' is {'not a folder' if folder else 'not a file'}: move it away "
                     "(the run folder needs it as pathlift wrote it), or choose another "
@@ -440,36 +471,49 @@ class RunFolder:
         ``pathlift.models.load_model(<arch>, weights=...)``); the accuracy goes in the
         metadata. Each file is written whole or not at all, the trained one last."""
         self.check_writable()
+        self._subfolder("dense")
         for part, state in (("rewind", states.rewind), ("trained", states.trained)):
             meta = {"seed": str(states.seed), "accuracy": repr(states.accuracy)}
-            write_bytes(self.dense_path(states.seed, part),
-                        safetensors_bytes(cpu_state(state), metadata=meta))
+            path = self.dense_path(states.seed, part)
+            existed = os.path.lexists(path)
+            write_bytes(path, safetensors_bytes(cpu_state(state), metadata=meta))
+            if not existed:
+                self._made.append(path)
         self._wrote = True
 
-    def load_dense(self, seed: int) -> DenseStates | None:
+    def load_dense(self, seed: int, like: dict[str, Tensor] | None = None
+                   ) -> DenseStates | None:
         """The seed's dense states, or None when they were not saved (completely).
 
+        Everything read is checked (``_dense_problem``): the metadata's seed is ``seed``
+        and its accuracy a number in [0, 1], the same in both files; with ``like`` (the
+        model's state_dict), the tensors have its names, shapes and dtypes.
+
         Raises:
-            ResultsFileError: a file is damaged or lacks its accuracy.
+            ResultsFileError: a file is damaged, or holds something impossible (named,
+                with the field).
         """
         paths = [self.dense_path(seed, part) for part in ("trained", "rewind")]
         if not all(p.is_file() for p in paths):
             return None
-        states, accuracy = [], math.nan
+        states, accuracies = [], []
         for p in paths:
             try:
                 state, metadata = read_safetensors(p)
-                states.append(state)
-                accuracy = float(metadata["accuracy"])
             except OSError as err:  # the file is there but cannot be read: not damaged
                 raise describe(err, p, "read") from err
             except PathliftError:  # too large for the memory limit: not damaged either
                 raise
-            except Exception as err:  # safetensors' own error, a missing or bad accuracy
+            except Exception as err:  # safetensors' own error
                 raise ResultsFileError(
                     f"'{p}' is damaged ({type(err).__name__}: {str(err)[:80]}); delete it to "
                     f"train seed {seed} again") from None
-        return DenseStates(seed, states[0], states[1], accuracy)
+            problem = _dense_problem(seed, metadata, state, like, accuracies)
+            if problem:
+                raise ResultsFileError(f"'{p}': {problem} (edited by hand?); delete it to "
+                                       f"train seed {seed} again")
+            states.append(state)
+        return DenseStates(seed, states[0], states[1], accuracies[0])
 
     def model_path(self, record: RunRecord) -> Path:
         """Where ``save_model`` writes ``record``'s network: one name per run (the amount
@@ -482,9 +526,64 @@ class RunFolder:
         """A run's final (pruned) network: its state_dict with the masks
         (``weight_orig``/``weight_mask``; ``load_model`` re-attaches them)."""
         self.check_writable()
+        self._subfolder("models")
         path = write_bytes(self.model_path(record), safetensors_bytes(cpu_state(state)))
         self._wrote = True
         return path
+
+    def _subfolder(self, name: str) -> Path:
+        """``self.path / name``, created if missing (and recorded as this run's), refused
+        when it is a symbolic link: nothing is written through a link."""
+        path = self.path / name
+        with os_errors(path, "create"):
+            try:
+                path.mkdir(parents=True)
+                self._made.append(path)
+            except FileExistsError:
+                pass
+        _refuse_link(path)
+        if not path.is_dir():
+            raise ResultsFileError(f"'{path}' is not a folder: move it away (the run folder "
+                                   "needs it as pathlift wrote it), or choose another output "
+                                   "folder")
+        return path
+
+
+def _refuse_link(path: Path) -> None:
+    """``ResultsFileError`` when ``path`` (a file or sub-folder of a run folder) is a
+    symbolic link: pathlift would read or write what it points to, elsewhere."""
+    if path.is_symlink():
+        raise ResultsFileError(
+            f"'{path}' is a symbolic link: pathlift does not follow links inside a run folder "
+            "(it would write elsewhere); replace it by the real file or folder, or choose "
+            "another output folder")
+
+
+def _dense_problem(seed: int, metadata: dict[str, str], state: dict[str, Tensor],
+                   like: dict[str, Tensor] | None, accuracies: list[float]) -> str | None:
+    """What is impossible in a dense-weights file, or None (its accuracy appended to
+    ``accuracies``): a seed other than ``seed``, an accuracy that is not a number in
+    [0, 1] or differs from the other file's, tensors unlike ``like``'s."""
+    if metadata.get("seed") != str(seed):
+        return f"metadata seed {metadata.get('seed')!r} is not {seed}"
+    text = metadata.get("accuracy")
+    try:
+        accuracy = _parse_float(text) if isinstance(text, str) else math.nan
+    except ValueError:
+        accuracy = math.nan
+    if not 0.0 <= accuracy <= 1.0:
+        return f"metadata accuracy {text!r} is not an accuracy in [0, 1]"
+    if accuracies and accuracy != accuracies[0]:
+        return f"metadata accuracy {text!r} differs from the trained file's {accuracies[0]!r}"
+    accuracies.append(accuracy)
+    for name, tensor in (like or {}).items():
+        got = state.get(name)
+        if got is None or got.shape != tensor.shape or got.dtype != tensor.dtype:
+            found = "missing" if got is None else f"{tuple(got.shape)} {got.dtype}"
+            return f"tensor {name!r} is {found}, the model's is {tuple(tensor.shape)} " \
+                   f"{tensor.dtype}"
+    extra = sorted(set(state) - set(like)) if like is not None else []
+    return f"tensor {extra[0]!r} is not one of the model's" if extra else None
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -499,6 +598,7 @@ def _decode(data: bytes, path: Path) -> str:
 
 
 _ACCURACIES = ("dense_accuracy", "pruned_accuracy", "accuracy", "sparsity")
+_LOG10S = ("log10_path_metric", "log10_bound")  # -inf: a zero metric; never NaN or +inf
 #: row field -> manifest setting holding every value the grid allows
 _GRID = {"seed": "seeds", "method": "methods", "rescaled": "rescaled", "amount": "amounts"}
 _SAME = {"rounds": "rounds", "world_size": "world_size", "spread": "spread"}
@@ -512,6 +612,10 @@ def _out_of_range(record: RunRecord, settings: dict[str, Any]) -> str | None:
         value = getattr(record, name)
         if not 0.0 <= value <= 1.0:
             return f"{name} {value!r} is not in [0, 1]"
+    for name in _LOG10S:
+        value = getattr(record, name)
+        if math.isnan(value) or value == math.inf:
+            return f"{name} {value!r} is not a log10 of a finite number"
     if not (math.isnan(record.overlap) or 0.0 <= record.overlap <= 100.0):
         return f"overlap {record.overlap!r} is not a percentage"
     if not re.fullmatch(r"[0-9a-f]{16}", record.mask_digest):

@@ -22,13 +22,19 @@ from pathlift.bounds import ArchitectureConstants
 from pathlift.data import Split, load_data
 from pathlift.data.training import reproducible
 from pathlift.errors import ShapeError
-from pathlift.files import write_json
+from pathlift.files import refuse_replacing, write_json
 from pathlift.graph.outputs import OutputKey, select_output
 from pathlift.jobs.report.measure import DEFAULT_EPOCHS, Report, measure_report
 from pathlift.jobs.report.render import render_report
 from pathlift.models import load_model, small_cnn
 
-__all__ = ["ReportResult", "run_report"]
+__all__ = ["REPORT_FILES", "ReportResult", "run_report"]
+
+#: every file ``run_report`` may write into its folder (``render_report``'s pages and
+#: figures, report.json): one already there is refused unless ``overwrite``
+REPORT_FILES = ("report.md", "report.html", "report.json", "path_norms_during_training.png",
+                "accuracy_during_training.png", "bound_during_training.png",
+                "bounds_vs_gap.png", "margins.png", "average_vs_worst.png", "pruning.png")
 
 
 @dataclass(frozen=True, repr=False)
@@ -79,7 +85,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
                epochs: int | None = None, seed: int = 0, samples: int = 512,
                progress: bool = True, *, weights: str | None = None,
                test_fraction: float = 0.25, normalize: str = "none",
-               batch_size: int = 64, outputs: OutputKey | None = None) -> ReportResult:
+               batch_size: int = 64, outputs: OutputKey | None = None,
+               overwrite: bool = False) -> ReportResult:
     """Measure a model, then write ``out_dir``/report.md, report.html, report.json and PNGs.
 
     Args:
@@ -94,6 +101,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         outputs: for a model returning several tensors, the one holding the class logits
             (a position or a key, ``pathlift.graph.outputs.select_output``): trained on and
             measured.
+        overwrite: replace the files of ``REPORT_FILES`` already in ``out_dir``; without
+            it such a folder is refused (``OutputExistsError``) before anything is measured.
 
     Runs torch single-threaded and deterministic (``pathlift.data.training.reproducible``,
     restored afterwards), and the caller's global RNG state is restored too.
@@ -103,6 +112,7 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         >>> result.report.bounds
     """
     started = time.perf_counter()
+    refuse_replacing(out_dir, REPORT_FILES, overwrite)
     with reproducible(), torch.random.fork_rng(devices=[]):  # caller's RNG state kept
         torch.manual_seed(seed)
         if isinstance(data, str):
