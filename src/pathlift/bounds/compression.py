@@ -56,15 +56,19 @@ from pathlift.bounds.code import (
     CodedNetwork,
     CodeLength,
     architecture_of,
+    constants_of,
     encode,
     quantized_tensors,
 )
+from pathlift.bounds.entry import Sample, check_sample
 from pathlift.bounds.kl import OccamBound, occam_bound
+from pathlift.bounds.verdict import format_bound, verdict
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, copy_model, graph_of, unwrap, writable_copy
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
 from pathlift.graph.outputs import OutputKey, select_output
+from pathlift.graph.structure import training_mode_ops
 from pathlift.lift import path_metric, path_norm
 from pathlift.prune.methods import prune_model
 from pathlift.quant import quantize
@@ -170,6 +174,8 @@ class CompressionBound:
     num_nonzero: int
     family_size: int
     coded: CodedNetwork = field(compare=False)
+    sample: Sample | None = field(default=None, compare=False)
+    eval_layers: tuple[str, ...] = ()
 
     hypothesis_class = ("every network of an architecture of the family, through the "
                         "quantised networks Q its prefix code names")
@@ -221,11 +227,26 @@ class CompressionBound:
                 "rescaling": self.rescaling, "prune_fraction": self.prune_fraction,
                 "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero}
 
+    @property
+    def chance(self) -> float:
+        """The best constant classifier's training error (``pathlift.bounds.verdict``)."""
+        return math.nan if self.sample is None else self.sample.chance
+
+    def verdict(self, measured: float | None = None) -> str:
+        """The bound against 1 and against chance, one line."""
+        chance = None if self.sample is None else self.sample.chance
+        rule = "" if self.sample is None else _chance_rule(self.sample)
+        return verdict(math.log10(self.value), measured, chance=chance, rule=rule)
+
     def statement(self) -> str:
+        network = "the trained network" if not self.eval_layers else (
+            f"the trained network in eval mode ({', '.join(self.eval_layers)}: running "
+            "statistics, no dropout)")
+        sample = "" if self.sample is None else f"; {self.sample.statement()}"
         return (f"with probability >= {1 - self.delta:g} over the n = {self.n} training "
-                f"samples, the trained network's top-1 error is at most {self.value:.4f} "
-                f"(transfer: {self.transfer}); valid for {self.hypothesis_class}; paid by "
-                f"{self.paid_by}")
+                f"samples, the top-1 error of {network} is at most "
+                f"{format_bound(math.log10(self.value))[0]} (transfer: {self.transfer}); "
+                f"valid for {self.hypothesis_class}; paid by {self.paid_by}{sample}")
 
     def __repr__(self) -> str:
         event = (f"tau {self.tau:.4g} >= d {10 ** self.d_log10:.4g}" if self.tau is not None
@@ -236,6 +257,11 @@ class CompressionBound:
                 f"{self.num_nonzero}/{self.num_parameters} non-zero), rescaling "
                 f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}, train error "
                 f"{self.train_error:.4f}, Q's {self.quantized_error:.4f})")
+
+
+def _chance_rule(sample: Sample) -> str:
+    return (f"1 - 1/C, C = {sample.classes} balanced classes" if sample.balanced else
+            f"1 - max class frequency of the training labels, {sample.classes} classes")
 
 
 def input_scale(x: Tensor) -> Tensor:
@@ -297,6 +323,7 @@ class _Problem:
                 "the network's architecture is not in the family fixed in advance; add it "
                 "(pathlift.bounds.code.architecture_of) before certifying")
         self.index = self.family.index(arch)
+        self.constants = constants_of(model, shape)
 
     def rescaled(self, name: str) -> tuple[nn.Module, LayerGraph]:
         """lambda.theta (a copy; powers of two, exact) and its graph (which holds only a
@@ -332,7 +359,7 @@ class _Problem:
             zero_exponents.append(f)
             exact.append(v == 0)
         coded = CodedNetwork(self.index, tuple(exponents), tuple(zero_exponents),
-                             tuple(codes), tuple(exact))
+                             tuple(codes), tuple(exact), self.constants)
         length = encode(coded, self.family).length
         metric = path_metric(graph, q.model, self.shape)
         if not metric.same_signs:  # the transfer (Cor. 3.4.1) needs Q and theta of one sign
@@ -401,9 +428,16 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     The model is measured in eval mode and not modified; the certificate is for the
     function its weights define, computed on a float64 copy (which holds any float16,
     bfloat16 or float32 weights exactly; a parametrized layer counts as its effective
-    weight). Raises InvalidParameterError
-    when the architecture is not in ``family`` or the arguments are out of range,
-    UnsupportedModelError for a model outside the supported ops.
+    weight). Every constant of the computation (a Python float in ``forward``, a module
+    setting) is coded (``pathlift.bounds.code.constants_of``).
+
+    Raises InvalidParameterError when the architecture is not in ``family``, the
+    arguments are out of range, x holds NaN/inf or y labels outside the network's
+    outputs (``pathlift.bounds.entry``), or a layer that computes otherwise in training
+    (BatchNorm, Dropout) is in training mode: call ``model.eval()`` first, and the
+    statement says the network is certified in eval mode. UnsupportedModelError for a
+    model outside the supported ops. The sample must be i.i.d.: exact duplicates are
+    counted (``sample.duplicates``) and said in the statement.
 
     Example::
 
@@ -412,8 +446,18 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     """
     shape = tuple(input_shape)
     net = select_output(unwrap(model), outputs, shape)
+    training = {name for name, m in net.named_modules() if m.training}
     # float64 holds a float16/bfloat16/float32 theta exactly
     net = writable_copy(net).to(torch.float64).eval()
+    graph = graph_of(net, shape)
+    eval_layers = tuple(training_mode_ops(graph))
+    if training & set(eval_layers):
+        first = sorted(training & set(eval_layers))[0]
+        raise InvalidParameterError(
+            f"layer '{first}' ({type(net.get_submodule(first)).__name__}) is in training "
+            "mode, which computes otherwise (batch statistics, randomness); call "
+            "model.eval() before certifying: the certificate is for the eval-mode network")
+    sample = check_sample(x, y, graph.d_out)
     family = [architecture_of(net, shape)] if family is None else list(family)
     problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
     gen = torch.Generator().manual_seed(search.seed)
@@ -444,7 +488,7 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
         final.quantized_error, path_norm(net, shape).log10, final.quantized_path_norm_log10,
         final.rescaling, final.prune_fraction, final.exponents,
         sum(v.numel() for *_, v in quantized_tensors(graph)), final.coded.num_nonzero,
-        len(family), final.coded)
+        len(family), final.coded, sample, eval_layers)
 
 
 def _refine(problem: _Problem, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
