@@ -37,8 +37,9 @@ paid for by L(Q), or the event, paid for by ln T: the bound holds for the networ
 
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
 computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
-rounded up by ten times its estimated relative error, the interval pass encloses its own
-rounding, and kl^-1 is approached from above: each rounds against the bound.
+bounded above with its float64 rounding proven (``pathlift.bounds.rounding``), the
+interval pass encloses its own rounding, and kl^-1 is approached from above: each rounds
+against the bound.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from pathlift.bounds.code import (
 )
 from pathlift.bounds.entry import Sample, check_sample
 from pathlift.bounds.kl import OccamBound, occam_bound
+from pathlift.bounds.rounding import certified_d
 from pathlift.bounds.verdict import format_bound, verdict
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, copy_model, graph_of, unwrap, writable_copy
@@ -362,10 +364,10 @@ class _Problem:
                              tuple(codes), tuple(exact), self.constants)
         length = encode(coded, self.family).length
         metric = path_metric(graph, q.model, self.shape)
-        if not metric.same_signs:  # the transfer (Cor. 3.4.1) needs Q and theta of one sign
+        if not (metric.same_signs and metric.exact):  # Cor. 3.4.1 and Lemma 3.4.1's premise
             raise InvalidParameterError("the compressed network does not satisfy Lemma "
                                         "3.4.1's |Q| <= |theta|, same signs")
-        d = 10 ** metric.upper_log10 * (1 + 10 * metric.relative_accuracy) + 1e-300
+        d = certified_d(graph, graph_of(q.model, self.shape))
         margins, sizes = logit_margins(q.model, x, y)
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
         if PATH_METRIC in self.transfers:
