@@ -215,6 +215,7 @@ def bounds(
     is the same.
     """
     from pathlift.bounds import compression_bound, generalization_bounds, verdict
+    from pathlift.bounds.entry import check_sample
     from pathlift.data import load_data, loaders
     from pathlift.models import load_model
 
@@ -224,21 +225,25 @@ def bounds(
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
-        cert = compression_bound(net, shape, *split.train.tensors, outputs=output) \
+        # measured in eval mode (the certificate's statement names the layers it concerns)
+        cert = compression_bound(net.eval(), shape, *split.train.tensors, outputs=output) \
             if compression else None
     m = b.measured
     u = b.top1_union
     rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
              f"margin loss {u.train_margin_loss:.4f} + complexity 10^{u.complexity_log10:.2f} "
-             f"+ confidence {u.confidence:.4f}", verdict(u.log10, m.test_error)]]
+             f"+ confidence {u.confidence:.4f}",
+             verdict(u.log10, m.test_error, labels=split.train.tensors[1])]]
     if cert is not None:
         rows.append([f"compression (Occam, {cert.transfer} transfer)",
                      f"kl^-1({cert.occam.empirical:.4f}, {cert.occam.budget:.4f}), "
-                     f"L = {cert.length.total} bits",
-                     verdict(math.log10(cert.value), m.test_error)])
+                     f"L = {cert.length.total} bits", cert.verdict(m.test_error)])
+    sample = check_sample(*split.train.tensors)
     console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
-                         rows))
+                         rows, caption=f"chance (the best constant classifier's training "
+                         f"error, {sample.rule}): {sample.chance:.4f}; "
+                         f"{sample.statement()}"))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
              "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]

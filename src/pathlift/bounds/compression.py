@@ -237,7 +237,7 @@ class CompressionBound:
     def verdict(self, measured: float | None = None) -> str:
         """The bound against 1 and against chance, one line."""
         chance = None if self.sample is None else self.sample.chance
-        rule = "" if self.sample is None else _chance_rule(self.sample)
+        rule = "" if self.sample is None else self.sample.rule
         return verdict(math.log10(self.value), measured, chance=chance, rule=rule)
 
     def statement(self) -> str:
@@ -259,11 +259,6 @@ class CompressionBound:
                 f"{self.num_nonzero}/{self.num_parameters} non-zero), rescaling "
                 f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}, train error "
                 f"{self.train_error:.4f}, Q's {self.quantized_error:.4f})")
-
-
-def _chance_rule(sample: Sample) -> str:
-    return (f"1 - 1/C, C = {sample.classes} balanced classes" if sample.balanced else
-            f"1 - max class frequency of the training labels, {sample.classes} classes")
 
 
 def input_scale(x: Tensor) -> Tensor:

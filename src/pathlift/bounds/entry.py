@@ -17,7 +17,7 @@ from torch import Tensor
 
 from pathlift.errors import InvalidParameterError
 
-__all__ = ["Sample", "chance_error", "check_sample"]
+__all__ = ["Sample", "chance_error", "chance_rule", "check_sample"]
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,22 @@ class Sample:
     chance: float
     balanced: bool
 
+    @property
+    def rule(self) -> str:
+        return chance_rule(self.classes, self.balanced)
+
     def statement(self) -> str:
         """The sentence every certificate carries about its sample."""
         dup = ("no exact duplicates" if not self.duplicates else
                f"{self.duplicates} exact duplicate(s) of earlier points, which an i.i.d. "
                "sample of a continuous distribution would not hold")
         return f"valid if the n = {self.n} samples are drawn i.i.d. ({dup})"
+
+
+def chance_rule(classes: int, balanced: bool) -> str:
+    """How chance was computed, in words (what every verdict prints beside it)."""
+    return (f"1 - 1/C, C = {classes} balanced classes" if balanced else
+            f"1 - max class frequency of the training labels, {classes} classes")
 
 
 def chance_error(y: Tensor) -> tuple[float, int, bool]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from pathlift.bounds.entry import chance_error
+from pathlift.bounds.entry import chance_error, chance_rule
 from pathlift.logspace import power10
 
 __all__ = ["Verdict", "format_bound", "judge", "verdict"]
@@ -81,8 +81,7 @@ def judge(log10_bound: float, labels: Tensor | None = None, measured: float | No
     """
     if labels is not None:
         chance, classes, balanced = chance_error(labels)
-        rule = (f"1 - 1/C, C = {classes} balanced classes" if balanced else
-                f"1 - max class frequency of the training labels, {classes} classes")
+        rule = chance_rule(classes, balanced)
     return Verdict(log10_bound, chance, rule, measured)
 
 
