@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cli_runner import invoke
 from pathlift.bounds.verdict import format_bound, judge, verdict
 from pathlift.logspace import format_log10
-from cli_runner import invoke
 
 
 def test_chance_is_one_minus_the_largest_class_frequency():
