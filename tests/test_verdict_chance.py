@@ -80,3 +80,13 @@ def test_bounds_command_judges_against_chance():
             f"of the training labels, 10 classes): {chance:.4f}") in out
     assert f"valid if the n = {len(y)} samples are drawn i.i.d. (no exact duplicates)" in out
     assert out.count("not informative: ") == 1  # an untrained network: at or above chance
+
+
+def test_bounds_command_on_an_untrained_network_stops_the_search_at_once():
+    """Its training error keeps every compression bound above chance: one candidate, and
+    the caption says why; --time-budget is taken."""
+    result = invoke("bounds", "mlp", "--data", "digits", "--time-budget", "30")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "compression search stopped: no candidate can beat chance" in out
+    assert out.count("not informative: ") == 2

@@ -203,6 +203,9 @@ def bounds(
     compression: Annotated[bool, typer.Option(
         "--compression/--no-compression", help="also the compression certificate (Occam "
         "bound on a coded quantised network, carried to the trained one)")] = True,
+    time_budget: Annotated[float | None, typer.Option(
+        "--time-budget", min=0.0, help="seconds the compression search may take; it then "
+        "certifies the best network found so far (valid whatever is found)")] = None,
     output: Output = None,
 ) -> None:
     """Generalisation bounds of a trained model on its training data, with the measured gap.
@@ -219,14 +222,17 @@ def bounds(
     from pathlift.data import load_data, loaders
     from pathlift.models import load_model
 
-    with working(console, f"bounds of {model} on {data}"):
+    with working(console, f"bounds of {model} on {data}") as describe:
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize, seed=seed)
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
         # measured in eval mode (the certificate's statement names the layers it concerns)
-        cert = compression_bound(net.eval(), shape, *split.train.tensors, outputs=output) \
+        cert = compression_bound(
+            net.eval(), shape, *split.train.tensors, outputs=output, time_budget=time_budget,
+            progress=lambda done, planned: describe(
+                f"compression search: candidate {done} of at most {planned}")) \
             if compression else None
     m = b.measured
     u = b.top1_union
@@ -243,7 +249,9 @@ def bounds(
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
                          rows, caption=f"chance (the best constant classifier's training "
                          f"error, {sample.rule}): {sample.chance:.4f}; "
-                         f"{sample.statement()}"))
+                         f"{sample.statement()}"
+                         + ("" if cert is None or not cert.stopped else
+                            f"; compression search stopped: {cert.stopped}")))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
              "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]

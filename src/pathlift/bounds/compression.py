@@ -45,8 +45,9 @@ against the bound.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -59,10 +60,11 @@ from pathlift.bounds.code import (
     architecture_of,
     constants_of,
     encode,
+    estimated_length,
     quantized_tensors,
 )
 from pathlift.bounds.entry import Sample, check_sample
-from pathlift.bounds.kl import OccamBound, occam_bound
+from pathlift.bounds.kl import OccamBound, kl_inverse, occam_bound
 from pathlift.bounds.rounding import certified_d
 from pathlift.bounds.verdict import format_bound, verdict
 from pathlift.errors import InvalidParameterError
@@ -157,7 +159,10 @@ class CompressionBound:
     kl inverse (``empirical`` = P_S of the event, ``budget`` = (L ln 2 + ln T + ln
     1/delta)/n); ``length`` the code length by part; ``transfer`` the event used
     ("path-metric": tau = ``tau`` >= d = 10^``d_log10``; "box": the interval event);
-    ``quantized_error``: training error of Q itself.
+    ``quantized_error``: training error of Q itself; ``sample``: n, duplicates and chance
+    (``pathlift.bounds.entry``); ``eval_layers``: the layers certified in eval mode;
+    ``stopped``: why the search ended early ("" when it ran in full), which changes which
+    Q is found, never the validity.
     """
 
     occam: OccamBound
@@ -178,6 +183,7 @@ class CompressionBound:
     coded: CodedNetwork = field(compare=False)
     sample: Sample | None = field(default=None, compare=False)
     eval_layers: tuple[str, ...] = ()
+    stopped: str = ""
 
     hypothesis_class = ("every network of an architecture of the family, through the "
                         "quantised networks Q its prefix code names")
@@ -227,7 +233,8 @@ class CompressionBound:
                 "path_norm_log10": self.path_norm_log10,
                 "quantized_path_norm_log10": self.quantized_path_norm_log10,
                 "rescaling": self.rescaling, "prune_fraction": self.prune_fraction,
-                "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero}
+                "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero,
+                "chance": self.chance, "stopped": self.stopped}
 
     @property
     def chance(self) -> float:
@@ -258,7 +265,8 @@ class CompressionBound:
                 f"{self.length.total} bits ({self.bits_per_parameter:.2f}/parameter, "
                 f"{self.num_nonzero}/{self.num_parameters} non-zero), rescaling "
                 f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}, train error "
-                f"{self.train_error:.4f}, Q's {self.quantized_error:.4f})")
+                f"{self.train_error:.4f}, Q's {self.quantized_error:.4f}"
+                + (f"; stopped: {self.stopped})" if self.stopped else ")"))
 
 
 def input_scale(x: Tensor) -> Tensor:
@@ -340,9 +348,11 @@ class _Problem:
 
     def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
                   pruned: nn.Module, exponents: Sequence[int], x: Tensor, y: Tensor,
-                  scale: Tensor) -> _Candidate:
+                  scale: Tensor, exact_length: bool = False) -> _Candidate:
         """Quantise ``pruned`` with steps 2^exponents (towards zero), code it, and score its
-        events on (x, y) with the budget of the full sample (the bound's n)."""
+        events on (x, y) with the budget of the full sample (the bound's n). The code
+        length is the bits ``encode`` writes when ``exact_length``, else the search's estimate
+        (``estimated_length``, within a few bits)."""
         names = [name for name, _, _, _ in quantized_tensors(graph)]
         q = quantize(pruned, self.shape, step={n: math.ldexp(1.0, e)
                                                for n, e in zip(names, exponents, strict=True)})
@@ -357,7 +367,8 @@ class _Problem:
             exact.append(v == 0)
         coded = CodedNetwork(self.index, tuple(exponents), tuple(zero_exponents),
                              tuple(codes), tuple(exact), self.constants)
-        length = encode(coded, self.family).length
+        length = encode(coded, self.family).length if exact_length else \
+            estimated_length(coded, self.family)
         metric = path_metric(graph, q.model, self.shape)
         if not (metric.same_signs and metric.exact):  # Cor. 3.4.1 and Lemma 3.4.1's premise
             raise InvalidParameterError("the compressed network does not satisfy Lemma "
@@ -414,7 +425,9 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
                       family: Sequence[Architecture] | None = None, delta: float = 0.05,
                       events: EventGrid = DEFAULT_EVENTS,
                       search: CompressionSearch = DEFAULT_SEARCH,
-                      outputs: OutputKey | None = None) -> CompressionBound:
+                      outputs: OutputKey | None = None,
+                      progress: Callable[[int, int], None] | None = None,
+                      time_budget: float | None = None) -> CompressionBound:
     """The certificate of the module docstring for ``model`` trained on (x, y): the coded
     network Q (rescaling, pruning, steps) and the event found by ``search`` on the
     training data, then the bound on all of (x, y). ``family`` is the list of
@@ -436,11 +449,19 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     model outside the supported ops. The sample must be i.i.d.: exact duplicates are
     counted (``sample.duplicates``) and said in the statement.
 
+    The search scores candidates with the estimated code length (``estimated_length``),
+    calls ``progress(done, planned)`` after each, stops when ``time_budget`` seconds (wall
+    clock, from the call) are spent, and tries a single candidate when the network's own
+    training error already keeps every bound at or above chance (``stopped`` says why);
+    the certificate counts the exact bits of the Q it keeps. With a time budget the Q
+    found depends on the machine's speed; the bound is valid whatever is found.
+
     Example::
 
         cert = compression_bound(net, (1, 8, 8), x_train, y_train)
         print(cert)            # the bound on the trained net and every term
     """
+    start = time.perf_counter()
     shape = tuple(input_shape)
     net = select_output(unwrap(model), outputs, shape)
     training = {name for name, m in net.named_modules() if m.training}
@@ -457,49 +478,101 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     sample = check_sample(x, y, graph.d_out)
     family = [architecture_of(net, shape)] if family is None else list(family)
     problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
+    own, _ = logit_margins(net, x, y)
+    train_error = float((own <= 0).double().mean())
+    search, stopped = _hopeless(search, train_error, sample, events, delta)
     gen = torch.Generator().manual_seed(search.seed)
     pick = torch.randperm(len(x), generator=gen)[:search.subsample]
     xs, ys, scale = x[pick], y[pick], problem.scale[pick]
+    clock = _Clock(search, len(problem.family[problem.index].tensors), progress,
+                   None if time_budget is None else start + time_budget)
     best: _Candidate | None = None
     for rescaling in search.rescalings:
         _kept, graph = problem.rescaled(rescaling)  # _kept: the graph's model stays alive
         for fraction in search.prune_fractions:
+            if best is not None and clock.spent:
+                break
             pruned = problem.pruned(graph, fraction)
             local = None
             for offset in search.offsets:
-                c = problem.candidate(rescaling, fraction, graph, pruned,
-                                      _start_exponents(graph, offset), xs, ys, scale)
+                if local is not None and clock.spent:
+                    break
+                c = clock.tick(problem.candidate(rescaling, fraction, graph, pruned,
+                                                 _start_exponents(graph, offset), xs, ys,
+                                                 scale))
                 if local is None or c.best[1].value < local.best[1].value:
                     local = c
-            local = _refine(problem, graph, pruned, local, xs, ys, scale, search.refine)
+            local = _refine(problem, graph, pruned, local, xs, ys, scale, search.refine, clock)
             if best is None or local.best[1].value < best.best[1].value:
                 best = local
+    if clock.spent and not stopped:
+        stopped = (f"time budget of {time_budget:g} s spent after {clock.done} candidates: "
+                   "the best so far is certified")
     _kept, graph = problem.rescaled(best.rescaling)
     final = problem.candidate(best.rescaling, best.prune_fraction, graph,
                               problem.pruned(graph, best.prune_fraction), best.exponents, x,
-                              y, problem.scale)
+                              y, problem.scale, exact_length=True)
     transfer, occam, tau = final.best
-    own, _ = logit_margins(net, x, y)
     return CompressionBound(
-        occam, transfer, final.length, final.d_log10, tau, float((own <= 0).double().mean()),
+        occam, transfer, final.length, final.d_log10, tau, train_error,
         final.quantized_error, path_norm(net, shape).log10, final.quantized_path_norm_log10,
         final.rescaling, final.prune_fraction, final.exponents,
         sum(v.numel() for *_, v in quantized_tensors(graph)), final.coded.num_nonzero,
-        len(family), final.coded, sample, eval_layers)
+        len(family), final.coded, sample, eval_layers, stopped)
+
+
+def _hopeless(search: CompressionSearch, train_error: float, sample: Sample,
+              events: EventGrid, delta: float) -> tuple[CompressionSearch, str]:
+    """(``search``, "") or, when no candidate can beat chance, one candidate and why: every
+    event of every Q holds wherever the network errs (module docstring, proof of (a) and
+    (b)), so every bound is at least kl^-1(train error, (ln T + ln 1/delta)/n)."""
+    floor = kl_inverse(train_error, (math.log(events.size) + math.log(1 / delta)) / sample.n)
+    if floor < sample.chance:
+        return search, ""
+    return replace(search, rescalings=search.rescalings[:1],
+                   prune_fractions=search.prune_fractions[:1], offsets=search.offsets[:1],
+                   refine=0), (
+        f"no candidate can beat chance: the network errs on {train_error:.4f} of its "
+        f"training sample, so every bound is >= kl^-1 of it = {floor:.4f} >= chance "
+        f"{sample.chance:.4f}; one candidate certified")
+
+
+class _Clock:
+    """Progress (``progress(done, planned)`` after each candidate; ``planned`` counts the
+    refinement rounds in full) and the time budget of one search."""
+
+    def __init__(self, search: CompressionSearch, tensors: int,
+                 progress: Callable[[int, int], None] | None, deadline: float | None):
+        self.done, self.progress, self.deadline = 0, progress, deadline
+        self.planned = len(search.rescalings) * len(search.prune_fractions) * (
+            len(search.offsets) + 2 * tensors * search.refine)
+
+    @property
+    def spent(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def tick(self, candidate: _Candidate) -> _Candidate:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.planned)
+        return candidate
 
 
 def _refine(problem: _Problem, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
-            x: Tensor, y: Tensor, scale: Tensor, rounds: int) -> _Candidate:
-    """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer)."""
+            x: Tensor, y: Tensor, scale: Tensor, rounds: int, clock: _Clock) -> _Candidate:
+    """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer), until no
+    move improves or the time budget is spent."""
     best = start
     for _ in range(rounds):
         improved = False
         for i in range(len(best.exponents)):
             for move in (1, -1):
+                if clock.spent:
+                    return best
                 exponents = list(best.exponents)
                 exponents[i] += move
-                c = problem.candidate(best.rescaling, best.prune_fraction, graph, pruned,
-                                      exponents, x, y, scale)
+                c = clock.tick(problem.candidate(best.rescaling, best.prune_fraction, graph,
+                                                 pruned, exponents, x, y, scale))
                 if c.best[1].value < best.best[1].value:
                     best, improved = c, True
                     break
