@@ -58,7 +58,7 @@ def test_progress_is_reported_and_the_certificate_counts_exact_bits():
     planned = 2 * 2 * (3 + 2 * 4 * 1)  # rescalings x fractions x (offsets + 2 moves x 4)
     assert all(p == planned for _, p in calls) and len(calls) <= planned
     assert cert.length == encode(cert.coded, [architecture_of(net, (6,))]).length
-    assert not cert.stopped and cert.value < 0.9
+    assert not cert.stopped and cert.value < 0.9 and cert.beats_chance
 
 
 def test_time_budget_stops_the_search_with_a_valid_certificate():
@@ -84,4 +84,4 @@ def test_no_search_when_no_candidate_can_beat_chance():
     chance = 1 - int(torch.bincount(y).max()) / len(y)
     floor = kl_inverse(cert.train_error, (math.log(283) + math.log(20)) / len(x))
     assert cert.value >= floor >= chance
-    assert "not informative" in cert.verdict()
+    assert "not informative" in cert.verdict() and not cert.beats_chance

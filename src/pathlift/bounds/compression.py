@@ -204,7 +204,13 @@ class CompressionBound:
 
     @property
     def informative(self) -> bool:
+        """Below 1 (a probability); ``beats_chance`` is the verdict that matters."""
         return self.value < 1
+
+    @property
+    def beats_chance(self) -> bool:
+        """Below the best constant classifier's training error (False without a sample)."""
+        return self.sample is not None and self.value < self.sample.chance
 
     @property
     def bits_per_parameter(self) -> float:
