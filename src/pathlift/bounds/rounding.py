@@ -6,16 +6,17 @@ guessed for its rounding.
 every exp/log/sqrt of torch or libm within 1 ulp, so each returns x (1 + e), |e| <= w =
 2^-52 (twice the unit roundoff u, which also covers 1-ulp transcendental functions).
 
-1. *Each output of the |theta| pass* (Thm 3.1.1, ``pathlift.lift.path_norm.log_outputs``)
-   is o_v = sum over paths to v of products of non-negative numbers. Along a path the pass
-   visits at most P nodes (P: the graph's operations); at each it multiplies by a
-   non-negative weight and adds at most K + 1 non-negative terms (K: the largest fan-in,
-   bias included), after at most 8 operations folding a diagonal op (BatchNorm) into the
-   weight. A sum of non-negative terms computed in any order, blocked or fused, is off by
-   a relative gamma_k = k w / (1 - k w) at most (Higham, Thm 3.1 / Lemma 3.1), and the
-   relative errors of a product of non-negative factors compose: the pass's mantissas are
-   off by a relative gamma_m, m = P (K + 9). Powers of two that rescale mantissas are
-   exact.
+1. *Each output of the |theta| pass* (Thm 3.1.1,
+   ``pathlift.lift.path_norm.log_outputs``) is o_v = sum over paths to v of products of
+   non-negative numbers. Along a path the pass visits at most P nodes (P: the graph's
+   operations); at each it multiplies by a non-negative weight and adds at most K + 1
+   non-negative terms (K: the largest fan-in, bounded by the number of entries an
+   operation reads; bias included), after at most 8 operations folding a diagonal op
+   (BatchNorm) into the weight. A sum of non-negative terms computed in any order,
+   blocked or fused, is off by a relative gamma_k = k w / (1 - k w) at most (Higham, Thm
+   3.1 / Lemma 3.1), and the relative errors of a product of non-negative factors
+   compose: the pass's mantissas are off by a relative gamma_m, m = P (K + 9). Powers of
+   two that rescale mantissas are exact.
 2. *The log scale.* Each node adds at most one exponent ln 2 to a scale and aligns scales
    once (a factor exp(s - t)), and ln o_v = ln(mantissa) + scale is one log and one sum:
    at most 2P + 2 operations on numbers of magnitude at most Lambda, each off by w
@@ -43,7 +44,6 @@ import torch
 
 from pathlift.bounds.code import quantized_tensors
 from pathlift.graph import LayerGraph
-from pathlift.graph.structure import fan_in
 from pathlift.lift.path_norm import log_outputs
 
 __all__ = ["certified_d", "log_error"]
@@ -55,7 +55,9 @@ def log_error(graph: LayerGraph) -> float:
     """rho of the module docstring: a bound on |ln o_v(computed) - ln o_v| for every
     output of the |theta| pass (q = 1) of ``graph``."""
     nodes = sum(1 for _ in graph.nodes())
-    k = fan_in(graph) + 1
+    # K + 1 <= the entries a node reads (each neuron's antecedents are among them) + bias
+    k = max((sum(math.prod(graph.output_shape(a)) for a in n.all_input_nodes
+                 if "tensor_meta" in a.meta) for n in graph.nodes()), default=1) + 1
     m = nodes * (k + 9)
     scale = nodes * math.log(k + 1) + 757.0
     for _, _, _, value in quantized_tensors(graph):
