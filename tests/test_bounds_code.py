@@ -159,7 +159,11 @@ def _random_coded(arch, index: int, seed: int) -> CodedNetwork:
         e = rng.randint(-30, 5)
         exponents.append(e)
         zeros.append(e + rng.choice((0, 0, 1, 7)))
-    return CodedNetwork(index, tuple(exponents), tuple(zeros), tuple(codes), tuple(pruned))
+    constants = tuple(rng.choice((0, 3, -0.25, 1e-05, rng.uniform(-1e3, 1e3),
+                                  rng.random() * 1e-300, -5e307))
+                      for _ in range(arch.constants))
+    return CodedNetwork(index, tuple(exponents), tuple(zeros), tuple(codes), tuple(pruned),
+                        constants)
 
 
 @settings(max_examples=25, deadline=None)

@@ -220,6 +220,9 @@ def bounds(
     compression: Annotated[bool, typer.Option(
         "--compression/--no-compression", help="also the compression certificate (Occam "
         "bound on a coded quantised network, carried to the trained one)")] = True,
+    time_budget: Annotated[float | None, typer.Option(
+        "--time-budget", min=0.0, help="seconds the compression search may take; it then "
+        "certifies the best network found so far (valid whatever is found)")] = None,
     output: Output = None,
     unlabeled: Annotated[str | None, typer.Option(
         "--unlabeled", metavar="NPZ", help="held-out unlabeled inputs (an .npz with an array "
@@ -236,30 +239,41 @@ def bounds(
     is the same.
     """
     from pathlift.bounds import generalization_bounds, verdict
+    from pathlift.bounds.entry import check_sample
     from pathlift.data import load_data, loaders
     from pathlift.jobs.report.certificate import certificates_of, route_rows
     from pathlift.models import load_model
 
-    with working(console, f"bounds of {model} on {data}"):
+    with working(console, f"bounds of {model} on {data}") as describe:
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize, seed=seed)
         net, shape = load_model(model, input_shape, weights, seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
-        cert, route = certificates_of(net, shape, split, output, compression, unlabeled)
+        # measured in eval mode (the certificate's statement names the layers it concerns)
+        cert, route = certificates_of(
+            net.eval(), shape, split, output, compression, unlabeled, time_budget=time_budget,
+            progress=lambda done, planned: describe(
+                f"compression search: candidate {done} of at most {planned}"))
     m = b.measured
     u = b.top1_union
     rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
              f"margin loss {u.train_margin_loss:.4f} + complexity 10^{u.complexity_log10:.2f} "
-             f"+ confidence {u.confidence:.4f}", verdict(u.log10, m.test_error)]]
+             f"+ confidence {u.confidence:.4f}",
+             verdict(u.log10, m.test_error, labels=split.train.tensors[1])]]
     if cert is not None:
         rows.append([f"compression (Occam, {cert.transfer} transfer)",
                      f"kl^-1({cert.occam.empirical:.4f}, {cert.occam.budget:.4f}), "
-                     f"L = {cert.length.total} bits",
-                     verdict(math.log10(cert.value), m.test_error)])
+                     f"L = {cert.length.total} bits", cert.verdict(m.test_error)])
+    sample = check_sample(*split.train.tensors)
     console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
-                         rows + route_rows(route, m.test_error)))
+                         rows + route_rows(route, m.test_error, split.train.tensors[1]),
+                         caption=f"chance (the best constant classifier's training error, "
+                         f"{sample.rule}): {sample.chance:.4f}; "
+                         f"{sample.statement()}"
+                         + ("" if cert is None or not cert.stopped else
+                            f"; compression search stopped: {cert.stopped}")))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
              "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]

@@ -19,7 +19,10 @@ def format_log10(log10: float, digits: int = 4) -> str:
     if math.isinf(log10):
         return "0" if log10 < 0 else "inf"
     exponent = math.floor(log10)
-    return f"{10 ** (log10 - exponent):.{digits}f}e{exponent:+d}"
+    mantissa = f"{10 ** (log10 - exponent):.{digits}f}"
+    if float(mantissa) >= 10:  # rounded up to 10: one more power of ten
+        exponent, mantissa = exponent + 1, f"{1:.{digits}f}"
+    return f"{mantissa}e{exponent:+d}"
 
 
 LN10 = math.log(10.0)

@@ -67,7 +67,7 @@ from pathlift.bounds.union import (
     union_gap_bound,
     union_margin_bound,
 )
-from pathlift.bounds.verdict import verdict
+from pathlift.bounds.verdict import Verdict, judge, verdict
 from pathlift.lift.pruning_bound import PruningCertificate, pruning_certificate
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "SymmetryAwareQuantized",
     "UnionGapBound",
     "UnionMarginBound",
+    "Verdict",
     "architecture_constants",
     "certified_error",
     "certified_top1",
@@ -108,6 +109,7 @@ __all__ = [
     "fixed_class_margin_bound",
     "gap_bound_log10",
     "generalization_bounds",
+    "judge",
     "lipschitz_bounds",
     "lipschitz_input",
     "lipschitz_params",

@@ -3,15 +3,19 @@ them back exactly, and the length of a code word is the number of bits written.
 
 What is coded (a ``CodedNetwork``): the architecture, as its index in a family of
 architectures fixed in advance (``ceil(log2 |family|)`` bits; the decoder knows every
-tensor's name and shape from it); then for each quantised tensor (the weight and bias of
-every Linear / Conv / ConvTranspose, the affine pair (a, c) of every eval BatchNorm, in
-the order of ``pathlift.quant.quantize``) the exponent e of its power-of-two step
-2^e (signed gamma code), the exponent f >= e of the radius 2^f of its zero codes (gamma
-code of f - e + 1), the largest bit length E of its integer codes (gamma code of E + 1);
-then one adaptive arithmetic-coded stream (a Krichevsky-Trofimov model per tensor) of
-one symbol per coordinate: "pruned" (the coordinate is exactly 0), "zero" (code 0) or
-the bit length 1..E of |code|; then the raw bits: for every non-zero code its sign and
-its mantissa (the bits of |code| below the leading one).
+tensor's name and shape from it, and where the network's constants go); then every
+constant written in ``forward`` or in a module's settings (``constants_of``: the numbers
+of the traced graph, a Python float weight included) as its shortest decimal, sign bit,
+gamma code of the digits + 1 and signed gamma code of the power of ten, so that a
+constant fitted to the data is paid for like a weight; then for each quantised tensor
+(the weight and bias of every Linear / Conv / ConvTranspose, the affine pair (a, c) of
+every eval BatchNorm, in the order of ``pathlift.quant.quantize``) the exponent e of its
+power-of-two step 2^e (signed gamma code), the exponent f >= e of the radius 2^f of its
+zero codes (gamma code of f - e + 1), the largest bit length E of its integer codes
+(gamma code of E + 1); then one adaptive arithmetic-coded stream (a Krichevsky-Trofimov
+model per tensor) of one symbol per coordinate: "pruned" (the coordinate is exactly 0),
+"zero" (code 0) or the bit length 1..E of |code|; then the raw bits: for every non-zero
+code its sign and its mantissa (the bits of |code| below the leading one).
 
 The code is prefix-free: each part is (the uniform code, gamma codes and the arithmetic
 coder of ``pathlift.bounds.bitcode`` are decodable from any continuation, and the
@@ -25,8 +29,10 @@ pruned coordinate of the trained network is exactly 0, a zero code may hide any 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 import torch
 from torch import Tensor, nn
@@ -37,8 +43,10 @@ from pathlift.bounds.bitcode import (
     ArithmeticEncoder,
     BitReader,
     BitWriter,
+    gamma_length,
     read_gamma,
     read_signed,
+    signed_length,
     write_gamma,
     write_signed,
 )
@@ -46,7 +54,7 @@ from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of
 
 __all__ = ["Architecture", "CodeLength", "CodedNetwork", "Encoded", "architecture_of",
-           "decode", "encode", "quantized_tensors"]
+           "constants_of", "decode", "encode", "estimated_length", "quantized_tensors"]
 
 _PRUNED, _ZERO = 0, 1  # symbols; bit length b of |code| is symbol b + 1
 
@@ -55,10 +63,12 @@ _PRUNED, _ZERO = 0, 1  # symbols; bit length b of |code| is symbol b + 1
 class Architecture:
     """What the decoder knows of a network before reading it: a description of its
     computation (``signature``: the traced graph's operations and module settings, and
-    the input shape) and the name and shape of every quantised tensor."""
+    the input shape, each constant written "#"), the name and shape of every quantised
+    tensor, and the number of ``constants`` the code word carries."""
 
     signature: str
     tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    constants: int = 0
 
     @property
     def num_parameters(self) -> int:
@@ -84,26 +94,124 @@ def quantized_tensors(graph: LayerGraph, model: nn.Module | None = None
 
 def architecture_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
                     ) -> Architecture:
-    """The ``Architecture`` of a network: its traced operations (each node's op, target
-    and, for modules, their settings) and its quantised tensors."""
+    """The ``Architecture`` of a network: its traced operations (each node's op, target,
+    arguments and, for modules, their settings, every constant written "#") and its
+    quantised tensors. Two networks that differ only in their constants share it."""
     graph = graph_of(model, input_shape)
-    ops = [f"{n.op} {n.target} {graph.submodule(n)!r}" for n in graph.nodes()]
-    signature = f"input {tuple(graph.input_shape)}\n" + "\n".join(ops)
+    lines, count = [f"input {tuple(graph.input_shape)}"], 0
+    for node in graph.nodes():
+        line, numbers = _described(graph, node)
+        lines.append(line)
+        count += len(numbers)
     tensors = tuple((name, tuple(value.shape)) for name, _, _, value in quantized_tensors(graph))
-    return Architecture(signature, tensors)
+    return Architecture("\n".join(lines), tensors, count)
+
+
+def constants_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
+                 ) -> tuple[float, ...]:
+    """Every constant of the traced computation, in the order of ``architecture_of``'s
+    "#": the numbers among each operation's arguments (a Python float multiplying a
+    tensor, a slice bound, a view size) and the non-integer numbers of each module's
+    settings (a LeakyReLU slope, a BatchNorm eps). InvalidParameterError for NaN/inf."""
+    graph = graph_of(model, input_shape)
+    out: list[float] = []
+    for node in graph.nodes():
+        out += _described(graph, node)[1]
+    return tuple(out)
+
+
+_FLOAT = re.compile(r"(?<![\w.])-?(?:\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|inf|nan)(?![\w.])")
+
+
+def _described(graph: LayerGraph, node) -> tuple[str, list[float]]:
+    """(the node's signature line with "#" for each constant, its constants)."""
+    numbers = list(_numbers((node.args, node.kwargs)))
+    args = repr(_blanked((node.args, node.kwargs)))
+    module = graph.submodule(node)
+    settings = ""
+    if module is not None:
+        settings = repr(module)
+        numbers += [float(t) for t in _FLOAT.findall(settings)]
+        settings = _FLOAT.sub("#", settings)
+    for v in numbers:
+        if not math.isfinite(v):
+            raise InvalidParameterError(f"node '{node.name}' holds the constant {v}; a "
+                                        "network with NaN/inf constants cannot be certified")
+    target = node.target
+    if not isinstance(target, str):  # a function: its name, not its address
+        target = f"{getattr(target, '__module__', None) or ''}.{getattr(target, '__name__', '')}"
+    return f"{node.op} {target} {args} {settings}".rstrip(), numbers
+
+
+def _numbers(value: object) -> Iterator[float]:
+    """The numbers (int or float, not bool) inside fx arguments, depth first."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        yield value
+    elif isinstance(value, tuple | list):
+        for v in value:
+            yield from _numbers(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _numbers(v)
+    elif isinstance(value, slice):
+        yield from _numbers((value.start, value.stop, value.step))
+
+
+def _blanked(value: object) -> object:
+    """fx arguments with every number replaced by a marker and nodes by their names."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return _Marker()
+    if isinstance(value, tuple | list):
+        return type(value)(_blanked(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _blanked(v) for k, v in value.items()}
+    if isinstance(value, slice):
+        return slice(*(_blanked(v) for v in (value.start, value.stop, value.step)))
+    return getattr(value, "name", None) or repr(value)
+
+
+class _Marker:
+    """Where a constant was (its value is in the code word, not the signature)."""
+
+    def __repr__(self) -> str:
+        return "#"
+
+
+def _write_constant(writer: BitWriter, v: float) -> None:
+    """A finite number as its shortest decimal (repr round-trips float64): sign bit, gamma
+    code of the digits + 1, signed gamma code of the power of ten."""
+    sign, digits, exponent = Decimal(repr(v)).normalize().as_tuple()
+    mantissa = int("".join(map(str, digits)) or "0")
+    writer.write(int(sign))
+    write_gamma(writer, mantissa + 1)
+    write_signed(writer, int(exponent) if mantissa else 0)
+
+
+def _read_constant(reader: BitReader) -> float:
+    negative = reader.read()
+    mantissa = read_gamma(reader) - 1
+    exponent = read_signed(reader)
+    value = float(Decimal(mantissa).scaleb(exponent))
+    return -value if negative else value
 
 
 @dataclass(frozen=True, eq=False)
 class CodedNetwork:
     """A quantised network: the architecture's index in its family, and per tensor the step
     exponent e, the zero radius exponent f >= e, the integer codes (int64) and the mask of
-    coordinates that are exactly 0 in the network it was made from ("pruned")."""
+    coordinates that are exactly 0 in the network it was made from ("pruned"); and the
+    network's ``constants`` (``constants_of``)."""
 
     architecture: int
     exponents: tuple[int, ...]
     zero_exponents: tuple[int, ...]
     codes: tuple[Tensor, ...]
     pruned: tuple[Tensor, ...]
+    constants: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.codes)
@@ -122,6 +230,7 @@ class CodedNetwork:
         if not isinstance(other, CodedNetwork):
             return NotImplemented
         return (self.architecture == other.architecture and self.exponents == other.exponents
+                and self.constants == other.constants
                 and self.zero_exponents == other.zero_exponents
                 and len(self.codes) == len(other.codes)
                 and all(torch.equal(a, b) for a, b in zip(self.codes, other.codes, strict=True))
@@ -160,22 +269,24 @@ class CodeLength:
     """Bits of one code word, by part (each counted from the bits written): the
     architecture index, the per-tensor header (exponents, largest bit length), the
     arithmetic-coded symbol stream (zero / pruned / bit length, termination included),
-    the signs and the mantissas."""
+    the signs, the mantissas and the constants of the computation."""
 
     architecture: int
     header: int
     symbols: int
     signs: int
     mantissas: int
+    constants: int = 0
 
     @property
     def total(self) -> int:
-        return self.architecture + self.header + self.symbols + self.signs + self.mantissas
+        return (self.architecture + self.header + self.symbols + self.signs + self.mantissas
+                + self.constants)
 
     def __repr__(self) -> str:
-        return (f"CodeLength({self.total} bits: architecture {self.architecture}, header "
-                f"{self.header}, symbols {self.symbols}, signs {self.signs}, mantissas "
-                f"{self.mantissas})")
+        return (f"CodeLength({self.total} bits: architecture {self.architecture}, "
+                f"constants {self.constants}, header {self.header}, symbols {self.symbols}, "
+                f"signs {self.signs}, mantissas {self.mantissas})")
 
 
 @dataclass(frozen=True, repr=False)
@@ -207,8 +318,16 @@ def encode(network: CodedNetwork, family: Sequence[Architecture]) -> Encoded:
     if [tuple(c.shape) for c in network.codes] != shapes:
         raise ArchitectureMismatchError(
             "the codes do not have the shapes of the architecture they name")
+    if len(network.constants) != arch.constants:
+        raise ArchitectureMismatchError(
+            f"the network carries {len(network.constants)} constants, its architecture "
+            f"{arch.constants}")
     writer = BitWriter()
     writer.write_uint(network.architecture, _index_width(family))
+    index_bits = len(writer)
+    for v in network.constants:
+        _write_constant(writer, v)
+    constant_bits = len(writer) - index_bits
     parts = [len(writer)]
     flats = [c.reshape(-1) for c in network.codes]
     lengths = [_bit_lengths(c) for c in flats]
@@ -233,7 +352,36 @@ def encode(network: CodedNetwork, family: Sequence[Architecture]) -> Encoded:
             writer.write_uint(abs(value) - (1 << (width - 1)), width - 1)
             mantissas += width - 1
         signs += int(nonzero.sum())
-    return Encoded(tuple(writer.bits), CodeLength(*parts, signs, mantissas))
+    parts[0] = index_bits
+    return Encoded(tuple(writer.bits), CodeLength(*parts, signs, mantissas, constant_bits))
+
+
+def estimated_length(network: CodedNetwork, family: Sequence[Architecture]) -> CodeLength:
+    """The ``CodeLength`` of ``encode`` without writing the word: every part exact but the
+    arithmetic-coded symbols, there the ideal length of the Krichevsky-Trofimov code,
+    -log2 prod_s Gamma(c_s + 1/2) Gamma(M/2) / (Gamma(1/2)^M Gamma(N + M/2)) per tensor
+    (Krichevsky & Trofimov 1981), rounded up, + 2 for the termination (the coder's
+    62-bit registers add a fraction of a bit). For a search to rank candidates; a
+    certificate counts the bits ``encode`` writes."""
+    writer = BitWriter()
+    for v in network.constants:
+        _write_constant(writer, v)
+    header = symbols = signs = mantissas = 0.0
+    for c, e, f, pruned in zip(network.codes, network.exponents, network.zero_exponents,
+                               network.pruned, strict=True):
+        bl = _bit_lengths(c.reshape(-1))
+        largest = int(bl.max()) if bl.numel() else 0
+        header += signed_length(e) + gamma_length(f - e + 1) + gamma_length(largest + 1)
+        counts = torch.bincount(torch.where(pruned.reshape(-1), _PRUNED, bl + 1),
+                                minlength=largest + 2).to(torch.float64)
+        size = float(len(counts))
+        symbols += float((torch.lgamma(counts + 0.5).sum() - size * math.lgamma(0.5)
+                          + math.lgamma(size / 2) - math.lgamma(float(counts.sum()) + size / 2))
+                         / -math.log(2))
+        signs += int((c != 0).sum())
+        mantissas += int((bl - 1).clamp(min=0).sum())
+    return CodeLength(_index_width(family), int(header), math.ceil(symbols) + 2, int(signs),
+                      int(mantissas), len(writer))
 
 
 def _bit_lengths(codes: Tensor) -> Tensor:
@@ -255,6 +403,7 @@ def decode(bits: Sequence[int], family: Sequence[Architecture]) -> tuple[CodedNe
     if index >= len(family):
         raise InvalidParameterError(f"corrupt code: architecture {index} of {len(family)}")
     shapes = [shape for _, shape in family[index].tensors]
+    constants = tuple(_read_constant(reader) for _ in range(family[index].constants))
     headers = []
     for _ in shapes:
         e = read_signed(reader)
@@ -280,5 +429,5 @@ def decode(bits: Sequence[int], family: Sequence[Architecture]) -> tuple[CodedNe
         pruned.append(torch.tensor([s == _PRUNED for s in symbols],
                                    dtype=torch.bool).reshape(shape))
     network = CodedNetwork(index, tuple(h[0] for h in headers), tuple(h[1] for h in headers),
-                           tuple(codes), tuple(pruned))
+                           tuple(codes), tuple(pruned), constants)
     return network, raw.position

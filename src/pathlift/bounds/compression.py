@@ -37,15 +37,17 @@ paid for by L(Q), or the event, paid for by ln T: the bound holds for the networ
 
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
 computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
-rounded up by ten times its estimated relative error, the interval pass encloses its own
-rounding, and kl^-1 is approached from above: each rounds against the bound.
+bounded above with its float64 rounding proven (``pathlift.bounds.rounding``), the
+interval pass encloses its own rounding, and kl^-1 is approached from above: each rounds
+against the bound.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -56,15 +58,21 @@ from pathlift.bounds.code import (
     CodedNetwork,
     CodeLength,
     architecture_of,
+    constants_of,
     encode,
+    estimated_length,
     quantized_tensors,
 )
-from pathlift.bounds.kl import OccamBound, occam_bound
+from pathlift.bounds.entry import Sample, check_sample
+from pathlift.bounds.kl import OccamBound, kl_inverse, occam_bound
+from pathlift.bounds.rounding import certified_d
+from pathlift.bounds.verdict import format_bound, verdict
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, copy_model, graph_of, unwrap, writable_copy
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
 from pathlift.graph.outputs import OutputKey, select_output
+from pathlift.graph.structure import training_mode_ops
 from pathlift.lift import path_metric, path_norm
 from pathlift.prune.methods import prune_model
 from pathlift.quant import quantize
@@ -151,7 +159,10 @@ class CompressionBound:
     kl inverse (``empirical`` = P_S of the event, ``budget`` = (L ln 2 + ln T + ln
     1/delta)/n); ``length`` the code length by part; ``transfer`` the event used
     ("path-metric": tau = ``tau`` >= d = 10^``d_log10``; "box": the interval event);
-    ``quantized_error``: training error of Q itself.
+    ``quantized_error``: training error of Q itself; ``sample``: n, duplicates and chance
+    (``pathlift.bounds.entry``); ``eval_layers``: the layers certified in eval mode;
+    ``stopped``: why the search ended early ("" when it ran in full), which changes which
+    Q is found, never the validity.
     """
 
     occam: OccamBound
@@ -170,6 +181,9 @@ class CompressionBound:
     num_nonzero: int
     family_size: int
     coded: CodedNetwork = field(compare=False)
+    sample: Sample | None = field(default=None, compare=False)
+    eval_layers: tuple[str, ...] = ()
+    stopped: str = ""
 
     hypothesis_class = ("every network of an architecture of the family, through the "
                         "quantised networks Q its prefix code names")
@@ -190,7 +204,13 @@ class CompressionBound:
 
     @property
     def informative(self) -> bool:
+        """Below 1 (a probability); ``beats_chance`` is the verdict that matters."""
         return self.value < 1
+
+    @property
+    def beats_chance(self) -> bool:
+        """Below the best constant classifier's training error (False without a sample)."""
+        return self.sample is not None and self.value < self.sample.chance
 
     @property
     def bits_per_parameter(self) -> float:
@@ -219,13 +239,29 @@ class CompressionBound:
                 "path_norm_log10": self.path_norm_log10,
                 "quantized_path_norm_log10": self.quantized_path_norm_log10,
                 "rescaling": self.rescaling, "prune_fraction": self.prune_fraction,
-                "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero}
+                "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero,
+                "chance": self.chance, "stopped": self.stopped}
+
+    @property
+    def chance(self) -> float:
+        """The best constant classifier's training error (``pathlift.bounds.verdict``)."""
+        return math.nan if self.sample is None else self.sample.chance
+
+    def verdict(self, measured: float | None = None) -> str:
+        """The bound against 1 and against chance, one line."""
+        chance = None if self.sample is None else self.sample.chance
+        rule = "" if self.sample is None else self.sample.rule
+        return verdict(math.log10(self.value), measured, chance=chance, rule=rule)
 
     def statement(self) -> str:
+        network = "the trained network" if not self.eval_layers else (
+            f"the trained network in eval mode ({', '.join(self.eval_layers)}: running "
+            "statistics, no dropout)")
+        sample = "" if self.sample is None else f"; {self.sample.statement()}"
         return (f"with probability >= {1 - self.delta:g} over the n = {self.n} training "
-                f"samples, the trained network's top-1 error is at most {self.value:.4f} "
-                f"(transfer: {self.transfer}); valid for {self.hypothesis_class}; paid by "
-                f"{self.paid_by}")
+                f"samples, the top-1 error of {network} is at most "
+                f"{format_bound(math.log10(self.value))[0]} (transfer: {self.transfer}); "
+                f"valid for {self.hypothesis_class}; paid by {self.paid_by}{sample}")
 
     def __repr__(self) -> str:
         event = (f"tau {self.tau:.4g} >= d {10 ** self.d_log10:.4g}" if self.tau is not None
@@ -235,7 +271,8 @@ class CompressionBound:
                 f"{self.length.total} bits ({self.bits_per_parameter:.2f}/parameter, "
                 f"{self.num_nonzero}/{self.num_parameters} non-zero), rescaling "
                 f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}, train error "
-                f"{self.train_error:.4f}, Q's {self.quantized_error:.4f})")
+                f"{self.train_error:.4f}, Q's {self.quantized_error:.4f}"
+                + (f"; stopped: {self.stopped})" if self.stopped else ")"))
 
 
 def input_scale(x: Tensor) -> Tensor:
@@ -297,6 +334,7 @@ class _Problem:
                 "the network's architecture is not in the family fixed in advance; add it "
                 "(pathlift.bounds.code.architecture_of) before certifying")
         self.index = self.family.index(arch)
+        self.constants = constants_of(model, shape)
 
     def rescaled(self, name: str) -> tuple[nn.Module, LayerGraph]:
         """lambda.theta (a copy; powers of two, exact) and its graph (which holds only a
@@ -316,9 +354,11 @@ class _Problem:
 
     def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
                   pruned: nn.Module, exponents: Sequence[int], x: Tensor, y: Tensor,
-                  scale: Tensor) -> _Candidate:
+                  scale: Tensor, exact_length: bool = False) -> _Candidate:
         """Quantise ``pruned`` with steps 2^exponents (towards zero), code it, and score its
-        events on (x, y) with the budget of the full sample (the bound's n)."""
+        events on (x, y) with the budget of the full sample (the bound's n). The code
+        length is the bits ``encode`` writes when ``exact_length``, else the search's estimate
+        (``estimated_length``, within a few bits)."""
         names = [name for name, _, _, _ in quantized_tensors(graph)]
         q = quantize(pruned, self.shape, step={n: math.ldexp(1.0, e)
                                                for n, e in zip(names, exponents, strict=True)})
@@ -332,13 +372,14 @@ class _Problem:
             zero_exponents.append(f)
             exact.append(v == 0)
         coded = CodedNetwork(self.index, tuple(exponents), tuple(zero_exponents),
-                             tuple(codes), tuple(exact))
-        length = encode(coded, self.family).length
+                             tuple(codes), tuple(exact), self.constants)
+        length = encode(coded, self.family).length if exact_length else \
+            estimated_length(coded, self.family)
         metric = path_metric(graph, q.model, self.shape)
-        if not metric.same_signs:  # the transfer (Cor. 3.4.1) needs Q and theta of one sign
+        if not (metric.same_signs and metric.exact):  # Cor. 3.4.1 and Lemma 3.4.1's premise
             raise InvalidParameterError("the compressed network does not satisfy Lemma "
                                         "3.4.1's |Q| <= |theta|, same signs")
-        d = 10 ** metric.upper_log10 * (1 + 10 * metric.relative_accuracy) + 1e-300
+        d = certified_d(graph, graph_of(q.model, self.shape))
         margins, sizes = logit_margins(q.model, x, y)
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
         if PATH_METRIC in self.transfers:
@@ -390,7 +431,9 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
                       family: Sequence[Architecture] | None = None, delta: float = 0.05,
                       events: EventGrid = DEFAULT_EVENTS,
                       search: CompressionSearch = DEFAULT_SEARCH,
-                      outputs: OutputKey | None = None) -> CompressionBound:
+                      outputs: OutputKey | None = None,
+                      progress: Callable[[int, int], None] | None = None,
+                      time_budget: float | None = None) -> CompressionBound:
     """The certificate of the module docstring for ``model`` trained on (x, y): the coded
     network Q (rescaling, pruning, steps) and the event found by ``search`` on the
     training data, then the bound on all of (x, y). ``family`` is the list of
@@ -401,64 +444,141 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     The model is measured in eval mode and not modified; the certificate is for the
     function its weights define, computed on a float64 copy (which holds any float16,
     bfloat16 or float32 weights exactly; a parametrized layer counts as its effective
-    weight). Raises InvalidParameterError
-    when the architecture is not in ``family`` or the arguments are out of range,
-    UnsupportedModelError for a model outside the supported ops.
+    weight). Every constant of the computation (a Python float in ``forward``, a module
+    setting) is coded (``pathlift.bounds.code.constants_of``).
+
+    Raises InvalidParameterError when the architecture is not in ``family``, the
+    arguments are out of range, x holds NaN/inf or y labels outside the network's
+    outputs (``pathlift.bounds.entry``), or a layer that computes otherwise in training
+    (BatchNorm, Dropout) is in training mode: call ``model.eval()`` first, and the
+    statement says the network is certified in eval mode. UnsupportedModelError for a
+    model outside the supported ops. The sample must be i.i.d.: exact duplicates are
+    counted (``sample.duplicates``) and said in the statement.
+
+    The search scores candidates with the estimated code length (``estimated_length``),
+    calls ``progress(done, planned)`` after each, stops when ``time_budget`` seconds (wall
+    clock, from the call) are spent, and tries a single candidate when the network's own
+    training error already keeps every bound at or above chance (``stopped`` says why);
+    the certificate counts the exact bits of the Q it keeps. With a time budget the Q
+    found depends on the machine's speed; the bound is valid whatever is found.
 
     Example::
 
         cert = compression_bound(net, (1, 8, 8), x_train, y_train)
         print(cert)            # the bound on the trained net and every term
     """
+    start = time.perf_counter()
     shape = tuple(input_shape)
     net = select_output(unwrap(model), outputs, shape)
+    training = {name for name, m in net.named_modules() if m.training}
     # float64 holds a float16/bfloat16/float32 theta exactly
     net = writable_copy(net).to(torch.float64).eval()
+    graph = graph_of(net, shape)
+    eval_layers = tuple(training_mode_ops(graph))
+    if training & set(eval_layers):
+        first = sorted(training & set(eval_layers))[0]
+        raise InvalidParameterError(
+            f"layer '{first}' ({type(net.get_submodule(first)).__name__}) is in training "
+            "mode, which computes otherwise (batch statistics, randomness); call "
+            "model.eval() before certifying: the certificate is for the eval-mode network")
+    sample = check_sample(x, y, graph.d_out)
     family = [architecture_of(net, shape)] if family is None else list(family)
     problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
+    own, _ = logit_margins(net, x, y)
+    train_error = float((own <= 0).double().mean())
+    search, stopped = _hopeless(search, train_error, sample, events, delta)
     gen = torch.Generator().manual_seed(search.seed)
     pick = torch.randperm(len(x), generator=gen)[:search.subsample]
     xs, ys, scale = x[pick], y[pick], problem.scale[pick]
+    clock = _Clock(search, len(problem.family[problem.index].tensors), progress,
+                   None if time_budget is None else start + time_budget)
     best: _Candidate | None = None
     for rescaling in search.rescalings:
         _kept, graph = problem.rescaled(rescaling)  # _kept: the graph's model stays alive
         for fraction in search.prune_fractions:
+            if best is not None and clock.spent:
+                break
             pruned = problem.pruned(graph, fraction)
             local = None
             for offset in search.offsets:
-                c = problem.candidate(rescaling, fraction, graph, pruned,
-                                      _start_exponents(graph, offset), xs, ys, scale)
+                if local is not None and clock.spent:
+                    break
+                c = clock.tick(problem.candidate(rescaling, fraction, graph, pruned,
+                                                 _start_exponents(graph, offset), xs, ys,
+                                                 scale))
                 if local is None or c.best[1].value < local.best[1].value:
                     local = c
-            local = _refine(problem, graph, pruned, local, xs, ys, scale, search.refine)
+            local = _refine(problem, graph, pruned, local, xs, ys, scale, search.refine, clock)
             if best is None or local.best[1].value < best.best[1].value:
                 best = local
+    if clock.spent and not stopped:
+        stopped = (f"time budget of {time_budget:g} s spent after {clock.done} candidates: "
+                   "the best so far is certified")
     _kept, graph = problem.rescaled(best.rescaling)
     final = problem.candidate(best.rescaling, best.prune_fraction, graph,
                               problem.pruned(graph, best.prune_fraction), best.exponents, x,
-                              y, problem.scale)
+                              y, problem.scale, exact_length=True)
     transfer, occam, tau = final.best
-    own, _ = logit_margins(net, x, y)
     return CompressionBound(
-        occam, transfer, final.length, final.d_log10, tau, float((own <= 0).double().mean()),
+        occam, transfer, final.length, final.d_log10, tau, train_error,
         final.quantized_error, path_norm(net, shape).log10, final.quantized_path_norm_log10,
         final.rescaling, final.prune_fraction, final.exponents,
         sum(v.numel() for *_, v in quantized_tensors(graph)), final.coded.num_nonzero,
-        len(family), final.coded)
+        len(family), final.coded, sample, eval_layers, stopped)
+
+
+def _hopeless(search: CompressionSearch, train_error: float, sample: Sample,
+              events: EventGrid, delta: float) -> tuple[CompressionSearch, str]:
+    """(``search``, "") or, when no candidate can beat chance, one candidate and why: every
+    event of every Q holds wherever the network errs (module docstring, proof of (a) and
+    (b)), so every bound is at least kl^-1(train error, (ln T + ln 1/delta)/n)."""
+    floor = kl_inverse(train_error, (math.log(events.size) + math.log(1 / delta)) / sample.n)
+    if floor < sample.chance:
+        return search, ""
+    return replace(search, rescalings=search.rescalings[:1],
+                   prune_fractions=search.prune_fractions[:1], offsets=search.offsets[:1],
+                   refine=0), (
+        f"no candidate can beat chance: the network errs on {train_error:.4f} of its "
+        f"training sample, so every bound is >= kl^-1 of it = {floor:.4f} >= chance "
+        f"{sample.chance:.4f}; one candidate certified")
+
+
+class _Clock:
+    """Progress (``progress(done, planned)`` after each candidate; ``planned`` counts the
+    refinement rounds in full) and the time budget of one search."""
+
+    def __init__(self, search: CompressionSearch, tensors: int,
+                 progress: Callable[[int, int], None] | None, deadline: float | None):
+        self.done, self.progress, self.deadline = 0, progress, deadline
+        self.planned = len(search.rescalings) * len(search.prune_fractions) * (
+            len(search.offsets) + 2 * tensors * search.refine)
+
+    @property
+    def spent(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def tick(self, candidate: _Candidate) -> _Candidate:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.planned)
+        return candidate
 
 
 def _refine(problem: _Problem, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
-            x: Tensor, y: Tensor, scale: Tensor, rounds: int) -> _Candidate:
-    """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer)."""
+            x: Tensor, y: Tensor, scale: Tensor, rounds: int, clock: _Clock) -> _Candidate:
+    """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer), until no
+    move improves or the time budget is spent."""
     best = start
     for _ in range(rounds):
         improved = False
         for i in range(len(best.exponents)):
             for move in (1, -1):
+                if clock.spent:
+                    return best
                 exponents = list(best.exponents)
                 exponents[i] += move
-                c = problem.candidate(best.rescaling, best.prune_fraction, graph, pruned,
-                                      exponents, x, y, scale)
+                c = clock.tick(problem.candidate(best.rescaling, best.prune_fraction, graph,
+                                                 pruned, exponents, x, y, scale))
                 if c.best[1].value < best.best[1].value:
                     best, improved = c, True
                     break

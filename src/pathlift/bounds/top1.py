@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pathlift.bounds.constants import architecture_constants
+from pathlift.bounds.entry import check_sample
 from pathlift.bounds.rademacher import rademacher_peeling, sigma_of
 from pathlift.bounds.risk import margins
 from pathlift.bounds.union import (
@@ -94,17 +95,20 @@ def certified_top1(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: T
     Rademacher bound of Thm 4.4.1 (peeling constant C, biases included, sigma measured on
     x: its proof bounds the empirical complexity, App. C.5), in the ``form`` "union"
     (valid as stated, ``pathlift.bounds.union``) or "fixed-class" (thesis Sec. 7.2.1, a
-    comparison). The model is measured as in eval mode and not modified."""
+    comparison). The model is measured as in eval mode (its margins too) and not
+    modified. InvalidParameterError when x holds NaN/inf or y is not one integer label per
+    input within the network's outputs (``pathlift.bounds.entry.check_sample``)."""
     if form not in FORMS:
         raise InvalidParameterError(f"form must be one of {FORMS}, got {form!r}")
     shape = tuple(input_shape)
     with eval_mode(model):
         graph = graph_of(model, shape)
+        check_sample(x, y, graph.d_out)
         l1 = path_norm(graph, q=1.0).log10
         c = architecture_constants(graph)
+        train_m = margins(model, DataLoader(TensorDataset(x, y), batch_size=1024))
     sigma = sigma_of(x).peeling
     rademacher = rademacher_peeling(c, sigma, l1)
-    train_m = margins(model, DataLoader(TensorDataset(x, y), batch_size=1024))
     train_error = float((train_m <= 0).double().mean())
     if form == "union":
         u = union_margin_bound(rademacher, train_m, delta, grid)

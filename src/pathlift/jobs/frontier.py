@@ -32,6 +32,7 @@ from torch.utils.data import TensorDataset
 
 from pathlift.bounds.code import architecture_of
 from pathlift.bounds.compression import CompressionSearch, compression_bound
+from pathlift.bounds.entry import chance_error
 from pathlift.bounds.top1 import certified_top1
 from pathlift.bounds.verdict import verdict
 from pathlift.data import Digits, load_digits
@@ -111,7 +112,9 @@ class FrontierPoint:
     ``bound_log10``: the path-norm top-1 bound valid as stated (union form), its terms
     after it; ``thesis_bound_log10``: the fixed-class form of thesis Sec. 7.2.1 (not a
     certificate), ``validity_gap_log10`` = bound_log10 - thesis_bound_log10 >= 0 what
-    validity costs; ``compression_*``: the compression certificate (nan when not asked).
+    validity costs; ``compression_*``: the compression certificate (nan when not asked);
+    ``chance``: the best constant classifier's training error, 1 - max class frequency
+    (``pathlift.bounds.verdict``), which every verdict compares the bounds with.
     """
 
     dataset: str
@@ -134,6 +137,7 @@ class FrontierPoint:
     compression_empirical: float = math.nan
     compression_budget: float = math.nan
     compression_transfer: str = ""
+    chance: float = math.nan
 
     @property
     def validity_gap_log10(self) -> float:
@@ -190,7 +194,8 @@ class FrontierResult:
                              "compression_bound": _get(occam, "compression_bound"),
                              "compression_accuracy": _get(occam, "test_accuracy"),
                              "compression_strength": _get(occam, "strength"),
-                             "compression_bits": _get(occam, "compression_bits")})
+                             "compression_bits": _get(occam, "compression_bits"),
+                             "chance": _get(mine[0], "chance")})
         return rows
 
     def best(self) -> FrontierPoint | None:
@@ -331,7 +336,8 @@ def _point(run: _Run, model: nn.Module, data: Digits, seconds: float,
     return FrontierPoint(run.dataset, run.model, run.method, run.strength, len(x),
                          _accuracy(model, xt, yt), _accuracy(model, x, y), b.log10,
                          b.path_norm_log10, b.constant, b.gamma, b.terms_log10()["sigma/n"],
-                         b.train_margin_loss, seconds, thesis.log10, **occam)
+                         b.train_margin_loss, seconds, thesis.log10, **occam,
+                         chance=chance_error(y)[0])
 
 
 def _fits(name: str, shape: tuple[int, ...]) -> bool:
@@ -552,8 +558,8 @@ def summary_markdown(result: FrontierResult) -> str:
     lines = ["| dataset | model | method | unregularised acc. | valid path-norm bound "
              "(thesis form), train acc. within 2 points: test acc., strength | valid "
              "path-norm bound, train acc. > 50% (test acc., strength) | compression "
-             "certificate (test acc., strength, bits) |",
-             "|---|---|---|---|---|---|---|"]
+             "certificate (test acc., strength, bits) | chance |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result.table():
         lines.append(
             f"| {r['dataset']} | {r['model']} | {r['method']} | "
@@ -563,7 +569,7 @@ def summary_markdown(result: FrontierResult) -> str:
             f"{_fmt(r['above50_bound_log10'])} ({_pct(r['above50_accuracy'])}, "
             f"{r['above50_strength']:g}) | {_prob(r['compression_bound'])} "
             f"({_pct(r['compression_accuracy'])}, {r['compression_strength']:g}, "
-            f"{r['compression_bits']:g}) |")
+            f"{r['compression_bits']:g}) | {_prob(r['chance'])} |")
     gaps = sorted(p.validity_gap_log10 for p in result.points
                   if math.isfinite(p.validity_gap_log10))
     if gaps:
@@ -579,7 +585,7 @@ def summary_markdown(result: FrontierResult) -> str:
                   f"(strength {best.strength:g}, n = {best.n_train}): test accuracy "
                   f"{100 * best.test_accuracy:.1f}%, valid top-1 bound "
                   f"10^{best.bound_log10:.2f} (thesis form 10^{best.thesis_bound_log10:.2f}); "
-                  + verdict(best.bound_log10, 1 - best.test_accuracy) + ".",
+                  + _verdict(best.bound_log10, best) + ".",
                   "Its complexity term 8 C r / gamma * sigma / n in log10: "
                   + ", ".join(f"{k} {v:+.2f}" for k, v in terms.items())
                   + f", training margin loss {best.train_margin_loss:.3f}."]
@@ -591,9 +597,16 @@ def summary_markdown(result: FrontierResult) -> str:
                   f"{occam.compression_bound:.4f} = kl^-1({occam.compression_empirical:.4f}, "
                   f"{occam.compression_budget:.4f}), L = {occam.compression_bits} bits, "
                   f"transfer {occam.compression_transfer}; "
-                  + verdict(math.log10(occam.compression_bound), 1 - occam.test_accuracy)
-                  + "."]
+                  + _verdict(math.log10(occam.compression_bound), occam) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _verdict(log10_bound: float, point: FrontierPoint) -> str:
+    """The bound against 1 and against chance (1 - max class frequency of the training
+    labels; points of an older CSV without it are judged against 1 only)."""
+    chance = None if math.isnan(point.chance) else point.chance
+    return verdict(log10_bound, 1 - point.test_accuracy, chance=chance,
+                   rule="1 - max class frequency of the training labels")
 
 
 def _prob(v: float) -> str:

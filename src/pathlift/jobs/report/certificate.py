@@ -6,7 +6,7 @@ verdict of a certificate against chance. Used by ``pathlift report`` and by
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +15,15 @@ from torch import Tensor, nn
 
 from pathlift.bounds.compression import CompressionBound, CompressionSearch, compression_bound
 from pathlift.bounds.disagreement import RouteCertificate, certify
-from pathlift.bounds.verdict import verdict
+from pathlift.bounds.verdict import judge, verdict
 from pathlift.data import Split
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph.outputs import OutputKey, select_output
 from pathlift.train.recipes import compact_model, train_recipe
 from pathlift.train.surrogate import distil_surrogate, predictions
 
-__all__ = ["REPORT_RECIPE", "SURROGATE_SEARCH", "against_chance", "certificates_of",
-           "certified_network", "certified_route", "chance_error", "load_unlabeled",
+__all__ = ["REPORT_RECIPE", "SURROGATE_SEARCH", "certificates_of",
+           "certified_network", "certified_route", "load_unlabeled",
            "recipe_network", "route_rows", "surrogate_epochs", "surrogate_kinds"]
 
 # the recipe chosen on the digits' validation split (docs/training.md): mlp-small,
@@ -94,13 +94,14 @@ def certified_network(target: nn.Module, shape: Sequence[int], x: Tensor, y: Ten
     cert = certified_route(target, shape, x, y, unlabeled, num_classes, direct=False,
                            seed=seed, surrogates={name: recipe})
     via = cert.through[0]
-    chance = chance_error(y, num_classes)
+    recipe_verdict = judge(math.log10(via.surrogate.value), y)
     out: dict[str, object] = {
         "recipe": name, "recipe_bound": via.surrogate.value, "recipe_delta": via.surrogate.delta,
-        "recipe_verdict": against_chance(via.surrogate.value, chance, num_classes),
+        "recipe_verdict": str(recipe_verdict),
         "target_bound": via.value, "target_delta": via.delta, "route": cert.route,
-        "target_verdict": against_chance(via.value, chance, num_classes),
-        "chance": chance, "statement": cert.statement()}
+        "target_verdict": str(judge(math.log10(via.value), y)),
+        "chance": recipe_verdict.chance, "chance_rule": recipe_verdict.rule,
+        "statement": cert.statement()}
     out.update({f"recipe_{k}": v for k, v in via.surrogate.summary().items()})
     out.update({"disagreement": via.disagreement.empirical, "m": via.disagreement.n,
                 "disagreement_budget": via.disagreement.budget,
@@ -114,13 +115,17 @@ def certified_network(target: nn.Module, shape: Sequence[int], x: Tensor, y: Ten
 
 
 def certificates_of(net: nn.Module, shape: Sequence[int], split: Split,
-                    output: OutputKey | None, compression: bool, unlabeled: str | None
+                    output: OutputKey | None, compression: bool, unlabeled: str | None,
+                    time_budget: float | None = None,
+                    progress: Callable[[int, int], None] | None = None,
                     ) -> tuple[CompressionBound | None, RouteCertificate | None]:
     """What ``pathlift bounds`` certifies beside the path-norm bound: the compression
-    certificate (when ``compression``), and with an ``unlabeled`` .npz file the tightest
-    route (``certified_route``; its direct certificate is then the compression one)."""
+    certificate (when ``compression``; its search within ``time_budget`` seconds, reporting
+    to ``progress``), and with an ``unlabeled`` .npz file the tightest route
+    (``certified_route``; its direct certificate is then the compression one)."""
     if unlabeled is None:
-        return (compression_bound(net, shape, *split.train.tensors, outputs=output)
+        return (compression_bound(net, shape, *split.train.tensors, outputs=output,
+                                  time_budget=time_budget, progress=progress)
                 if compression else None), None
     route = certified_route(select_output(net, output, shape), shape, *split.train.tensors,
                             load_unlabeled(unlabeled, shape), split.num_classes,
@@ -128,13 +133,15 @@ def certificates_of(net: nn.Module, shape: Sequence[int], split: Split,
     return route.direct, route
 
 
-def route_rows(route: RouteCertificate | None, test_error: float) -> list[list[str]]:
-    """The table row of ``pathlift bounds`` for the tightest route (none without one)."""
+def route_rows(route: RouteCertificate | None, test_error: float, labels: Tensor
+               ) -> list[list[str]]:
+    """The table row of ``pathlift bounds`` for the tightest route (none without one),
+    judged against chance on the training ``labels``."""
     if route is None:
         return []
     return [[f"tightest route: {route.route}",
              ", ".join(f"{k} {v:.4f}" for k, v in route.routes().items()),
-             verdict(math.log10(route.value), test_error)]]
+             verdict(math.log10(route.value), test_error, labels=labels)]]
 
 
 def load_unlabeled(path: str | Path, shape: Sequence[int]) -> Tensor:
@@ -154,23 +161,3 @@ def load_unlabeled(path: str | Path, shape: Sequence[int]) -> Tensor:
         raise ShapeError(f"--unlabeled {path}: samples of {x[0].numel() if len(x) else 0} "
                          f"values, the model takes {tuple(shape)}")
     return x.reshape(len(x), *shape)
-
-
-def chance_error(y: Tensor, num_classes: int) -> float:
-    """The training error of the best constant classifier (1 - the largest class share):
-    1 - 1/C for balanced classes."""
-    counts = torch.bincount(y.reshape(-1), minlength=num_classes)
-    return 1.0 - float(counts.max()) / len(y)
-
-
-def against_chance(value: float, chance: float, num_classes: int) -> str:
-    """One line judging a bound on the top-1 error against 1 and against chance (the error
-    of the best constant classifier, ``chance_error``)."""
-    balanced = f"1 - 1/C = {1 - 1 / num_classes:.4f}"
-    if value >= 1:
-        return f"vacuous: {value:.4f} >= 1"
-    if value >= chance:
-        return (f"not better than chance: {value:.4f} >= {chance:.4f}, the best constant "
-                f"classifier's error ({balanced} for balanced classes)")
-    return (f"better than chance: {value:.4f} < {chance:.4f}, the best constant "
-            f"classifier's error ({balanced} for balanced classes)")
