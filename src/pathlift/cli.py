@@ -221,7 +221,7 @@ def bounds(
         "--compression/--no-compression", help="also the compression certificate (Occam "
         "bound on a coded quantised network, carried to the trained one)")] = True,
     time_budget: Annotated[float | None, typer.Option(
-        "--time-budget", min=0.0, help="seconds the compression search may take; it then "
+        "--time-budget", help="seconds the compression search may take; it then "
         "certifies the best network found so far (valid whatever is found)")] = None,
     output: Output = None,
     unlabeled: Annotated[str | None, typer.Option(

@@ -86,6 +86,7 @@ DOMAINS: dict[str, Domain] = {
     "budget": Number(float, 0, 1, above=True),
     "x_inf": Number(float, 0),
     "tolerance": Number(float, 0),
+    "time_budget": Number(float, 0),
     # choices
     "normalize": Choice("none", "standard"),
     "spread": Choice("data", "runs"),
@@ -101,7 +102,8 @@ DOMAINS: dict[str, Domain] = {
 #: the library lists (pruning and training methods, algorithms, datasets)
 FREE = frozenset({"model", "model_b", "other", "data", "weights", "weights_b",
                   "other_weights", "input_shape", "out", "csv", "plot", "output",
-                  "data_cache", "max_memory", "method", "algorithms", "dataset"})
+                  "data_cache", "max_memory", "method", "algorithms", "dataset",
+                  "unlabeled"})
 
 
 def domain_of(command: str, name: str) -> Domain | None:
