@@ -11,6 +11,12 @@ constants of the pass, so ln o_v = ln mantissa + scale is differentiable and exa
 beyond float64. With ``leaves=True`` the pass instead takes fresh leaves A = |W|^q (one
 per layer) and ``magnitude_gradients`` maps dM/dA back to the parameters.
 
+Both passes are recorded once per model, input shape and setting as plain tensor code
+and replayed at each training step without walking the graph (``pathlift.lift.replay``:
+a parameter replaced, pruned or parametrized, a dtype, device or sharding changed, a
+module swapped or flipped, or peaks that drift out of the recorded scales record them
+again; sharded (FSDP2) and FSDP1 models are walked at each call).
+
 This module is the only one of ``pathlift.train`` that talks to the graph engine.
 """
 
@@ -32,6 +38,7 @@ from pathlift.graph.boundary import is_fsdp1
 from pathlift.graph.ops import Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import COUNTING_Q, log_r_norm
+from pathlift.lift.replay import replayed
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
            "magnitude_gradients"]
@@ -185,9 +192,13 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     """
     check_q(q, minimum=1.0, what=" for a differentiable path-norm")
     r = q if r is None else check_r(r)
-    graph = _graph(model, input_shape)
-    walker = ShardedLivePass if is_sharded_graph(graph) else LivePass
-    return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
+
+    def record(graph: LayerGraph) -> Tensor:
+        walker = ShardedLivePass if is_sharded_graph(graph) else LivePass
+        return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
+
+    ln = replayed(model, input_shape, ("norm", q, r, dtype), record, _graph)
+    return ln if torch.is_grad_enabled() else ln.detach()
 
 
 @dataclass(frozen=True)
@@ -221,12 +232,16 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     and every other parameter keeps its gamma (the path-norm budget reads the output
     layer's at q = 1).
     """
-    graph = _graph(model, input_shape)
-    if is_sharded_graph(graph):
-        raise UnsupportedModelError(
-            "magnitude gradients (Path-SGD scales) of a sharded (FSDP2) model are not "
-            "implemented; differentiable_path_norm and path_magnitude_scores are")
-    tape, found, top = _leaf_gradients(graph, q, dtype or graph.dtype)
+    def record(graph: LayerGraph) -> _LeafPass:
+        if is_sharded_graph(graph):
+            raise UnsupportedModelError(
+                "magnitude gradients (Path-SGD scales) of a sharded (FSDP2) model are not "
+                "implemented; differentiable_path_norm and path_magnitude_scores are")
+        return _leaf_pass(graph, q, dtype or graph.dtype)
+
+    graph, tape, total, top, leaves = replayed(model, input_shape, ("gamma", q, dtype),
+                                               record, _graph)
+    found = _gradients(total, leaves)
     # the leaves are |W/u|^q: d/d|W|^q = u^-q d/d|W/u|^q, brought to one scale
     shifts = {name: tuple(-q * math.log(u) for u in units)
               for name, units in tape.layer_units.items()}
@@ -248,18 +263,25 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     return MagnitudeGradients(q, scales, top + shift)
 
 
-def _leaf_gradients(graph: LayerGraph, q: float, dtype: torch.dtype
-                    ) -> tuple[LivePass, dict[str, tuple[Tensor, Tensor | None]], float]:
-    """The pass with leaves, and for each layer d(sum_v o_v)/d|W/u|^q and d/d|b/v|^q, as
-    mantissas of the natural-log scale returned last."""
-    tape = LivePass(graph, q, dtype, leaves=True)
-    with torch.enable_grad():
-        total, top = output_sum(tape.run_all_ones())
-        flat = [t for pair in tape.leaves.values() for t in pair if t is not None]
-        grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
-                         strict=True))
-    return tape, {name: (_grad(grads, w), None if b is None else _grad(grads, b))
-                  for name, (w, b) in tape.leaves.items()}, top
+# The graph, the pass with leaves, sum_v o_v as (mantissa, natural-log scale), the leaves
+_LeafPass = tuple[LayerGraph, LivePass, Tensor, float, dict[str, tuple[Tensor, Tensor | None]]]
+
+
+def _leaf_pass(graph: LayerGraph, q: float, dtype: torch.dtype) -> _LeafPass:
+    """The |theta|^q pass whose leaves are A = |W/u|^q, one pair a layer (``LivePass``)."""
+    walker = LivePass(graph, q, dtype, leaves=True)
+    total, top = output_sum(walker.run_all_ones())
+    return graph, walker, total, top, dict(walker.leaves)
+
+
+def _gradients(total: Tensor, leaves: dict[str, tuple[Tensor, Tensor | None]]
+               ) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """For each layer d(sum_v o_v)/d|W/u|^q and d/d|b/v|^q (mantissas, as ``total``)."""
+    flat = [t for pair in leaves.values() for t in pair if t is not None]
+    grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
+                     strict=True))
+    return {name: (_grad(grads, w), None if b is None else _grad(grads, b))
+            for name, (w, b) in leaves.items()}
 
 
 def refuse_flushed(graph: LayerGraph,
@@ -277,7 +299,9 @@ def refuse_flushed(graph: LayerGraph,
                    for v, p in pairs] for name, pairs in found.items()}
     if not any(bool(z.any()) for pairs in zero.values() for z in pairs if z is not None):
         return
-    live = _leaf_gradients(graph, COUNTING_Q, torch.float64)[1]
+    with torch.enable_grad():
+        _, _, total, _, leaves = _leaf_pass(graph, COUNTING_Q, torch.float64)
+        live = _gradients(total, leaves)
     for name, pairs in zero.items():
         if name in live and any(z is not None and g is not None and bool((z & (g > 0)).any())
                                 for z, g in zip(pairs, live[name], strict=True)):

@@ -1,0 +1,127 @@
+"""The training step's passes recorded once and replayed: per model, input shape and
+setting, a ``Tape`` of the pass (``pathlift.lift.tape``) and a ``Watch`` of the model.
+
+A call replays the tape while the watch sees the model as it was recorded: the same
+modules (class, train/eval flag, hooks, instance-level forward, children, plain
+attributes such as stride or eps) and the same tensors (each parameter the same object
+with the same dtype, device and shape; each buffer the same dtype, device and shape).
+That is what ``pathlift.graph.boundary.structure_key`` keys traced graphs on, compared in
+place rather than rebuilt: a replaced, pruned (torch.nn.utils.prune) or parametrized
+parameter, a ``.to(...)``, FSDP2 sharding, a swapped module or a train/eval flip each
+record the pass again. Sharded (FSDP2) and FSDP1 models are walked at every call.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from pathlift.graph import LayerGraph, unwrap
+from pathlift.graph.boundary import is_fsdp1
+from pathlift.graph.sharded import is_sharded_graph
+from pathlift.lift.tape import Tape
+
+__all__ = ["Watch", "replayed"]
+
+T = TypeVar("T")
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _plain(value: object) -> bool:
+    """A configuration value compared by ``==`` without reading tensors."""
+    if type(value) is tuple:
+        return all(_plain(v) for v in value)
+    return isinstance(value, _SCALARS)
+
+
+class Watch:
+    """The parts of a model a traced graph depends on, as they were (see the module)."""
+
+    def __init__(self, model: nn.Module):
+        self.modules = [self._state(m) for m in model.modules()]
+
+    @staticmethod
+    def _state(m: nn.Module) -> tuple:
+        state = vars(m)
+        return (m, type(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+                state.get("forward"), tuple(m._modules.values()),
+                tuple((k, v) for k, v in state.items()
+                      if k[0] != "_" and k != "training" and _plain(v)),
+                tuple((p, p.dtype, p.device, p.shape) if p is not None else None
+                      for p in m._parameters.values()),
+                tuple((b.dtype, b.device, b.shape) if b is not None else None
+                      for b in m._buffers.values()))
+
+    def unchanged(self) -> bool:
+        """Whether every module and tensor is as it was recorded."""
+        for (m, cls, training, hooks, pre_hooks, forward, children, attrs, params,
+             buffers) in self.modules:
+            state = vars(m)
+            if type(m) is not cls or m.training is not training \
+                    or state.get("forward") is not forward \
+                    or len(m._forward_hooks) != len(hooks) \
+                    or len(m._forward_pre_hooks) != len(pre_hooks) \
+                    or len(m._modules) != len(children) \
+                    or any(a is not b for a, b in zip(m._modules.values(), children, strict=True)) \
+                    or len(m._parameters) != len(params) \
+                    or len(m._buffers) != len(buffers):
+                return False
+            for p, was in zip(m._parameters.values(), params, strict=True):
+                if p is None or was is None:
+                    if p is not was:
+                        return False
+                elif p is not was[0] or p.dtype != was[1] or p.device != was[2] \
+                        or p.shape != was[3]:
+                    return False
+            for b, was in zip(m._buffers.values(), buffers, strict=True):
+                if (b is None) != (was is None) or (
+                        b is not None and (b.dtype, b.device, b.shape) != was):
+                    return False
+            if any(state.get(k, _MISSING) != v for k, v in attrs):
+                return False
+        return True
+
+
+_MISSING = object()
+
+# Per model: (what, input shape) -> (the model's watch, its tape or None: walk each time)
+_PLANS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[Watch, Tape | None]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, what: tuple,
+             run: Callable[[LayerGraph], T],
+             graph_of: Callable[[Any, Sequence[int] | None], LayerGraph]) -> T:
+    """``run(graph_of(model, input_shape))``: a pass of the graph, recorded at the first
+    call for ``model``, ``input_shape`` and ``what`` and replayed while the model's
+    ``Watch`` holds and the tape's scales fit (recorded again else). Run in autograd
+    whatever the caller's mode (a recording under ``no_grad`` would write into shared
+    buffers). A ``LayerGraph``, an unknown shape, FSDP1 and sharded models are walked at
+    each call."""
+    with torch.enable_grad():
+        if isinstance(model, LayerGraph) or input_shape is None:
+            return run(graph_of(model, input_shape))
+        net = unwrap(model)
+        plans = _PLANS.setdefault(net, {})
+        where = (*what, tuple(input_shape))
+        known = plans.get(where)
+        if known is not None and known[0].unchanged():
+            if known[1] is None:
+                return run(graph_of(model, input_shape))
+            out = known[1].replay()
+            if out is not None:
+                return out
+        graph = graph_of(model, input_shape)
+        watch = Watch(net)
+        if is_fsdp1(model) or is_sharded_graph(graph):
+            plans[where] = (watch, None)
+            return run(graph)
+        out, tape = Tape.record(lambda: run(graph), net)
+        plans[where] = (watch, tape)
+        return out
+
