@@ -1,0 +1,225 @@
+"""The training step's passes recorded once and replayed (pathlift.lift.tape,
+pathlift.lift.replay): the replayed ln ||Phi||_q, its gradient and Path-SGD's gamma equal
+the walked pass (a LayerGraph is walked at every call) to 1e-12 in float64 after
+parameter updates, on user-style networks; the tape is replayed (the same object) while
+nothing structural changes, and recorded anew when a parameter is replaced, pruned,
+parametrized, rescaled in place by large factors, moved to another dtype, or a module is
+swapped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize, prune
+
+from nets import residual_cnn
+from pathlift.graph import graph_of
+from pathlift.lift import path_norm
+from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
+from pathlift.lift.replay import _PLANS
+from pathlift.models import mlp, small_cnn
+from pathlift.symmetry import random_rescale
+from user_zoo import bn_cnn, logits_and_features, randomise_batchnorm_
+
+
+class AvgPoolNet(nn.Module):
+    """Functional style: F.relu, F.avg_pool2d, a skip connection and a dict output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.mix = nn.Conv2d(4, 4, 1)
+        self.fc = nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        h = F.avg_pool2d(h + F.relu(self.mix(h)), 2)
+        return {"logits": self.fc(h.flatten(1))}
+
+
+def _mlp() -> nn.Module:
+    return mlp(64, (16, 8), 5)
+
+
+def _bn_cnn() -> nn.Module:
+    return randomise_batchnorm_(bn_cnn())
+
+
+def _logits_and_features() -> nn.Module:
+    return randomise_batchnorm_(logits_and_features())
+
+
+NETS = {"mlp": (_mlp, (1, 8, 8)), "small_cnn (max-pool)": (small_cnn, (1, 8, 8)),
+        "bn_cnn (BatchNorm eval)": (_bn_cnn, (3, 8, 8)),
+        "residual_cnn": (residual_cnn, (2, 4, 4)), "avg-pool, dict output": (AvgPoolNet, (1, 8, 8)),
+        "two outputs": (_logits_and_features, (3, 8, 8))}
+
+
+def _model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    torch.manual_seed(0)
+    build, shape = NETS[name]
+    return build().double().eval(), shape
+
+
+def _value_and_grads(model: nn.Module, measure, q: float = 1.0) -> tuple[float, list]:
+    """ln ||Phi||_q by ``measure`` and its gradient in every parameter."""
+    model.zero_grad(set_to_none=True)
+    ln = measure(q)
+    ln.backward()
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    return float(ln.detach()), grads
+
+
+def _assert_same(replayed: tuple[float, list], walked: tuple[float, list]) -> None:
+    assert replayed[0] == pytest.approx(walked[0], rel=1e-12, abs=1e-12)
+    for got, want in zip(replayed[1], walked[1], strict=True):
+        assert (got is None) == (want is None)
+        if got is not None:
+            scale = max(float(want.abs().max()), 1e-300)
+            assert float((got - want).abs().max()) <= 1e-12 * scale
+
+
+def _check(model: nn.Module, shape: tuple[int, ...], q: float = 1.0) -> None:
+    """The replayed penalty against the walked one (a LayerGraph is walked each call)."""
+    graph = graph_of(model, shape, as_eval=True)
+    _assert_same(_value_and_grads(model, lambda q: differentiable_path_norm(model, shape, q), q),
+                 _value_and_grads(model, lambda q: differentiable_path_norm(graph, q=q), q))
+
+
+def _tapes(model: nn.Module) -> list:
+    return [tape for _, tape in _PLANS.get(model, {}).values()]
+
+
+def _step_(model: nn.Module, seed: int, size: float = 1e-2) -> None:
+    """An in-place update of every parameter, as an optimiser's step."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(size * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("name", list(NETS))
+@pytest.mark.parametrize("q", [1.0, 2.0])
+def test_the_replayed_penalty_and_gradient_equal_the_walked_ones(name: str, q: float) -> None:
+    model, shape = _model(name)
+    _check(model, shape, q)  # recorded
+    tapes = _tapes(model)
+    assert len(tapes) == 1 and tapes[0] is not None
+    for seed in range(3):  # replayed on updated parameters
+        _step_(model, seed)
+        _check(model, shape, q)
+    assert _tapes(model) == tapes  # the same tape all along: replayed, not recorded
+    expected = path_norm(model, shape, q=q).log10 * math.log(10)
+    assert float(differentiable_path_norm(model, shape, q)) == pytest.approx(expected,
+                                                                             rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mlp", "residual_cnn", "bn_cnn (BatchNorm eval)"])
+def test_replayed_path_sgd_scales_equal_the_walked_ones(name: str) -> None:
+    model, shape = _model(name)
+    graph = graph_of(model, shape, as_eval=True)
+    for seed in range(3):
+        replayed = magnitude_gradients(model, shape, 2.0)
+        walked = magnitude_gradients(graph, q=2.0)
+        assert replayed.mantissas.keys() == walked.mantissas.keys()
+        for p, gamma in walked.mantissas.items():  # the same numbers, perhaps at other scales
+            torch.testing.assert_close(replayed.mantissas[p] * math.exp(replayed.log_scale),
+                                       gamma * math.exp(walked.log_scale), rtol=1e-12, atol=0)
+        _step_(model, seed)
+    assert len(_tapes(model)) == 1
+
+
+def _recorded_anew(model: nn.Module, shape: tuple[int, ...], change) -> None:
+    """After ``change(model)`` the penalty is recorded anew and equals the walked one."""
+    _check(model, shape)
+    before = _tapes(model)
+    change(model)
+    _check(model, shape)
+    assert all(a is not b for a, b in zip(_tapes(model), before, strict=True))
+
+
+def _replace_weight(model: nn.Module) -> None:
+    layer = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    layer.weight = nn.Parameter(torch.randn_like(layer.weight))
+
+
+def _prune(model: nn.Module) -> None:
+    layer = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    prune.l1_unstructured(layer, "weight", amount=0.5)
+
+
+class _Double(nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+def _parametrize(model: nn.Module) -> None:
+    layer = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    parametrize.register_parametrization(layer, "weight", _Double())
+
+
+def _rescale_in_place(model: nn.Module) -> None:
+    """A rescaling by factors up to 2^40 (Phi unchanged), written into the parameters."""
+    with torch.no_grad():
+        rescaled = random_rescale(model, factors=(2.0 ** -40, 1.0, 2.0 ** 40), seed=1)
+        for p, new in zip(model.parameters(), rescaled.parameters(), strict=True):
+            p.copy_(new)
+
+
+def _swap_activation(model: nn.Module) -> None:
+    model[2] = nn.Identity()
+
+
+@pytest.mark.parametrize("change", [_replace_weight, _prune, _parametrize, _rescale_in_place,
+                                    _swap_activation, lambda m: m.float()],
+                         ids=["replaced", "pruned", "parametrized", "rescaled in place",
+                              "module swapped", "dtype"])
+def test_the_penalty_is_recorded_anew_when_the_model_changes(change) -> None:
+    model, shape = _model("mlp")
+    _recorded_anew(model, shape, change)
+
+
+def test_a_rescaling_keeps_the_replayed_penalty_and_a_replaced_copy_gets_its_own() -> None:
+    model, shape = _model("residual_cnn")
+    before = float(differentiable_path_norm(model, shape))
+    rescaled = random_rescale(model, seed=3)  # new parameters (replacement)
+    _check(rescaled, shape)
+    assert float(differentiable_path_norm(rescaled, shape)) == pytest.approx(before, rel=1e-12)
+    with torch.no_grad():  # the same rescaling written in place: replayed or recorded
+        for p, new in zip(model.parameters(), rescaled.parameters(), strict=True):
+            p.copy_(new)
+        for b, new in zip(model.buffers(), rescaled.buffers(), strict=True):
+            b.copy_(new)
+    _check(model, shape)
+    assert float(differentiable_path_norm(model, shape)) == pytest.approx(before, rel=1e-12)
+
+
+def test_no_grad_gives_a_plain_number_and_keeps_the_tape() -> None:
+    model, shape = _model("mlp")
+    with_grad = differentiable_path_norm(model, shape)
+    tapes = _tapes(model)
+    with torch.no_grad():
+        plain = differentiable_path_norm(model, shape)
+    assert not plain.requires_grad and float(plain) == float(with_grad)
+    assert _tapes(model) == tapes and all(p.grad is None for p in model.parameters())
+
+
+def test_a_float32_rescaling_beyond_the_recorded_scales_is_recorded_anew_and_exact() -> None:
+    """Every neuron of the first hidden layer rescaled by 2^70 in place (Def. 2.4.1: Phi
+    unchanged): its |W|^2 reaches 2^140, beyond float32, which the walk takes in units
+    and a replay with the recorded units would give as inf; the peaks' drift records the
+    pass anew."""
+    torch.manual_seed(0)
+    model, shape = _mlp().eval(), (1, 8, 8)
+    exact = path_norm(model, shape, q=2.0).log10 * math.log(10)
+    assert float(differentiable_path_norm(model, shape, 2.0)) == pytest.approx(exact, rel=1e-5)
+    first, second = [m for m in model.modules() if isinstance(m, nn.Linear)][:2]
+    with torch.no_grad():
+        first.weight.mul_(2.0 ** 70)
+        first.bias.mul_(2.0 ** 70)
+        second.weight.mul_(2.0 ** -70)
+    assert float(differentiable_path_norm(model, shape, 2.0)) == pytest.approx(exact, rel=1e-5)
