@@ -8,6 +8,7 @@ swapped."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gra
 from pathlift.lift.replay import _PLANS
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
+from pathlift.train import PathSGD
 from user_zoo import bn_cnn, logits_and_features, randomise_batchnorm_
 
 
@@ -223,3 +225,28 @@ def test_a_float32_rescaling_beyond_the_recorded_scales_is_recorded_anew_and_exa
         first.bias.mul_(2.0 ** 70)
         second.weight.mul_(2.0 ** -70)
     assert float(differentiable_path_norm(model, shape, 2.0)) == pytest.approx(exact, rel=1e-5)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_path_sgd_steps_with_replayed_scales_follow_the_walked_formula(momentum: float) -> None:
+    """Three PathSGD steps against p <- p - lr * buf, buf <- momentum * buf + grad / gamma,
+    with gamma from the walked pass (a LayerGraph) on a copy of the model."""
+    model, shape = _model("residual_cnn")
+    twin = copy.deepcopy(model)
+    graph = graph_of(twin, shape, as_eval=True)
+    x, y = torch.randn(4, *shape, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    opt, lr, buffers = PathSGD(model, shape, lr=1e-3, momentum=momentum), 1e-3, {}
+    for _ in range(3):
+        for net in (model, twin):
+            net.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+        opt.step()
+        gammas = magnitude_gradients(graph, q=2.0)
+        with torch.no_grad():
+            for p in twin.parameters():
+                gamma = gammas.mantissas[p] * math.exp(gammas.log_scale)
+                step = torch.where(gamma > 0, p.grad / gamma, 0.0)
+                buffers[p] = step if p not in buffers else momentum * buffers[p] + step
+                p.sub_(lr * buffers[p])
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)

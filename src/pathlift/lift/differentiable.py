@@ -239,8 +239,8 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
                 "implemented; differentiable_path_norm and path_magnitude_scores are")
         return _leaf_pass(graph, q, dtype or graph.dtype)
 
-    graph, tape, total, top, leaves = replayed(model, input_shape, ("gamma", q, dtype),
-                                               record, _graph)
+    graph, tape, total, top, leaves, stored = replayed(model, input_shape, ("gamma", q, dtype),
+                                                       record, _graph)
     found = _gradients(total, leaves)
     # the leaves are |W/u|^q: d/d|W|^q = u^-q d/d|W/u|^q, brought to one scale
     shifts = {name: tuple(-q * math.log(u) for u in units)
@@ -255,23 +255,30 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
                        "magnitude gradients")
     scales: dict[nn.Parameter, Tensor] = {}
     for name, (g_w, g_b) in found.items():
-        module = graph.module.get_submodule(name)
+        module, params = stored[name]
         for pname, gamma in tape.handlers[name].magnitude_gradients(module, g_w, g_b, q):
-            p = _stored_parameter(module, pname)
+            p = params.get(pname)
             if p is not None and gamma is not None:
                 scales[p] = gamma.detach()
     return MagnitudeGradients(q, scales, top + shift)
 
 
-# The graph, the pass with leaves, sum_v o_v as (mantissa, natural-log scale), the leaves
-_LeafPass = tuple[LayerGraph, LivePass, Tensor, float, dict[str, tuple[Tensor, Tensor | None]]]
+# The graph, the pass with leaves, sum_v o_v as (mantissa, natural-log scale), the leaves,
+# and per layer its module and the nn.Parameter holding its "weight" and "bias"
+_LeafPass = tuple[LayerGraph, LivePass, Tensor, float, dict[str, tuple[Tensor, Tensor | None]],
+                  dict[str, tuple[nn.Module, dict[str, nn.Parameter]]]]
 
 
 def _leaf_pass(graph: LayerGraph, q: float, dtype: torch.dtype) -> _LeafPass:
     """The |theta|^q pass whose leaves are A = |W/u|^q, one pair a layer (``LivePass``)."""
     walker = LivePass(graph, q, dtype, leaves=True)
     total, top = output_sum(walker.run_all_ones())
-    return graph, walker, total, top, dict(walker.leaves)
+    stored = {}
+    for name in walker.leaves:
+        module = graph.module.get_submodule(name)
+        stored[name] = module, {k: p for k in ("weight", "bias")
+                                if (p := _stored_parameter(module, k)) is not None}
+    return graph, walker, total, top, dict(walker.leaves), stored
 
 
 def _gradients(total: Tensor, leaves: dict[str, tuple[Tensor, Tensor | None]]
@@ -300,7 +307,7 @@ def refuse_flushed(graph: LayerGraph,
     if not any(bool(z.any()) for pairs in zero.values() for z in pairs if z is not None):
         return
     with torch.enable_grad():
-        _, _, total, _, leaves = _leaf_pass(graph, COUNTING_Q, torch.float64)
+        _, _, total, _, leaves, _ = _leaf_pass(graph, COUNTING_Q, torch.float64)
         live = _gradients(total, leaves)
     for name, pairs in zero.items():
         if name in live and any(z is not None and g is not None and bool((z & (g > 0)).any())

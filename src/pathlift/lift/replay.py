@@ -13,6 +13,7 @@ record the pass again. Sharded (FSDP2) and FSDP1 models are walked at every call
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -43,48 +44,45 @@ class Watch:
     """The parts of a model a traced graph depends on, as they were (see the module)."""
 
     def __init__(self, model: nn.Module):
-        self.modules = [self._state(m) for m in model.modules()]
-
-    @staticmethod
-    def _state(m: nn.Module) -> tuple:
-        state = vars(m)
-        return (m, type(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+        self.modules = []
+        for m in model.modules():
+            state = vars(m)
+            attrs = tuple(k for k, v in state.items()
+                          if k[0] != "_" and k != "training" and _plain(v))
+            self.modules.append((
+                m, type(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
                 state.get("forward"), tuple(m._modules.values()),
-                tuple((k, v) for k, v in state.items()
-                      if k[0] != "_" and k != "training" and _plain(v)),
-                tuple((p, p.dtype, p.device, p.shape) if p is not None else None
-                      for p in m._parameters.values()),
-                tuple((b.dtype, b.device, b.shape) if b is not None else None
-                      for b in m._buffers.values()))
+                tuple(m._parameters.values()), tuple(m._buffers), attrs,
+                [state[k] for k in attrs]))
+        # parameters are the same objects (checked above), buffers are read where they are
+        self.tensors = [(table, key, t.dtype, t.device, t.shape) for m in model.modules()
+                        for table in (m._parameters, m._buffers)
+                        for key, t in table.items() if t is not None]
 
     def unchanged(self) -> bool:
         """Whether every module and tensor is as it was recorded."""
-        for (m, cls, training, hooks, pre_hooks, forward, children, attrs, params,
-             buffers) in self.modules:
+        for (m, cls, training, hooks, pre_hooks, forward, children, params, buffers, attrs,
+             values) in self.modules:
             state = vars(m)
             if type(m) is not cls or m.training is not training \
                     or state.get("forward") is not forward \
-                    or len(m._forward_hooks) != len(hooks) \
-                    or len(m._forward_pre_hooks) != len(pre_hooks) \
-                    or len(m._modules) != len(children) \
-                    or any(a is not b for a, b in zip(m._modules.values(), children, strict=True)) \
-                    or len(m._parameters) != len(params) \
-                    or len(m._buffers) != len(buffers):
+                    or tuple(m._forward_hooks) != hooks \
+                    or tuple(m._forward_pre_hooks) != pre_hooks \
+                    or not _same(m._modules.values(), children) \
+                    or not _same(m._parameters.values(), params) \
+                    or tuple(m._buffers) != buffers \
+                    or [state.get(k, _MISSING) for k in attrs] != values:
                 return False
-            for p, was in zip(m._parameters.values(), params, strict=True):
-                if p is None or was is None:
-                    if p is not was:
-                        return False
-                elif p is not was[0] or p.dtype != was[1] or p.device != was[2] \
-                        or p.shape != was[3]:
-                    return False
-            for b, was in zip(m._buffers.values(), buffers, strict=True):
-                if (b is None) != (was is None) or (
-                        b is not None and (b.dtype, b.device, b.shape) != was):
-                    return False
-            if any(state.get(k, _MISSING) != v for k, v in attrs):
+        for table, key, dtype, device, shape in self.tensors:
+            t = table[key]
+            if t is None or t.dtype != dtype or t.device != device or t.shape != shape:
                 return False
         return True
+
+
+def _same(now: Any, was: tuple) -> bool:
+    """The same objects, in order."""
+    return len(now) == len(was) and all(map(operator.is_, now, was))
 
 
 _MISSING = object()

@@ -53,6 +53,9 @@ _PEAK_CHAIN = frozenset({"detach", "amax", "max", "amin", "min", "aminmax", "abs
 _SAME = frozenset({"to", "contiguous", "type_as"})
 
 
+_LIST = "list"  # ``_Op.nested`` of a call whose one argument is a list of tensors
+
+
 class _Op(NamedTuple):
     """One replayed call: ``func(*args, **kwargs)`` with the slots of ``refs`` put in
     (position in args, or keyword) and its tensor outputs stored in ``outs``."""
@@ -61,7 +64,7 @@ class _Op(NamedTuple):
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     refs: tuple[tuple[int | str, int], ...]
-    nested: Any  # the args' pytree spec when tensors sit inside lists, else None
+    nested: Any  # the args' pytree spec when tensors sit inside lists, _LIST, or None
     outs: Any  # one slot, or the output's pytree spec and its slots
 
 
@@ -121,6 +124,8 @@ class Tape(Generic[T]):
                     else:
                         kwargs = {**kwargs, where: env[slot]}
                 out = func(*args, **kwargs)
+            elif nested is _LIST:
+                out = func([env[slot] for _, slot in refs])
             else:
                 flat = list(args)
                 for where, slot in refs:
@@ -136,6 +141,8 @@ class Tape(Generic[T]):
         if not self._in_range(env):
             return None
         leaves, spec = self.result
+        if spec.is_leaf():
+            return env[leaves[0].index] if isinstance(leaves[0], _Slot) else leaves[0]
         return tree_unflatten([env[v.index] if isinstance(v, _Slot) else v for v in leaves],
                               spec)
 
@@ -331,6 +338,9 @@ def _op(func: Callable[..., Any], template: list[Any], spec: Any,
     container (the common case), else into the flat arguments, unflattened."""
     call_args, call_kwargs = tree_unflatten(template, spec)
     out = outs[0] if out_spec.is_leaf() else tuple(outs)
+    if not call_kwargs and len(call_args) == 1 and type(call_args[0]) is list \
+            and len(refs) == len(template):  # a foreach call on a list of tensors
+        return _Op(func, (), {}, tuple(refs), _LIST, out)
     if len(call_args) + len(call_kwargs) == len(template):  # no containers
         names = list(call_kwargs)
         placed = tuple((i if i < len(call_args) else names[i - len(call_args)], slot)
