@@ -18,12 +18,13 @@ from torch import nn
 from torch.nn.utils import parametrize, prune
 
 from nets import residual_cnn
-from pathlift.graph import graph_of
+from pathlift.graph import eval_mode, graph_of
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.lift.replay import _PLANS
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
+from pathlift.track import PathNormTracker
 from pathlift.train import PathSGD
 from user_zoo import bn_cnn, logits_and_features, randomise_batchnorm_
 
@@ -250,3 +251,21 @@ def test_path_sgd_steps_with_replayed_scales_follow_the_walked_formula(momentum:
                 p.sub_(lr * buffers[p])
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+
+
+def test_the_tracker_replays_its_passes_and_equals_path_norm() -> None:
+    """The tracker's path-norms (q = 1, 2 replayed; q = 8 by path_norm's normalised pass)
+    against path_norm on a BatchNorm network in train mode, measured as in eval mode,
+    along updates; one tape per replayed q, kept."""
+    torch.manual_seed(0)
+    model, shape = _bn_cnn().double().train(), (3, 8, 8)
+    tracker, tapes = PathNormTracker(shape, qs=(1.0, 2.0, 8.0), sparsity=False), None
+    for seed in range(3):
+        row = tracker(model, seed)
+        with eval_mode(model):
+            for q in (1.0, 2.0, 8.0):
+                assert row[f"path_norm_log10_q{q:g}"] == pytest.approx(
+                    path_norm(model, shape, q=q).log10, rel=1e-12, abs=1e-12)
+        tapes = tapes or _tapes(model)
+        _step_(model, seed)
+    assert len(tapes) == 2 and _tapes(model) == tapes and model.training

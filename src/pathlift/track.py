@@ -9,6 +9,7 @@ epoch; ``pathlift.integrations.lightning.PathNormCallback`` does so for Lightnin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +25,12 @@ from pathlift.bounds import (
 from pathlift.bounds.top1 import certified_top1
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import eval_mode, graph_of, unwrap
+from pathlift.graph import LayerGraph, eval_mode, graph_of, unwrap
 from pathlift.graph.boundary import is_sharded
-from pathlift.lift import average_case_path_norm, path_norms
+from pathlift.lift import average_case_path_norm, path_norm
+from pathlift.lift.differentiable import differentiable_path_norm
+from pathlift.lift.path_norm import LARGE_Q
+from pathlift.logspace import LN10
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 
 __all__ = ["PathNormTracker"]
@@ -38,7 +42,8 @@ class PathNormTracker:
     Each call returns one row (and appends ``{"step": step, **row}`` to ``history``):
 
     - ``path_norm_log10_q{q}``: log10 ||Phi(theta)||_q for each q of ``qs`` (thesis Thm
-      3.1.1, one |theta|^q pass each);
+      3.1.1, one |theta|^q pass each, recorded at the first call and replayed as plain
+      tensor code after: ``pathlift.lift.replay``);
     - ``bound_ce_log10`` (given ``n_train`` and ``sigma``): log10 of the bound on the
       expected cross-entropy gap, Thm 4.1.1 with the Rademacher bound of Thm 4.4.1 (sigma
       is ``pathlift.bounds.Sigma.peeling``) in the thesis' fixed-class form (r = the
@@ -132,9 +137,9 @@ class PathNormTracker:
         with eval_mode(model):
             graph = graph_of(model, self.input_shape)
             bound = self.n_train is not None and self.sigma is not None
-            norms = path_norms(graph, qs={*self.qs, *((1.0,) if bound else ())},
-                               dtype=self.dtype)
-            row = {f"path_norm_log10_q{q:g}": norms[q].log10 for q in self.qs}
+            norms = {q: self._log10_norm(model, graph, q, sharded)
+                     for q in {*self.qs, *((1.0,) if bound else ())}}
+            row = {f"path_norm_log10_q{q:g}": norms[q] for q in self.qs}
             if self.sparsity:
                 row["sparsity"] = magnitude_scores(graph).zero_fraction()
                 row["path_magnitude_sparsity"] = path_magnitude_scores(
@@ -146,8 +151,21 @@ class PathNormTracker:
                 if self.constants is None:
                     self.constants = architecture_constants(graph)
                 row["bound_ce_log10"] = cross_entropy_gap_log10(
-                    rademacher_peeling(self.constants, self.sigma, norms[1.0].log10), self.n_train)
+                    rademacher_peeling(self.constants, self.sigma, norms[1.0]), self.n_train)
             if self.train_data is not None:
                 row["bound_top1_log10"] = certified_top1(
                     model, self.input_shape, *self.train_data, form=self.top1_form).log10
         return row if world.main else None
+
+    def _log10_norm(self, model: nn.Module, graph: LayerGraph, q: float, sharded: bool
+                    ) -> float:
+        """log10 ||Phi||_q (Thm 3.1.1): the pass recorded at the first call and replayed
+        (``pathlift.lift.replay``) for q in [1, LARGE_Q] when it gives a finite number,
+        else ``path_norm`` with its fallbacks and errors (large q, underflow, NaN)."""
+        if 1.0 <= q <= LARGE_Q and not sharded:
+            with torch.no_grad():
+                ln = float(differentiable_path_norm(model, self.input_shape, q, None,
+                                                    self.dtype))
+            if math.isfinite(ln):
+                return ln / LN10
+        return path_norm(graph, None, q, None, self.dtype).log10

@@ -16,7 +16,8 @@ same number while the mantissas stay in range: ``replay`` reads the largest |t| 
 tensor the walk read, in one batched call, and gives ``None`` (record again) when one of
 them moved by more than ``DRIFT`` binary orders, reached zero or left the finite numbers.
 Calls that only fed such reads are not replayed; calls that depend on no input are not
-either (their results are constants).
+either (their results are constants), nor calls that fill a tensor of an argument's shape
+(``new_ones``).
 
 A pass the tape cannot replay faithfully is declined (``record`` gives ``None`` for the
 tape): an in-place call on a constant, a read of something other than a peak.
@@ -53,6 +54,9 @@ _PEAK_CHAIN = frozenset({"detach", "amax", "max", "amin", "min", "aminmax", "abs
 _SAME = frozenset({"to", "contiguous", "type_as"})
 
 
+# Calls whose values depend on their arguments' shapes alone: constants of the tape.
+_FILLS = frozenset({"new_ones", "new_zeros", "new_full", "new_empty", "ones_like",
+                    "zeros_like", "full_like", "empty_like"})
 _LIST = "list"  # ``_Op.nested`` of a call whose one argument is a list of tensors
 
 
@@ -217,7 +221,7 @@ def _build(calls: list, model: nn.Module, result: Any) -> Tape | None:
             continue
         if not any(isinstance(o, Tensor) for o in outs):
             continue  # metadata (shape, dtype, data_ptr): fixed with the model's structure
-        depends = any(a in live for a in args)
+        depends = name not in _FILLS and any(a in live for a in args)
         in_place = has_out or (name.endswith("_") and not name.startswith("__"))
         if in_place and not depends:
             return None  # an in-place call on a constant would compound at each replay
