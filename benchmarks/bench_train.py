@@ -9,9 +9,11 @@ classes) in train mode. CPU time of this thread (``time.thread_time``: other pro
 time on the core left out) of single calls, in rounds that call every function once in
 a new order; each figure is the median over the rounds of that round's ratio:
 - ``fb1``: model forward + backward of the cross-entropy at batch 1 (the unit of issue 25);
-- ``penalty``: ln ||Phi||_1 forward + backward (``differentiable_path_norm``);
+- ``penalty``: ln ||Phi||_1 forward + backward (``differentiable_path_norm``, inside
+  ``eval_mode`` as the penalty refuses BatchNorm in training mode);
 - ``path_sgd_extra``: the part of a Path-SGD step beyond SGD's (gamma from the |theta|^2
-  pass forward + backward, and the scaled update), i.e. ``PathSGD.step`` on ready grads;
+  pass forward + backward, and the scaled update), i.e. ``PathSGD.step`` on ready grads
+  (inside ``eval_mode``);
 - ``step``: an unregularised SGD step at batch 64 (forward, backward, update);
 - ``reg_step``: the same step with loss + 0.1 ln ||Phi||_1;
 - ``path_sgd_step``: the same step with PathSGD instead of SGD.
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pathlift.graph import eval_mode
 from pathlift.kron.cache import machine_description
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models import mlp, resnet18, small_cnn
@@ -61,12 +64,20 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
         model.zero_grad()
         ce(model(x1), y1).backward()
 
+    def ln_norm() -> torch.Tensor:  # BatchNorm measured as its affine map (as path_norm)
+        with eval_mode(model):
+            return differentiable_path_norm(model, shape, q=1.0)
+
+    def path_sgd_update() -> None:
+        with eval_mode(model):
+            path_sgd.step()
+
     def penalty() -> None:
         model.zero_grad()
-        differentiable_path_norm(model, shape, q=1.0).backward()
+        ln_norm().backward()
 
     def path_sgd_extra() -> None:
-        path_sgd.step()
+        path_sgd_update()
 
     def step() -> None:
         sgd.zero_grad()
@@ -75,17 +86,17 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
 
     def reg_step() -> None:
         sgd.zero_grad()
-        (ce(model(x), y) + 0.1 * differentiable_path_norm(model, shape, q=1.0)).backward()
+        (ce(model(x), y) + 0.1 * ln_norm()).backward()
         sgd.step()
 
     def path_sgd_step() -> None:
         path_sgd.zero_grad()
         ce(model(x), y).backward()
-        path_sgd.step()
+        path_sgd_update()
 
     fb1()  # grads exist for path_sgd_extra
-    penalty()  # trace once
-    path_sgd.step()
+    penalty()  # trace and record once
+    path_sgd_update()
     times = round_robin({"fb1": fb1, "penalty": penalty, "path_sgd_extra": path_sgd_extra,
                          "step": step, "reg_step": reg_step, "path_sgd_step": path_sgd_step},
                         repeats, min_sample=0, clock=time.thread_time)

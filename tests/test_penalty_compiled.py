@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.utils import parametrize, prune
 
 from nets import residual_cnn
+from pathlift.errors import PrecisionError, UnsupportedModelError
 from pathlift.graph import eval_mode, graph_of
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
@@ -25,7 +26,7 @@ from pathlift.lift.replay import _PLANS
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
 from pathlift.track import PathNormTracker
-from pathlift.train import PathSGD
+from pathlift.train import PathNormPenalty, PathSGD
 from user_zoo import bn_cnn, logits_and_features, randomise_batchnorm_
 
 
@@ -256,7 +257,7 @@ def test_path_sgd_steps_with_replayed_scales_follow_the_walked_formula(momentum:
 def test_the_tracker_replays_its_passes_and_equals_path_norm() -> None:
     """The tracker's path-norms (q = 1, 2 replayed; q = 8 by path_norm's normalised pass)
     against path_norm on a BatchNorm network in train mode, measured as in eval mode,
-    along updates; one tape per replayed q, kept."""
+    along updates; one tape for the replayed passes, kept."""
     torch.manual_seed(0)
     model, shape = _bn_cnn().double().train(), (3, 8, 8)
     tracker, tapes = PathNormTracker(shape, qs=(1.0, 2.0, 8.0), sparsity=False), None
@@ -268,4 +269,100 @@ def test_the_tracker_replays_its_passes_and_equals_path_norm() -> None:
                     path_norm(model, shape, q=q).log10, rel=1e-12, abs=1e-12)
         tapes = tapes or _tapes(model)
         _step_(model, seed)
-    assert len(tapes) == 2 and _tapes(model) == tapes and model.training
+    assert len(tapes) == 1 and _tapes(model) == tapes and model.training
+
+
+# ---- the penalty, Path-SGD and the tracker refuse what path_norm refuses
+def _bn_train() -> nn.Module:
+    return _bn_cnn().double().train()
+
+
+def _dropout_train() -> nn.Module:
+    return nn.Sequential(_mlp(), nn.Dropout(0.5)).double().train()
+
+
+def _nan_weight() -> nn.Module:
+    model = _mlp().double()
+    with torch.no_grad():
+        model[3].weight[0, 0] = math.nan
+    return model
+
+
+def _inf_bias() -> nn.Module:
+    model = _mlp().double()
+    with torch.no_grad():
+        model[1].bias[2] = math.inf
+    return model
+
+
+REFUSED = {"BatchNorm in training mode": (_bn_train, (3, 8, 8)),
+           "Dropout in training mode": (_dropout_train, (1, 8, 8)),
+           "NaN weight": (_nan_weight, (1, 8, 8)), "inf bias": (_inf_bias, (1, 8, 8))}
+
+
+def _path_sgd_step(model: nn.Module, shape: tuple[int, ...]) -> None:
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    PathSGD(model, shape, lr=1e-3).step()
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+@pytest.mark.parametrize("use", [
+    lambda m, s: differentiable_path_norm(m, s), lambda m, s: PathNormPenalty(s, 2.0)(m),
+    lambda m, s: magnitude_gradients(m, s), _path_sgd_step],
+    ids=["differentiable_path_norm", "PathNormPenalty", "magnitude_gradients", "PathSGD"])
+def test_what_path_norm_refuses_the_penalty_and_path_sgd_refuse_alike(case: str, use) -> None:
+    torch.manual_seed(0)
+    build, shape = REFUSED[case]
+    model = build()
+    with pytest.raises(UnsupportedModelError) as expected:
+        path_norm(model, shape)
+    with pytest.raises(UnsupportedModelError) as refused:
+        use(model, shape)
+    assert str(refused.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_nan_written_after_recording_is_refused_by_the_replay(value: float) -> None:
+    model, shape = _model("mlp")
+    differentiable_path_norm(model, shape)
+    tracker = PathNormTracker(shape, sparsity=False)
+    tracker(model)
+    with torch.no_grad():
+        model[3].weight[1, 2] = value
+    with pytest.raises(UnsupportedModelError) as expected:
+        path_norm(model, shape)
+    for use in (lambda: differentiable_path_norm(model, shape), lambda: tracker(model)):
+        with pytest.raises(UnsupportedModelError) as refused:
+            use()
+        assert str(refused.value) == str(expected.value)
+
+
+def test_an_underflowing_penalty_is_a_precision_error_and_a_zero_network_is_minus_inf() -> None:
+    """Weights spanning 2^160 within layers: |w|^2 spans 2^320, beyond float32; path_norm
+    is finite (its normalised pass), the differentiable pass would say ||Phi|| = 0."""
+    torch.manual_seed(0)
+    model, shape = _mlp().eval(), (1, 8, 8)
+    rescaled = random_rescale(model, factors=(2.0 ** -40, 2.0 ** 40), seed=2)
+    assert math.isfinite(path_norm(rescaled, shape, q=2.0).log10)
+    with pytest.raises(PrecisionError):
+        differentiable_path_norm(rescaled, shape, 2.0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    assert path_norm(model, shape).log10 == -math.inf
+    assert float(differentiable_path_norm(model, shape)) == -math.inf
+
+
+def test_the_tracker_measures_a_training_model_as_in_eval_mode_and_path_norm_refuses_it() -> None:
+    """The tracker's contract: BatchNorm in training mode is measured as its affine map
+    (flags flipped and restored around the whole row); path_norm of the same model as it
+    is refuses it, and inside eval_mode equals the tracker."""
+    model, shape = _bn_train(), (3, 8, 8)
+    row = PathNormTracker(shape, sparsity=False, qs=(1.0,))(model)
+    with pytest.raises(UnsupportedModelError):
+        path_norm(model, shape)
+    with eval_mode(model):
+        assert row["path_norm_log10_q1"] == pytest.approx(path_norm(model, shape).log10,
+                                                          rel=1e-12)
+    assert model.training

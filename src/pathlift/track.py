@@ -9,7 +9,6 @@ epoch; ``pathlift.integrations.lightning.PathNormCallback`` does so for Lightnin
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,11 +24,12 @@ from pathlift.bounds import (
 from pathlift.bounds.top1 import certified_top1
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import LayerGraph, eval_mode, graph_of, unwrap
+from pathlift.graph import AbsPowInterpreter, LayerGraph, eval_mode, graph_of, unwrap
+from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import is_sharded
 from pathlift.lift import average_case_path_norm, path_norm
-from pathlift.lift.differentiable import differentiable_path_norm
-from pathlift.lift.path_norm import LARGE_Q
+from pathlift.lift.path_norm import LARGE_Q, mixed_norm_log
+from pathlift.lift.replay import replayed
 from pathlift.logspace import LN10
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 
@@ -137,8 +137,8 @@ class PathNormTracker:
         with eval_mode(model):
             graph = graph_of(model, self.input_shape)
             bound = self.n_train is not None and self.sigma is not None
-            norms = {q: self._log10_norm(model, graph, q, sharded)
-                     for q in {*self.qs, *((1.0,) if bound else ())}}
+            norms = self._log10_norms(model, graph, {*self.qs, *((1.0,) if bound else ())},
+                                      sharded)
             row = {f"path_norm_log10_q{q:g}": norms[q] for q in self.qs}
             if self.sparsity:
                 row["sparsity"] = magnitude_scores(graph).zero_fraction()
@@ -157,15 +157,22 @@ class PathNormTracker:
                     model, self.input_shape, *self.train_data, form=self.top1_form).log10
         return row if world.main else None
 
-    def _log10_norm(self, model: nn.Module, graph: LayerGraph, q: float, sharded: bool
-                    ) -> float:
-        """log10 ||Phi||_q (Thm 3.1.1): the pass recorded at the first call and replayed
-        (``pathlift.lift.replay``) for q in [1, LARGE_Q] when it gives a finite number,
-        else ``path_norm`` with its fallbacks and errors (large q, underflow, NaN)."""
-        if 1.0 <= q <= LARGE_Q and not sharded:
-            with torch.no_grad():
-                ln = float(differentiable_path_norm(model, self.input_shape, q, None,
-                                                    self.dtype))
-            if math.isfinite(ln):
-                return ln / LN10
-        return path_norm(graph, None, q, None, self.dtype).log10
+    def _log10_norms(self, model: nn.Module, graph: LayerGraph, qs: set[float],
+                     sharded: bool) -> dict[float, float]:
+        """log10 ||Phi||_q for each q (Thm 3.1.1): the |theta|^q passes for q in
+        (0, LARGE_Q] recorded at the first call and replayed (``pathlift.lift.replay``)
+        while they give finite numbers, else ``path_norm`` with its fallbacks and errors
+        (large q, underflow, NaN, sharded models)."""
+        fast = sorted(q for q in qs if q <= LARGE_Q) if not sharded else []
+        logs = dict(zip(fast, replayed(
+            model, self.input_shape, ("track", tuple(fast), self.dtype),
+            lambda g: [output_logs(AbsPowInterpreter(g, q, self.dtype).run_all_ones())
+                       for q in fast], graph_of), strict=True)) if fast else {}
+        found = {}
+        for q in qs:
+            log_o = logs.get(q)
+            if log_o is not None and bool(torch.isfinite(log_o).all()):
+                found[q] = mixed_norm_log(log_o, q, q)[0] / LN10
+            else:
+                found[q] = path_norm(graph, None, q, None, self.dtype).log10
+        return found

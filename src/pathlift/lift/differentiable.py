@@ -37,7 +37,7 @@ from pathlift.graph.abs_pow import AbsPowLayer, output_logs, output_sum
 from pathlift.graph.boundary import is_fsdp1
 from pathlift.graph.ops import Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
-from pathlift.lift.path_norm import COUNTING_Q, log_r_norm
+from pathlift.lift.path_norm import COUNTING_Q, check_finite, log_outputs, log_r_norm
 from pathlift.lift.replay import replayed
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
@@ -122,17 +122,18 @@ def _layer_name(call: Call) -> str:
 
 
 def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> LayerGraph:
-    """The traced graph (as in eval mode, no flag flipped once it is cached), refusing ops
-    whose own parameters the pass would read as constants (PReLU's slopes): their gradient
-    would silently be missing. The refusal depends on the graph alone: found once per
-    graph."""
+    """The traced graph, validated as ``path_norm`` validates it (a module computing
+    otherwise in training mode, BatchNorm or Dropout, is refused: measure inside
+    ``pathlift.graph.eval_mode``), refusing also ops whose own parameters the pass would
+    read as constants (PReLU's slopes): their gradient would silently be missing. The
+    refusal depends on the graph alone: found once per graph."""
     if isinstance(model, nn.Module) and is_fsdp1(model) and torch.is_grad_enabled():
         raise UnsupportedModelError(
             "a differentiable path-norm of a FullyShardedDataParallel (FSDP1) model would "
             "differentiate the views that summon_full_params frees when it ends; shard the "
             "model with torch.distributed.fsdp.fully_shard (FSDP2), whose penalty pathlift "
             "differentiates on every rank")
-    graph = graph_of(model, input_shape, as_eval=True)
+    graph = graph_of(model, input_shape)
     frozen = graph.derived.get(_FROZEN)
     if frozen is None:
         frozen = graph.derived[_FROZEN] = [
@@ -167,9 +168,10 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     parameters: one |theta|^q pass (thesis Thm 3.1.1) through autograd, in log space.
 
     Args:
-        model: a supported ReLU network (or its ``LayerGraph``), in train or eval mode:
-            it is measured as in eval mode (BatchNorm = its affine map with running
-            statistics, Def. 2.2.2), its flags restored.
+        model: a supported ReLU network (or its ``LayerGraph``), validated as
+            ``path_norm`` validates it: BatchNorm or Dropout in training mode is refused
+            (penalise inside ``with pathlift.graph.eval_mode(model):`` to measure BatchNorm
+            as its affine map with running statistics, Def. 2.2.2).
         input_shape: input size without the batch dimension.
         q: in [1, inf) (|w|^q is not differentiable at 0 for q < 1).
         r: the outer exponent in (0, inf]; None takes r = q (the plain ||Phi||_q).
@@ -182,8 +184,9 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
         plain number.
 
     Raises:
-        InvalidParameterError for q outside [1, inf) or r <= 0; UnsupportedModelError and
-        ShapeError as ``path_norm``.
+        InvalidParameterError for q outside [1, inf) or r <= 0; UnsupportedModelError
+        (layers holding NaN/inf, modules in training mode...) and ShapeError as
+        ``path_norm``; PrecisionError when the pass underflows the dtype.
 
     Example::
 
@@ -198,7 +201,24 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
         return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
 
     ln = replayed(model, input_shape, ("norm", q, r, dtype), record, _graph)
+    if not math.isfinite(float(ln.detach())):
+        _refuse_non_finite(_graph(model, input_shape), float(ln.detach()), q, dtype)
     return ln if torch.is_grad_enabled() else ln.detach()
+
+
+def _refuse_non_finite(graph: LayerGraph, ln: float, q: float, dtype: torch.dtype | None
+                       ) -> None:
+    """What ``path_norm`` says of a pass that came out NaN or inf (the layers holding
+    NaN/inf, else a PrecisionError); for -inf, nothing when the network has no non-zero
+    path (its norm is 0), else a PrecisionError: the pass underflowed where
+    ``path_norm``'s normalised pass (Alg. 3.2.1) does not."""
+    if ln != -math.inf:
+        check_finite(graph, torch.tensor([ln]), f"ln ||Phi||_q at q = {q:g}")
+    if bool((log_outputs(graph, q, dtype or graph.dtype) > -math.inf).any()):
+        raise PrecisionError(
+            f"the differentiable ||Phi||_q at q = {q:g} underflows "
+            f"{dtype or graph.dtype} (the network's paths span more than its range); "
+            "use dtype=torch.float64, or normalise the network first")
 
 
 @dataclass(frozen=True)
@@ -239,8 +259,11 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
                 "implemented; differentiable_path_norm and path_magnitude_scores are")
         return _leaf_pass(graph, q, dtype or graph.dtype)
 
-    graph, tape, total, top, leaves, stored = replayed(model, input_shape, ("gamma", q, dtype),
-                                                       record, _graph)
+    with torch.enable_grad():
+        graph, tape, total, top, leaves, stored = replayed(
+            model, input_shape, ("gamma", q, dtype), record, _graph)
+    if not math.isfinite(float(total)):
+        _refuse_non_finite(graph, float(total), q, dtype)
     found = _gradients(total, leaves)
     # the leaves are |W/u|^q: d/d|W|^q = u^-q d/d|W/u|^q, brought to one scale
     shifts = {name: tuple(-q * math.log(u) for u in units)

@@ -97,29 +97,28 @@ def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, w
              graph_of: Callable[[Any, Sequence[int] | None], LayerGraph]) -> T:
     """``run(graph_of(model, input_shape))``: a pass of the graph, recorded at the first
     call for ``model``, ``input_shape`` and ``what`` and replayed while the model's
-    ``Watch`` holds and the tape's scales fit (recorded again else). Run in autograd
-    whatever the caller's mode (a recording under ``no_grad`` would write into shared
-    buffers). A ``LayerGraph``, an unknown shape, FSDP1 and sharded models are walked at
-    each call."""
-    with torch.enable_grad():
-        if isinstance(model, LayerGraph) or input_shape is None:
-            return run(graph_of(model, input_shape))
-        net = unwrap(model)
-        plans = _PLANS.setdefault(net, {})
-        where = (*what, tuple(input_shape))
-        known = plans.get(where)
-        if known is not None and known[0].unchanged():
-            if known[1] is None:
-                return run(graph_of(model, input_shape))
-            out = known[1].replay()
-            if out is not None:
-                return out
+    ``Watch`` holds and the tape's scales fit (recorded again else). Recorded in autograd
+    whatever the caller's mode (a pass under ``no_grad`` writes into shared buffers),
+    replayed in the caller's. A ``LayerGraph``, an unknown shape, FSDP1 and sharded
+    models are walked at each call."""
+    if isinstance(model, LayerGraph) or input_shape is None:
         graph = graph_of(model, input_shape)
-        watch = Watch(net)
+        with torch.enable_grad():
+            return run(graph)
+    net = unwrap(model)
+    plans = _PLANS.setdefault(net, {})
+    where = (*what, tuple(input_shape))
+    known = plans.get(where)
+    if known is not None and known[0].unchanged() and known[1] is not None:
+        out = known[1].replay()
+        if out is not None:
+            return out
+    graph = graph_of(model, input_shape)
+    watch = Watch(net)
+    with torch.enable_grad():
         if is_fsdp1(model) or is_sharded_graph(graph):
             plans[where] = (watch, None)
             return run(graph)
         out, tape = Tape.record(lambda: run(graph), net)
-        plans[where] = (watch, tape)
-        return out
-
+    plans[where] = (watch, tape)
+    return out

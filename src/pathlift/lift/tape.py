@@ -19,8 +19,10 @@ Calls that only fed such reads are not replayed; calls that depend on no input a
 either (their results are constants), nor calls that fill a tensor of an argument's shape
 (``new_ones``).
 
-A pass the tape cannot replay faithfully is declined (``record`` gives ``None`` for the
-tape): an in-place call on a constant, a read of something other than a peak.
+What the pass wrote into a buffer (``out=``, ``copy_``) a replay writes into a new tensor,
+so replays share no memory with other passes. A pass the tape cannot replay faithfully
+is declined (``record`` gives ``None`` for the tape): another in-place call on a constant,
+a read of something other than a peak.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ _PEAK_CHAIN = frozenset({"detach", "amax", "max", "amin", "min", "aminmax", "abs
 
 # Calls that give their argument back when it already has the asked dtype, layout...
 _SAME = frozenset({"to", "contiguous", "type_as"})
+
+
+def _fresh_copy(target: Tensor, source: Tensor, non_blocking: bool = False) -> Tensor:
+    """``target.copy_(source)`` into a new tensor like ``target``."""
+    return torch.empty_like(target).copy_(source, non_blocking)
 
 
 # Calls whose values depend on their arguments' shapes alone: constants of the tape.
@@ -87,7 +94,8 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        flat, spec = tree_flatten((args, kwargs))
+        # a replay allocates what the pass wrote into ``out=`` (a workspace buffer)
+        flat, spec = tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))
         outs, out_spec = tree_flatten(out)
         self.calls.append((func, flat, spec, outs, out_spec, "out" in kwargs))
         return out
@@ -222,9 +230,15 @@ def _build(calls: list, model: nn.Module, result: Any) -> Tape | None:
         if not any(isinstance(o, Tensor) for o in outs):
             continue  # metadata (shape, dtype, data_ptr): fixed with the model's structure
         depends = name not in _FILLS and any(a in live for a in args)
-        in_place = has_out or (name.endswith("_") and not name.startswith("__"))
-        if in_place and not depends:
+        in_place = name.endswith("_") and not name.startswith("__")
+        if (in_place or has_out) and not depends:
             return None  # an in-place call on a constant would compound at each replay
+        if in_place and args and args[0] not in live:
+            if name != "copy_":
+                return None  # its result depends on what the constant held before
+            func = _fresh_copy  # a copy into a constant (a buffer): into a new tensor
+            number[id(outs[0])] = len(tensors)  # which is a tensor of its own from here
+            tensors.append(outs[0])
         out_numbers = [record(o) if isinstance(o, Tensor) else None for o in outs]
         if depends:
             for o in out_numbers:
@@ -287,11 +301,11 @@ def _assemble(made: list[_Call], tensors: list[Tensor], live: set[int],
         if getattr(call.func, "__name__", "") in _SAME and call.outs[0] in call.args:
             slot[call.outs[0]] = slot_of(call.outs[0])
             continue  # gave its argument back (a cast to its own dtype): so will a replay
-        template, refs = list(call.flat), []
+        template, refs, numbers = list(call.flat), [], iter(call.args)
         for i, v in enumerate(call.flat):
             if isinstance(v, Tensor):
                 template[i] = None
-                refs.append((i, slot_of(number[id(v)])))
+                refs.append((i, slot_of(next(numbers))))
         outs = [None if o is None else slot_of(o) for o in call.outs]
         ops.append(_op(call.func, template, call.spec, refs, outs, call.out_spec))
     result_leaves = [_Slot(slot_of(number[id(v)])) if isinstance(v, Tensor) else v
