@@ -111,6 +111,13 @@ class Tape(Generic[T]):
         self.inputs, self.ops, self.constants, self.slots = inputs, ops, constants, slots
         self.result, self.peaks, self.reference = result, peaks, reference
         self.signless = signless  # the read tensors held no negative number (the pass's)
+        kept = set(peaks) | {v.index for v in result[0] if isinstance(v, _Slot)}
+        last = {slot: i for i, op in enumerate(ops) for _, slot in op.refs}
+        frees: list[list[int]] = [[] for _ in ops]
+        for slot, index in last.items():
+            if slot not in kept:
+                frees[index].append(slot)
+        self.frees = [tuple(f) for f in frees]
 
     @classmethod
     def record(cls, fn: Callable[[], T], model: nn.Module) -> tuple[T, Tape[T] | None]:
@@ -127,7 +134,8 @@ class Tape(Generic[T]):
             env[i] = table[key]
         for index, value in self.constants.items():
             env[index] = value
-        for func, args, kwargs, refs, nested, outs in self.ops:
+        for (func, args, kwargs, refs, nested, outs), done in zip(self.ops, self.frees,
+                                                                   strict=True):
             if nested is None:
                 args = list(args)
                 for where, slot in refs:
@@ -150,6 +158,8 @@ class Tape(Generic[T]):
                 for slot, value in zip(outs, tree_flatten(out)[0], strict=True):
                     if slot is not None:
                         env[slot] = value
+            for slot in done:  # what no later call reads: freed as the walk frees it
+                env[slot] = None
         if not self._in_range(env):
             return None
         leaves, spec = self.result
@@ -320,16 +330,18 @@ def _assemble(made: list[_Call], tensors: list[Tensor], live: set[int],
 def _batched(calls: list[_Call], tensors: list[Tensor], known: dict[int, Any]
              ) -> list[_Call]:
     """``calls`` with the |p| (q = 1) and p*p (q = 2) of parameters made in one foreach
-    call each, where the first of them was: one autograd node instead of one a tensor."""
+    call each, where the first of them was: one autograd node instead of one a tensor
+    (for networks of up to ``_FOREACH_NUMBERS`` parameters)."""
     groups: dict[str, list[_Call]] = {}
     for call in calls:
         name = getattr(call.func, "__name__", "")
         if name in _FOREACH and len(call.flat) == 1 and len(call.outs) == 1 \
                 and id(tensors[call.args[0]]) in known:
             groups.setdefault(name, []).append(call)
-    merged = {id(group[0]): _foreach_call(name, group)
-              for name, group in groups.items() if len(group) > 1}
-    dropped = {id(c) for group in groups.values() if len(group) > 1 for c in group[1:]}
+    groups = {name: group for name, group in groups.items() if len(group) > 1 and sum(
+        tensors[c.args[0]].numel() for c in group) <= _FOREACH_NUMBERS}
+    merged = {id(group[0]): _foreach_call(name, group) for name, group in groups.items()}
+    dropped = {id(c) for group in groups.values() for c in group[1:]}
     return [merged.get(id(c), c) for c in calls if id(c) not in dropped]
 
 
@@ -342,6 +354,9 @@ def _foreach_call(name: str, group: list[_Call]) -> _Call:
                  tree_flatten(list(range(len(group))))[1])
 
 
+# Batched while the parameters fit a core's cache (~4 MB of float32): |W| made long before
+# its layer runs would be read back from memory (ResNet-18's 11M weights)
+_FOREACH_NUMBERS = 2 ** 20
 _FOREACH = {"abs": torch._foreach_abs, "square": lambda ts: torch._foreach_mul(ts, ts)}
 
 
