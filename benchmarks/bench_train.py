@@ -9,11 +9,11 @@ classes) in train mode. CPU time of this thread (``time.thread_time``: other pro
 time on the core left out) of single calls, in rounds that call every function once in
 a new order; each figure is the median over the rounds of that round's ratio:
 - ``fb1``: model forward + backward of the cross-entropy at batch 1 (the unit of issue 25);
-- ``penalty``: ln ||Phi||_1 forward + backward (``differentiable_path_norm``, inside
-  ``eval_mode`` as the penalty refuses BatchNorm in training mode);
+- ``penalty``: ln ||Phi||_1 forward + backward (``differentiable_path_norm``; for
+  ResNet-18 inside ``eval_mode``, as the penalty refuses BatchNorm in training mode);
 - ``path_sgd_extra``: the part of a Path-SGD step beyond SGD's (gamma from the |theta|^2
   pass forward + backward, and the scaled update), i.e. ``PathSGD.step`` on ready grads
-  (inside ``eval_mode``);
+  (for ResNet-18 inside ``eval_mode``);
 - ``step``: an unregularised SGD step at batch 64 (forward, backward, update);
 - ``reg_step``: the same step with loss + 0.1 ln ||Phi||_1;
 - ``path_sgd_step``: the same step with PathSGD instead of SGD.
@@ -26,6 +26,7 @@ the machine. The penalty and Path-SGD's gamma are replayed from their recorded p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -64,12 +65,18 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
         model.zero_grad()
         ce(model(x1), y1).backward()
 
-    def ln_norm() -> torch.Tensor:  # BatchNorm measured as its affine map (as path_norm)
-        with eval_mode(model):
+    # BatchNorm in training mode is refused, as by path_norm: measured as its affine map
+    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+    def as_eval() -> contextlib.AbstractContextManager:
+        return eval_mode(model) if batchnorm else contextlib.nullcontext()
+
+    def ln_norm() -> torch.Tensor:
+        with as_eval():
             return differentiable_path_norm(model, shape, q=1.0)
 
     def path_sgd_update() -> None:
-        with eval_mode(model):
+        with as_eval():
             path_sgd.step()
 
     def penalty() -> None:
