@@ -155,7 +155,9 @@ class Tape(Generic[T]):
             if type(outs) is int:
                 env[outs] = out
             else:
-                for slot, value in zip(outs, tree_flatten(out)[0], strict=True):
+                flat = out if type(out) in (list, tuple) and len(out) == len(outs) \
+                    and all(type(v) is not tuple for v in out) else tree_flatten(out)[0]
+                for slot, value in zip(outs, flat, strict=True):
                     if slot is not None:
                         env[slot] = value
             for slot in done:  # what no later call reads: freed as the walk frees it
