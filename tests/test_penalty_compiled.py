@@ -9,7 +9,9 @@ swapped."""
 from __future__ import annotations
 
 import copy
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -366,3 +368,17 @@ def test_the_tracker_measures_a_training_model_as_in_eval_mode_and_path_norm_ref
         assert row["path_norm_log10_q1"] == pytest.approx(path_norm(model, shape).log10,
                                                           rel=1e-12)
     assert model.training
+
+
+def test_the_recorded_passes_do_not_keep_a_model_alive() -> None:
+    """The cache of tapes is weak in the model: after the penalty, a Path-SGD step and a
+    tracker call, deleting the model frees it."""
+    model, shape = _model("bn_cnn (BatchNorm eval)")
+    differentiable_path_norm(model, shape)
+    _path_sgd_step(model, shape)
+    PathNormTracker(shape, sparsity=False)(model)
+    assert len(_tapes(model)) == 3
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None

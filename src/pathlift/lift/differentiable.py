@@ -262,8 +262,8 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     with torch.enable_grad():
         graph, tape, total, top, leaves, stored = replayed(
             model, input_shape, ("gamma", q, dtype), record, _graph)
-    if not math.isfinite(float(total)):
-        _refuse_non_finite(graph, float(total), q, dtype)
+    if not math.isfinite(float(total.detach())):
+        _refuse_non_finite(graph, float(total.detach()), q, dtype)
     found = _gradients(total, leaves)
     # the leaves are |W/u|^q: d/d|W|^q = u^-q d/d|W/u|^q, brought to one scale
     shifts = {name: tuple(-q * math.log(u) for u in units)

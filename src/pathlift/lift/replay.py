@@ -41,7 +41,8 @@ def _plain(value: object) -> bool:
 
 
 class Watch:
-    """The parts of a model a traced graph depends on, as they were (see the module)."""
+    """The parts of a model a traced graph depends on, as they were (see the module); the
+    modules held weakly (the cache of tapes is weak in the model)."""
 
     def __init__(self, model: nn.Module):
         self.modules = []
@@ -50,8 +51,8 @@ class Watch:
             attrs = tuple(k for k, v in state.items()
                           if k[0] != "_" and k != "training" and _plain(v))
             self.modules.append((
-                m, type(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
-                state.get("forward"), tuple(m._modules.values()),
+                weakref.ref(m), type(m), m.training, tuple(m._forward_hooks),
+                tuple(m._forward_pre_hooks), id(state.get("forward")), tuple(m._modules.values()),
                 tuple(m._parameters.values()), tuple(m._buffers), attrs,
                 [state[k] for k in attrs]))
         # parameters are the same objects (checked above), buffers are read where they are
@@ -61,11 +62,14 @@ class Watch:
 
     def unchanged(self) -> bool:
         """Whether every module and tensor is as it was recorded."""
-        for (m, cls, training, hooks, pre_hooks, forward, children, params, buffers, attrs,
+        for (ref, cls, training, hooks, pre_hooks, forward, children, params, buffers, attrs,
              values) in self.modules:
+            m = ref()
+            if m is None:
+                return False
             state = vars(m)
             if type(m) is not cls or m.training is not training \
-                    or state.get("forward") is not forward \
+                    or id(state.get("forward")) != forward \
                     or tuple(m._forward_hooks) != hooks \
                     or tuple(m._forward_pre_hooks) != pre_hooks \
                     or not _same(m._modules.values(), children) \
