@@ -35,8 +35,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
+# the default selection on every core (pytest-xdist, one test file a worker: module fixtures
+# run once), then the tests that time themselves or spawn process groups, alone
 test: $(STAMP) lint docs
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadfile -m 'not slow and not gpu and not serial'
+	$(BIN)/pytest -m 'serial and not slow and not gpu'
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow

@@ -1,35 +1,48 @@
 """Cost of path-norm training: the differentiable penalty, a Path-SGD step and a regularised
 training step, each against the model's own forward and backward pass, in the same run.
 
-    .venv/bin/python benchmarks/bench_train.py [--repeats 7] [--out benchmarks/results/train.csv]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_train.py [--repeats 50]
+        [--models mlp small_cnn] [--out benchmarks/results/train.csv]
 
 One thread, float32 models: small_cnn (1x8x8), the digits MLP, ResNet-18 (3x32x32, 10
-classes) in train mode. Shortest time over interleaved rounds of:
+classes) in train mode. CPU time of this thread (``time.thread_time``: other processes'
+time on the core left out) of single calls, in rounds that call every function once in
+a new order; each figure is the median over the rounds of that round's ratio:
 - ``fb1``: model forward + backward of the cross-entropy at batch 1 (the unit of issue 25);
-- ``penalty``: ln ||Phi||_1 forward + backward (``differentiable_path_norm``);
+- ``penalty``: ln ||Phi||_1 forward + backward (``differentiable_path_norm``; for
+  ResNet-18 inside ``eval_mode``, as the penalty refuses BatchNorm in training mode);
 - ``path_sgd_extra``: the part of a Path-SGD step beyond SGD's (gamma from the |theta|^2
-  pass forward + backward, and the scaled update), i.e. ``PathSGD.step`` on ready grads;
+  pass forward + backward, and the scaled update), i.e. ``PathSGD.step`` on ready grads
+  (for ResNet-18 inside ``eval_mode``);
 - ``step``: an unregularised SGD step at batch 64 (forward, backward, update);
 - ``reg_step``: the same step with loss + 0.1 ln ||Phi||_1;
 - ``path_sgd_step``: the same step with PathSGD instead of SGD.
-Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step and reg_step / step.
+Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step and reg_step / step, with
+the machine. The penalty and Path-SGD's gamma are replayed from their recorded passes
+(``pathlift.lift.replay``) after the first call; run the script with an older checkout's
+``src`` on PYTHONPATH, alternating with this one, for the walked ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from pathlift.graph import eval_mode
+from pathlift.kron.cache import machine_description
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models import mlp, resnet18, small_cnn
 from pathlift.train import PathSGD
-from timing import interleaved_min
+from timing import round_robin
 
 CASES = {"small_cnn": (small_cnn, (1, 8, 8)),
          "mlp": (lambda: mlp(64, (128, 64), 10), (1, 8, 8)),
@@ -52,12 +65,26 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
         model.zero_grad()
         ce(model(x1), y1).backward()
 
+    # BatchNorm in training mode is refused, as by path_norm: measured as its affine map
+    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+    def as_eval() -> contextlib.AbstractContextManager:
+        return eval_mode(model) if batchnorm else contextlib.nullcontext()
+
+    def ln_norm() -> torch.Tensor:
+        with as_eval():
+            return differentiable_path_norm(model, shape, q=1.0)
+
+    def path_sgd_update() -> None:
+        with as_eval():
+            path_sgd.step()
+
     def penalty() -> None:
         model.zero_grad()
-        differentiable_path_norm(model, shape, q=1.0).backward()
+        ln_norm().backward()
 
     def path_sgd_extra() -> None:
-        path_sgd.step()
+        path_sgd_update()
 
     def step() -> None:
         sgd.zero_grad()
@@ -66,37 +93,45 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
 
     def reg_step() -> None:
         sgd.zero_grad()
-        (ce(model(x), y) + 0.1 * differentiable_path_norm(model, shape, q=1.0)).backward()
+        (ce(model(x), y) + 0.1 * ln_norm()).backward()
         sgd.step()
 
     def path_sgd_step() -> None:
         path_sgd.zero_grad()
         ce(model(x), y).backward()
-        path_sgd.step()
+        path_sgd_update()
 
     fb1()  # grads exist for path_sgd_extra
-    penalty()  # trace once
-    times = interleaved_min({"fb1": fb1, "penalty": penalty, "path_sgd_extra": path_sgd_extra,
-                             "step": step, "reg_step": reg_step,
-                             "path_sgd_step": path_sgd_step}, repeats)
-    ratios = {"penalty/fb1": times["penalty"] / times["fb1"],
-              "path_sgd_extra/fb1": times["path_sgd_extra"] / times["fb1"],
-              "path_sgd_step/step": times["path_sgd_step"] / times["step"],
-              "reg_step/step": times["reg_step"] / times["step"]}
+    penalty()  # trace and record once
+    path_sgd_update()
+    times = round_robin({"fb1": fb1, "penalty": penalty, "path_sgd_extra": path_sgd_extra,
+                         "step": step, "reg_step": reg_step, "path_sgd_step": path_sgd_step},
+                        repeats, min_sample=0, clock=time.thread_time)
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+    ratios = {"penalty/fb1": ratio("penalty", "fb1"),
+              "path_sgd_extra/fb1": ratio("path_sgd_extra", "fb1"),
+              "path_sgd_step/step": ratio("path_sgd_step", "step"),
+              "reg_step/step": ratio("reg_step", "step")}
+    medians = {k: statistics.median(v) for k, v in times.items()}
     print(f"{name}: " + ", ".join(f"{k} = {v:.2f}" for k, v in ratios.items())
-          + f" (fb1 {1e3 * times['fb1']:.2f} ms, step {1e3 * times['step']:.2f} ms)")
-    return {"model": name, **{k: round(v * 1e3, 4) for k, v in times.items()},
+          + f" (fb1 {1e3 * medians['fb1']:.2f} ms, step {1e3 * medians['step']:.2f} ms)")
+    return {"model": name, **{k: round(v * 1e3, 4) for k, v in medians.items()},
             **{k: round(v, 3) for k, v in ratios.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--out", type=Path, default=None, help="CSV of times (ms) and ratios")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [measure(name, build, shape, args.repeats) for name, (build, shape) in CASES.items()]
-    print(f"load average {os.getloadavg()[0]:.2f}, one thread")
+    print(f"{machine_description()}, one thread, load {os.getloadavg()[0]:.2f}")
+    rows = [measure(name, *CASES[name], args.repeats) for name in args.models]
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
     if args.out is not None:
         import io
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import traceback
+import types
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +25,11 @@ from torch import nn
 import cpu_torchvision  # noqa: F401  (a spawned rank imports torchvision through Lightning)
 from pathlift.distributed import exit_process, launched
 from pathlift.models import mlp, resnet18, small_cnn
+
+# the ranks are new interpreters, without conftest.py's stand-in for torchvision's
+# compiled operators (lightning, which the tracker scenario imports, imports torchvision)
+sys.modules.setdefault("torchvision._meta_registrations",
+                       types.ModuleType("torchvision._meta_registrations"))
 
 SHAPE = (1, 8, 8)
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {}

@@ -2,6 +2,8 @@
 cycle between packages, no import from a layer into a higher one, and no function-local
 import of a pathlift module except those that buy start-up time (commented ``# start-up:``).
 
+Inside one package, no two modules import each other at module level through any chain.
+
 Every ``import`` statement of every module is read with ``ast``: module level, inside
 functions and under ``if TYPE_CHECKING`` alike, so a dependency cannot hide in a function.
 A "package" is a sub-package of pathlift (``graph``, ``jobs``...), a top-level module
@@ -9,7 +11,8 @@ A "package" is a sub-package of pathlift (``graph``, ``jobs``...), a top-level m
 from the page, its one home.
 
 Run as a script (``python tests/test_architecture.py [CHECKOUT]``) it prints the house: the
-package cycles, the upward imports and the function-local imports.
+package cycles, the module cycles inside a package, the upward imports and the
+function-local imports.
 """
 
 from __future__ import annotations
@@ -157,6 +160,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
+def module_graph(found: list[Import]) -> dict[str, set[str]]:
+    """Module -> the other modules of its package it imports at module level (``if
+    TYPE_CHECKING`` included: the cycle is there for a reader and a type checker)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for imp in found:
+        if not imp.local and imp.source != imp.target \
+                and package(imp.source) == package(imp.target):
+            graph[imp.source].add(imp.target)
+    return graph
+
+
 def upward(found: list[Import], order: dict[str, int]) -> list[Import]:
     """The imports from a package into a package of a higher layer."""
     return [imp for imp in found if order[package(imp.source)] < order[package(imp.target)]]
@@ -179,6 +193,10 @@ def test_no_import_cycle_between_packages():
     assert cycles(package_graph(imports(ROOT))) == []
 
 
+def test_no_module_level_import_cycle_inside_a_package():
+    assert cycles(module_graph(imports(ROOT))) == []
+
+
 def test_no_upward_import_between_layers():
     bad = upward(imports(ROOT), layers())
     assert not bad, "\n".join(f"{i.source}:{i.line} imports {i.target}" for i in bad)
@@ -191,10 +209,16 @@ def test_function_local_imports_of_pathlift_buy_start_up_time():
 
 
 def test_the_checks_see_a_cycle_an_upward_and_a_local_import():
-    """The checks can fail: a graph with a planted cycle, upward and local import."""
+    """The checks can fail: a graph with a planted cycle, upward and local import, and a
+    module-level cycle inside a package (a local import does not make one)."""
     planted = [Import("pathlift.lift.x", "pathlift.graph", 1, False, ""),
                Import("pathlift.graph.y", "pathlift.lift.x", 2, True, "")]
     assert cycles(package_graph(planted)) == [["graph", "lift"]]
+    inside = [Import("pathlift.jobs.a", "pathlift.jobs.b", 1, False, ""),
+              Import("pathlift.jobs.b", "pathlift.jobs.a", 3, False, ""),
+              Import("pathlift.jobs.c", "pathlift.jobs.a", 1, False, ""),
+              Import("pathlift.jobs.a", "pathlift.jobs.c", 9, True, "")]
+    assert cycles(module_graph(inside)) == [["pathlift.jobs.a", "pathlift.jobs.b"]]
     assert upward(planted, {"graph": 2, "lift": 4}) == [planted[1]]
     assert uncommented_local(planted) == [planted[1]]
 
@@ -207,6 +231,8 @@ def main(root: Path) -> None:
     order = defaultdict(lambda: order["jobs"], order)
     groups = cycles(package_graph(found))
     print(f"package cycles: {len(groups)} group(s) {groups}")
+    inside = cycles(module_graph(found))
+    print(f"module-level cycles inside a package: {len(inside)} group(s) {inside}")
     up = upward(found, order)
     print(f"upward imports: {len(up)}")
     for i in up:

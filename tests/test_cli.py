@@ -118,6 +118,7 @@ def _best_of_three(args: list[str]) -> tuple[float, subprocess.CompletedProcess]
     return min(times), done
 
 
+@pytest.mark.serial  # an absolute time: alone, not beside the parallel run
 @pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["norm", "--help"], 0),
                                             (["norm", "mlp", "--no-such-option"], 2)])
 def test_help_and_usage_errors_start_in_under_a_second(args, code):

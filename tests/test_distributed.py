@@ -33,6 +33,9 @@ from pathlift.models import mlp
 from pathlift.symmetry import random_rescale
 from pathlift.track import PathNormTracker
 
+# torchrun groups of its own: `make test` runs it alone, after the parallel run
+pytestmark = pytest.mark.serial
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc_per_node", "2"]
 PRUNE = ["prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1", "--amount", "0.8",

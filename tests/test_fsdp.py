@@ -10,6 +10,9 @@ import pytest
 
 from fsdp_worker import DEFAULT, spawn
 
+# its own 2- and 3-process groups: `make test` runs it alone, after the parallel run
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:

@@ -16,7 +16,7 @@ from torch.nn.utils import prune
 
 from nets import residual_cnn
 from pathlift.errors import UnsupportedModelError
-from pathlift.graph import copy_model
+from pathlift.graph import copy_model, eval_mode
 from pathlift.lift import average_case_path_norm, path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models import mlp, small_cnn
@@ -210,7 +210,8 @@ def test_the_cached_pass_follows_the_model_between_calls():
     """The graph and what the pass derives from it are kept from call to call; every value
     is still that of the model as it is now (against path_norm of a fresh deep copy): after
     an optimiser step, after a pruning mask added after the first call, on a rescaled copy,
-    and with a Dropout and BatchNorm left in training mode (flags untouched)."""
+    and with a Dropout and BatchNorm in training mode measured inside ``eval_mode`` (flags
+    restored)."""
     shape = (2, 4, 4)
     base = residual_cnn()
     assert differentiable_path_norm(random_rescale(base, input_shape=shape), shape).item() \
@@ -220,22 +221,26 @@ def test_the_cached_pass_follows_the_model_between_calls():
     def fresh_log10() -> float:
         return path_norm(copy_model(model).eval(), shape).log10
 
-    first = differentiable_path_norm(model, shape)
+    def penalty() -> torch.Tensor:
+        with eval_mode(model):
+            return differentiable_path_norm(model, shape)
+
+    first = penalty()
     assert first.item() / math.log(10) == pytest.approx(fresh_log10(), rel=1e-12)
     first.backward()
     with torch.no_grad():  # an SGD step, in place
         for p in model.parameters():
             p.sub_(0.1 * p.grad)
     model.zero_grad()
-    stepped = differentiable_path_norm(model, shape)
+    stepped = penalty()
     assert stepped.item() / math.log(10) == pytest.approx(fresh_log10(), rel=1e-12)
     assert abs(stepped.item() - first.item()) > 1e-3
     # Dropout in training mode never drops the pass's values: two calls agree exactly
-    assert differentiable_path_norm(model, shape).item() == stepped.item()
+    assert penalty().item() == stepped.item()
     assert model.training and model[0].bn.training and model[1].training
 
     prune.l1_unstructured(model[0].a, "weight", amount=0.5)
-    pruned = differentiable_path_norm(model, shape)
+    pruned = penalty()
     assert pruned.item() / math.log(10) == pytest.approx(fresh_log10(), rel=1e-12)
     pruned.backward()
     mask = model[0].a.weight_mask

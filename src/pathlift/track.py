@@ -24,9 +24,13 @@ from pathlift.bounds import (
 from pathlift.bounds.top1 import certified_top1
 from pathlift.distributed import World
 from pathlift.errors import InvalidParameterError
-from pathlift.graph import eval_mode, graph_of, unwrap
+from pathlift.graph import AbsPowInterpreter, LayerGraph, eval_mode, graph_of, unwrap
+from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import is_sharded
-from pathlift.lift import average_case_path_norm, path_norms
+from pathlift.lift import average_case_path_norm, path_norm
+from pathlift.lift.path_norm import LARGE_Q, mixed_norm_log
+from pathlift.lift.replay import replayed
+from pathlift.logspace import LN10
 from pathlift.prune.scores import magnitude_scores, path_magnitude_scores
 
 __all__ = ["PathNormTracker"]
@@ -38,7 +42,8 @@ class PathNormTracker:
     Each call returns one row (and appends ``{"step": step, **row}`` to ``history``):
 
     - ``path_norm_log10_q{q}``: log10 ||Phi(theta)||_q for each q of ``qs`` (thesis Thm
-      3.1.1, one |theta|^q pass each);
+      3.1.1, one |theta|^q pass each, recorded at the first call and replayed as plain
+      tensor code after: ``pathlift.lift.replay``);
     - ``bound_ce_log10`` (given ``n_train`` and ``sigma``): log10 of the bound on the
       expected cross-entropy gap, Thm 4.1.1 with the Rademacher bound of Thm 4.4.1 (sigma
       is ``pathlift.bounds.Sigma.peeling``) in the thesis' fixed-class form (r = the
@@ -132,9 +137,9 @@ class PathNormTracker:
         with eval_mode(model):
             graph = graph_of(model, self.input_shape)
             bound = self.n_train is not None and self.sigma is not None
-            norms = path_norms(graph, qs={*self.qs, *((1.0,) if bound else ())},
-                               dtype=self.dtype)
-            row = {f"path_norm_log10_q{q:g}": norms[q].log10 for q in self.qs}
+            norms = self._log10_norms(model, graph, {*self.qs, *((1.0,) if bound else ())},
+                                      sharded)
+            row = {f"path_norm_log10_q{q:g}": norms[q] for q in self.qs}
             if self.sparsity:
                 row["sparsity"] = magnitude_scores(graph).zero_fraction()
                 row["path_magnitude_sparsity"] = path_magnitude_scores(
@@ -146,8 +151,28 @@ class PathNormTracker:
                 if self.constants is None:
                     self.constants = architecture_constants(graph)
                 row["bound_ce_log10"] = cross_entropy_gap_log10(
-                    rademacher_peeling(self.constants, self.sigma, norms[1.0].log10), self.n_train)
+                    rademacher_peeling(self.constants, self.sigma, norms[1.0]), self.n_train)
             if self.train_data is not None:
                 row["bound_top1_log10"] = certified_top1(
                     model, self.input_shape, *self.train_data, form=self.top1_form).log10
         return row if world.main else None
+
+    def _log10_norms(self, model: nn.Module, graph: LayerGraph, qs: set[float],
+                     sharded: bool) -> dict[float, float]:
+        """log10 ||Phi||_q for each q (Thm 3.1.1): the |theta|^q passes for q in
+        (0, LARGE_Q] recorded at the first call and replayed (``pathlift.lift.replay``)
+        while they give finite numbers, else ``path_norm`` with its fallbacks and errors
+        (large q, underflow, NaN, sharded models)."""
+        fast = sorted(q for q in qs if q <= LARGE_Q) if not sharded else []
+        logs = dict(zip(fast, replayed(
+            model, self.input_shape, ("track", tuple(fast), self.dtype),
+            lambda g: [output_logs(AbsPowInterpreter(g, q, self.dtype).run_all_ones())
+                       for q in fast], graph_of), strict=True)) if fast else {}
+        found = {}
+        for q in qs:
+            log_o = logs.get(q)
+            if log_o is not None and bool(torch.isfinite(log_o).all()):
+                found[q] = mixed_norm_log(log_o, q, q)[0] / LN10
+            else:
+                found[q] = path_norm(graph, None, q, None, self.dtype).log10
+        return found

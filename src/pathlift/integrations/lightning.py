@@ -132,7 +132,10 @@ class PathNormRegularizer(Callback):
     Under DDP the data-free penalties add the same gradient on every rank (the weights
     are the same), so the ranks stay in step; the average-case penalty reads each rank's
     own batch and is refused there (InvalidParameterError). The penalty value is logged
-    as ``{prefix}penalty`` at each step.
+    as ``{prefix}penalty`` at each step. The network is penalised as in eval mode
+    (``pathlift.graph.eval_mode``: BatchNorm as its affine map with running statistics,
+    Def. 2.2.2), where the penalty alone refuses a module in training mode as
+    ``path_norm`` does.
 
     Example::
 
@@ -166,7 +169,9 @@ class PathNormRegularizer(Callback):
         if isinstance(self.penalty, AverageCasePenalty) and World.current().size > 1:
             raise InvalidParameterError("the average-case penalty reads each rank's batch; "
                                         "under DDP use a data-free penalty (l1, l2, l4, log-l1)")
-        value = self.penalty(self._net(pl_module), self._inputs)
+        net = self._net(pl_module)
+        with eval_mode(net):  # BatchNorm as its affine map, Dropout as the identity
+            value = self.penalty(net, self._inputs)
         (self.strength * value).backward()
         pl_module.log(self.prefix + "penalty", value.detach(), rank_zero_only=True)
 

@@ -14,7 +14,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol
 
 from pathlift.files import atomic_write
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from torch import Tensor
 
-    from pathlift.jobs.depth import DepthRun
     from pathlift.jobs.prune.protocol import ProtocolResult
 
 __all__ = ["accuracy_curves", "average_vs_worst", "bound_during_training", "bounds_vs_gap",
@@ -233,8 +232,18 @@ def pruning_experiment(result: ProtocolResult, path: Path, title: str,
     return save(fig, path)
 
 
+class Trajectory(Protocol):
+    """What ``depth_trajectories`` draws of a run (``pathlift.jobs.depth.DepthRun``, which
+    imports this module)."""
+
+    model: str
+    depth: int
+    seed: int
+    norm_path: Sequence[float]
+
+
 @_quiet
-def depth_trajectories(runs: Sequence[DepthRun], path: str | Path) -> Path:
+def depth_trajectories(runs: Sequence[Trajectory], path: str | Path) -> Path:
     """||L^beta W_k|| against k / L for each run (thesis Figs. 4.2-4.5), saved to ``path``."""
     fig = _figure(7, 4)
     ax = fig.add_subplot()

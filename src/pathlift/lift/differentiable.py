@@ -11,6 +11,12 @@ constants of the pass, so ln o_v = ln mantissa + scale is differentiable and exa
 beyond float64. With ``leaves=True`` the pass instead takes fresh leaves A = |W|^q (one
 per layer) and ``magnitude_gradients`` maps dM/dA back to the parameters.
 
+Both passes are recorded once per model, input shape and setting as plain tensor code
+and replayed at each training step without walking the graph (``pathlift.lift.replay``:
+a parameter replaced, pruned or parametrized, a dtype, device or sharding changed, a
+module swapped or flipped, or peaks that drift out of the recorded scales record them
+again; sharded (FSDP2) and FSDP1 models are walked at each call).
+
 This module is the only one of ``pathlift.train`` that talks to the graph engine.
 """
 
@@ -31,7 +37,8 @@ from pathlift.graph.abs_pow import AbsPowLayer, output_logs, output_sum
 from pathlift.graph.boundary import is_fsdp1
 from pathlift.graph.ops import Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
-from pathlift.lift.path_norm import COUNTING_Q, log_r_norm
+from pathlift.lift.path_norm import COUNTING_Q, check_finite, log_outputs, log_r_norm
+from pathlift.lift.replay import replayed
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
            "magnitude_gradients"]
@@ -115,17 +122,18 @@ def _layer_name(call: Call) -> str:
 
 
 def _graph(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None) -> LayerGraph:
-    """The traced graph (as in eval mode, no flag flipped once it is cached), refusing ops
-    whose own parameters the pass would read as constants (PReLU's slopes): their gradient
-    would silently be missing. The refusal depends on the graph alone: found once per
-    graph."""
+    """The traced graph, validated as ``path_norm`` validates it (a module computing
+    otherwise in training mode, BatchNorm or Dropout, is refused: measure inside
+    ``pathlift.graph.eval_mode``), refusing also ops whose own parameters the pass would
+    read as constants (PReLU's slopes): their gradient would silently be missing. The
+    refusal depends on the graph alone: found once per graph."""
     if isinstance(model, nn.Module) and is_fsdp1(model) and torch.is_grad_enabled():
         raise UnsupportedModelError(
             "a differentiable path-norm of a FullyShardedDataParallel (FSDP1) model would "
             "differentiate the views that summon_full_params frees when it ends; shard the "
             "model with torch.distributed.fsdp.fully_shard (FSDP2), whose penalty pathlift "
             "differentiates on every rank")
-    graph = graph_of(model, input_shape, as_eval=True)
+    graph = graph_of(model, input_shape)
     frozen = graph.derived.get(_FROZEN)
     if frozen is None:
         frozen = graph.derived[_FROZEN] = [
@@ -160,9 +168,10 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     parameters: one |theta|^q pass (thesis Thm 3.1.1) through autograd, in log space.
 
     Args:
-        model: a supported ReLU network (or its ``LayerGraph``), in train or eval mode:
-            it is measured as in eval mode (BatchNorm = its affine map with running
-            statistics, Def. 2.2.2), its flags restored.
+        model: a supported ReLU network (or its ``LayerGraph``), validated as
+            ``path_norm`` validates it: BatchNorm or Dropout in training mode is refused
+            (penalise inside ``with pathlift.graph.eval_mode(model):`` to measure BatchNorm
+            as its affine map with running statistics, Def. 2.2.2).
         input_shape: input size without the batch dimension.
         q: in [1, inf) (|w|^q is not differentiable at 0 for q < 1).
         r: the outer exponent in (0, inf]; None takes r = q (the plain ||Phi||_q).
@@ -175,8 +184,9 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
         plain number.
 
     Raises:
-        InvalidParameterError for q outside [1, inf) or r <= 0; UnsupportedModelError and
-        ShapeError as ``path_norm``.
+        InvalidParameterError for q outside [1, inf) or r <= 0; UnsupportedModelError
+        (layers holding NaN/inf, modules in training mode...) and ShapeError as
+        ``path_norm``; PrecisionError when the pass underflows the dtype.
 
     Example::
 
@@ -185,9 +195,30 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     """
     check_q(q, minimum=1.0, what=" for a differentiable path-norm")
     r = q if r is None else check_r(r)
-    graph = _graph(model, input_shape)
-    walker = ShardedLivePass if is_sharded_graph(graph) else LivePass
-    return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
+
+    def record(graph: LayerGraph) -> Tensor:
+        walker = ShardedLivePass if is_sharded_graph(graph) else LivePass
+        return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
+
+    ln = replayed(model, input_shape, ("norm", q, r, dtype), record, _graph)
+    if not math.isfinite(float(ln.detach())):
+        _refuse_non_finite(_graph(model, input_shape), float(ln.detach()), q, dtype)
+    return ln if torch.is_grad_enabled() else ln.detach()
+
+
+def _refuse_non_finite(graph: LayerGraph, ln: float, q: float, dtype: torch.dtype | None
+                       ) -> None:
+    """What ``path_norm`` says of a pass that came out NaN or inf (the layers holding
+    NaN/inf, else a PrecisionError); for -inf, nothing when the network has no non-zero
+    path (its norm is 0), else a PrecisionError: the pass underflowed where
+    ``path_norm``'s normalised pass (Alg. 3.2.1) does not."""
+    if ln != -math.inf:
+        check_finite(graph, torch.tensor([ln]), f"ln ||Phi||_q at q = {q:g}")
+    if bool((log_outputs(graph, q, dtype or graph.dtype) > -math.inf).any()):
+        raise PrecisionError(
+            f"the differentiable ||Phi||_q at q = {q:g} underflows "
+            f"{dtype or graph.dtype} (the network's paths span more than its range); "
+            "use dtype=torch.float64, or normalise the network first")
 
 
 @dataclass(frozen=True)
@@ -221,12 +252,19 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     and every other parameter keeps its gamma (the path-norm budget reads the output
     layer's at q = 1).
     """
-    graph = _graph(model, input_shape)
-    if is_sharded_graph(graph):
-        raise UnsupportedModelError(
-            "magnitude gradients (Path-SGD scales) of a sharded (FSDP2) model are not "
-            "implemented; differentiable_path_norm and path_magnitude_scores are")
-    tape, found, top = _leaf_gradients(graph, q, dtype or graph.dtype)
+    def record(graph: LayerGraph) -> _LeafPass:
+        if is_sharded_graph(graph):
+            raise UnsupportedModelError(
+                "magnitude gradients (Path-SGD scales) of a sharded (FSDP2) model are not "
+                "implemented; differentiable_path_norm and path_magnitude_scores are")
+        return _leaf_pass(graph, q, dtype or graph.dtype)
+
+    with torch.enable_grad():
+        graph, tape, total, top, leaves, stored = replayed(
+            model, input_shape, ("gamma", q, dtype), record, _graph)
+    if not math.isfinite(float(total.detach())):
+        _refuse_non_finite(graph, float(total.detach()), q, dtype)
+    found = _gradients(total, leaves)
     # the leaves are |W/u|^q: d/d|W|^q = u^-q d/d|W/u|^q, brought to one scale
     shifts = {name: tuple(-q * math.log(u) for u in units)
               for name, units in tape.layer_units.items()}
@@ -240,26 +278,40 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
                        "magnitude gradients")
     scales: dict[nn.Parameter, Tensor] = {}
     for name, (g_w, g_b) in found.items():
-        module = graph.module.get_submodule(name)
+        module, params = stored[name]
         for pname, gamma in tape.handlers[name].magnitude_gradients(module, g_w, g_b, q):
-            p = _stored_parameter(module, pname)
+            p = params.get(pname)
             if p is not None and gamma is not None:
                 scales[p] = gamma.detach()
     return MagnitudeGradients(q, scales, top + shift)
 
 
-def _leaf_gradients(graph: LayerGraph, q: float, dtype: torch.dtype
-                    ) -> tuple[LivePass, dict[str, tuple[Tensor, Tensor | None]], float]:
-    """The pass with leaves, and for each layer d(sum_v o_v)/d|W/u|^q and d/d|b/v|^q, as
-    mantissas of the natural-log scale returned last."""
-    tape = LivePass(graph, q, dtype, leaves=True)
-    with torch.enable_grad():
-        total, top = output_sum(tape.run_all_ones())
-        flat = [t for pair in tape.leaves.values() for t in pair if t is not None]
-        grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
-                         strict=True))
-    return tape, {name: (_grad(grads, w), None if b is None else _grad(grads, b))
-                  for name, (w, b) in tape.leaves.items()}, top
+# The graph, the pass with leaves, sum_v o_v as (mantissa, natural-log scale), the leaves,
+# and per layer its module and the nn.Parameter holding its "weight" and "bias"
+_LeafPass = tuple[LayerGraph, LivePass, Tensor, float, dict[str, tuple[Tensor, Tensor | None]],
+                  dict[str, tuple[nn.Module, dict[str, nn.Parameter]]]]
+
+
+def _leaf_pass(graph: LayerGraph, q: float, dtype: torch.dtype) -> _LeafPass:
+    """The |theta|^q pass whose leaves are A = |W/u|^q, one pair a layer (``LivePass``)."""
+    walker = LivePass(graph, q, dtype, leaves=True)
+    total, top = output_sum(walker.run_all_ones())
+    stored = {}
+    for name in walker.leaves:
+        module = graph.module.get_submodule(name)
+        stored[name] = module, {k: p for k in ("weight", "bias")
+                                if (p := _stored_parameter(module, k)) is not None}
+    return graph, walker, total, top, dict(walker.leaves), stored
+
+
+def _gradients(total: Tensor, leaves: dict[str, tuple[Tensor, Tensor | None]]
+               ) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """For each layer d(sum_v o_v)/d|W/u|^q and d/d|b/v|^q (mantissas, as ``total``)."""
+    flat = [t for pair in leaves.values() for t in pair if t is not None]
+    grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
+                     strict=True))
+    return {name: (_grad(grads, w), None if b is None else _grad(grads, b))
+            for name, (w, b) in leaves.items()}
 
 
 def refuse_flushed(graph: LayerGraph,
@@ -277,7 +329,9 @@ def refuse_flushed(graph: LayerGraph,
                    for v, p in pairs] for name, pairs in found.items()}
     if not any(bool(z.any()) for pairs in zero.values() for z in pairs if z is not None):
         return
-    live = _leaf_gradients(graph, COUNTING_Q, torch.float64)[1]
+    with torch.enable_grad():
+        _, _, total, _, leaves, _ = _leaf_pass(graph, COUNTING_Q, torch.float64)
+        live = _gradients(total, leaves)
     for name, pairs in zero.items():
         if name in live and any(z is not None and g is not None and bool((z & (g > 0)).any())
                                 for z, g in zip(pairs, live[name], strict=True)):

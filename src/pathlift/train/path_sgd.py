@@ -93,7 +93,8 @@ class PathSGD(torch.optim.Optimizer):
                 loss = closure()
         gammas = magnitude_gradients(self.model, self.input_shape, 2.0, self.dtype)
         half = math.exp(-gammas.log_scale / 2)  # twice: e^-s may overflow, the steps not
-        directions = {}
+        gain = half * half if 0 < half * half < math.inf else None  # folded into lr if any
+        directions, folded = {}, {}
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -103,25 +104,33 @@ class PathSGD(torch.optim.Optimizer):
                     raise InvalidParameterError(
                         f"a parameter of shape {tuple(p.shape)} is not a weight or bias of "
                         "the traced network; Path-SGD scales only those")
-                grad = p.grad.to(gamma.dtype)
-                direction = torch.where(gamma > 0, grad / gamma, torch.zeros_like(grad))
-                directions[p] = direction.mul_(half).mul_(half)
+                direction = torch.where(gamma > 0, p.grad.to(gamma.dtype) / gamma, 0.0)
+                if gain is None:
+                    direction.mul_(half).mul_(half)
+                elif group["momentum"]:  # the buffer sums true directions
+                    direction.mul_(gain)
+                folded[p] = gain if gain is not None and not group["momentum"] else 1.0
+                directions[p] = direction
         if self.sgd_ratio is None:
-            self._calibrate(directions)
+            self._calibrate({p: d * folded[p] for p, d in directions.items()})
         for group in self.param_groups:
             lr = group["lr"] / (self.sgd_ratio if self.match_sgd else 1.0)
-            for p in group["params"]:
-                if p not in directions:
-                    continue
-                direction = directions[p]
-                if group["momentum"]:
+            params = [p for p in group["params"] if p in directions]
+            steps = [directions[p] for p in params]
+            scale = -lr * (gain if gain is not None and not group["momentum"] else 1.0)
+            if group["momentum"]:
+                for i, p in enumerate(params):
                     buf = self.state[p].get("momentum_buffer")
                     if buf is None:
-                        buf = self.state[p]["momentum_buffer"] = direction.clone()
+                        buf = self.state[p]["momentum_buffer"] = steps[i].clone()
                     else:
-                        buf.mul_(group["momentum"]).add_(direction)
-                    direction = buf
-                p.add_(direction.to(p.dtype), alpha=-lr)
+                        buf.mul_(group["momentum"]).add_(steps[i])
+                    steps[i] = buf
+            if params and all(p.dtype == d.dtype for p, d in zip(params, steps, strict=True)):
+                torch._foreach_add_(params, steps, alpha=scale)
+            else:
+                for p, d in zip(params, steps, strict=True):
+                    p.add_(d.to(p.dtype), alpha=scale)
         return loss
 
     def _calibrate(self, directions: dict[nn.Parameter, torch.Tensor]) -> None:

@@ -1,0 +1,128 @@
+"""The training step's passes recorded once and replayed: per model, input shape and
+setting, a ``Tape`` of the pass (``pathlift.lift.tape``) and a ``Watch`` of the model.
+
+A call replays the tape while the watch sees the model as it was recorded: the same
+modules (class, train/eval flag, hooks, instance-level forward, children, plain
+attributes such as stride or eps) and the same tensors (each parameter the same object
+with the same dtype, device and shape; each buffer the same dtype, device and shape).
+That is what ``pathlift.graph.boundary.structure_key`` keys traced graphs on, compared in
+place rather than rebuilt: a replaced, pruned (torch.nn.utils.prune) or parametrized
+parameter, a ``.to(...)``, FSDP2 sharding, a swapped module or a train/eval flip each
+record the pass again. Sharded (FSDP2) and FSDP1 models are walked at every call.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from pathlift.graph import LayerGraph, unwrap
+from pathlift.graph.boundary import is_fsdp1
+from pathlift.graph.sharded import is_sharded_graph
+from pathlift.lift.tape import Tape
+
+__all__ = ["Watch", "replayed"]
+
+T = TypeVar("T")
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _plain(value: object) -> bool:
+    """A configuration value compared by ``==`` without reading tensors."""
+    if type(value) is tuple:
+        return all(_plain(v) for v in value)
+    return isinstance(value, _SCALARS)
+
+
+class Watch:
+    """The parts of a model a traced graph depends on, as they were (see the module); the
+    modules held weakly (the cache of tapes is weak in the model)."""
+
+    def __init__(self, model: nn.Module):
+        self.modules = []
+        for m in model.modules():
+            state = vars(m)
+            attrs = tuple(k for k, v in state.items()
+                          if k[0] != "_" and k != "training" and _plain(v))
+            self.modules.append((
+                weakref.ref(m), type(m), m.training, tuple(m._forward_hooks),
+                tuple(m._forward_pre_hooks), id(state.get("forward")), tuple(m._modules.values()),
+                tuple(m._parameters.values()), tuple(m._buffers), attrs,
+                [state[k] for k in attrs]))
+        # parameters are the same objects (checked above), buffers are read where they are
+        self.tensors = [(table, key, t.dtype, t.device, t.shape) for m in model.modules()
+                        for table in (m._parameters, m._buffers)
+                        for key, t in table.items() if t is not None]
+
+    def unchanged(self) -> bool:
+        """Whether every module and tensor is as it was recorded."""
+        for (ref, cls, training, hooks, pre_hooks, forward, children, params, buffers, attrs,
+             values) in self.modules:
+            m = ref()
+            if m is None:
+                return False
+            state = vars(m)
+            if type(m) is not cls or m.training is not training \
+                    or id(state.get("forward")) != forward \
+                    or tuple(m._forward_hooks) != hooks \
+                    or tuple(m._forward_pre_hooks) != pre_hooks \
+                    or not _same(m._modules.values(), children) \
+                    or not _same(m._parameters.values(), params) \
+                    or tuple(m._buffers) != buffers \
+                    or [state.get(k, _MISSING) for k in attrs] != values:
+                return False
+        for table, key, dtype, device, shape in self.tensors:
+            t = table[key]
+            if t is None or t.dtype != dtype or t.device != device or t.shape != shape:
+                return False
+        return True
+
+
+def _same(now: Any, was: tuple) -> bool:
+    """The same objects, in order."""
+    return len(now) == len(was) and all(map(operator.is_, now, was))
+
+
+_MISSING = object()
+
+# Per model: (what, input shape) -> (the model's watch, its tape or None: walk each time)
+_PLANS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[Watch, Tape | None]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, what: tuple,
+             run: Callable[[LayerGraph], T],
+             graph_of: Callable[[Any, Sequence[int] | None], LayerGraph]) -> T:
+    """``run(graph_of(model, input_shape))``: a pass of the graph, recorded at the first
+    call for ``model``, ``input_shape`` and ``what`` and replayed while the model's
+    ``Watch`` holds and the tape's scales fit (recorded again else). Recorded in autograd
+    whatever the caller's mode (a pass under ``no_grad`` writes into shared buffers),
+    replayed in the caller's. A ``LayerGraph``, an unknown shape, FSDP1 and sharded
+    models are walked at each call."""
+    if isinstance(model, LayerGraph) or input_shape is None:
+        graph = graph_of(model, input_shape)
+        with torch.enable_grad():
+            return run(graph)
+    net = unwrap(model)
+    plans = _PLANS.setdefault(net, {})
+    where = (*what, tuple(input_shape))
+    known = plans.get(where)
+    if known is not None and known[0].unchanged() and known[1] is not None:
+        out = known[1].replay()
+        if out is not None:
+            return out
+    graph = graph_of(model, input_shape)
+    watch = Watch(net)
+    with torch.enable_grad():
+        if is_fsdp1(model) or is_sharded_graph(graph):
+            plans[where] = (watch, None)
+            return run(graph)
+        out, tape = Tape.record(lambda: run(graph), net)
+    plans[where] = (watch, tape)
+    return out
