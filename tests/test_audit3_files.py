@@ -503,3 +503,36 @@ def test_sigterm_during_prune_experiment_exits_143_removing_only_its_files(tmp_p
     assert {p.relative_to(out).as_posix() for p in out.rglob("*")} == \
         {"NOTES.txt", "data", "data/x.bin", "report.md"}
     assert all(path.read_bytes() == data for path, data in user.items())
+
+
+@pytest.mark.parametrize(("command", "name"), [
+    (["kron-bench", "--threads", "1"], "kron_cpu_float32_t1.png"),
+    (["kron-design", "16", "16"], "candidates.csv"),
+    (["frontier"], "frontier.md"),
+], ids=["kron-bench", "kron-design", "frontier"])
+def test_an_output_file_that_is_a_link_is_refused_before_any_work(tmp_path, command, name):
+    """As in prune's run folders: no output file is written through a symbolic link."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    victim.write_bytes(b"someone else's file")
+    (out / name).symlink_to(victim)
+    start = time.monotonic()
+    result = invoke(*command, "--out", str(out))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert str(out / name) in lines[0] and "symbolic link" in lines[0]
+    assert time.monotonic() - start < 20  # refused before the timings or the runs
+    assert victim.read_bytes() == b"someone else's file" and (out / name).is_symlink()
+    assert [p.name for p in out.iterdir()] == [name]
+
+
+def test_refuse_link_raises_the_callers_error_and_passes_real_files(tmp_path):
+    from pathlift.files import FileSystemError, refuse_link, refuse_links
+
+    (tmp_path / "real.csv").write_text("a\n")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "real.csv")
+    refuse_links(tmp_path, ["real.csv", "missing.csv"])  # no link: nothing raised
+    with pytest.raises(FileSystemError, match=r"link\.csv' is a symbolic link"):
+        refuse_links(tmp_path, ["real.csv", "link.csv"])
+    with pytest.raises(ResultsFileError, match="symbolic link"):
+        refuse_link(tmp_path / "link.csv", ResultsFileError)
