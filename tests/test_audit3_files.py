@@ -536,3 +536,39 @@ def test_refuse_link_raises_the_callers_error_and_passes_real_files(tmp_path):
         refuse_links(tmp_path, ["real.csv", "link.csv"])
     with pytest.raises(ResultsFileError, match="symbolic link"):
         refuse_link(tmp_path / "link.csv", ResultsFileError)
+
+
+def _failing_report(error: BaseException, write: str | None = None):
+    """A ``run_report`` that fails with ``error``, after writing ``write`` into its folder."""
+    def run_report(out_dir, *args, **kwargs):
+        if write is not None:
+            (Path(out_dir) / write).write_text("written before the failure\n")
+        raise error
+    return run_report
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    (KeyboardInterrupt(), 130), (ResultsFileError("a refusal"), 2)], ids=["Ctrl-C", "refused"])
+def test_a_failed_report_leaves_no_empty_default_folder(tmp_path, monkeypatch, error, status):
+    import pathlift.jobs.report as report_job
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(report_job, "run_report", _failing_report(error))
+    result = invoke("report", "--model", "mlp", "--input-shape", "64")
+    assert result.exit_code == status, result.output
+    assert list((tmp_path / "runs").iterdir()) == []  # runs/report-TIME removed
+    # a folder the user named stays, and so does a default one holding anything
+    (tmp_path / "mine").mkdir()
+    result = invoke("report", "--model", "mlp", "--input-shape", "64", "--out", "mine")
+    assert result.exit_code == status and (tmp_path / "mine").is_dir(), result.output
+    monkeypatch.setattr(report_job, "run_report", _failing_report(error, "notes.txt"))
+    assert invoke("report", "--model", "mlp", "--input-shape", "64").exit_code == status
+    (kept,) = (tmp_path / "runs").iterdir()
+    assert kept.name.startswith("report-") and [p.name for p in kept.iterdir()] == ["notes.txt"]
+
+
+def test_a_real_report_that_fails_leaves_no_empty_default_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("report", "--model", "missing.py:build", "--input-shape", "64")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert list((tmp_path / "runs").iterdir()) == []
