@@ -503,3 +503,72 @@ def test_sigterm_during_prune_experiment_exits_143_removing_only_its_files(tmp_p
     assert {p.relative_to(out).as_posix() for p in out.rglob("*")} == \
         {"NOTES.txt", "data", "data/x.bin", "report.md"}
     assert all(path.read_bytes() == data for path, data in user.items())
+
+
+@pytest.mark.parametrize(("command", "name"), [
+    (["kron-bench", "--threads", "1"], "kron_cpu_float32_t1.png"),
+    (["kron-design", "16", "16"], "candidates.csv"),
+    (["frontier"], "frontier.md"),
+], ids=["kron-bench", "kron-design", "frontier"])
+def test_an_output_file_that_is_a_link_is_refused_before_any_work(tmp_path, command, name):
+    """As in prune's run folders: no output file is written through a symbolic link."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    victim.write_bytes(b"someone else's file")
+    (out / name).symlink_to(victim)
+    start = time.monotonic()
+    result = invoke(*command, "--out", str(out))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert str(out / name) in lines[0] and "symbolic link" in lines[0]
+    assert time.monotonic() - start < 20  # refused before the timings or the runs
+    assert victim.read_bytes() == b"someone else's file" and (out / name).is_symlink()
+    assert [p.name for p in out.iterdir()] == [name]
+
+
+def test_refuse_link_raises_the_callers_error_and_passes_real_files(tmp_path):
+    from pathlift.files import FileSystemError, refuse_link, refuse_links
+
+    (tmp_path / "real.csv").write_text("a\n")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "real.csv")
+    refuse_links(tmp_path, ["real.csv", "missing.csv"])  # no link: nothing raised
+    with pytest.raises(FileSystemError, match=r"link\.csv' is a symbolic link"):
+        refuse_links(tmp_path, ["real.csv", "link.csv"])
+    with pytest.raises(ResultsFileError, match="symbolic link"):
+        refuse_link(tmp_path / "link.csv", ResultsFileError)
+
+
+def _failing_report(error: BaseException, write: str | None = None):
+    """A ``run_report`` that fails with ``error``, after writing ``write`` into its folder."""
+    def run_report(out_dir, *args, **kwargs):
+        if write is not None:
+            (Path(out_dir) / write).write_text("written before the failure\n")
+        raise error
+    return run_report
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    (KeyboardInterrupt(), 130), (ResultsFileError("a refusal"), 2)], ids=["Ctrl-C", "refused"])
+def test_a_failed_report_leaves_no_empty_default_folder(tmp_path, monkeypatch, error, status):
+    import pathlift.jobs.report as report_job
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(report_job, "run_report", _failing_report(error))
+    result = invoke("report", "--model", "mlp", "--input-shape", "64")
+    assert result.exit_code == status, result.output
+    assert list((tmp_path / "runs").iterdir()) == []  # runs/report-TIME removed
+    # a folder the user named stays, and so does a default one holding anything
+    (tmp_path / "mine").mkdir()
+    result = invoke("report", "--model", "mlp", "--input-shape", "64", "--out", "mine")
+    assert result.exit_code == status and (tmp_path / "mine").is_dir(), result.output
+    monkeypatch.setattr(report_job, "run_report", _failing_report(error, "notes.txt"))
+    assert invoke("report", "--model", "mlp", "--input-shape", "64").exit_code == status
+    (kept,) = (tmp_path / "runs").iterdir()
+    assert kept.name.startswith("report-") and [p.name for p in kept.iterdir()] == ["notes.txt"]
+
+
+def test_a_real_report_that_fails_leaves_no_empty_default_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("report", "--model", "missing.py:build", "--input-shape", "64")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert list((tmp_path / "runs").iterdir()) == []

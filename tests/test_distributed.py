@@ -43,8 +43,11 @@ PRUNE = ["prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1", "--a
 
 
 def _launch(args: list[str], cwd: Path, timeout: float = 300) -> tuple[int, str]:
-    """Run a command in its own session; on a timeout kill it with its children."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    """Run a command in its own session; on a timeout kill it with its children. The
+    processes import the pathlift under test (a relative PYTHONPATH made absolute)."""
+    path = os.pathsep.join(str(Path(p).resolve()) for p in
+                           os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -243,3 +246,39 @@ def test_ddp_runs_end_without_an_abort_forty_times(tmp_path: Path) -> None:
     for i in range(40):
         (tmp_path / str(i)).mkdir()
         assert _run_ddp_then_exit(tmp_path / str(i)) == [3, 4], f"run {i}"
+
+
+KILLED = """
+import os, signal, time
+from pathlift.models import mlp
+
+def build():
+    if os.environ["RANK"] == "1":
+        time.sleep(SLEEP_1)
+        os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer or `kill -9`
+    time.sleep(SLEEP_0)
+    return mlp()
+"""
+
+
+@pytest.mark.parametrize(("sleeps", "said"), [
+    ((3, 0), "rank 0: lost the connection to rank 1 ("),  # rank 0 waits in a collective
+    ((1, 30), "rank 0: stopped by SIGTERM, which torchrun sends"),  # rank 0 works alone
+], ids=["in-a-collective", "working-alone"])
+def test_a_killed_rank_ends_the_survivor_in_one_line(tmp_path: Path, sleeps, said) -> None:
+    (tmp_path / "killed.py").write_text(
+        KILLED.replace("SLEEP_1", str(sleeps[0])).replace("SLEEP_0", str(sleeps[1])))
+    logs = tmp_path / "logs"
+    start = time.monotonic()
+    rc, log = _launch([*TORCHRUN[:3], "--log-dir", str(logs), "--redirects", "3",
+                       *TORCHRUN[3:], "-m", "pathlift.cli", "--timeout", "60", "prune",
+                       "--model", "killed.py:build", "--epochs", "2", "--rewind-epoch", "1",
+                       "--amount", "0.8", "--seeds", "1", "--out", str(tmp_path / "out")],
+                      tmp_path)
+    assert rc == 1 and time.monotonic() - start < 60, log  # torchrun's own status
+    # torchrun's summary: rank 1 killed, rank 0 ended by pathlift with status 2
+    assert "ChildFailedError" in log and "exitcode  : -9" in log, log
+    assert "exitcode  : 2 " in log, log
+    (stderr,) = [p for p in logs.rglob("stderr.log") if p.parent.name == "0"]
+    lines = stderr.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {said}"), lines

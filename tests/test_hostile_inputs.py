@@ -795,8 +795,10 @@ def test_the_surviving_rank_of_a_dead_rank_0_is_one_line(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    here = os.pathsep.join(str(Path(p).resolve()) for p in  # the pathlift under test
+                           os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": here}
     rank0 = subprocess.Popen([sys.executable, "dying.py"], cwd=tmp_path,
                              env={**env, "RANK": "0", "LOCAL_RANK": "0"})
     try:
@@ -810,7 +812,7 @@ def test_the_surviving_rank_of_a_dead_rank_0_is_one_line(tmp_path):
         rank0.wait(timeout=60)
     lines = rank1.stderr.strip().splitlines()
     assert rank1.returncode == 2 and len(lines) == 1, rank1.stderr
-    assert lines[0].startswith("Error: rank 1: lost the connection to another rank")
+    assert lines[0].startswith("Error: rank 1: lost the connection to rank 0 (")
 
 
 def test_an_unexpected_exception_is_one_line_saying_it_is_a_bug(monkeypatch):

@@ -24,6 +24,7 @@ from pathlift.cli_support import (
     INTERRUPTED,
     USAGE_EXIT,
     default_out,
+    output_folder,
     printable,
     run,
     version_callback,
@@ -322,9 +323,10 @@ def report(
     """Bounds, path-norms, margins, average case, pruning: writes OUT/report.md, .html, .json."""
     from pathlift.jobs.report import run_report
 
-    result = run_report(out or default_out("report"), model, input_shape, data, epochs, seed,
-                        weights=weights, test_fraction=test_fraction, normalize=normalize,
-                        batch_size=batch_size, outputs=output, overwrite=overwrite)
+    with output_folder(out, "report") as folder:  # created now: removed if left empty
+        result = run_report(folder, model, input_shape, data, epochs, seed, weights=weights,
+                            test_fraction=test_fraction, normalize=normalize,
+                            batch_size=batch_size, outputs=output, overwrite=overwrite)
     for note in result.report.notes:
         console.print(f"note: {note}")
     rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]

@@ -39,8 +39,8 @@ from pathlift.errors import PathliftError
 # stack of C++ frames before the command's own one-line error); errors still show
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-__all__ = ["INTERRUPTED", "USAGE_EXIT", "default_out", "one_line", "printable", "run",
-           "spread_list_values", "version_callback", "working"]
+__all__ = ["INTERRUPTED", "USAGE_EXIT", "default_out", "one_line", "output_folder", "printable",
+           "run", "spread_list_values", "version_callback", "working"]
 
 #: Exceptions that are the user's doing: one line and exit status 2 unless --debug.
 USER_ERRORS = (PathliftError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
@@ -309,6 +309,24 @@ def default_out(command: str) -> Path:
             path = stem.with_name(f"{stem.name}-{n}")
             continue
         return path
+
+
+@contextmanager
+def output_folder(out: str | None, command: str) -> Iterator[Path]:
+    """``out``, else a new ``default_out(command)`` folder that is removed again when the
+    block fails or is interrupted and the folder is still empty, so that a failed run
+    leaves no empty ``runs/COMMAND-TIMESTAMP`` behind. A folder the user named, and one
+    holding anything, is never removed."""
+    if out is not None:
+        yield Path(out)
+        return
+    path = default_out(command)
+    try:
+        yield path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.rmdir()  # fails, and so removes nothing, unless the folder is empty
+        raise
 
 
 @contextmanager

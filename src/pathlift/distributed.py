@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import signal
 import struct
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -228,12 +230,15 @@ def launched(backend: str | None = None,
         raise
     global _launched_here
     _launched_here = True
+    previous = _stop_on_sigterm()
     try:
         yield World.current()
     except RuntimeError as err:
         _raise_lost(err, wait)
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         dist.destroy_process_group()
 
 
@@ -298,6 +303,33 @@ _LOST = ("connection reset", "connection closed", "broken pipe", "connection ref
          "socket closed", "end of file")
 
 
+def _stop_on_sigterm() -> Any:
+    """Make SIGTERM raise a one-line ``DistributedError`` in this rank (the main thread
+    only), and return the handler it replaces (None: not the main thread, nothing set).
+
+    torchrun sends SIGTERM to every surviving rank as soon as one rank's process ends
+    with an error or a signal; by default the survivors then die without a word, and
+    only the launcher's ChildFailedError summary is left."""
+    if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
+        return None
+    rank = os.environ.get("RANK", "?")
+
+    def stopped(signum: int, frame: object) -> NoReturn:
+        raise DistributedError(
+            f"rank {rank}: stopped by SIGTERM, which torchrun sends to every rank once one "
+            "rank has failed or was killed (its 'Root Cause' below names that rank), or "
+            "someone ended the run")
+
+    return signal.signal(signal.SIGTERM, stopped)
+
+
+def _lost_peer(rank: str) -> str:
+    """The rank whose connection ``rank`` lost: named when there are two ranks."""
+    if os.environ.get("WORLD_SIZE") == "2" and rank in ("0", "1"):
+        return f"rank {1 - int(rank)}"
+    return "another rank"
+
+
 def _raise_lost(err: RuntimeError, wait: timedelta) -> None:
     """Raise a one-line ``DistributedError`` if ``err`` is a collective or rendezvous that
     timed out, or lost its connection to another rank (gloo raises a plain RuntimeError,
@@ -307,8 +339,9 @@ def _raise_lost(err: RuntimeError, wait: timedelta) -> None:
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if any(marker in text for marker in _LOST):
         raise DistributedError(
-            f"rank {rank}: lost the connection to another rank ({first[:160]}); that rank "
-            "ended or was killed, and its own output says why") from err
+            f"rank {rank}: lost the connection to {_lost_peer(rank)} ({first[:160]}); that "
+            "rank ended or was killed, and its own output (or torchrun's 'Root Cause' "
+            "below) says why") from err
     if "timed out" not in text:
         return
     raise DistributedError(

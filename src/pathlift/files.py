@@ -279,6 +279,26 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+def refuse_link(path: str | os.PathLike[str],
+                error: Callable[[str], Exception] | None = None) -> None:
+    """Refuse, in one line naming it, a file or sub-folder of an output folder that is a
+    symbolic link: pathlift would read or write what it points to, elsewhere. ``error``
+    makes the exception from the message (default ``FileSystemError``, ``ELOOP``)."""
+    if not Path(path).is_symlink():
+        return
+    message = (f"'{os.fspath(path)}' is a symbolic link: pathlift does not follow links "
+               "inside an output or run folder (it would write elsewhere); replace it by "
+               "the real file or folder, or choose another output folder")
+    raise FileSystemError(errno.ELOOP, message) if error is None else error(message)
+
+
+def refuse_links(folder: str | os.PathLike[str], names: Iterable[str]) -> None:
+    """``refuse_link`` for each of the files ``names`` a command will write in ``folder``,
+    before any of them is written."""
+    for name in names:
+        refuse_link(Path(folder) / name)
+
+
 class OutputExistsError(InvalidParameterError):
     """An output folder already holds a file a command would replace (``refuse_replacing``)."""
 

@@ -40,7 +40,7 @@ from pathlift.data.embedded import Split
 from pathlift.data.mnist1d import load_mnist1d
 from pathlift.distributed import World, launched
 from pathlift.errors import InvalidParameterError
-from pathlift.files import atomic_write, os_errors, read_safetensors, write_text
+from pathlift.files import atomic_write, os_errors, read_safetensors, refuse_links, write_text
 from pathlift.jobs.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
 from pathlift.jobs.prune.results import RunFolder
 from pathlift.models import mlp, small_cnn
@@ -459,12 +459,17 @@ def run_frontier(config: FrontierConfig = FrontierConfig(),
 
 # --------------------------------------------------------------------------------- output
 
+#: the files ``write_frontier`` writes in its folder
+FRONTIER_FILES = ("frontier.csv", "frontier_table.csv", "frontier.png", "frontier.md")
+
+
 def write_frontier(result: FrontierResult, out: str | Path) -> list[Path]:
     """frontier.csv (every point, with the validity gap log10(valid / fixed-class bound)),
     frontier_table.csv (the per-method table), frontier.png (test accuracy against both
     certificates, one column per dataset and model) and frontier.md (the table and the
     best points); the paths written."""
     out = Path(out)
+    refuse_links(out, FRONTIER_FILES)
     points = [asdict(p) | {"validity_gap_log10": p.validity_gap_log10} for p in result.points]
     paths = [write_text(out / "frontier.csv", _csv(points)),
              write_text(out / "frontier_table.csv", _csv(result.table())),
@@ -496,7 +501,10 @@ def frontier_experiment(config: FrontierConfig, out: str | Path | Callable[[], P
                         ) -> FrontierRun:
     """``run_frontier`` under ``launched()`` (all of torchrun's processes, else this one),
     then, on the main process, ``write_frontier`` into ``out`` (a folder, or a callable
-    returning one, called once the runs are done). ``pathlift frontier`` in one call."""
+    returning one, called once the runs are done). ``pathlift frontier`` in one call.
+    A link among its files in a given folder is refused before the runs."""
+    if not callable(out):
+        refuse_links(out, FRONTIER_FILES)
     with launched() as world:
         result = run_frontier(config, on_progress)
         if not world.main:

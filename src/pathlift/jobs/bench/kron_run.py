@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from pathlift.errors import InvalidParameterError, check_count
+from pathlift.files import refuse_links
 from pathlift.jobs.bench.kron import (
     CPU_MAX_DENSE,
     GridSummary,
@@ -146,6 +147,10 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
     batch = batch or thesis_batch(dev)
     algs = tuple(algorithms or ALGORITHMS)
     folder = Path(out() if callable(out) else out)
+    dev_dtype = f"kron_{dev.type}_{dtype}"
+    refuse_links(folder, [f"{dev_dtype}_t{count}{end}"
+                          for count in threads or [torch.get_num_threads()]
+                          for end in (".csv", ".png", "_vit.csv")])
     steady = steady_allocator()
     scope = " (full grid)" if full else f", M*N <= {max_dense}"
     runs = []
@@ -156,7 +161,7 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
                        f"load {os.getloadavg()[0]:.1f}, batch {batch}, {dtype}, "
                        f"{len(patterns)} patterns{scope}{', steady allocator' if steady else ''}")
             run = _one_count(patterns, batch, algs, dev, dtype, repeats, count, machine,
-                             folder / f"kron_{dev.type}_{dtype}_t{count}", vit, vit_batch,
+                             folder / f"{dev_dtype}_t{count}", vit, vit_batch,
                              on_pattern)
         runs.append(run)
         if on_run is not None:
@@ -228,6 +233,10 @@ def _check_design_size(n_in: int, n_out: int, batch: int, dtype: str) -> None:
                 "use smaller N_IN, N_OUT or --batch, or ")
 
 
+#: the files ``run_kron_design`` writes in its folder
+DESIGN_FILES = ("candidates.csv", "predicted_vs_measured.png")
+
+
 def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path], *,
                     budget: float = 0.25, batch: int = 256, dtype: str = "float32",
                     lengths: Sequence[int] = (2, 3), top_k: int = 8, repeats: int = 5,
@@ -242,11 +251,14 @@ def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path],
     passed to ``design``. Keeps freed memory in the process (``steady_allocator``).
     """
     _check_design_size(n_in, n_out, batch, dtype)
+    if not callable(out):  # before the timing, not after it
+        refuse_links(out, DESIGN_FILES)
     steady_allocator()
     with _threads(threads or None):
         result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
                         repeats=repeats, progress=progress)
     folder = Path(out() if callable(out) else out)
+    refuse_links(folder, DESIGN_FILES)
     csv = write_candidates_csv(result.candidates, folder / "candidates.csv", result.machine)
     plot = plot_design(result.candidates, folder / "predicted_vs_measured.png",
                        f"{n_out} x {n_in}, batch {batch}: {result.machine}")

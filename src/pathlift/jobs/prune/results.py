@@ -63,6 +63,7 @@ from pathlift.files import (
     os_errors,
     read_regular,
     read_safetensors,
+    refuse_link,
     remove_temporaries,
     write_bytes,
     write_json,
@@ -367,7 +368,7 @@ class RunFolder:
         for path, folder in ((self.manifest, False), (self.csv, False),
                              (self.path / "dense", True), (self.path / "models", True)):
             # (a FIFO or device in a file's place is refused where the file is opened)
-            _refuse_link(path)
+            refuse_link(path, ResultsFileError)
             if path.exists() and path.is_dir() != folder:
                 raise ResultsFileError(
                     f"'{path}' is {'not a folder' if folder else 'not a file'}: move it away "
@@ -541,22 +542,12 @@ class RunFolder:
                 self._made.append(path)
             except FileExistsError:
                 pass
-        _refuse_link(path)
+        refuse_link(path, ResultsFileError)
         if not path.is_dir():
             raise ResultsFileError(f"'{path}' is not a folder: move it away (the run folder "
                                    "needs it as pathlift wrote it), or choose another output "
                                    "folder")
         return path
-
-
-def _refuse_link(path: Path) -> None:
-    """``ResultsFileError`` when ``path`` (a file or sub-folder of a run folder) is a
-    symbolic link: pathlift would read or write what it points to, elsewhere."""
-    if path.is_symlink():
-        raise ResultsFileError(
-            f"'{path}' is a symbolic link: pathlift does not follow links inside a run folder "
-            "(it would write elsewhere); replace it by the real file or folder, or choose "
-            "another output folder")
 
 
 def _dense_problem(seed: int, metadata: dict[str, str], state: dict[str, Tensor],
