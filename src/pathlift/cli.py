@@ -111,6 +111,11 @@ def _group(
         "this runs code the file chose, so give it only for files you trust as your own "
         "code. Without it such a file is refused; name the architecture yourself instead "
         "(MODEL mymodule:Net --weights FILE)")] = False,
+    max_time: Annotated[float | None, typer.Option(
+        "--max-time", metavar="SECONDS",
+        help="Refuse, before it starts, work sized by your counts (depth --depths, --seeds, "
+        "--samples) whose estimate, printed first, exceeds SECONDS (inf: no limit) "
+        "[default: PATHLIFT_MAX_TIME, else 3600]")] = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", metavar="SECONDS",
         help="Under torchrun: how long a collective waits for the other ranks before the "
@@ -122,12 +127,16 @@ def _group(
     A model is a reference name, a checkpoint, module:callable or path/to/file.py:callable.
     Errors print one line and exit with status 2; 'pathlift --debug COMMAND ...' shows the
     traceback. Commands that write files default to a new folder runs/COMMAND-TIMESTAMP
-    under the current directory. Global options (--max-memory, --timeout) come before
-    COMMAND: 'pathlift --max-memory 8G norm resnet18'.
+    under the current directory. Global options (--max-memory, --max-time, --timeout) come
+    before COMMAND: 'pathlift --max-memory 8G norm resnet18'.
     """
     if max_memory is not None:
         from pathlift import set_memory_limit
         set_memory_limit(max_memory)
+    if max_time is not None:
+        from pathlift.memory import set_time_limit
+        set_time_limit(max_time)
+        ctx.call_on_close(lambda: set_time_limit(None))
     if trust_arch:  # for this command only
         from pathlift.models import set_trust_arch
         set_trust_arch(True)
@@ -459,15 +468,25 @@ def depth(
     import torch
     from rich.progress import Progress
 
+    from pathlift.depth.classes import parse_model
     from pathlift.jobs.depth import depth_experiment
 
     all_depths = depths or [128, 256, 512]
     with Progress(console=console) as progress:
-        task = progress.add_task(model, total=len(all_depths) * seeds)
+        task = progress.add_task(f"{model}: timing a probe", total=None)
+        steps = parse_model(model)[0].steps
+
+        def estimated(estimate: Any) -> None:
+            progress.console.print(estimate.line(), soft_wrap=True)
+            progress.update(task, total=estimate.layer_steps, description=f"{model} layer-steps")
+
+        def stepped(depth: int, seed: int, t: int) -> None:
+            progress.update(task, advance=depth, description=f"{model} L={depth} seed {seed}: "
+                            f"step {t + 1}/{steps(depth)}")
+
         result = depth_experiment(
             model, all_depths, seeds, samples, getattr(torch, dtype), csv=csv, plot=plot,
-            on_run=lambda r: progress.update(task, advance=1,
-                                             description=f"{model} L={r.depth}"))
+            on_estimate=estimated, on_step=stepped)
     console.print(_table(
         f"{model}: ||L^beta W||_1-var, max over {seeds} seeds ({dtype})",
         ["L", "T_L", "eta", "norm path", "matrix path", "published", "mean rho"],
