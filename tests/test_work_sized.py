@@ -133,3 +133,31 @@ def test_ctrl_c_after_the_estimate_stops_within_a_second_in_one_line(tmp_path):
     assert process.returncode == 130 and err.startswith("Interrupted (Ctrl-C)"), err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert seconds < 1.5, f"took {seconds:.2f} s to stop"
+
+
+def test_kron_design_states_a_lower_bound_of_its_dense_timings():
+    from pathlift.jobs.bench.kron_run import design_estimate
+
+    line = design_estimate(64, 32, 16, "float32", 2)
+    assert line.startswith(f"estimate: at least {3 * 2 * 16 * 64 * 32:,} multiply-adds"), line
+    assert "(3 x 2 repeats of 16 x 64 x 32)" in line and "\n" not in line
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["--max-time", "0.0001", "kron-design", "512", "512"], {}),
+    (["kron-design", "256", "1024", "--repeats", "50"], {"PATHLIFT_MAX_TIME": "1e-4"}),
+])
+def test_kron_design_over_the_time_limit_is_refused_before_the_search(args, env, monkeypatch,
+                                                                      tmp_path):
+    import pathlift.jobs.bench.kron_run as kron_run
+
+    monkeypatch.setattr(kron_run, "design", _never)
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = invoke(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and "its dense baseline alone" in lines[0], result.stderr
+    assert "more than the time limit" in lines[0]
+    assert not (tmp_path / "runs").exists()  # no output folder made

@@ -114,7 +114,8 @@ def _group(
     max_time: Annotated[float | None, typer.Option(
         "--max-time", metavar="SECONDS",
         help="Refuse, before it starts, work sized by your counts (depth --depths, --seeds, "
-        "--samples) whose estimate, printed first, exceeds SECONDS (inf: no limit) "
+        "--samples; kron-design N_IN N_OUT --batch --repeats) whose estimate, printed first, "
+        "exceeds SECONDS (inf: no limit) "
         "[default: PATHLIFT_MAX_TIME, else 3600]")] = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", metavar="SECONDS",
@@ -670,7 +671,8 @@ def kron_design(
             n_in, n_out, out or (lambda: default_out("kron-design")), budget=budget,
             batch=batch, dtype=dtype, lengths=lengths, top_k=top_k, repeats=repeats,
             threads=threads, progress=lambda stage, n: progress.update(
-                task, description=stage, advance=n))
+                task, description=stage, advance=n),
+            on_estimate=lambda line: progress.console.print(line, soft_wrap=True))
     console.print(f"{result.design.machine}; batch {batch}, {dtype}, budget {budget:g}")
     console.print(_kron_design_table(result.design, n_in, n_out, rows))
     console.print(f"wrote {result.csv} and {result.plot}")
