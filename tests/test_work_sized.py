@@ -161,3 +161,26 @@ def test_kron_design_over_the_time_limit_is_refused_before_the_search(args, env,
     assert len(lines) == 1 and "its dense baseline alone" in lines[0], result.stderr
     assert "more than the time limit" in lines[0]
     assert not (tmp_path / "runs").exists()  # no output folder made
+
+
+def test_ctrl_c_while_a_finished_command_exits_keeps_its_status_and_says_nothing(tmp_path):
+    """Once: Ctrl-C landing in an exit hook after ``frontier`` had written its files
+    printed a 10-line traceback; now the process ends at once with the command's status.
+    The exit hook here sleeps so that the signal surely lands in it."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    code = ("import atexit, sys, time; atexit.register(time.sleep, 5); "
+            "from pathlift.cli import main; sys.argv[1:] = ['models']; "
+            "atexit.register(print, 'exiting', flush=True); main()")
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while process.stdout.readline() not in ("exiting\n", ""):
+            pass
+        time.sleep(0.2)  # in the sleeping exit hook
+        start = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0 and err == "", err
+    assert time.monotonic() - start < 1.5

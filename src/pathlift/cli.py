@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 from typing import Annotated, Any
 
@@ -78,7 +79,10 @@ def main() -> None:
     """The ``pathlift`` console script: one-line errors with exit status 2 (see
     ``pathlift.cli_support.run``). A command that ran a torch.distributed group (under
     torchrun) ends through ``pathlift.distributed.exit_process``; one interrupted by Ctrl-C
-    (status 130) ends at once, without the interpreter's finalisation."""
+    (status 130) ends at once, without the interpreter's finalisation; and a Ctrl-C during
+    the finalisation of a command that has ended (its files written, its output flushed)
+    ends the process at once with the command's status, where it once printed a traceback
+    from an exit hook."""
     try:
         run(app)
     except SystemExit as done:
@@ -88,6 +92,8 @@ def main() -> None:
         if done.code == INTERRUPTED:  # Ctrl-C: every file is whole (atomic writes), so the
             sys.stdout.flush()        # seconds of finalising a large model's memory are
             os._exit(INTERRUPTED)     # skipped
+        status = done.code if isinstance(done.code, int) else int(done.code is not None)
+        signal.signal(signal.SIGINT, lambda *_: os._exit(status))
         raise
 
 
