@@ -3,6 +3,7 @@ examples, so a green or red CI does not depend on the draw."""
 
 import os
 
+import pytest
 import torch
 from hypothesis import settings
 
@@ -15,3 +16,15 @@ if os.environ.get("CI"):
 # One intra-op thread for the whole run: the suite is many small ops, where a second
 # thread costs more in synchronisation than it gains (several times slower on 2 cores).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _process_limits_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command line run in the test process (``pathlift --max-memory 10M ...`` through
+    cli_runner.invoke) sets pathlift's process-wide memory and time limits, as it should
+    in its own process: each test gets them back as they were, so no limit leaks into
+    the tests that run after it in the same worker."""
+    import pathlift.memory
+
+    monkeypatch.setattr(pathlift.memory, "_limit", pathlift.memory._limit)
+    monkeypatch.setattr(pathlift.memory, "_time_limit", pathlift.memory._time_limit)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 from typing import Annotated, Any
 
@@ -79,7 +80,10 @@ def main() -> None:
     """The ``pathlift`` console script: one-line errors with exit status 2 (see
     ``pathlift.cli_support.run``). A command that ran a torch.distributed group (under
     torchrun) ends through ``pathlift.distributed.exit_process``; one interrupted by Ctrl-C
-    (status 130) ends at once, without the interpreter's finalisation."""
+    (status 130) ends at once, without the interpreter's finalisation; and a Ctrl-C during
+    the finalisation of a command that has ended (its files written, its output flushed)
+    ends the process at once with the command's status, where it once printed a traceback
+    from an exit hook."""
     try:
         run(app)
     except SystemExit as done:
@@ -89,6 +93,8 @@ def main() -> None:
         if done.code == INTERRUPTED:  # Ctrl-C: every file is whole (atomic writes), so the
             sys.stdout.flush()        # seconds of finalising a large model's memory are
             os._exit(INTERRUPTED)     # skipped
+        status = done.code if isinstance(done.code, int) else int(done.code is not None)
+        signal.signal(signal.SIGINT, lambda *_: os._exit(status))
         raise
 
 
@@ -112,6 +118,12 @@ def _group(
         "this runs code the file chose, so give it only for files you trust as your own "
         "code. Without it such a file is refused; name the architecture yourself instead "
         "(MODEL mymodule:Net --weights FILE)")] = False,
+    max_time: Annotated[float | None, typer.Option(
+        "--max-time", metavar="SECONDS",
+        help="Refuse, before it starts, work sized by your counts (depth --depths, --seeds, "
+        "--samples; kron-design N_IN N_OUT --batch --repeats) whose estimate, printed first, "
+        "exceeds SECONDS (inf: no limit) "
+        "[default: PATHLIFT_MAX_TIME, else 3600]")] = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", metavar="SECONDS",
         help="Under torchrun: how long a collective waits for the other ranks before the "
@@ -123,12 +135,16 @@ def _group(
     A model is a reference name, a checkpoint, module:callable or path/to/file.py:callable.
     Errors print one line and exit with status 2; 'pathlift --debug COMMAND ...' shows the
     traceback. Commands that write files default to a new folder runs/COMMAND-TIMESTAMP
-    under the current directory. Global options (--max-memory, --timeout) come before
-    COMMAND: 'pathlift --max-memory 8G norm resnet18'.
+    under the current directory. Global options (--max-memory, --max-time, --timeout) come
+    before COMMAND: 'pathlift --max-memory 8G norm resnet18'.
     """
     if max_memory is not None:
         from pathlift import set_memory_limit
         set_memory_limit(max_memory)
+    if max_time is not None:
+        from pathlift.memory import set_time_limit
+        set_time_limit(max_time)
+        ctx.call_on_close(lambda: set_time_limit(None))
     if trust_arch:  # for this command only
         from pathlift.models import set_trust_arch
         set_trust_arch(True)
@@ -461,15 +477,25 @@ def depth(
     import torch
     from rich.progress import Progress
 
+    from pathlift.depth.classes import parse_model
     from pathlift.jobs.depth import depth_experiment
 
     all_depths = depths or [128, 256, 512]
     with Progress(console=console) as progress:
-        task = progress.add_task(model, total=len(all_depths) * seeds)
+        task = progress.add_task(f"{model}: timing a probe", total=None)
+        steps = parse_model(model)[0].steps
+
+        def estimated(estimate: Any) -> None:
+            progress.console.print(estimate.line(), soft_wrap=True)
+            progress.update(task, total=estimate.layer_steps, description=f"{model} layer-steps")
+
+        def stepped(depth: int, seed: int, t: int) -> None:
+            progress.update(task, advance=depth, description=f"{model} L={depth} seed {seed}: "
+                            f"step {t + 1}/{steps(depth)}")
+
         result = depth_experiment(
             model, all_depths, seeds, samples, getattr(torch, dtype), csv=csv, plot=plot,
-            on_run=lambda r: progress.update(task, advance=1,
-                                             description=f"{model} L={r.depth}"))
+            on_estimate=estimated, on_step=stepped)
     console.print(_table(
         f"{model}: ||L^beta W||_1-var, max over {seeds} seeds ({dtype})",
         ["L", "T_L", "eta", "norm path", "matrix path", "published", "mean rho"],
@@ -653,7 +679,8 @@ def kron_design(
             n_in, n_out, out or (lambda: default_out("kron-design")), budget=budget,
             batch=batch, dtype=dtype, lengths=lengths, top_k=top_k, repeats=repeats,
             threads=threads, progress=lambda stage, n: progress.update(
-                task, description=stage, advance=n))
+                task, description=stage, advance=n),
+            on_estimate=lambda line: progress.console.print(line, soft_wrap=True))
     console.print(f"{result.design.machine}; batch {batch}, {dtype}, budget {budget:g}")
     console.print(_kron_design_table(result.design, n_in, n_out, rows))
     console.print(f"wrote {result.csv} and {result.plot}")

@@ -87,6 +87,7 @@ DOMAINS: dict[str, Domain] = {
     "x_inf": Number(float, 0),
     "tolerance": Number(float, 0),
     "time_budget": Number(float, 0),
+    "max_time": _EXPONENT,  # seconds; inf: no limit
     # choices
     "normalize": Choice("none", "standard"),
     "spread": Choice("data", "runs"),

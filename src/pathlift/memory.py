@@ -7,6 +7,10 @@ limit: ``set_memory_limit(bytes)``, else the ``PATHLIFT_MAX_MEMORY`` environment
 memory for a GPU; no check where none can be read). An explicit limit replaces the
 available memory, so it can also raise the bar.
 
+The time limit is the same for work sized by the user's counts: ``check_seconds(seconds,
+what)`` raises ``WorkLimitError`` when an estimate exceeds ``set_time_limit(seconds)``,
+else ``PATHLIFT_MAX_TIME``, else one hour (``inf``: no limit).
+
 Checkpoints whose architecture is too large are refused before they are built; buffers of
 random inputs by ``check_samples`` before they are drawn; files before they are read
 (``pathlift.files``); every pass over a traced graph by ``pathlift.graph.memory``. A base
@@ -25,8 +29,9 @@ from pathlib import Path
 
 from pathlift.errors import InvalidParameterError, PathliftError, check_count
 
-__all__ = ["PASS_BYTES", "MemoryLimitError", "available_memory", "check_bytes", "check_samples",
-           "memory_limit", "parse_size", "set_memory_limit", "show_size"]
+__all__ = ["PASS_BYTES", "MemoryLimitError", "WorkLimitError", "available_memory", "check_bytes",
+           "check_samples", "check_seconds", "memory_limit", "parse_size", "set_memory_limit",
+           "set_time_limit", "show_seconds", "show_size", "time_limit"]
 
 ENV = "PATHLIFT_MAX_MEMORY"
 PASS_BYTES = 8  # passes run in float64 (bytes a value)
@@ -159,3 +164,61 @@ def show_size(size: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TB"
+
+
+TIME_ENV = "PATHLIFT_MAX_TIME"
+DEFAULT_MAX_TIME_S = 3600.0
+_time_limit: float | None = None
+
+
+class WorkLimitError(PathliftError):
+    """Work sized by the user's counts is estimated to take longer than the time limit."""
+
+
+def _parse_seconds(value: str | float) -> float:
+    """A time limit in seconds: a number > 0, ``inf`` for none."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise InvalidParameterError(f"time limit {value!r} must be a number of seconds > 0 "
+                                    "(inf for none)")
+    return seconds
+
+
+def set_time_limit(seconds: float | str | None) -> None:
+    """Refuse work estimated to take more than ``seconds`` (``inf``: no limit); None
+    returns to ``PATHLIFT_MAX_TIME``, else ``DEFAULT_MAX_TIME_S``."""
+    global _time_limit
+    _time_limit = None if seconds is None else _parse_seconds(seconds)
+
+
+def time_limit() -> float:
+    """``set_time_limit``'s limit, else ``PATHLIFT_MAX_TIME``'s, else one hour."""
+    if _time_limit is not None:
+        return _time_limit
+    env = os.environ.get(TIME_ENV)
+    return _parse_seconds(env) if env else DEFAULT_MAX_TIME_S
+
+
+def check_seconds(seconds: float, what: str, detail: str = "") -> None:
+    """Raise ``WorkLimitError`` when ``what``, estimated at ``seconds``, exceeds
+    ``time_limit()``; ``detail`` (ending in "; ") says which counts to lower."""
+    limit = time_limit()
+    if seconds <= limit:
+        return
+    raise WorkLimitError(
+        f"{what} is estimated at {show_seconds(seconds)}, more than the time limit "
+        f"({show_seconds(limit)}: pathlift --max-time, else {TIME_ENV}, else one hour); "
+        f"{detail}or raise the limit (pathlift --max-time SECONDS COMMAND ..., or "
+        f"{TIME_ENV}=inf for none)")
+
+
+def show_seconds(seconds: float) -> str:
+    """``42 s``, ``12.5 min``, ``3.1 h``, ``inf``."""
+    if math.isinf(seconds):
+        return "no limit"
+    if seconds < 600:
+        return f"{seconds:.3g} s"
+    return f"{seconds / 60:.1f} min" if seconds < 36_000 else f"{seconds / 3600:.1f} h"

@@ -16,6 +16,8 @@ C10k run here, whose weights keep their sign).
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +34,11 @@ from pathlift.depth.train import train
 from pathlift.errors import InvalidParameterError, check_count
 from pathlift.files import append_rows, check_appendable
 from pathlift.jobs.plots import depth_trajectories
-from pathlift.memory import check_bytes, check_samples
+from pathlift.memory import check_bytes, check_samples, check_seconds, show_seconds, time_limit
 
-__all__ = ["CSV_FIELDS", "DepthExperiment", "DepthRow", "DepthRun", "RhoFit", "append_csv",
-           "c10k", "check_run_size", "depth_experiment", "depth_table", "digits", "fit_rate",
-           "grid", "maxima", "run"]
+__all__ = ["CSV_FIELDS", "DepthExperiment", "DepthRow", "DepthRun", "RhoFit", "WorkEstimate",
+           "append_csv", "c10k", "check_run_size", "depth_experiment", "depth_table", "digits",
+           "estimate_seconds", "fit_rate", "grid", "maxima", "run"]
 
 CSV_FIELDS = ("model", "depth", "seed", "n_samples", "dtype", "steps", "learning_rate",
               "one_var_norm", "one_var_matrix", "loss_first", "loss_last", "rho", "C")
@@ -92,12 +94,7 @@ def run(model: str, depth: int, seed: int = 0, n_samples: int = 10_000,
     cls, init = parse_model(model)
     if depth < 2:
         raise InvalidParameterError(f"depth={depth}: the lab needs L >= 2 (T_L = ceil(5 log L))")
-    if cls.dataset == "C10k":
-        x, y = c10k(n_samples, seed=seed, dtype=dtype)
-        out, loss = 1, "squared_error"
-    else:
-        x, y = digits(seed, dtype)
-        out, loss = 10, "cross_entropy"
+    x, y, out, loss = _data(model, n_samples, seed, dtype)
     net = DepthResNet(x.shape[1], out, depth, cls.d, cls.alpha, cls.gamma, cls.activation,
                       init, seed, dtype)
     steps = cls.steps(depth)
@@ -108,6 +105,61 @@ def run(model: str, depth: int, seed: int = 0, n_samples: int = 10_000,
                     trained.learning_rate,
                     p_variation(norms).value, p_variation(path).value,
                     trained.loss, trained.omega, tuple(norms.tolist()))
+
+
+def _data(model: str, n_samples: int, seed: int, dtype: torch.dtype
+          ) -> tuple[torch.Tensor, torch.Tensor, int, str]:
+    """The training set of class ``model``: inputs, targets, output width and loss."""
+    cls, _ = parse_model(model)
+    if cls.dataset == "C10k":
+        return (*c10k(n_samples, seed=seed, dtype=dtype), 1, "squared_error")
+    return (*digits(seed, dtype), 10, "cross_entropy")
+
+
+#: the depth of the probe that times one training step (``estimate_seconds``)
+_PROBE_DEPTH = 16
+_PROBE_STEPS = 2
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    """What ``grid`` will do: ``layer_steps`` = seeds x the sum over depths of L x T_L
+    (one forward and backward pass of one d x d residual layer over all samples each), and
+    ``seconds`` = layer_steps x ``seconds_per_layer_step``, timed on this machine by a
+    probe of depth 16 on the same samples after one untimed step (the probe's own time,
+    under a second, is not counted)."""
+
+    runs: int
+    layer_steps: int
+    seconds_per_layer_step: float
+
+    @property
+    def seconds(self) -> float:
+        return self.layer_steps * self.seconds_per_layer_step
+
+    def line(self) -> str:
+        """The estimate in one line, saying what it counts."""
+        return (f"estimate: {self.runs} run(s), {self.layer_steps:,} layer-steps (L x T_L "
+                f"summed; one forward and backward pass of one residual layer over every "
+                f"sample each), about {show_seconds(self.seconds)} at "
+                f"{self.seconds_per_layer_step * 1e6:.3g} us a layer-step (timed on this "
+                f"machine); limit {show_seconds(time_limit())}")
+
+
+def estimate_seconds(model: str, depths: Sequence[int], seeds: int, n_samples: int,
+                     dtype: torch.dtype) -> WorkEstimate:
+    """Size ``grid(model, depths, seeds, n_samples, dtype)`` before it runs: count its
+    layer-steps and time a few steps of a depth-16 network on the same samples."""
+    cls, init = parse_model(model)
+    x, y, out, loss = _data(model, n_samples, 0, dtype)
+    net = DepthResNet(x.shape[1], out, _PROBE_DEPTH, cls.d, cls.alpha, cls.gamma,
+                      cls.activation, init, 0, dtype)
+    train(net, x, y, 1, cls.learning_rate(_PROBE_DEPTH), loss)  # warm-up, not timed
+    start = time.perf_counter()
+    train(net, x, y, _PROBE_STEPS, cls.learning_rate(_PROBE_DEPTH), loss)
+    per_layer_step = (time.perf_counter() - start) / (_PROBE_STEPS * _PROBE_DEPTH)
+    return WorkEstimate(len(depths) * seeds, seeds * sum(d * cls.steps(d) for d in depths),
+                        per_layer_step)
 
 
 #: tensors autograd keeps per residual layer and sample: the layer's input, its
@@ -129,17 +181,31 @@ def check_run_size(model: str, depth: int, n_samples: int, dtype: torch.dtype) -
 
 def grid(model: str, depths: Iterable[int], seeds: int = 3, n_samples: int = 10_000,
          dtype: torch.dtype = torch.float64,
-         on_run: Callable[[DepthRun], None] | None = None) -> list[DepthRun]:
-    """Every depth x seeds 0..seeds-1 of one class; ``on_run`` sees each run as it ends."""
+         on_run: Callable[[DepthRun], None] | None = None, *,
+         on_estimate: Callable[[WorkEstimate], None] | None = None,
+         on_step: Callable[[int, int, int], None] | None = None) -> list[DepthRun]:
+    """Every depth x seeds 0..seeds-1 of one class; ``on_run`` sees each run as it ends.
+
+    Sized before it starts: refused when the largest run exceeds the memory limit
+    (``check_run_size``) or the whole grid's estimate (``estimate_seconds``, given to
+    ``on_estimate`` first) exceeds the time limit (``pathlift.memory.check_seconds``).
+    ``on_step(depth, seed, t)`` sees every training step t of every run."""
     seeds, n_samples = check_count("seeds", seeds), check_count("n_samples", n_samples)
     depths = list(depths)
     if not depths:
         raise InvalidParameterError("give at least one depth")
     check_run_size(model, max(check_count("depth", d) for d in depths), n_samples, dtype)
+    estimate = estimate_seconds(model, depths, seeds, n_samples, dtype)
+    if on_estimate is not None:
+        on_estimate(estimate)
+    check_seconds(estimate.seconds, f"depth {model} over {len(depths)} depth(s) x {seeds} "
+                  f"seed(s) on {n_samples:,} samples",
+                  "use smaller or fewer depths, fewer --seeds or --samples, ")
     runs = []
     for depth in depths:
         for seed in range(seeds):
-            runs.append(run(model, depth, seed, n_samples, dtype))
+            step = None if on_step is None else functools.partial(on_step, depth, seed)
+            runs.append(run(model, depth, seed, n_samples, dtype, step))
             if on_run is not None:
                 on_run(runs[-1])
     return runs
@@ -234,11 +300,14 @@ class DepthExperiment:
 def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds: int = 3,
                      n_samples: int = 10_000, dtype: torch.dtype = torch.float64, *,
                      csv: str | Path | None = None, plot: str | Path | None = None,
-                     on_run: Callable[[DepthRun], None] | None = None) -> DepthExperiment:
+                     on_run: Callable[[DepthRun], None] | None = None,
+                     on_estimate: Callable[[WorkEstimate], None] | None = None,
+                     on_step: Callable[[int, int, int], None] | None = None) -> DepthExperiment:
     """``pathlift depth`` in one call: ``grid`` of class ``model``, each run appended to
     ``csv`` as it ends (``append_csv``: a kill keeps the runs done) before ``on_run`` sees
     it, then ||L^beta W_k|| against k/L for the seed-0 runs drawn to ``plot``
-    (``pathlift.jobs.plots.depth_trajectories``) and the table computed (``depth_table``)."""
+    (``pathlift.jobs.plots.depth_trajectories``) and the table computed (``depth_table``).
+    ``on_estimate`` and ``on_step`` are ``grid``'s."""
 
     if csv is not None:
         check_appendable(csv)  # a CSV that cannot take the rows is refused before any run
@@ -249,7 +318,8 @@ def depth_experiment(model: str, depths: Iterable[int] = (128, 256, 512), seeds:
         if on_run is not None:
             on_run(r)
 
-    runs = grid(model, depths, seeds, n_samples, dtype, ended)
+    runs = grid(model, depths, seeds, n_samples, dtype, ended, on_estimate=on_estimate,
+                on_step=on_step)
     drawn = None
     if plot is not None:
         drawn = depth_trajectories([r for r in runs if r.seed == 0], plot)

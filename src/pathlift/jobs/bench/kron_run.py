@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +41,10 @@ from pathlift.kron import (
     machine_description,
     steady_allocator,
 )
-from pathlift.memory import check_bytes
+from pathlift.memory import check_bytes, check_seconds, show_seconds, time_limit
 
-__all__ = ["KronBenchResult", "KronBenchRun", "KronDesignRun", "run_kron_benchmark",
-           "run_kron_design"]
+__all__ = ["KronBenchResult", "KronBenchRun", "KronDesignRun", "design_estimate",
+           "run_kron_benchmark", "run_kron_design"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -236,25 +237,61 @@ def _check_design_size(n_in: int, n_out: int, batch: int, dtype: str) -> None:
 #: the files ``run_kron_design`` writes in its folder
 DESIGN_FILES = ("candidates.csv", "predicted_vs_measured.png")
 
+#: side of the matmul timed to know this machine's pace (``design_estimate``)
+_PROBE_SIDE = 256
+
+
+def design_estimate(n_in: int, n_out: int, batch: int, dtype: str, repeats: int) -> str:
+    """A lower bound of ``design``'s time, in one line, refused over the time limit
+    (``pathlift.memory.check_seconds``): the dense baseline alone is timed at least
+    3 x ``repeats`` times (``repeats`` in the first round, twice as many for the
+    finalists), each ``batch`` x ``n_in`` x ``n_out`` multiply-adds, at the pace of a
+    256-square matmul timed now, the fastest of 3 (calibration and the chains come on
+    top)."""
+    torch_dtype = getattr(torch, dtype)
+    a = torch.ones(_PROBE_SIDE, _PROBE_SIDE, dtype=torch_dtype)
+    a @ a  # warm-up, not timed
+    fastest = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        a @ a
+        fastest = min(fastest, time.perf_counter() - start)
+    pace = _PROBE_SIDE**3 / max(fastest, 1e-9)
+    madds = 3 * repeats * batch * n_in * n_out
+    seconds = madds / pace
+    check_seconds(seconds, f"kron-design {n_in} {n_out}, its dense baseline alone on a batch "
+                  f"of {batch:,},",
+                  "use smaller N_IN, N_OUT, --batch or --repeats, ")
+    return (f"estimate: at least {madds:,} multiply-adds timing the dense baseline "
+            f"(3 x {repeats} repeats of {batch:,} x {n_in:,} x {n_out:,}), about "
+            f"{show_seconds(seconds)} at {pace / 1e9:.3g} G multiply-adds/s (timed on this "
+            f"machine), calibration and chains on top; limit {show_seconds(time_limit())}")
+
 
 def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path], *,
                     budget: float = 0.25, batch: int = 256, dtype: str = "float32",
                     lengths: Sequence[int] = (2, 3), top_k: int = 8, repeats: int = 5,
                     threads: int | None = None,
-                    progress: Callable[[str, int], None] | None = None) -> KronDesignRun:
+                    progress: Callable[[str, int], None] | None = None,
+                    on_estimate: Callable[[str], None] | None = None) -> KronDesignRun:
     """``design`` a Kronecker-sparse chain for an ``n_out`` x ``n_in`` weight (thesis
     Sec. 7.4.1), then write ``out``/candidates.csv and ``out``/predicted_vs_measured.png.
 
     ``out`` may be a callable returning the folder, called once the design is done (a
     refused request leaves no folder). ``threads``: torch's intra-op thread count during
     the design (default, or 0: left as it is), restored afterwards. ``progress(stage, n)`` is
-    passed to ``design``. Keeps freed memory in the process (``steady_allocator``).
+    passed to ``design``. Keeps freed memory in the process (``steady_allocator``). Sized
+    first: refused over the memory limit, then over the time limit by ``design_estimate``,
+    whose line ``on_estimate`` sees before the search starts.
     """
     _check_design_size(n_in, n_out, batch, dtype)
     if not callable(out):  # before the timing, not after it
         refuse_links(out, DESIGN_FILES)
     steady_allocator()
     with _threads(threads or None):
+        estimate = design_estimate(n_in, n_out, batch, dtype, repeats)
+        if on_estimate is not None:
+            on_estimate(estimate)
         result = design(n_in, n_out, budget, batch, getattr(torch, dtype), lengths, top_k,
                         repeats=repeats, progress=progress)
     folder = Path(out() if callable(out) else out)
