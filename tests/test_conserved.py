@@ -74,7 +74,7 @@ def test_quantity_by_hand_and_a_rescaling_changes_it():
     expected = (w1.pow(2).sum(1) + b1.pow(2) - w2.pow(2).sum(0)).detach()
     assert torch.allclose(q.values, expected, rtol=1e-14)
     lam = torch.tensor([2.0, 0.5, 3.0], dtype=torch.float64)
-    q2 = conserved_quantities(rescale(model, {"0": lam}), (2,))
+    q2 = conserved_quantities(rescale(model, {"0": lam}, (2,)), (2,))
     moved = (w1.pow(2).sum(1) + b1.pow(2)) * lam**2 - w2.pow(2).sum(0) / lam**2
     assert torch.allclose(q2.values, moved.detach(), rtol=1e-14)
 

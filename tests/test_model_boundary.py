@@ -158,7 +158,8 @@ def test_a_freshly_pruned_model_gives_the_result_of_its_dense_equivalent(name):
 REFUSED = {"adversarial_rescale", "path_magnitude_scores", "prune_model",
            "channel_path_magnitude"}
 FUNCTION_PRESERVING = {"rescale": lambda m: symmetry.rescale(m, {"inp": 2.0}, TIED_SHAPE),
-                       "random_rescale": lambda m: symmetry.random_rescale(m, seed=1),
+                       "random_rescale": lambda m: symmetry.random_rescale(m, seed=1,
+                                                                          input_shape=TIED_SHAPE),
                        "normalize": lambda m: symmetry.normalize(m, TIED_SHAPE),
                        "canonicalize": lambda m: symmetry.canonicalize(m, TIED_SHAPE).model}
 TX = torch.randn((16, *TIED_SHAPE), dtype=torch.float64,

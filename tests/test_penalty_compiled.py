@@ -192,7 +192,7 @@ def test_the_penalty_is_recorded_anew_when_the_model_changes(change) -> None:
 def test_a_rescaling_keeps_the_replayed_penalty_and_a_replaced_copy_gets_its_own() -> None:
     model, shape = _model("residual_cnn")
     before = float(differentiable_path_norm(model, shape))
-    rescaled = random_rescale(model, seed=3)  # new parameters (replacement)
+    rescaled = random_rescale(model, seed=3, input_shape=shape)  # new parameters (replacement)
     _check(rescaled, shape)
     assert float(differentiable_path_norm(rescaled, shape)) == pytest.approx(before, rel=1e-12)
     with torch.no_grad():  # the same rescaling written in place: replayed or recorded

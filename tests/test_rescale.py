@@ -212,7 +212,7 @@ def test_rescale_matches_the_formula_on_an_mlp():
     """lambda <> theta by hand: W1 <- diag(l) W1, b1 <- l b1, W2 <- W2 diag(1/l)."""
     model = mlp().double()
     lam = torch.tensor([0.5, 2, 3, 7, 0.1, 1, 4, 9, 0.25], dtype=torch.float64)
-    out = rescale(model, {"0": lam})
+    out = rescale(model, {"0": lam}, (6,))
     assert torch.allclose(out[0].weight, model[0].weight * lam[:, None], rtol=1e-15)
     assert torch.allclose(out[0].bias, model[0].bias * lam, rtol=1e-15)
     assert torch.allclose(out[2].weight, model[2].weight / lam[None, :], rtol=1e-15)
@@ -264,13 +264,13 @@ def test_residual_ties_and_fixed_outputs():
 def test_bad_factors_are_refused():
     model = mlp()
     with pytest.raises(InvalidParameterError, match="positive"):
-        rescale(model, {"0": -1.0})
+        rescale(model, {"0": -1.0}, (6,))
     with pytest.raises(InvalidParameterError, match="not a rescalable layer"):
-        rescale(model, {"1": 2.0})
+        rescale(model, {"1": 2.0}, (6,))
     with pytest.raises(ShapeError, match="9 output channels"):
-        rescale(model, {"0": [1.0, 2.0]})
+        rescale(model, {"0": [1.0, 2.0]}, (6,))
     with pytest.raises(InvalidParameterError):
-        random_rescale(model, factors=(0.0, 1.0))
+        random_rescale(model, factors=(0.0, 1.0), input_shape=(6,))
 
 
 def test_pruned_model_keeps_its_mask():
@@ -284,13 +284,18 @@ def test_pruned_model_keeps_its_mask():
     assert_bit_identical(model, before)
 
 
-def test_input_shape_is_inferred():
+def test_input_shape_is_the_models_declaration_or_refused():
+    """No guess from the first layer: without a shape, the model's input_shape attribute,
+    else a ShapeError saying how to give one."""
     model = build("vgg_like")
-    out = random_rescale(model, seed=2)  # first conv: tries common sizes
+    with pytest.raises(ShapeError, match="does not declare its input shape"):
+        random_rescale(model, seed=2)
+    model.input_shape = (3, 8, 8)
+    out = random_rescale(model, seed=2)
     x = inputs("vgg_like")
     assert torch.allclose(out(x), model(x), rtol=1e-10, atol=1e-12)
-    out = random_rescale(mlp().double(), seed=2)
-    assert out[0].weight.shape == (9, 6)
+    given = random_rescale(model, seed=2, input_shape=(3, 8, 8))
+    assert torch.equal(out[0].weight, given[0].weight)
 
 
 # --------------------------------------------------------------------------- reference models
@@ -351,7 +356,7 @@ def test_adversarial_rescale_hurts_magnitude_pruning(name):
         assert torch.allclose(adversarial(x), model(x), rtol=1e-9, atol=1e-12)
 
     def damage(m: nn.Module) -> float:
-        result = path_metric(m, magnitude_prune(m, 0.3), shape)
+        result = path_metric(m, magnitude_prune(m, 0.3, shape), shape)
         assert result.exact
         return result.lower
 
