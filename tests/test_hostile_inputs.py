@@ -734,7 +734,7 @@ BROKEN = {
                                                      "rescaling takes '1.weight' out of"),
     "rescale --factor 1e-320": (["rescale", "mlp", "--factor", "1e-320"], "out of torch."),
     "digits --test-fraction 0.999": (["bounds", "mlp", "--data", "digits", "--test-fraction",
-                                      "0.999"], "fewer samples than the 10 classes"),
+                                      "0.999"], "quantile of the training margins"),
 }
 
 

@@ -9,7 +9,7 @@ from pathlift.errors import (
     ShapeError,
     UnsupportedModelError,
 )
-from pathlift.memory import set_memory_limit
+from pathlift.memory import set_memory_limit, set_time_limit
 
 __version__ = "0.1.0"
 
@@ -24,4 +24,5 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "set_memory_limit",
+    "set_time_limit",
 ]

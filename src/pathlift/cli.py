@@ -142,7 +142,7 @@ def _group(
         from pathlift import set_memory_limit
         set_memory_limit(max_memory)
     if max_time is not None:
-        from pathlift.memory import set_time_limit
+        from pathlift import set_time_limit
         set_time_limit(max_time)
         ctx.call_on_close(lambda: set_time_limit(None))
     if trust_arch:  # for this command only
@@ -256,9 +256,8 @@ def bounds(
     is the same.
     """
     from pathlift.bounds import generalization_bounds, verdict
-    from pathlift.bounds.entry import check_sample
     from pathlift.data import load_data, loaders
-    from pathlift.jobs.report.certificate import certificates_of, route_rows
+    from pathlift.jobs.report.certificate import certificate_rows, certificates_of
     from pathlift.models import load_model
 
     with working(console, f"bounds of {model} on {data}") as describe:
@@ -278,19 +277,10 @@ def bounds(
              f"margin loss {u.train_margin_loss:.4f} + complexity 10^{u.complexity_log10:.2f} "
              f"+ confidence {u.confidence:.4f}",
              verdict(u.log10, m.test_error, labels=split.train.tensors[1])]]
-    if cert is not None:
-        rows.append([f"compression (Occam, {cert.transfer} transfer)",
-                     f"kl^-1({cert.occam.empirical:.4f}, {cert.occam.budget:.4f}), "
-                     f"L = {cert.length.total} bits", cert.verdict(m.test_error)])
-    sample = check_sample(*split.train.tensors)
+    more, caption = certificate_rows(cert, route, split, m.test_error)
     console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
-                         rows + route_rows(route, m.test_error, split.train.tensors[1]),
-                         caption=f"chance (the best constant classifier's training error, "
-                         f"{sample.rule}): {sample.chance:.4f}; "
-                         f"{sample.statement()}"
-                         + ("" if cert is None or not cert.stopped else
-                            f"; compression search stopped: {cert.stopped}")))
+                         rows + more, caption=caption))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
              "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]
@@ -477,8 +467,7 @@ def depth(
     import torch
     from rich.progress import Progress
 
-    from pathlift.depth.classes import parse_model
-    from pathlift.jobs.depth import depth_experiment
+    from pathlift.jobs.depth import depth_experiment, parse_model
 
     all_depths = depths or [128, 256, 512]
     with Progress(console=console) as progress:

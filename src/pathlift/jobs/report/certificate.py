@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from pathlift.bounds.compression import CompressionBound, CompressionSearch, compression_bound
 from pathlift.bounds.disagreement import RouteCertificate, certify
+from pathlift.bounds.entry import check_sample
 from pathlift.bounds.verdict import judge, verdict
 from pathlift.data import Split
 from pathlift.errors import InvalidParameterError, ShapeError
@@ -22,9 +23,18 @@ from pathlift.graph.outputs import OutputKey, select_output
 from pathlift.train.recipes import compact_model, train_recipe
 from pathlift.train.surrogate import distil_surrogate, predictions
 
-__all__ = ["REPORT_RECIPE", "SURROGATE_SEARCH", "certificates_of",
-           "certified_network", "certified_route", "load_unlabeled",
-           "recipe_network", "route_rows", "surrogate_epochs", "surrogate_kinds"]
+__all__ = [
+    "REPORT_RECIPE",
+    "SURROGATE_SEARCH",
+    "certificate_rows",
+    "certificates_of",
+    "certified_network",
+    "certified_route",
+    "load_unlabeled",
+    "recipe_network",
+    "surrogate_epochs",
+    "surrogate_kinds",
+]
 
 # the recipe chosen on the digits' validation split (docs/training.md): mlp-small,
 # quantisation-aware at grid offset 2
@@ -133,15 +143,28 @@ def certificates_of(net: nn.Module, shape: Sequence[int], split: Split,
     return route.direct, route
 
 
-def route_rows(route: RouteCertificate | None, test_error: float, labels: Tensor
-               ) -> list[list[str]]:
-    """The table row of ``pathlift bounds`` for the tightest route (none without one),
-    judged against chance on the training ``labels``."""
-    if route is None:
-        return []
-    return [[f"tightest route: {route.route}",
-             ", ".join(f"{k} {v:.4f}" for k, v in route.routes().items()),
-             verdict(math.log10(route.value), test_error, labels=labels)]]
+def certificate_rows(cert: CompressionBound | None, route: RouteCertificate | None,
+                     split: Split, test_error: float) -> tuple[list[list[str]], str]:
+    """The rows of ``pathlift bounds``' certificate table for the compression certificate
+    and the tightest route (none for what was not computed), each judged against chance
+    on the training labels, and the table's caption: chance, its rule, the i.i.d.
+    statement and why the compression search stopped, if it stopped early."""
+    labels = split.train.tensors[1]
+    rows = []
+    if cert is not None:
+        rows.append([f"compression (Occam, {cert.transfer} transfer)",
+                     f"kl^-1({cert.occam.empirical:.4f}, {cert.occam.budget:.4f}), "
+                     f"L = {cert.length.total} bits", cert.verdict(test_error)])
+    if route is not None:
+        rows.append([f"tightest route: {route.route}",
+                     ", ".join(f"{k} {v:.4f}" for k, v in route.routes().items()),
+                     verdict(math.log10(route.value), test_error, labels=labels)])
+    sample = check_sample(*split.train.tensors)
+    caption = (f"chance (the best constant classifier's training error, {sample.rule}): "
+               f"{sample.chance:.4f}; {sample.statement()}")
+    if cert is not None and cert.stopped:
+        caption += f"; compression search stopped: {cert.stopped}"
+    return rows, caption
 
 
 def load_unlabeled(path: str | Path, shape: Sequence[int]) -> Tensor:
