@@ -252,7 +252,7 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
     and every other parameter keeps its gamma (the path-norm budget reads the output
     layer's at q = 1).
     """
-    def record(graph: LayerGraph) -> _LeafPass:
+    def record(graph: LayerGraph) -> tuple[_Layers, Tensor, list[Tensor]]:
         if is_sharded_graph(graph):
             raise UnsupportedModelError(
                 "magnitude gradients (Path-SGD scales) of a sharded (FSDP2) model are not "
@@ -260,58 +260,76 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
         return _leaf_pass(graph, q, dtype or graph.dtype)
 
     with torch.enable_grad():
-        graph, tape, total, top, leaves, stored = replayed(
-            model, input_shape, ("gamma", q, dtype), record, _graph)
+        layers, total, leaves = replayed(model, input_shape, ("gamma", q, dtype), record, _graph)
     if not math.isfinite(float(total.detach())):
-        _refuse_non_finite(graph, float(total.detach()), q, dtype)
-    found = _gradients(total, leaves)
-    # the leaves are |W/u|^q: d/d|W|^q = u^-q d/d|W/u|^q, brought to one scale
-    shifts = {name: tuple(-q * math.log(u) for u in units)
-              for name, units in tape.layer_units.items()}
-    shift = max((shifts[name][i] for name, pair in found.items()
-                 for i, g in enumerate(pair) if g is not None), default=0.0)
-    found = {name: tuple(g if g is None or shifts[name][i] == shift
-                         else g * math.exp(shifts[name][i] - shift)
-                         for i, g in enumerate(pair)) for name, pair in found.items()}
-    if tape.rescaled:  # scales beyond the float range: zeros may be flushed values
-        refuse_flushed(graph, {name: [(g, None) for g in pair] for name, pair in found.items()},
-                       "magnitude gradients")
+        _refuse_non_finite(layers.graph, float(total.detach()), q, dtype)
+    found = _gradients(layers, total, leaves)
+    if layers.rescaled:  # scales beyond the float range: zeros may be flushed values
+        refuse_flushed(layers.graph, {name: [(g, None) for g in pair]
+                                      for name, pair in found.items()}, "magnitude gradients")
     scales: dict[nn.Parameter, Tensor] = {}
-    for name, (g_w, g_b) in found.items():
-        module, params = stored[name]
-        for pname, gamma in tape.handlers[name].magnitude_gradients(module, g_w, g_b, q):
+    for (_, module, params, handler, _), (g_w, g_b) in zip(layers.layers, found.values(),
+                                                               strict=True):
+        for pname, gamma in handler.magnitude_gradients(module, g_w, g_b, q):
             p = params.get(pname)
             if p is not None and gamma is not None:
                 scales[p] = gamma.detach()
-    return MagnitudeGradients(q, scales, top + shift)
+    return MagnitudeGradients(q, scales, layers.top + layers.shift)
 
 
-# The graph, the pass with leaves, sum_v o_v as (mantissa, natural-log scale), the leaves,
-# and per layer its module and the nn.Parameter holding its "weight" and "bias"
-_LeafPass = tuple[LayerGraph, LivePass, Tensor, float, dict[str, tuple[Tensor, Tensor | None]],
-                  dict[str, tuple[nn.Module, dict[str, nn.Parameter]]]]
+class _Layers:
+    """What a pass with leaves fixes once (constants of its tape, a single pytree leaf):
+    the graph, the scale of ``total``, whether some layer took a unit other than 1, and
+    per layer its name, module, the nn.Parameters holding its "weight" and "bias", its
+    handler and, for its two leaves |W/u|^q and |b/v|^q, the factor e^(-q ln u - shift)
+    that brings d/d|W/u|^q to d/d|W|^q at one scale e^shift (None: at it already)."""
+
+    def __init__(self, graph: LayerGraph, walker: LivePass, top: float, q: float):
+        self.graph, self.top, self.rescaled = graph, top, walker.rescaled
+        shifts = {name: tuple(-q * math.log(u) for u in units)
+                  for name, units in walker.layer_units.items()}
+        self.shift = max((shifts[name][i] for name, pair in walker.leaves.items()
+                          for i, t in enumerate(pair) if t is not None), default=0.0)
+        self.layers = []
+        for name, pair in walker.leaves.items():
+            module = graph.module.get_submodule(name)
+            params = {k: p for k in ("weight", "bias")
+                      if (p := _stored_parameter(module, k)) is not None}
+            gains = tuple(None if t is None or shifts[name][i] == self.shift
+                          else math.exp(shifts[name][i] - self.shift)
+                          for i, t in enumerate(pair))
+            self.layers.append((name, module, params, walker.handlers[name], gains))
+        self.biased = [pair[1] is not None for pair in walker.leaves.values()]
 
 
-def _leaf_pass(graph: LayerGraph, q: float, dtype: torch.dtype) -> _LeafPass:
-    """The |theta|^q pass whose leaves are A = |W/u|^q, one pair a layer (``LivePass``)."""
+def _leaf_pass(graph: LayerGraph, q: float, dtype: torch.dtype
+               ) -> tuple[_Layers, Tensor, list[Tensor]]:
+    """The |theta|^q pass whose leaves are A = |W/u|^q, one pair a layer (``LivePass``):
+    its constants, sum_v o_v (the mantissa at scale ``_Layers.top``) and the leaves, flat
+    (a small pytree: replayed without walking nested containers)."""
     walker = LivePass(graph, q, dtype, leaves=True)
     total, top = output_sum(walker.run_all_ones())
-    stored = {}
-    for name in walker.leaves:
-        module = graph.module.get_submodule(name)
-        stored[name] = module, {k: p for k in ("weight", "bias")
-                                if (p := _stored_parameter(module, k)) is not None}
-    return graph, walker, total, top, dict(walker.leaves), stored
+    leaves = [t for pair in walker.leaves.values() for t in pair if t is not None]
+    return _Layers(graph, walker, top, q), total, leaves
 
 
-def _gradients(total: Tensor, leaves: dict[str, tuple[Tensor, Tensor | None]]
+def _gradients(layers: _Layers, total: Tensor, leaves: list[Tensor]
                ) -> dict[str, tuple[Tensor, Tensor | None]]:
-    """For each layer d(sum_v o_v)/d|W/u|^q and d/d|b/v|^q (mantissas, as ``total``)."""
-    flat = [t for pair in leaves.values() for t in pair if t is not None]
-    grads = dict(zip(map(id, flat), torch.autograd.grad(total, flat, allow_unused=True),
-                     strict=True))
-    return {name: (_grad(grads, w), None if b is None else _grad(grads, b))
-            for name, (w, b) in leaves.items()}
+    """For each layer d(sum_v o_v)/d|W|^q and d/d|b|^q at scale e^(top + shift)."""
+    grads = iter(torch.autograd.grad(total, leaves, allow_unused=True))
+    leaf = iter(leaves)
+    found = {}
+    for (name, _, _, _, gains), biased in zip(layers.layers, layers.biased, strict=True):
+        pair = []
+        for gain, present in zip(gains, (True, biased), strict=True):
+            if not present:
+                pair.append(None)
+                continue
+            g, t = next(grads), next(leaf)
+            g = torch.zeros_like(t) if g is None else g
+            pair.append(g if gain is None else g * gain)
+        found[name] = (pair[0], pair[1])
+    return found
 
 
 def refuse_flushed(graph: LayerGraph,
@@ -330,8 +348,7 @@ def refuse_flushed(graph: LayerGraph,
     if not any(bool(z.any()) for pairs in zero.values() for z in pairs if z is not None):
         return
     with torch.enable_grad():
-        _, _, total, _, leaves, _ = _leaf_pass(graph, COUNTING_Q, torch.float64)
-        live = _gradients(total, leaves)
+        live = _gradients(*_leaf_pass(graph, COUNTING_Q, torch.float64))
     for name, pairs in zero.items():
         if name in live and any(z is not None and g is not None and bool((z & (g > 0)).any())
                                 for z, g in zip(pairs, live[name], strict=True)):
@@ -339,11 +356,6 @@ def refuse_flushed(graph: LayerGraph,
                 f"'{name}': {what} of some of its coordinates lie more than float64's range "
                 "below the largest (the network's paths span more than 1e308) and cannot be "
                 "given at one scale; normalise the network's scale first")
-
-
-def _grad(grads: dict[int, Tensor | None], leaf: Tensor) -> Tensor:
-    g = grads[id(leaf)]
-    return torch.zeros_like(leaf) if g is None else g
 
 
 def _stored_parameter(module: nn.Module, name: str) -> nn.Parameter | None:

@@ -86,7 +86,8 @@ class PathSGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One Path-SGD step from the parameters' ``.grad`` (Neyshabur et al. 2015, eq. 6)."""
+        """One Path-SGD step from the parameters' ``.grad`` (Neyshabur et al. 2015, eq. 6):
+        the directions and the update in a few foreach calls."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -94,44 +95,44 @@ class PathSGD(torch.optim.Optimizer):
         gammas = magnitude_gradients(self.model, self.input_shape, 2.0, self.dtype)
         half = math.exp(-gammas.log_scale / 2)  # twice: e^-s may overflow, the steps not
         gain = half * half if 0 < half * half < math.inf else None  # folded into lr if any
-        directions, folded = {}, {}
+        planned = []  # every group's directions first: a refused parameter changes nothing
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                gamma = gammas.mantissas.get(p)
-                if gamma is None:
-                    raise InvalidParameterError(
-                        f"a parameter of shape {tuple(p.shape)} is not a weight or bias of "
-                        "the traced network; Path-SGD scales only those")
-                direction = torch.where(gamma > 0, p.grad.to(gamma.dtype) / gamma, 0.0)
-                if gain is None:
-                    direction.mul_(half).mul_(half)
-                elif group["momentum"]:  # the buffer sums true directions
-                    direction.mul_(gain)
-                folded[p] = gain if gain is not None and not group["momentum"] else 1.0
-                directions[p] = direction
+            params = [p for p in group["params"] if p.grad is not None]
+            steps = _directions(params, gammas.mantissas) if params else []
+            if gain is None:
+                torch._foreach_mul_(steps, half)
+                torch._foreach_mul_(steps, half)
+            elif group["momentum"]:  # the buffer sums true directions
+                torch._foreach_mul_(steps, gain)
+            folded = gain if gain is not None and not group["momentum"] else 1.0
+            planned.append((group, params, steps, folded))
         if self.sgd_ratio is None:
-            self._calibrate({p: d * folded[p] for p, d in directions.items()})
-        for group in self.param_groups:
+            self._calibrate({p: d * folded for _, params, steps, folded in planned
+                             for p, d in zip(params, steps, strict=True)})
+        for group, params, steps, folded in planned:
             lr = group["lr"] / (self.sgd_ratio if self.match_sgd else 1.0)
-            params = [p for p in group["params"] if p in directions]
-            steps = [directions[p] for p in params]
-            scale = -lr * (gain if gain is not None and not group["momentum"] else 1.0)
             if group["momentum"]:
-                for i, p in enumerate(params):
-                    buf = self.state[p].get("momentum_buffer")
-                    if buf is None:
-                        buf = self.state[p]["momentum_buffer"] = steps[i].clone()
-                    else:
-                        buf.mul_(group["momentum"]).add_(steps[i])
-                    steps[i] = buf
-            if params and all(p.dtype == d.dtype for p, d in zip(params, steps, strict=True)):
-                torch._foreach_add_(params, steps, alpha=scale)
+                steps = self._momentum(params, steps, group["momentum"])
+            if all(p.dtype == d.dtype for p, d in zip(params, steps, strict=True)):
+                if params:
+                    torch._foreach_add_(params, steps, alpha=-lr * folded)
             else:
                 for p, d in zip(params, steps, strict=True):
-                    p.add_(d.to(p.dtype), alpha=scale)
+                    p.add_(d.to(p.dtype), alpha=-lr * folded)
         return loss
+
+    def _momentum(self, params: list[nn.Parameter], steps: list[torch.Tensor],
+                  momentum: float) -> list[torch.Tensor]:
+        """The heavy-ball buffers b <- momentum * b + step (a first step's copied)."""
+        old = [(self.state[p]["momentum_buffer"], d) for p, d in zip(params, steps, strict=True)
+               if "momentum_buffer" in self.state[p]]
+        if old:
+            buffers = [b for b, _ in old]
+            torch._foreach_mul_(buffers, momentum)
+            torch._foreach_add_(buffers, [d for _, d in old])
+        for p, d in zip(params, steps, strict=True):
+            self.state[p].setdefault("momentum_buffer", d)
+        return [self.state[p]["momentum_buffer"] for p in params]
 
     def _calibrate(self, directions: dict[nn.Parameter, torch.Tensor]) -> None:
         """Measure the median of |grad / gamma| / |grad| over the coordinates at the first
@@ -149,3 +150,23 @@ class PathSGD(torch.optim.Optimizer):
                 f"times as long as an SGD step (its gamma_p = d||Phi||_2^2/d(p^2) are "
                 f"small); lr={lr / self.sgd_ratio:.3g} gives a step the size of SGD's, as "
                 f"does PathSGD(..., match_sgd=True)", stacklevel=5)
+
+
+def _directions(params: list[nn.Parameter], gammas: dict[nn.Parameter, torch.Tensor]
+                ) -> list[torch.Tensor]:
+    """grad / gamma, 0 where gamma = 0 (no path of non-zero weights crosses p, so
+    grad = 0 there too; a non-finite grad there gives NaN): grad * sign(gamma) /
+    max(gamma, the smallest subnormal), exact where gamma > 0, in four foreach calls."""
+    found = []
+    for p in params:
+        gamma = gammas.get(p)
+        if gamma is None:
+            raise InvalidParameterError(
+                f"a parameter of shape {tuple(p.shape)} is not a weight or bias of the "
+                "traced network; Path-SGD scales only those")
+        found.append(gamma)
+    grads = [p.grad if p.grad.dtype == g.dtype else p.grad.to(g.dtype)
+             for p, g in zip(params, found, strict=True)]
+    info = torch.finfo(found[0].dtype)
+    return torch._foreach_div(torch._foreach_mul(grads, torch._foreach_sign(found)),
+                              torch._foreach_clamp_min(found, info.smallest_normal * info.eps))
