@@ -275,8 +275,9 @@ def penalty_step(rank: int, world: int, names: tuple[str, ...], penalty: str = "
                  ) -> dict[str, Any]:
     """One training step on cross-entropy + 0.1 * penalty: the plain model on the whole
     batch (every rank alone) against the FSDP2 model, each rank on its slice of the batch
-    (FSDP2 averages the cross-entropy gradients; the penalty's is exact on each shard).
-    Returns the largest gap between each rank's updated shard and the plain update."""
+    (FSDP2 averages the cross-entropy gradients; the penalty's is exact on each shard),
+    after the plain penalty was recorded and replayed on the same model. Returns the
+    largest gap between each rank's updated shard and the plain update."""
     from pathlift.graph import copy_model
     from pathlift.train import make_penalty
 
@@ -291,6 +292,7 @@ def penalty_step(rank: int, world: int, names: tuple[str, ...], penalty: str = "
             plain = copy_model(model)
             pen = make_penalty(penalty, shape)
             _, ref_pen = _step(plain, x, y, pen, 0.1)
+            pen(model), pen(model)  # recorded and replayed: sharding must record it anew
             shard(model, per_layer)
             _, value = _step(model, x[mine], y[mine], pen, 0.1)
             gap, scale = _gap(model, plain, rank, world)

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.utils import parametrize, prune
 
 from nets import residual_cnn
-from pathlift.errors import PrecisionError, UnsupportedModelError
+from pathlift.errors import InvalidParameterError, PrecisionError, UnsupportedModelError
 from pathlift.graph import eval_mode, graph_of
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
@@ -382,3 +382,61 @@ def test_the_recorded_passes_do_not_keep_a_model_alive() -> None:
     del model
     gc.collect()
     assert alive() is None
+
+
+def test_path_sgd_on_a_pruned_network_with_a_cut_neuron_follows_the_walked_formula() -> None:
+    """A pruned layer (weight_orig and its mask) and a dead hidden neuron (no incoming
+    weight, no bias: its outgoing weights have gamma = 0 and grad = 0): two steps of the
+    foreach update against grad / gamma (0 where gamma = 0) from the walked pass."""
+    def pruned() -> tuple[nn.Module, tuple[int, ...]]:
+        model, shape = _model("mlp")  # the same seed: the same weights
+        prune.l1_unstructured(model[1], "weight", 0.5)
+        with torch.no_grad():
+            model[1].weight_orig[0] = 0.0
+            model[1].bias[0] = 0.0
+        return model, shape
+
+    (model, shape), (twin, _) = pruned(), pruned()
+    graph = graph_of(twin, shape, as_eval=True)
+    x, y = torch.randn(4, *shape, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    opt, lr = PathSGD(model, shape, lr=1e-3), 1e-3
+    for _ in range(2):
+        for net in (model, twin):
+            net.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+        opt.step()
+        gammas = magnitude_gradients(graph, q=2.0)
+        assert bool((gammas.mantissas[twin[3].weight][:, 0] == 0).all())  # the dead neuron
+        with torch.no_grad():
+            for p in twin.parameters():
+                gamma = gammas.mantissas[p] * math.exp(gammas.log_scale)
+                p.sub_(lr * torch.where(gamma > 0, p.grad / gamma, 0.0))
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+
+
+class _Unused(nn.Module):
+    """An MLP with a parameter its forward never reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp()
+        self.extra = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_path_sgd_refuses_a_parameter_outside_the_network_and_moves_nothing() -> None:
+    torch.manual_seed(0)
+    model = _Unused().double()
+    shape = (1, 8, 8)
+    opt = PathSGD(model, shape, lr=1e-3)
+    F.cross_entropy(model(torch.randn(4, *shape, dtype=torch.float64)),
+                    torch.tensor([0, 1, 2, 0])).backward()
+    model.extra.grad = torch.ones(3, dtype=torch.float64)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidParameterError, match="shape \\(3,\\)"):
+        opt.step()
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
