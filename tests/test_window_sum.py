@@ -52,3 +52,25 @@ def test_window_sums_are_the_enumerated_sums_in_float32_and_float64(case):
     torch.testing.assert_close(window_sum(x, *geometry), expected, rtol=1e-12, atol=0)
     torch.testing.assert_close(window_sum(x.float(), *geometry), expected.float(),
                                rtol=1e-6, atol=0)
+
+
+def test_float32_windows_above_the_small_size_take_the_convolution_and_agree() -> None:
+    """Above 2^15 numbers float32 on the CPU sums by the depthwise convolution (below, by
+    the sum pool, as float64 always): both agree with float64 on every window, ceil_mode's
+    uneven right padding included."""
+    x = torch.rand((1, 2, 129, 131), dtype=torch.float64,
+                   generator=torch.Generator().manual_seed(0))
+    for kernel, stride, padding, ceil in (((3, 3), (2, 2), (1, 1), True),
+                                          ((2, 2), (2, 2), (0, 0), False)):
+        out = F.max_pool2d(x, kernel, stride, padding, ceil_mode=ceil).shape[2:]
+        geometry = (kernel, stride, padding, (1, 1), tuple(out))
+        expected = window_sum(x, *geometry)
+        assert x.numel() > 2 ** 15
+        torch.testing.assert_close(window_sum(x.float(), *geometry), expected.float(),
+                                   rtol=1e-6, atol=0)
+        small = x[:, :, :40, :40]
+        out = F.max_pool2d(small, kernel, stride, padding, ceil_mode=ceil).shape[2:]
+        torch.testing.assert_close(
+            window_sum(small.float(), kernel, stride, padding, (1, 1), tuple(out)),
+            _explicit(small, kernel, stride, padding, (1, 1), tuple(out)).float(),
+            rtol=1e-6, atol=0)

@@ -52,6 +52,9 @@ def _pads(kernel, stride, padding, dilation, spatial, out_spatial) -> list[int]:
     return pad
 
 
+_SMALL_WINDOW_SUM = 2 ** 15
+
+
 def window_sum(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
                padding: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int]
                ) -> Tensor:
@@ -59,10 +62,13 @@ def window_sum(x: Tensor, kernel: Sequence[int], stride: Sequence[int],
     cropped to the ``out_spatial`` size the pooling produces."""
     dims = len(kernel)
     pads = _pads(kernel, stride, padding, dilation, x.shape[2:], out_spatial)
-    if any(d != 1 for d in dilation) or (x.dtype == torch.float32 and x.device.type == "cpu"):
+    if any(d != 1 for d in dilation) or (x.dtype == torch.float32 and x.device.type == "cpu"
+                                         and x.numel() > _SMALL_WINDOW_SUM):
         # a depthwise convolution with a kernel of ones: dilated windows, and float32 on
         # the CPU, where oneDNN's runs 2-15x faster than the sum pool, backward included
-        # (benchmarks/bench_window_sum.py); zero padding inside it when it is symmetric
+        # (benchmarks/bench_window_sum.py), but for its set-up (~150 us a call forward and
+        # backward): below 2^15 numbers (a training step's batch-1 pass of a small CNN)
+        # the sum pool is 2-5x faster; zero padding inside it when it is symmetric
         inside = pads == [p for p in reversed(padding) for _ in (0, 1)]
         if any(pads) and not inside:
             x = F.pad(x, pads)
