@@ -2,7 +2,7 @@
 training step, each against the model's own forward and backward pass, in the same run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_train.py [--repeats 50]
-        [--models mlp small_cnn] [--out benchmarks/results/train.csv]
+        [--models mlp small_cnn] [--out benchmarks/results/train_cost.csv] [--label after]
 
 One thread, float32 models: small_cnn (1x8x8), the digits MLP, ResNet-18 (3x32x32, 10
 classes) in train mode. CPU time of this thread (``time.thread_time``: other processes'
@@ -20,7 +20,9 @@ a new order; each figure is the median over the rounds of that round's ratio:
 Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step and reg_step / step, with
 the machine. The penalty and Path-SGD's gamma are replayed from their recorded passes
 (``pathlift.lift.replay``) after the first call; run the script with an older checkout's
-``src`` on PYTHONPATH, alternating with this one, for the walked ones.
+``src`` on PYTHONPATH, alternating with this one, for the walked ones. ``--out`` keeps the
+rows of the file's other labels (one row per label and model), each naming the machine
+(vector width, cores).
 """
 
 from __future__ import annotations
@@ -127,20 +129,35 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--out", type=Path, default=None, help="CSV of times (ms) and ratios")
+    parser.add_argument("--label", default="this checkout",
+                        help="the code measured (its rows in --out replace that label's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{machine_description()}, one thread, load {os.getloadavg()[0]:.2f}")
-    rows = [measure(name, *CASES[name], args.repeats) for name in args.models]
+    machine = machine_description()
+    print(f"{machine}, one thread, load {os.getloadavg()[0]:.2f}")
+    rows = [{"label": args.label, **measure(name, *CASES[name], args.repeats),
+             "load": round(os.getloadavg()[0], 1), "machine": machine}
+            for name in args.models]
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     if args.out is not None:
-        import io
+        _write(args.out, rows)
 
-        from pathlift.files import write_text
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-        write_text(args.out, buffer.getvalue())
+
+def _write(path: Path, rows: list[dict]) -> None:
+    """``rows`` into the CSV at ``path``, after its rows of other labels (atomically)."""
+    import io
+
+    from pathlift.files import write_text
+    kept = []
+    if path.exists():
+        with path.open(newline="") as f:
+            kept = [r for r in csv.DictReader(f) if r.get("label") != rows[0]["label"]
+                    and list(r) == list(rows[0])]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows([*kept, *rows])
+    write_text(path, buffer.getvalue())
 
 
 if __name__ == "__main__":

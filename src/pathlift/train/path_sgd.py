@@ -156,7 +156,9 @@ def _directions(params: list[nn.Parameter], gammas: dict[nn.Parameter, torch.Ten
                 ) -> list[torch.Tensor]:
     """grad / gamma, 0 where gamma = 0 (no path of non-zero weights crosses p, so
     grad = 0 there too; a non-finite grad there gives NaN): grad * sign(gamma) /
-    max(gamma, the smallest subnormal), exact where gamma > 0, in four foreach calls."""
+    max(gamma, the smallest subnormal), exact where gamma > 0, in four foreach calls and
+    one new tensor a parameter (``gammas``, fresh from this step's pass, is clamped in
+    place: a ResNet-18's 11M numbers are not copied three times)."""
     found = []
     for p in params:
         gamma = gammas.get(p)
@@ -168,5 +170,8 @@ def _directions(params: list[nn.Parameter], gammas: dict[nn.Parameter, torch.Ten
     grads = [p.grad if p.grad.dtype == g.dtype else p.grad.to(g.dtype)
              for p, g in zip(params, found, strict=True)]
     info = torch.finfo(found[0].dtype)
-    return torch._foreach_div(torch._foreach_mul(grads, torch._foreach_sign(found)),
-                              torch._foreach_clamp_min(found, info.smallest_normal * info.eps))
+    directions = torch._foreach_sign(found)
+    torch._foreach_mul_(directions, grads)
+    torch._foreach_clamp_min_(found, info.smallest_normal * info.eps)
+    torch._foreach_div_(directions, found)
+    return directions
