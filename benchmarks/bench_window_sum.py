@@ -6,8 +6,8 @@ forward alone (path-norms) and forward + backward (path-magnitude scores, the pe
     .venv/bin/python benchmarks/bench_window_sum.py [--rounds 7] [--threads 1]
 
 Prints t(sum pool) / t(convolution) per geometry and dtype: above 1 the convolution is
-faster. ``window_sum`` takes the convolution for float32 on the CPU (and for dilated
-windows), the sum pool otherwise.
+faster. ``window_sum`` takes the convolution for float32 on the CPU above 2^15 numbers
+(and for dilated windows), the sum pool otherwise.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ import torch.nn.functional as F
 
 from timing import round_robin
 
-#: (channels, size, kernel, stride, padding): ResNet's stem pool, VGG's pools, and others.
+#: (channels, size, kernel, stride, padding): ResNet's stem pool, VGG's pools, others, and
+#: the batch-1 pools of a training step's penalty (small_cnn's two, ResNet-18's at 32x32).
 GEOMETRIES = [(64, 112, 3, 2, 1), (64, 224, 2, 2, 0), (128, 112, 2, 2, 0), (256, 56, 2, 2, 0),
-              (512, 28, 3, 1, 1), (512, 14, 2, 2, 0), (64, 112, 2, 1, 0), (16, 32, 3, 2, 1)]
+              (512, 28, 3, 1, 1), (512, 14, 2, 2, 0), (64, 112, 2, 1, 0), (16, 32, 3, 2, 1),
+              (16, 8, 2, 2, 0), (32, 4, 2, 2, 0), (64, 16, 3, 2, 1)]
 
 
 def _pool(x: torch.Tensor, k: int, s: int, p: int) -> torch.Tensor:
