@@ -384,7 +384,7 @@ def test_the_recorded_passes_do_not_keep_a_model_alive() -> None:
     assert alive() is None
 
 
-def test_path_sgd_on_a_pruned_network_with_a_cut_neuron_follows_the_walked_formula() -> None:
+def test_path_sgd_on_a_pruned_network_with_a_dead_neuron_follows_the_walked_formula() -> None:
     """A pruned layer (weight_orig and its mask) and a dead hidden neuron (no incoming
     weight, no bias: its outgoing weights have gamma = 0 and grad = 0): two steps of the
     foreach update against grad / gamma (0 where gamma = 0) from the walked pass."""
