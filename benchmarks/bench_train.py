@@ -2,7 +2,8 @@
 training step, each against the model's own forward and backward pass, in the same run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_train.py [--repeats 50]
-        [--models mlp small_cnn] [--out benchmarks/results/train_cost.csv] [--label after]
+        [--models mlp small_cnn] [--out benchmarks/results/train_cost_cpu_t1_avx512.csv]
+        [--label after]
 
 One thread, float32 models: small_cnn (1x8x8), the digits MLP, ResNet-18 (3x32x32, 10
 classes) in train mode. CPU time of this thread (``time.thread_time``: other processes'
