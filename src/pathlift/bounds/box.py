@@ -131,9 +131,13 @@ class _BoxPass(OpWalker):
         run = call.replace(x.center)
         center = handler.apply(x.center, w.center, run, None if b is None else b.center)
         abs_w = w.center.abs()
-        radius = handler.apply(x.radius, abs_w, run) + handler.apply(
-            x.center.abs() + x.radius, w.radius, run)
-        magnitude = handler.apply(x.center.abs(), abs_w, run)
+        radius = handler.apply(x.center.abs() + x.radius, w.radius, run)
+        if x.radius.requires_grad or bool(x.radius.any()):  # a point input: no |Wc| xr
+            radius = radius + handler.apply(x.radius, abs_w, run)
+        if radius.requires_grad:  # the differentiable pass: no rounding terms
+            magnitude = radius
+        else:
+            magnitude = _magnitude(handler, call, x.center, abs_w, w.center.numel() + 1)
         if b is not None:
             dim = handler.channel_dim
             radius = radius + channel_bias(b.radius, radius.dim(), dim)
@@ -200,6 +204,17 @@ class _BoxPass(OpWalker):
                                 (call.args, call.kwargs),
                                 is_leaf=lambda v: isinstance(v, Interval))
         return Call(call.node, call.module, args, kwargs).run()
+
+
+def _magnitude(handler: AffineHandler, call: Call, x: Tensor, abs_w: Tensor, n: int
+               ) -> Tensor:
+    """An upper bound on |W| |x| (the sum of the absolute terms of each output, which
+    the rounding bound of ``_inflate`` scales by gamma): max |x| times |W| 1, the sums of
+    |W| feeding each output, from one sample of ones (the map is linear and acts on each
+    sample alone), raised by 2 gamma_n for its own rounding."""
+    ones = torch.ones_like(x[:1] if x.dim() > 1 else x)
+    sums = handler.apply(ones, abs_w, call.replace(ones))
+    return _up(sums * (float(x.abs().max()) * (1 + 2 * _gamma(n + 3)))) if x.numel() else sums
 
 
 @dataclass(frozen=True)
