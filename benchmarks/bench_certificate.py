@@ -25,30 +25,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bench_bounds_cli import adam, digits_cnn
 from pathlift.bounds.compression import compression_bound
 from pathlift.data import load_digits
 from pathlift.jobs.frontier import FRONTIER_SEARCH
 from pathlift.train.recipes import compact_model, train_recipe
-
-
-def digits_cnn() -> nn.Module:
-    """The issue's 10k-parameter CNN on 8x8 digits (11,994 parameters)."""
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(32, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(256, 10))
-
-
-def _adam(model: nn.Module, x, y, epochs: int, seed: int = 0) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), 1e-3)
-    for _ in range(epochs):
-        perm = torch.randperm(len(x), generator=gen)
-        for i in range(0, len(x), 64):
-            b = perm[i:i + 64]
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[b]), y[b]).backward()
-            opt.step()
 
 
 def _row(name: str, model: nn.Module, shape, x, y, xt, yt, train, search=None) -> dict:
@@ -77,6 +58,7 @@ def _row(name: str, model: nn.Module, shape, x, y, xt, yt, train, search=None) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mnist1d", action="store_true", help="also MNIST-1D, n = 50,000")
+    parser.add_argument("--no-digits", action="store_true", help="MNIST-1D alone")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "certificate_cost.csv")
     args = parser.parse_args()
@@ -88,8 +70,8 @@ def main() -> None:
     xt, yt = digits.test.tensors
     torch.manual_seed(0)
     cnn = digits_cnn()
-    rows = [_row("digits cnn-10k, Adam 30 epochs", cnn, (1, 8, 8), x, y, xt, yt,
-                 lambda: _adam(cnn, x, y, 30))]
+    rows = [] if args.no_digits else [_row("digits cnn-10k, Adam 30 epochs", cnn, (1, 8, 8), x,
+                                           y, xt, yt, lambda: adam(cnn, x, y, 30))]
     if args.mnist1d:
         from pathlift.data.mnist1d import load_mnist1d
 
