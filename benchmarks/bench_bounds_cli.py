@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import re
 import resource
@@ -59,6 +60,7 @@ def trained_cnn(cache: Path, epochs: int = 30, seed: int = 0) -> tuple[Path, flo
     """The cached state_dict of the CNN trained on the digits' training split, and its
     test accuracy (trained and written atomically on the first call)."""
     from pathlift.data import load_data
+    from pathlift.files import atomic_write
 
     split = load_data("digits", seed=0)
     x, y = split.train.tensors
@@ -69,10 +71,9 @@ def trained_cnn(cache: Path, epochs: int = 30, seed: int = 0) -> tuple[Path, flo
         model.load_state_dict(torch.load(cache, weights_only=True))
     else:
         adam(model, x, y, epochs, seed)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        torch.save(model.state_dict(), tmp)
-        tmp.replace(cache)  # atomic
+        buffer = io.BytesIO()
+        torch.save(model.state_dict(), buffer)
+        atomic_write(cache, lambda fh: fh.write(buffer.getvalue()))
     with torch.no_grad():
         accuracy = float((model.eval()(xt).argmax(1) == yt).double().mean())
     return cache, accuracy
@@ -99,6 +100,17 @@ def certificate_of(output: str) -> str:
     found = re.search(r"kl\^-1\([^)]*\), L = \d+ bits", output)
     value = re.search(r"compression[^\n]*?(\d\.\d+)\s", output)
     return (found.group(0) if found else "?") + (f" -> {value.group(1)}" if value else "")
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """``rows`` as a CSV file, written atomically (``pathlift.files.atomic_write``)."""
+    from pathlift.files import atomic_write
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(path, lambda fh: fh.write(text.getvalue().encode()))
 
 
 def main() -> None:
@@ -129,13 +141,7 @@ def main() -> None:
         print(f"{name}: median {statistics.median(r['cpu_s'] for r in rows if r['tree'] == name)}"
               " s CPU")
     print(f"after / before: median of per-round ratios {statistics.median(ratios):.4f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(args.out)  # atomic
+    write_rows(args.out, rows)
     print(f"wrote {args.out}")
 
 

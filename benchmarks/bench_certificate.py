@@ -17,7 +17,6 @@ search's candidates. Writes benchmarks/results/certificate_cost.csv (or --out).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench_bounds_cli import adam, digits_cnn
+from bench_bounds_cli import adam, digits_cnn, write_rows
 from pathlift.bounds.compression import compression_bound
 from pathlift.data import load_digits
 from pathlift.jobs.frontier import FRONTIER_SEARCH
@@ -83,13 +82,7 @@ def main() -> None:
         rows.append(_row("mnist1d cnn-small, prune-retrain 0.5", small, (1, 40), x, y, xt,
                          yt, lambda: train_recipe(small, x, y, "prune-retrain", 0.5, 20, 128,
                                                   3e-3, 0), FRONTIER_SEARCH))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(args.out)  # atomic
+    write_rows(args.out, rows)
     print(f"wrote {args.out}")
 
 
