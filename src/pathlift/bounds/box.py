@@ -59,11 +59,11 @@ def _gamma(n: int) -> float:
 
 def _up(t: Tensor) -> Tensor:
     """The next float above (rounding outward); the identity on a differentiable tensor."""
-    return t if t.requires_grad else torch.nextafter(t, torch.full_like(t, math.inf))
+    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(math.inf))
 
 
 def _down(t: Tensor) -> Tensor:
-    return t if t.requires_grad else torch.nextafter(t, torch.full_like(t, -math.inf))
+    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(-math.inf))
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,15 @@ class _BoxPass(OpWalker):
         return Interval(center, _inflate(radius, magnitude, w.center.numel() + 1))
 
     def on_relu(self, handler: Handler, call: Call) -> Interval:
+        """ReLU is the identity where low >= 0 (the interval is kept as it is), 0 where
+        high <= 0, and [0, high] elsewhere: centre and radius high / 2, exact in binary
+        floating point but for subnormal high, rounded up then."""
         x: Interval = call.args[0]
-        return Interval.between(x.low.clamp(min=0), x.high.clamp(min=0))
+        if x.center.requires_grad or x.radius.requires_grad:
+            return Interval.between(x.low.clamp(min=0), x.high.clamp(min=0))
+        kept = x.low >= 0
+        half = x.high.clamp(min=0) / 2
+        return Interval(torch.where(kept, x.center, half), torch.where(kept, x.radius, _up(half)))
 
     def on_maxpool(self, handler: FixedLinear, call: Call) -> Interval:
         x: Interval = call.args[0]
