@@ -309,17 +309,29 @@ def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
     scores = hc @ w.center.t() + (0.0 if b is None else b.center)
     center = scores.gather(1, index) - scores
     # radius: |W_y - W_c| hr + (Wr_y + Wr_c)(|hc| + hr) + br_y + br_c
-    diff = (w.center[y][:, None, :] - w.center[None, :, :]).abs()  # (batch, C, in)
-    spread = torch.einsum("bci,bi->bc", diff, hr)
-    uncertain = (hc.abs() + hr) @ w.radius.t()
+    size = hc.abs()
+    spread, magnitude = _through_differences(w.center, y, hr, size)
+    uncertain = (size + hr) @ w.radius.t()
     radius = spread + uncertain.gather(1, index) + uncertain
-    magnitude = torch.einsum("bci,bi->bc", diff, hc.abs()) + 2 * (hc.abs() @ w.center.abs().t())
+    magnitude = magnitude + 2 * (size @ w.center.abs().t())
     if b is not None:
         radius = radius + b.radius[y][:, None] + b.radius[None, :]
         magnitude = magnitude + b.center.abs()[y][:, None] + b.center.abs()[None, :]
     radius = _inflate(radius, magnitude, w.center.shape[1] + 2)
     low = _down(center - radius).scatter(1, index, math.inf)
     return low if per_class else low.amin(1)
+
+
+def _through_differences(w: Tensor, y: Tensor, *rows: Tensor) -> list[Tensor]:
+    """For each (batch, in) tensor r of ``rows``: sum_i |W_(y_b) i - W_c i| r_b i per sample b
+    and class c, a matrix product per label present (memory: one |W_k - W| at a time)."""
+    out = [r.new_empty(len(y), len(w)) for r in rows]
+    for k in y.unique().tolist():
+        picked = y == k
+        diff = (w[k] - w).abs().t()  # (in, C)
+        for o, r in zip(out, rows, strict=True):
+            o[picked] = r[picked] @ diff
+    return out
 
 
 def _run(graph: LayerGraph, x: Tensor,
