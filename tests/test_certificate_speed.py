@@ -109,9 +109,9 @@ def test_no_candidate_is_scored_when_every_code_is_too_long_to_beat_chance(monke
 
 def test_a_spent_budget_stops_a_score_half_way(monkeypatch):
     """With the budget spent, the first candidate's box event stops after its first batch:
-    one batch for the search, then the final certificate's batches over all n."""
+    one batch of 512 for the search, then the final certificate's (2,048 a batch) over all n."""
     net, x, y = _trained(8)
-    x, y = torch.cat([x] * 2), torch.cat([y] * 2)  # 1,200 points: three batches of 512
+    x, y = torch.cat([x] * 2), torch.cat([y] * 2)  # 1,200 points: 3 batches of 512 in the search
     batches = []
     real = compression.box_margins
     monkeypatch.setattr(compression, "box_margins",
@@ -119,7 +119,7 @@ def test_a_spent_budget_stops_a_score_half_way(monkeypatch):
     search = CompressionSearch(transfers=("box",))
     cert = compression_bound(net, (6,), x, y, search=search, time_budget=0.0)
     assert cert.stopped.startswith("time budget of 0 s spent after 1 candidates")
-    assert batches == [512, 512, 512, 176]
+    assert batches == [512, 1200]
     assert cert.value == kl_inverse(cert.occam.empirical, cert.occam.budget)
 
 

@@ -454,22 +454,41 @@ class _Problem:
                            self.delta)
 
     def box_event(self, graph: LayerGraph, coded: CodedNetwork, data: _Scored, bits: int,
-                  target: float = math.inf, clock: _Clock | None = None,
-                  batch: int = 512) -> Tensor | None:
-        """The box event on ``data``, batch by batch; None as soon as the points already in
-        it keep the bound at or above ``target``, or ``clock``'s budget is spent."""
+                  target: float = math.inf, clock: _Clock | None = None) -> Tensor | None:
+        """The box event on ``data``, batch by batch (of 512 points in the search, 2,048
+        for a final certificate); None as soon as the points seen make a bound below
+        ``target`` out of reach or unlikely (``_likely_rate``), or ``clock``'s budget is
+        spent."""
+        batch = 2048 if target == math.inf else 512
         boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
         for (name, _, _, _), ends in zip(quantized_tensors(graph), coded.box(), strict=True):
             layer, pname = name.rsplit(".", 1)
             boxes.setdefault(layer, {})[pname] = ends
-        hits, count = [], 0
+        hits, count, seen = [], 0, 0
         for xb, yb in zip(data.x.split(batch), data.y.split(batch), strict=True):
             hits.append(box_margins(graph, None, xb, yb, boxes) <= 0)
-            count += int(hits[-1].sum())
-            if target < math.inf and (self.floor(count / len(data.x), bits) >= target
-                                      or (clock is not None and clock.spent)):
+            count, seen = count + int(hits[-1].sum()), seen + len(xb)
+            if target < math.inf and (
+                    self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target
+                    or (clock is not None and clock.spent)):
                 return None
         return torch.cat(hits)
+
+
+_UNLIKELY = 1e-4
+
+
+def _likely_rate(count: int, seen: int, total: int) -> float:
+    """A rate the event's frequency on all ``total`` points exceeds, given ``count`` of the
+    first ``seen`` in it: surely count / total; and, as the points come in random order (a
+    uniform sample without replacement, whose Chernoff bounds are those of i.i.d. draws,
+    Hoeffding 1963 Thm 4), with probability >= 1 - ``_UNLIKELY`` the lower kl confidence
+    bound 1 - kl^-1(1 - count/seen, ln(1/_UNLIKELY)/seen). For the search only: a
+    candidate dropped on it is one it would most likely not keep."""
+    if seen >= total:
+        return count / total
+    return max(count / total,
+               1 - kl_inverse(1 - count / seen, math.log(1 / _UNLIKELY) / seen))
 
 
 def _ceil_log2(v: float) -> int:
