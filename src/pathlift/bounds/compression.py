@@ -536,6 +536,7 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     The search (``_Search``) scores candidates with the estimated code length
     (``estimated_length``) and skips those that cannot beat the best so far nor chance
     (no event is rarer than the network's own errors: kl^-1(train error, budget of L)),
+    abandons a score once it cannot or most likely will not beat them,
     calls ``progress(done, planned)`` after each, stops when ``time_budget`` seconds (wall
     clock, from the call) are spent, and tries a single candidate when the network's own
     training error already keeps every bound at or above chance (``stopped`` says why);
@@ -644,8 +645,11 @@ class _Search:
     descent on the step exponents (``refine``). A candidate costs a quantisation and its
     estimated code length; it is scored on the data (``_Problem.candidate``) only when
     its floor kl^-1(theta's error, budget of its bits) lies below ``target`` (the best
-    score so far, and chance), and its score is abandoned as soon as it cannot end below
-    it. Nothing skipped could have been kept: every score is at least its floor."""
+    score so far, and chance), and its score is abandoned as soon as it cannot, or most
+    likely will not, end below it (``_likely_rate``). Nothing skipped could have been
+    kept (every score is at least its floor); a score abandoned on likelihood would have
+    been kept with probability <= 1e-4 per batch. What the search keeps changes only
+    which Q is certified, never the validity of the certificate."""
 
     def __init__(self, problem: _Problem, data: _Scored, clock: _Clock, train_error: float,
                  chance: float):
