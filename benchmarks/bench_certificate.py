@@ -8,16 +8,18 @@ thread (time.thread_time, OMP_NUM_THREADS=1) of
    by the ``prune-retrain`` recipe at n = 50,000 (``--mnist1d``; minutes), against the
    recipe's training (goal: <= 0.10).
 
-Each row: the model, n, training CPU s, certificate CPU s, their ratio, the bound, the
-search's candidates. Writes benchmarks/results/certificate_cost.csv (or --out).
+Each row: the code measured (``--code``), the model, n, training CPU s, certificate CPU s,
+their ratio, the bound, the search's candidates. Writes
+benchmarks/results/certificate_cost.csv (or --out). The committed file holds main's rows
+(PYTHONPATH=/work/main/src) and this branch's, from runs of this script.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_certificate.py [--mnist1d]
+    OMP_NUM_THREADS=1 PYTHONPATH=src:benchmarks python benchmarks/bench_certificate.py \
+        [--mnist1d [--no-digits]] [--code LABEL]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 from pathlib import Path
@@ -25,33 +27,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bench_bounds_cli import adam, digits_cnn, write_rows
 from pathlift.bounds.compression import compression_bound
 from pathlift.data import load_digits
 from pathlift.jobs.frontier import FRONTIER_SEARCH
 from pathlift.train.recipes import compact_model, train_recipe
 
 
-def digits_cnn() -> nn.Module:
-    """The issue's 10k-parameter CNN on 8x8 digits (11,994 parameters)."""
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(32, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(256, 10))
-
-
-def _adam(model: nn.Module, x, y, epochs: int, seed: int = 0) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), 1e-3)
-    for _ in range(epochs):
-        perm = torch.randperm(len(x), generator=gen)
-        for i in range(0, len(x), 64):
-            b = perm[i:i + 64]
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[b]), y[b]).backward()
-            opt.step()
-
-
-def _row(name: str, model: nn.Module, shape, x, y, xt, yt, train, search=None) -> dict:
+def _row(code: str, name: str, model: nn.Module, shape, x, y, xt, yt, train, search=None
+         ) -> dict:
     torch.manual_seed(0)
     start = time.thread_time()
     train()
@@ -65,7 +49,7 @@ def _row(name: str, model: nn.Module, shape, x, y, xt, yt, train, search=None) -
     certified = time.thread_time() - start
     with torch.no_grad():
         accuracy = float((model(xt).argmax(1) == yt).double().mean())
-    row = {"model": name, "n": len(x), "train_cpu_s": round(trained, 2),
+    row = {"code": code, "model": name, "n": len(x), "train_cpu_s": round(trained, 2),
            "certificate_cpu_s": round(certified, 2),
            "ratio": round(certified / trained, 4), "bound": round(cert.value, 4),
            "chance": round(cert.chance, 4), "test_accuracy": round(accuracy, 4),
@@ -77,6 +61,8 @@ def _row(name: str, model: nn.Module, shape, x, y, xt, yt, train, search=None) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mnist1d", action="store_true", help="also MNIST-1D, n = 50,000")
+    parser.add_argument("--no-digits", action="store_true", help="MNIST-1D alone")
+    parser.add_argument("--code", default="this tree", help="what the rows measure (a label)")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "certificate_cost.csv")
     args = parser.parse_args()
@@ -88,8 +74,9 @@ def main() -> None:
     xt, yt = digits.test.tensors
     torch.manual_seed(0)
     cnn = digits_cnn()
-    rows = [_row("digits cnn-10k, Adam 30 epochs", cnn, (1, 8, 8), x, y, xt, yt,
-                 lambda: _adam(cnn, x, y, 30))]
+    rows = [] if args.no_digits else [
+        _row(args.code, "digits cnn-10k, Adam 30 epochs", cnn, (1, 8, 8), x, y, xt, yt,
+             lambda: adam(cnn, x, y, 30))]
     if args.mnist1d:
         from pathlift.data.mnist1d import load_mnist1d
 
@@ -98,16 +85,10 @@ def main() -> None:
         xt, yt = data.test.tensors
         torch.manual_seed(0)
         small = compact_model("cnn-small", (1, 40))
-        rows.append(_row("mnist1d cnn-small, prune-retrain 0.5", small, (1, 40), x, y, xt,
-                         yt, lambda: train_recipe(small, x, y, "prune-retrain", 0.5, 20, 128,
-                                                  3e-3, 0), FRONTIER_SEARCH))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(args.out)  # atomic
+        rows.append(_row(args.code, "mnist1d cnn-small, prune-retrain 0.5", small, (1, 40), x,
+                         y, xt, yt, lambda: train_recipe(small, x, y, "prune-retrain", 0.5, 20,
+                                                         128, 3e-3, 0), FRONTIER_SEARCH))
+    write_rows(args.out, rows)
     print(f"wrote {args.out}")
 
 

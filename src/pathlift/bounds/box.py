@@ -59,11 +59,11 @@ def _gamma(n: int) -> float:
 
 def _up(t: Tensor) -> Tensor:
     """The next float above (rounding outward); the identity on a differentiable tensor."""
-    return t if t.requires_grad else torch.nextafter(t, torch.full_like(t, math.inf))
+    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(math.inf))
 
 
 def _down(t: Tensor) -> Tensor:
-    return t if t.requires_grad else torch.nextafter(t, torch.full_like(t, -math.inf))
+    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(-math.inf))
 
 
 @dataclass(frozen=True)
@@ -131,9 +131,13 @@ class _BoxPass(OpWalker):
         run = call.replace(x.center)
         center = handler.apply(x.center, w.center, run, None if b is None else b.center)
         abs_w = w.center.abs()
-        radius = handler.apply(x.radius, abs_w, run) + handler.apply(
-            x.center.abs() + x.radius, w.radius, run)
-        magnitude = handler.apply(x.center.abs(), abs_w, run)
+        radius = handler.apply(x.center.abs() + x.radius, w.radius, run)
+        if x.radius.requires_grad or bool(x.radius.any()):  # a point input: no |Wc| xr
+            radius = radius + handler.apply(x.radius, abs_w, run)
+        if radius.requires_grad:  # the differentiable pass: no rounding terms
+            magnitude = radius
+        else:
+            magnitude = _magnitude(handler, call, x.center, abs_w, w.center.numel() + 1)
         if b is not None:
             dim = handler.channel_dim
             radius = radius + channel_bias(b.radius, radius.dim(), dim)
@@ -141,8 +145,15 @@ class _BoxPass(OpWalker):
         return Interval(center, _inflate(radius, magnitude, w.center.numel() + 1))
 
     def on_relu(self, handler: Handler, call: Call) -> Interval:
+        """ReLU is the identity where low >= 0 (the interval is kept as it is), 0 where
+        high <= 0, and [0, high] elsewhere: centre and radius high / 2, exact in binary
+        floating point but for subnormal high, rounded up then."""
         x: Interval = call.args[0]
-        return Interval.between(x.low.clamp(min=0), x.high.clamp(min=0))
+        if x.center.requires_grad or x.radius.requires_grad:
+            return Interval.between(x.low.clamp(min=0), x.high.clamp(min=0))
+        kept = x.low >= 0
+        half = x.high.clamp(min=0) / 2
+        return Interval(torch.where(kept, x.center, half), torch.where(kept, x.radius, _up(half)))
 
     def on_maxpool(self, handler: FixedLinear, call: Call) -> Interval:
         x: Interval = call.args[0]
@@ -200,6 +211,17 @@ class _BoxPass(OpWalker):
                                 (call.args, call.kwargs),
                                 is_leaf=lambda v: isinstance(v, Interval))
         return Call(call.node, call.module, args, kwargs).run()
+
+
+def _magnitude(handler: AffineHandler, call: Call, x: Tensor, abs_w: Tensor, n: int
+               ) -> Tensor:
+    """An upper bound on |W| |x| (the sum of the absolute terms of each output, which
+    the rounding bound of ``_inflate`` scales by gamma): max |x| times |W| 1, the sums of
+    |W| feeding each output, from one sample of ones (the map is linear and acts on each
+    sample alone), raised by 2 gamma_n for its own rounding."""
+    ones = torch.ones_like(x[:1] if x.dim() > 1 else x)
+    sums = handler.apply(ones, abs_w, call.replace(ones))
+    return _up(sums * (float(x.abs().max()) * (1 + 2 * _gamma(n + 3)))) if x.numel() else sums
 
 
 @dataclass(frozen=True)
@@ -287,17 +309,29 @@ def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
     scores = hc @ w.center.t() + (0.0 if b is None else b.center)
     center = scores.gather(1, index) - scores
     # radius: |W_y - W_c| hr + (Wr_y + Wr_c)(|hc| + hr) + br_y + br_c
-    diff = (w.center[y][:, None, :] - w.center[None, :, :]).abs()  # (batch, C, in)
-    spread = torch.einsum("bci,bi->bc", diff, hr)
-    uncertain = (hc.abs() + hr) @ w.radius.t()
+    size = hc.abs()
+    spread, magnitude = _through_differences(w.center, y, hr, size)
+    uncertain = (size + hr) @ w.radius.t()
     radius = spread + uncertain.gather(1, index) + uncertain
-    magnitude = torch.einsum("bci,bi->bc", diff, hc.abs()) + 2 * (hc.abs() @ w.center.abs().t())
+    magnitude = magnitude + 2 * (size @ w.center.abs().t())
     if b is not None:
         radius = radius + b.radius[y][:, None] + b.radius[None, :]
         magnitude = magnitude + b.center.abs()[y][:, None] + b.center.abs()[None, :]
     radius = _inflate(radius, magnitude, w.center.shape[1] + 2)
     low = _down(center - radius).scatter(1, index, math.inf)
     return low if per_class else low.amin(1)
+
+
+def _through_differences(w: Tensor, y: Tensor, *rows: Tensor) -> list[Tensor]:
+    """For each (batch, in) tensor r of ``rows``: sum_i |W_(y_b) i - W_c i| r_b i per sample b
+    and class c, a matrix product per label present (memory: one |W_k - W| at a time)."""
+    out = [r.new_empty(len(y), len(w)) for r in rows]
+    for k in y.unique().tolist():
+        picked = y == k
+        diff = (w[k] - w).abs().t()  # (in, C)
+        for o, r in zip(out, rows, strict=True):
+            o[picked] = r[picked] @ diff
+    return out
 
 
 def _run(graph: LayerGraph, x: Tensor,

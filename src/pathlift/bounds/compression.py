@@ -298,7 +298,9 @@ def logit_margins(model: nn.Module, x: Tensor, y: Tensor, batch: int = 4096
 
 @dataclass(frozen=True)
 class _Candidate:
-    """One Q of the search and the scores of its events on the data it was scored on."""
+    """One Q of the search and the scores of its events on the data it was scored on
+    (``bounds``: the transfers evaluated to the end; ``quantized_error``: Q's own error,
+    NaN where its margins were not needed)."""
 
     rescaling: str
     prune_fraction: float
@@ -314,6 +316,25 @@ class _Candidate:
     def best(self) -> tuple[str, OccamBound, float | None]:
         transfer = min(self.bounds, key=lambda k: self.bounds[k][0].value)
         return (transfer, *self.bounds[transfer])
+
+    @property
+    def value(self) -> float:
+        return self.best[1].value
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """The data a candidate is scored on: (x, y), B(x), the trained network's own margins
+    m_theta(x, y) (its errors lie in every event of every Q: the floors of ``_Problem``)."""
+
+    x: Tensor
+    y: Tensor
+    scale: Tensor
+    own: Tensor
+
+    @property
+    def own_error(self) -> float:
+        return float((self.own <= 0).double().mean())
 
 
 class _Problem:
@@ -352,13 +373,11 @@ class _Problem:
             prune_model(model, self.shape, fraction)
         return model
 
-    def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
-                  pruned: nn.Module, exponents: Sequence[int], x: Tensor, y: Tensor,
-                  scale: Tensor, exact_length: bool = False) -> _Candidate:
-        """Quantise ``pruned`` with steps 2^exponents (towards zero), code it, and score its
-        events on (x, y) with the budget of the full sample (the bound's n). The code
-        length is the bits ``encode`` writes when ``exact_length``, else the search's estimate
-        (``estimated_length``, within a few bits)."""
+    def coded(self, graph: LayerGraph, pruned: nn.Module, exponents: Sequence[int],
+              exact_length: bool = False) -> tuple[nn.Module, CodedNetwork, CodeLength]:
+        """Q: ``pruned`` quantised with steps 2^exponents (towards zero), its code and the
+        code's length: the bits ``encode`` writes when ``exact_length``, else the
+        search's estimate (``estimated_length``, within a few bits). No pass over data."""
         names = [name for name, _, _, _ in quantized_tensors(graph)]
         q = quantize(pruned, self.shape, step={n: math.ldexp(1.0, e)
                                                for n, e in zip(names, exponents, strict=True)})
@@ -375,42 +394,101 @@ class _Problem:
                              tuple(codes), tuple(exact), self.constants)
         length = encode(coded, self.family).length if exact_length else \
             estimated_length(coded, self.family)
-        metric = path_metric(graph, q.model, self.shape)
+        return q.model, coded, length
+
+    def budget(self, bits: int) -> float:
+        return (bits * math.log(2) + math.log(self.events.size) + math.log(1 / self.delta)) \
+            / self.n
+
+    def floor(self, error: float, bits: int) -> float:
+        """kl^-1(error, budget of ``bits`` bits): no event of a Q of ``bits`` bits is rarer
+        than the trained network's own errors (module docstring, proofs of (a) and (b)),
+        so no certificate through Q lies below this, with ``error`` theta's error."""
+        return kl_inverse(error, self.budget(bits))
+
+    def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
+                  model: nn.Module, coded: CodedNetwork, length: CodeLength, data: _Scored,
+                  target: float = math.inf, clock: _Clock | None = None) -> _Candidate | None:
+        """Score Q (``model``, ``coded``) on ``data`` with the budget of the full sample
+        (the bound's n), each transfer only while it can still end below ``target``: a
+        transfer whose floor (its event holds at least where theta errs, and for the
+        path-metric wherever m_theta <= (tau - d) B, as |m_Q - m_theta| <= B d) reaches
+        ``target`` is not evaluated, the box pass stops once the points already in its
+        event do, or when ``clock``'s budget is spent. None when no transfer finished.
+        With ``target`` infinite (the final certificate) every transfer is evaluated, and
+        Q's own training error."""
+        metric = path_metric(graph, model, self.shape)
         if not (metric.same_signs and metric.exact):  # Cor. 3.4.1 and Lemma 3.4.1's premise
             raise InvalidParameterError("the compressed network does not satisfy Lemma "
                                         "3.4.1's |Q| <= |theta|, same signs")
-        d = certified_d(graph, graph_of(q.model, self.shape))
-        margins, sizes = logit_margins(q.model, x, y)
+        d = certified_d(graph, graph_of(model, self.shape))
+        bits, final = length.total, target == math.inf
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
-        if PATH_METRIC in self.transfers:
-            t = self.events.tau_index(d)
-            if t is not None:
-                tau = self.events.tau(t)
-                hit = margins <= tau * scale + 1e-9 * (1 + sizes)
-                bounds[PATH_METRIC] = (self.occam(hit, length.total), tau)
+        margins = None
+        t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
+        if t is not None:
+            tau = self.events.tau(t)
+            reached = float((data.own <= (tau - d) * data.scale).double().mean())
+            if final or self.floor(reached, bits) < target:
+                margins, sizes = logit_margins(model, data.x, data.y)
+                hit = margins <= tau * data.scale + 1e-9 * (1 + sizes)
+                bounds[PATH_METRIC] = (self.occam(hit, bits), tau)
+                target = min(target, bounds[PATH_METRIC][0].value)
         if BOX in self.transfers and self.events.box:
-            hit = self.box_event(graph, coded, x, y)
-            bounds[BOX] = (self.occam(hit, length.total), None)
-        if not bounds:
+            hit = self.box_event(graph, coded, data, bits, target, clock)
+            if hit is not None:
+                bounds[BOX] = (self.occam(hit, bits), None)
+        if final and not bounds:
             raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
                                         "event was asked for")
-        return _Candidate(rescaling, fraction, tuple(exponents), coded, length,
-                          metric.upper_log10, metric.norm_b_log10, bounds,
-                          float((margins <= 0).double().mean()))
+        if not bounds:
+            return None
+        if final and margins is None:
+            margins, _ = logit_margins(model, data.x, data.y)
+        error = math.nan if margins is None else float((margins <= 0).double().mean())
+        return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
+                          metric.upper_log10, metric.norm_b_log10, bounds, error)
 
     def occam(self, hit: Tensor, bits: int) -> OccamBound:
         return occam_bound(float(hit.double().mean()), self.n, bits, self.events.size,
                            self.delta)
 
-    def box_event(self, graph: LayerGraph, coded: CodedNetwork, x: Tensor, y: Tensor,
-                  batch: int = 2048) -> Tensor:
+    def box_event(self, graph: LayerGraph, coded: CodedNetwork, data: _Scored, bits: int,
+                  target: float = math.inf, clock: _Clock | None = None) -> Tensor | None:
+        """The box event on ``data``, batch by batch (of 512 points in the search, 2,048
+        for a final certificate); None as soon as the points seen make a bound below
+        ``target`` out of reach or unlikely (``_likely_rate``), or ``clock``'s budget is
+        spent."""
+        batch = 2048 if target == math.inf else 512
         boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
         for (name, _, _, _), ends in zip(quantized_tensors(graph), coded.box(), strict=True):
             layer, pname = name.rsplit(".", 1)
             boxes.setdefault(layer, {})[pname] = ends
-        hits = [box_margins(graph, None, xb, yb, boxes) <= 0
-                for xb, yb in zip(x.split(batch), y.split(batch), strict=True)]
+        hits, count, seen = [], 0, 0
+        for xb, yb in zip(data.x.split(batch), data.y.split(batch), strict=True):
+            hits.append(box_margins(graph, None, xb, yb, boxes) <= 0)
+            count, seen = count + int(hits[-1].sum()), seen + len(xb)
+            if target < math.inf and (
+                    self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target
+                    or (clock is not None and clock.spent)):
+                return None
         return torch.cat(hits)
+
+
+_UNLIKELY = 1e-4
+
+
+def _likely_rate(count: int, seen: int, total: int) -> float:
+    """A rate the event's frequency on all ``total`` points exceeds, given ``count`` of the
+    first ``seen`` in it: surely count / total; and, as the points come in random order (a
+    uniform sample without replacement, whose Chernoff bounds are those of i.i.d. draws,
+    Hoeffding 1963 Thm 4), with probability >= 1 - ``_UNLIKELY`` the lower kl confidence
+    bound 1 - kl^-1(1 - count/seen, ln(1/_UNLIKELY)/seen). For the search only: a
+    candidate dropped on it is one it would most likely not keep."""
+    if seen >= total:
+        return count / total
+    return max(count / total,
+               1 - kl_inverse(1 - count / seen, math.log(1 / _UNLIKELY) / seen))
 
 
 def _ceil_log2(v: float) -> int:
@@ -455,7 +533,10 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     model outside the supported ops. The sample must be i.i.d.: exact duplicates are
     counted (``sample.duplicates``) and said in the statement.
 
-    The search scores candidates with the estimated code length (``estimated_length``),
+    The search (``_Search``) scores candidates with the estimated code length
+    (``estimated_length``) and skips those that cannot beat the best so far nor chance
+    (no event is rarer than the network's own errors: kl^-1(train error, budget of L)),
+    abandons a score once it cannot or most likely will not beat them,
     calls ``progress(done, planned)`` after each, stops when ``time_budget`` seconds (wall
     clock, from the call) are spent, and tries a single candidate when the network's own
     training error already keeps every bound at or above chance (``stopped`` says why);
@@ -489,35 +570,18 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
     search, stopped = _hopeless(search, train_error, sample, events, delta)
     gen = torch.Generator().manual_seed(search.seed)
     pick = torch.randperm(len(x), generator=gen)[:search.subsample]
-    xs, ys, scale = x[pick], y[pick], problem.scale[pick]
     clock = _Clock(search, len(problem.family[problem.index].tensors), progress,
                    None if time_budget is None else start + time_budget)
-    best: _Candidate | None = None
-    for rescaling in search.rescalings:
-        _kept, graph = problem.rescaled(rescaling)  # _kept: the graph's model stays alive
-        for fraction in search.prune_fractions:
-            if best is not None and clock.spent:
-                break
-            pruned = problem.pruned(graph, fraction)
-            local = None
-            for offset in search.offsets:
-                if local is not None and clock.spent:
-                    break
-                c = clock.tick(problem.candidate(rescaling, fraction, graph, pruned,
-                                                 _start_exponents(graph, offset), xs, ys,
-                                                 scale))
-                if local is None or c.best[1].value < local.best[1].value:
-                    local = c
-            local = _refine(problem, graph, pruned, local, xs, ys, scale, search.refine, clock)
-            if best is None or local.best[1].value < best.best[1].value:
-                best = local
-    if clock.spent and not stopped:
-        stopped = (f"time budget of {time_budget:g} s spent after {clock.done} candidates: "
-                   "the best so far is certified")
-    _kept, graph = problem.rescaled(best.rescaling)
-    final = problem.candidate(best.rescaling, best.prune_fraction, graph,
-                              problem.pruned(graph, best.prune_fraction), best.exponents, x,
-                              y, problem.scale, exact_length=True)
+    searched = _Search(problem, _Scored(x[pick], y[pick], problem.scale[pick], own[pick]),
+                       clock, train_error, sample.chance)
+    found = searched.run(search)
+    stopped = stopped or searched.why(time_budget)
+    _kept, graph = problem.rescaled(found.rescaling)
+    model_q, coded, length = problem.coded(
+        graph, problem.pruned(graph, found.prune_fraction), found.exponents, exact_length=True)
+    final = problem.candidate(found.rescaling, found.prune_fraction, graph, model_q, coded,
+                              length, _Scored(x, y, problem.scale, own))
+    assert final is not None  # an infinite target evaluates every transfer
     transfer, occam, tau = final.best
     return CompressionBound(
         occam, transfer, final.length, final.d_log10, tau, train_error,
@@ -557,31 +621,125 @@ class _Clock:
     def spent(self) -> bool:
         return self.deadline is not None and time.perf_counter() >= self.deadline
 
-    def tick(self, candidate: _Candidate) -> _Candidate:
+    def tick(self) -> None:
         self.done += 1
         if self.progress is not None:
             self.progress(self.done, self.planned)
-        return candidate
 
 
-def _refine(problem: _Problem, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
-            x: Tensor, y: Tensor, scale: Tensor, rounds: int, clock: _Clock) -> _Candidate:
-    """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer), until no
-    move improves or the time budget is spent."""
-    best = start
-    for _ in range(rounds):
-        improved = False
-        for i in range(len(best.exponents)):
-            for move in (1, -1):
-                if clock.spent:
-                    return best
-                exponents = list(best.exponents)
-                exponents[i] += move
-                c = clock.tick(problem.candidate(best.rescaling, best.prune_fraction, graph,
-                                                 pruned, exponents, x, y, scale))
-                if c.best[1].value < best.best[1].value:
-                    best, improved = c, True
+@dataclass(frozen=True)
+class _Choice:
+    """The Q the search keeps: how it is made, and its score (NaN when none was scored)."""
+
+    rescaling: str
+    prune_fraction: float
+    exponents: tuple[int, ...]
+    value: float = math.nan
+    floor: float = math.inf
+    bits: int = 0
+
+
+class _Search:
+    """The search of ``CompressionSearch`` over one problem, coarse to fine: for each
+    rescaling and pruned fraction, the step offsets from the coarsest, then coordinate
+    descent on the step exponents (``refine``). A candidate costs a quantisation and its
+    estimated code length; it is scored on the data (``_Problem.candidate``) only when
+    its floor kl^-1(theta's error, budget of its bits) lies below ``target`` (the best
+    score so far, and chance), and its score is abandoned as soon as it cannot, or most
+    likely will not, end below it (``_likely_rate``). Nothing skipped could have been
+    kept (every score is at least its floor); a score abandoned on likelihood would have
+    been kept with probability <= 1e-4 per batch. What the search keeps changes only
+    which Q is certified, never the validity of the certificate."""
+
+    def __init__(self, problem: _Problem, data: _Scored, clock: _Clock, train_error: float,
+                 chance: float):
+        self.problem, self.data, self.clock = problem, data, clock
+        self.train_error, self.chance = train_error, chance
+        self.sub_error = data.own_error
+        self.best: _Candidate | None = None
+        self.shortest: _Choice | None = None  # the lowest floor seen, when none is scored
+        self.scored = 0
+
+    @property
+    def target(self) -> float:
+        return min(self.chance, math.inf if self.best is None else self.best.value)
+
+    def run(self, search: CompressionSearch) -> _Choice:
+        for rescaling in search.rescalings:
+            _kept, graph = self.problem.rescaled(rescaling)  # the graph's model stays alive
+            for fraction in search.prune_fractions:
+                if self.clock.spent and self.clock.done:
                     break
-        if not improved:
-            break
-    return best
+                pruned = self.problem.pruned(graph, fraction)
+                local = None
+                for offset in search.offsets:
+                    if self.clock.spent and self.clock.done:
+                        break
+                    c = self.try_(rescaling, fraction, graph, pruned,
+                                  _start_exponents(graph, offset))
+                    if c is not None and (local is None or c.value < local.value):
+                        local = c
+                if local is not None:
+                    self.refine(graph, pruned, local, search.refine)
+        if self.best is not None:
+            b = self.best
+            return _Choice(b.rescaling, b.prune_fraction, b.exponents, b.value)
+        assert self.shortest is not None  # the first candidate is always coded
+        return self.shortest
+
+    def try_(self, rescaling: str, fraction: float, graph: LayerGraph, pruned: nn.Module,
+             exponents: Sequence[int]) -> _Candidate | None:
+        """One candidate: coded, then scored if its floor lets it beat the target."""
+        model, coded, length = self.problem.coded(graph, pruned, exponents)
+        bits = max(length.total - 8, 0)  # the estimate exceeds the written bits by <= 3
+        floor = self.problem.floor(self.train_error, bits)
+        if self.shortest is None or floor < self.shortest.floor:
+            self.shortest = _Choice(rescaling, fraction, tuple(exponents), floor=floor,
+                                    bits=bits)
+        c = None
+        if floor < self.chance and self.problem.floor(self.sub_error, length.total) \
+                < self.target:
+            self.scored += 1
+            c = self.problem.candidate(rescaling, fraction, graph, model, coded, length,
+                                       self.data, self.target, self.clock)
+            if c is not None and c.value < self.target:
+                self.best = c
+        self.clock.tick()
+        return c
+
+    def refine(self, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
+               rounds: int) -> None:
+        """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer) from
+        ``start``, until no move improves or the time budget is spent."""
+        best = start
+        for _ in range(rounds):
+            improved = False
+            for i in range(len(best.exponents)):
+                for move in (1, -1):
+                    if self.clock.spent:
+                        return
+                    exponents = list(best.exponents)
+                    exponents[i] += move
+                    c = self.try_(best.rescaling, best.prune_fraction, graph, pruned,
+                                  exponents)
+                    if c is not None and c.value < best.value:
+                        best, improved = c, True
+                        break
+            if not improved:
+                break
+
+    def why(self, time_budget: float | None) -> str:
+        """Why the search ended early or found nothing below chance ("" otherwise)."""
+        if self.clock.spent:
+            return (f"time budget of {time_budget:g} s spent after {self.clock.done} "
+                    "candidates: the best so far is certified")
+        if self.best is not None:
+            return ""
+        if not self.scored:
+            return (f"no candidate can beat chance: the shortest of the {self.clock.done} "
+                    f"codes tried has {self.shortest.bits} bits or more, so its bound is >= "
+                    f"kl^-1(train error {self.train_error:.4f}, budget) = "
+                    f"{self.shortest.floor:.4f} >= chance {self.chance:.4f}; it is certified")
+        return (f"no candidate scored below chance {self.chance:.4f} on the search's "
+                f"{len(self.data.x)} points ({self.scored} of {self.clock.done} scored); the "
+                "one with the shortest code is certified")

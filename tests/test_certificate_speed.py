@@ -1,0 +1,169 @@
+"""The compression search's shortcuts (issue 39: fast, visible, stoppable): a candidate is
+scored only when its floor kl^-1(train error, budget of L) lets it beat the best so far
+and chance, a score is abandoned once it cannot, the time budget stops a score half way,
+and the interval pass bounds its rounding from one sample of ones. Each is checked
+against the long way: every candidate scored in full, exact rational arithmetic."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+from torch import nn
+
+import pathlift.bounds.compression as compression
+from pathlift.bounds import compression_bound
+from pathlift.bounds.box import box_outputs
+from pathlift.bounds.code import architecture_of, quantized_tensors
+from pathlift.bounds.compression import CompressionSearch, EventGrid, logit_margins
+from pathlift.bounds.kl import kl_inverse
+
+
+def _blobs(n: int = 600, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(3, 6, generator=g) * 3
+    y = torch.randint(0, 3, (n,), generator=g)
+    return centers[y] + torch.randn(n, 6, generator=g), y
+
+
+def _trained(hidden: int, seed: int = 0, steps: int = 200) -> tuple[nn.Module, torch.Tensor,
+                                                                    torch.Tensor]:
+    """An MLP written as a user writes one (a subclass, functional ReLU), trained by Adam."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden, self.out = nn.Linear(6, hidden), nn.Linear(hidden, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.relu(self.hidden(x)))
+
+    x, y = _blobs(seed=seed)
+    torch.manual_seed(seed)
+    net = Net()
+    opt = torch.optim.Adam(net.parameters(), lr=0.03)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    return net.eval(), x, y
+
+
+@pytest.mark.parametrize("transfers", [("path-metric", "box"), ("box",)])
+def test_the_search_keeps_what_scoring_every_candidate_keeps(transfers):
+    """Skipping by floors and abandoning scores loses nothing: the Q kept is the best of
+    every candidate of the grid scored in full, and every full score is above its floor."""
+    net, x, y = _trained(8)
+    search = CompressionSearch(rescalings=("none", "l2"), prune_fractions=(0.0, 0.5),
+                               offsets=(1, 2, 3, 4, 6, 8, 10), refine=0, transfers=transfers)
+    events = EventGrid()
+    calls = []
+    cert = compression_bound(net, (6,), x, y, search=search, events=events,
+                             progress=lambda done, planned: calls.append(done))
+    assert len(calls) == 2 * 2 * 7 and not cert.stopped and cert.beats_chance
+    # the long way: every candidate scored in full on the whole sample
+    model = net.double()
+    problem = compression._Problem(model, (6,), x, y, [architecture_of(model, (6,))], events,
+                                   0.05, transfers)
+    own, _ = logit_margins(model, x, y)
+    data = compression._Scored(x, y, problem.scale, own)
+    best = None
+    for rescaling in search.rescalings:
+        _kept, graph = problem.rescaled(rescaling)
+        for fraction in search.prune_fractions:
+            pruned = problem.pruned(graph, fraction)
+            for offset in search.offsets:
+                q, coded, length = problem.coded(
+                    graph, pruned, compression._start_exponents(graph, offset))
+                c = problem.candidate(rescaling, fraction, graph, q, coded, length, data)
+                assert c.value >= problem.floor(data.own_error, length.total)
+                if best is None or c.value < best.value:
+                    best = c
+    assert (cert.rescaling, cert.prune_fraction, cert.exponents) == (
+        best.rescaling, best.prune_fraction, best.exponents)
+
+
+def test_no_candidate_is_scored_when_every_code_is_too_long_to_beat_chance(monkeypatch):
+    """A 2,803-parameter MLP on 600 samples: each code is so long that kl^-1(its training
+    error, budget of L) >= chance, so no pass over the data scores any candidate; the
+    certificate of the shortest code is indeed not below chance, and not below the floor
+    the message states."""
+    net, x, y = _trained(400, steps=60)
+    scored = []
+    real = compression._Problem.candidate
+    monkeypatch.setattr(compression._Problem, "candidate",
+                        lambda self, *a, **k: scored.append(k) or real(self, *a, **k))
+    calls = []
+    cert = compression_bound(net, (6,), x, y, progress=lambda d, p: calls.append(d))
+    assert len(scored) == 1 and scored[0] == {}  # the final certificate alone
+    assert len(calls) == 2 * 2 * 14  # every start candidate coded, none refined
+    assert cert.stopped.startswith(f"no candidate can beat chance: the shortest of the {56} "
+                                   "codes tried has")
+    floor = float(cert.stopped.split(" = ")[1].split(" ")[0])
+    chance = 1 - int(torch.bincount(y).max()) / len(y)
+    assert floor >= chance and cert.value >= floor - 5e-5 and not cert.beats_chance
+    assert cert.value >= kl_inverse(cert.train_error, cert.occam.budget)
+
+
+def test_a_spent_budget_stops_a_score_half_way(monkeypatch):
+    """With the budget spent, the first candidate's box event stops after its first batch:
+    one batch of 512 for the search, then the final certificate's (2,048 a batch) over all n."""
+    net, x, y = _trained(8)
+    x, y = torch.cat([x] * 2), torch.cat([y] * 2)  # 1,200 points: 3 batches of 512 in the search
+    batches = []
+    real = compression.box_margins
+    monkeypatch.setattr(compression, "box_margins",
+                        lambda *a, **k: batches.append(len(a[2])) or real(*a, **k))
+    search = CompressionSearch(transfers=("box",))
+    cert = compression_bound(net, (6,), x, y, search=search, time_budget=0.0)
+    assert cert.stopped.startswith("time budget of 0 s spent after 1 candidates")
+    assert batches == [512, 1200]
+    assert cert.value == kl_inverse(cert.occam.empirical, cert.occam.budget)
+
+
+def _exact_conv_net(model: nn.Sequential, x: torch.Tensor) -> list[list[Fraction]]:
+    """The outputs of Conv2d(1, 2, 3, padding=1) - ReLU - Flatten - Linear on 1x4x4
+    inputs, in exact rational arithmetic from the float64 parameters."""
+    conv, lin = model[0], model[3]
+    w = [[[Fraction(float(v)) for v in row] for row in k[0]] for k in conv.weight.detach()]
+    b = [Fraction(float(v)) for v in conv.bias.detach()]
+    lw = [[Fraction(float(v)) for v in row] for row in lin.weight.detach()]
+    lb = [Fraction(float(v)) for v in lin.bias.detach()]
+    out = []
+    for image in x:
+        pixels = [[Fraction(float(v)) for v in row] for row in image[0]]
+        hidden = []
+        for c in range(2):
+            for i in range(4):
+                for j in range(4):
+                    s = b[c] + sum(w[c][di][dj] * pixels[i + di - 1][j + dj - 1]
+                                   for di in range(3) for dj in range(3)
+                                   if 0 <= i + di - 1 < 4 and 0 <= j + dj - 1 < 4)
+                    hidden.append(max(s, Fraction(0)))
+        out.append([lb[k] + sum(a * h for a, h in zip(lw[k], hidden, strict=True))
+                    for k in range(3)])
+    return out
+
+
+def test_the_interval_pass_of_a_point_box_encloses_the_exact_outputs():
+    """A box of width 0 (the network itself): the pass's radii are its rounding terms
+    alone, bounded through |W| |x| <= max |x| |W| 1, and the exact rational outputs lie
+    inside; the enclosure stays tight (relative width < 1e-12)."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(32, 3)).double()
+    x = torch.randn(5, 1, 4, 4, dtype=torch.float64) * 3
+    boxes = {}
+    for name, _, _, value in quantized_tensors(compression.graph_of(model, (1, 4, 4))):
+        layer, pname = name.rsplit(".", 1)
+        boxes.setdefault(layer, {})[pname] = (value.detach(), value.detach())
+    (enclosure,) = box_outputs(model, (1, 4, 4), x, boxes)
+    exact = _exact_conv_net(model, x)
+    low, high = enclosure.low.tolist(), enclosure.high.tolist()
+    for lo, hi, row in zip(low, high, exact, strict=True):
+        for a, b, v in zip(lo, hi, row, strict=True):
+            assert Fraction(a) <= v <= Fraction(b)
+            assert b - a <= 1e-12 * max(1.0, abs(float(v)))
+    assert math.isfinite(float(enclosure.radius.max()))
