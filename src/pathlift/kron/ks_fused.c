@@ -782,7 +782,11 @@ void ks_pack_f(const real *w, const long *st, long a, long b, long c, long d, lo
                 const long l1 = lmin(c, l0 + 64);
                 real *dst = out + (i * nsl + s) * c * width - s * width;
                 const real *src = w + i * st[0];
-                if (st[1] < st[2]) {
+                if (d == 1 && st[1] == 1) {  /* W's columns run along k: copies */
+                    for (long l = l0; l < l1; l++)
+                        memcpy(dst + l * width + k0, src + k0 + l * st[2],
+                               sizeof(real) * (k1 - k0));
+                } else if (st[1] < st[2]) {
                     for (long l = l0; l < l1; l++)
                         for (long k = k0; k < k1; k++)
                             for (long j = 0; j < d; j++)
