@@ -19,7 +19,8 @@ d values of a step broadcast from its rows); *phased* for d = 3*2^m up to two ve
 phases once per row and block). The factors are packed in one pass in C (``pack``, read
 through their strides). The gradients run in the same kernel: dX = dY K is the product by
 K^T (``multiply_transposed``; K's rows as they are on the flat and phased paths), dw a
-product with the batch as its inner dimension (``grad_factor``).
+product with the batch as its inner dimension (``grad_factor``). A layer's bias is added as
+the kernel stores Y (``multiply(..., bias)``), so Y + b costs no pass of its own.
 
 The vector width and the tiles come from the instruction set the compiler targets
 (``-march=native``, narrowed by ``vector_width`` or by flags in ``PATHLIFT_KRON_CFLAGS``
