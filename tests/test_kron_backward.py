@@ -17,8 +17,11 @@ from pathlift.kron import multiply as multiply_module
 # (pattern, batch): flat d in {1, 2, 4, 8} (c > 128 and batch > 128: blocks of the inner
 # dimension accumulate; b·d not a multiple of 64), d a multiple of the lanes (16, 32),
 # phased d in {6, 12, 24} (b·d not a multiple of 48, c past its blocks of 24), the GEMM
-# (d = 3, 5; b > 32, c > 256 and > 512: its blocks), tiny b and c, one row
+# (d = 3, 5; b > 32, c > 256 and > 512: its blocks), tiny b and c, one row, K's rows 4 KiB
+# apart (c*d = 1024: dX packs K^T where the flat slivers are one cache line wide) and
+# b*c >= 2^16 (dw by the GEMM there)
 CASES = [((1, 48, 48, 1), 13), ((1, 100, 300, 1), 257), ((3, 7, 130, 2), 7),
+         ((2, 130, 512, 2), 5),
          ((2, 33, 17, 4), 131), ((1, 5, 200, 8), 6), ((2, 7, 300, 16), 11),
          ((1, 13, 5, 32), 9), ((2, 33, 17, 5), 300), ((1, 40, 260, 3), 5),
          ((1, 48, 48, 24), 12), ((2, 5, 31, 6), 17), ((1, 9, 50, 12), 33),

@@ -19,7 +19,8 @@ d values of a step broadcast from its rows); *phased* for d = 3*2^m up to two ve
 phases once per row and block). The factors are packed in one pass in C (``pack``, read
 through their strides). The gradients run in the same kernel: dX = dY K is the product by
 K^T (``multiply_transposed``; K's rows as they are on the flat and phased paths), dw a
-product with the batch as its inner dimension (``grad_factor``).
+product with the batch as its inner dimension (``grad_factor``). A layer's bias is added as
+the kernel stores Y (``multiply(..., bias)``), so Y + b costs no pass of its own.
 
 The vector width and the tiles come from the instruction set the compiler targets
 (``-march=native``, narrowed by ``vector_width`` or by flags in ``PATHLIFT_KRON_CFLAGS``
@@ -96,6 +97,10 @@ _TYPES = {torch.float32: ("float", ("-Dreal=float",)),
           torch.bfloat16: ("bf16", ("-Dreal=float", "-DKS_BF16"))}
 _BSL_BATCH_TILE = 256  # batch columns per task (bsl): X block 256 x 256 in L2
 _BF16_INNER_BLOCK = 256  # KC of ks_fused.c: ks_bsf_bf16 writes bf16 when c fits one block
+# rows per task of ks_bsf: its packed rows of X (24 x 512 steps of l, 48 kB) stay near L1
+# while the slivers of the weights stream from L2; blocks of X sized for L2 (up to 120 rows)
+# ran d = 3-12 patterns 0-15% slower (Zen 4, float32, AVX2 and AVX-512 builds)
+_GEMM_ROWS = 24
 
 
 def build_flags() -> tuple[str, ...]:
@@ -311,20 +316,21 @@ def _bind(lib: ctypes.CDLL, dtype: torch.dtype, compiler: str,
         lib.ks_bsf_bf16.restype = ctypes.c_int
     else:
         lib.ks_bsl.argtypes = [ptr, ptr, ptr, *[long] * 6, ctypes.c_int]
-        lib.ks_bsf.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, long, ctypes.c_int]
-        lib.ks_bsf_d.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, longs, long,
+        lib.ks_bsf.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, ptr, long,
+                               ctypes.c_int]
+        lib.ks_bsf_d.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, longs, ptr, long,
                                  ctypes.c_int]
         lib.ks_grad.argtypes = [ptr, ptr, ptr, *[long] * 5, longs, longs, longs, long,
                                 ctypes.c_int]
         for fn in (lib.ks_bsl, lib.ks_bsf, lib.ks_bsf_d, lib.ks_grad):
             fn.restype = ctypes.c_int
-        lib.ks_bsf_f.argtypes = [ptr, ptr, ptr, *[long] * 7, longs, ctypes.c_int, long,
+        lib.ks_bsf_f.argtypes = [ptr, ptr, ptr, *[long] * 7, longs, ctypes.c_int, ptr, long,
                                  ctypes.c_int]
         lib.ks_grad_f.argtypes = [ptr, ptr, ptr, *[long] * 7, ctypes.c_int]
-        lib.ks_bsf_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, longs, ctypes.c_int, long,
-                                 ctypes.c_int]
-        lib.ks_bsf_fw.argtypes = [ptr, ptr, longs, ptr, *[long] * 5, ctypes.c_int, ptr, long,
-                                  ctypes.c_int]
+        lib.ks_bsf_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, longs, ctypes.c_int, ptr,
+                                 long, ctypes.c_int]
+        lib.ks_bsf_fw.argtypes = [ptr, ptr, longs, ptr, *[long] * 5, ctypes.c_int, ptr, ptr,
+                                  long, ctypes.c_int]
         lib.ks_grad_p.argtypes = [ptr, ptr, ptr, *[long] * 7, ptr, long, ctypes.c_int]
         lib.ks_bsf_p.restype = lib.ks_bsf_fw.restype = lib.ks_grad_p.restype = ctypes.c_int
         lib.ks_bsf_f.restype = lib.ks_grad_f.restype = ctypes.c_int
@@ -501,25 +507,29 @@ def _rows_per_task(kernel: CpuKernel, rows: int, shape: tuple[int, ...], along_d
 
 
 def _gemm(kernel: CpuKernel, x: torch.Tensor, xs: tuple[int, ...], packed: torch.Tensor,
-          y: torch.Tensor, ys: tuple[int, ...], rows: int, shape: tuple[int, ...]) -> None:
-    """Y(n, i, k, j) = sum_l X(n, i, l, j) W(i, k, l, j) for n < rows, X and Y by strides
-    (n, i, feature, j), W packed in NR-column slivers (``ks_bsf``)."""
+          y: torch.Tensor, ys: tuple[int, ...], rows: int, shape: tuple[int, ...],
+          bias: int | None = None) -> None:
+    """Y(n, i, k, j) = sum_l X(n, i, l, j) W(i, k, l, j) (+ bias(i, k, j), ``bias`` the
+    address of a contiguous (a, b, d) vector, with Y's strides (i, k, j) those of its rows)
+    for n < rows, X and Y by strides (n, i, feature, j), W packed in NR-column slivers
+    (``ks_bsf``)."""
     a, b, c, d = shape
-    mc, threads = _rows_per_task(kernel, rows, shape, False, c * d * x.element_size())
+    threads = _threads(rows, shape)
+    mc = _tile(rows, max(kernel.mr, _GEMM_ROWS // kernel.mr * kernel.mr), kernel.mr, a, threads)
     _check(kernel.lib.ks_bsf(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, a, b, c, d,
-                             _longs(xs), _longs(ys), mc, threads))
+                             _longs(xs), _longs(ys), bias, mc, threads))
 
 
 def _along_d(kernel: CpuKernel, x: torch.Tensor, xs: tuple[int, ...], w: torch.Tensor,
              ws: tuple[int, ...], y: torch.Tensor, ys: tuple[int, ...], rows: int,
-             shape: tuple[int, ...]) -> None:
+             shape: tuple[int, ...], bias: int | None = None) -> None:
     """The same product with the vectors along j (``ks_bsf_d``; d a multiple of the lanes,
     j contiguous in X and Y), W(i, s*DK + q, l, v*LANES + t) at w[i*ws[0] + v*ws[1] +
-    s*ws[2] + q*ws[3] + l*ws[4] + t]."""
+    s*ws[2] + q*ws[3] + l*ws[4] + t]; ``bias`` as in ``_gemm``."""
     a, b, c, d = shape
     mc, threads = _rows_per_task(kernel, rows, shape, True, c * kernel.vector_bytes)
     _check(kernel.lib.ks_bsf_d(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, a, b, c, d,
-                               _longs(xs), _longs(ws), _longs(ys), mc, threads))
+                               _longs(xs), _longs(ws), _longs(ys), bias, mc, threads))
 
 
 def _packed_d_strides(kernel: CpuKernel, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -531,59 +541,67 @@ def _packed_d_strides(kernel: CpuKernel, shape: tuple[int, ...]) -> tuple[int, .
 
 
 def multiply(kernel: CpuKernel, x: torch.Tensor, packed: torch.Tensor,
-             shape: tuple[int, ...], layout: str) -> torch.Tensor:
-    """Y = X K^T from x contiguous, (B, acd) batch-size-first or (acd, B) batch-size-last,
-    and packed = pack(w, kernel, layout): Y (B, abd) or (abd, B)."""
+             shape: tuple[int, ...], layout: str,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = X K^T (+ bias) from x contiguous, (B, acd) batch-size-first or (acd, B)
+    batch-size-last, and packed = pack(w, kernel, layout): Y (B, abd) or (abd, B). The bias
+    (a contiguous vector of the abd output features, in the kernel's dtype) is added as the
+    float kernels store Y batch-size-first, with no pass over Y of its own; afterwards
+    otherwise."""
     a, b, c, d = shape
+    bias_at = None if bias is None else bias.data_ptr()
     if layout == "bsl":
         batch = x.shape[1]
         y = torch.empty(a * b * d, batch, dtype=x.dtype)
         cols = _tile(batch, _BSL_BATCH_TILE, kernel.nr, a * d, _threads(batch, shape))
         _check(kernel.lib.ks_bsl(x.data_ptr(), packed.data_ptr(), y.data_ptr(), batch, a, b,
                                  c, d, cols, _threads(batch, shape)))
-        return y
+        return y if bias is None else y.add_(bias[:, None])
     batch = x.shape[0]
     if kernel.dtype == torch.bfloat16:  # float32 accumulation, rounded to bfloat16 once
-        return _bsf_bf16(kernel, x, packed, shape)
+        y = _bsf_bf16(kernel, x, packed, shape)
+        return y if bias is None else y + bias
     y = torch.empty(batch, a * b * d, dtype=x.dtype)
     xs, ys = (a * c * d, c * d, d, 1), (a * b * d, b * d, d, 1)
     path = bsf_path(kernel, d, c)
     if path == "along_d":
-        _along_d(kernel, x, xs, packed, _packed_d_strides(kernel, shape), y, ys, batch, shape)
+        _along_d(kernel, x, xs, packed, _packed_d_strides(kernel, shape), y, ys, batch, shape,
+                 bias_at)
     elif path == "gemm":
-        _gemm(kernel, x, xs, packed, y, ys, batch, shape)
+        _gemm(kernel, x, xs, packed, y, ys, batch, shape, bias_at)
     else:
-        _along_features(kernel, path, x, packed, packed.stride()[:3], True, y, shape)
+        _along_features(kernel, path, x, packed, packed.stride()[:3], True, y, shape, bias_at)
     return y
 
 
 def _along_features(kernel: CpuKernel, path: str, x: torch.Tensor, w: torch.Tensor,
                     ws: tuple[int, ...], padded: bool, y: torch.Tensor,
-                    shape: tuple[int, ...]) -> None:
-    """Y = X K^T, contiguous and batch-size-first, on the flat or phased path, the weights
-    of sliver s of block i at step l at w + i*ws[0] + s*ws[1] + l*ws[2] (``padded``: the
-    slivers are zero-padded, as ``pack`` makes them)."""
+                    shape: tuple[int, ...], bias: int | None = None) -> None:
+    """Y = X K^T (+ bias, as in ``_gemm``), contiguous and batch-size-first, on the flat
+    or phased path, the weights of sliver s of block i at step l at w + i*ws[0] + s*ws[1] +
+    l*ws[2] (``padded``: the slivers are zero-padded, as ``pack`` makes them)."""
     a, b, c, d = shape
     batch = x.shape[0]
     mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
     args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), batch, a, b, c, d, a * c * d, a * b * d)
     if path == "flat":
-        status = kernel.lib.ks_bsf_f(*args, _longs(ws), padded, mc, threads)
+        status = kernel.lib.ks_bsf_f(*args, _longs(ws), padded, bias, mc, threads)
     else:  # X's storage ends at end: its last values are read through a copy
         end = x.data_ptr() + x.numel() * x.element_size()
-        status = kernel.lib.ks_bsf_p(*args, end, _longs(ws), padded, mc, threads)
+        status = kernel.lib.ks_bsf_p(*args, end, _longs(ws), padded, bias, mc, threads)
     _check(status)
 
 
 def multiply_once(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,
-                  shape: tuple[int, ...], layout: str) -> torch.Tensor:
-    """``multiply(kernel, x, pack(w, kernel, layout), shape, layout)`` for a factor used
-    once (a training step's forward): on the flat and phased paths packed and multiplied in
-    one call (``ks_bsf_fw``), the packing freed on return."""
+                  shape: tuple[int, ...], layout: str,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``multiply(kernel, x, pack(w, kernel, layout), shape, layout, bias)`` for a factor
+    used once (a training step's forward): on the flat and phased paths packed and
+    multiplied in one call (``ks_bsf_fw``), the packing freed on return."""
     a, b, c, d = shape
     path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
     if path not in ("flat", "phased") or kernel.dtype == torch.bfloat16:
-        return multiply(kernel, x, pack(w, kernel, layout), shape, layout)
+        return multiply(kernel, x, pack(w, kernel, layout), shape, layout, bias)
     if w.dtype != kernel.dtype:
         w = w.detach().to(kernel.dtype)
     batch = x.shape[0]
@@ -591,7 +609,8 @@ def multiply_once(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,
     mc, threads = _rows_per_task(kernel, batch, shape, False, c * d * x.element_size())
     end = x.data_ptr() + x.numel() * x.element_size()
     _check(kernel.lib.ks_bsf_fw(x.data_ptr(), w.data_ptr(), _longs(w.stride()), y.data_ptr(),
-                                batch, a, b, c, d, path == "phased", end, mc, threads))
+                                batch, a, b, c, d, path == "phased", end,
+                                None if bias is None else bias.data_ptr(), mc, threads))
     return y
 
 
@@ -605,8 +624,12 @@ def multiply_transposed(kernel: CpuKernel, x: torch.Tensor, w: torch.Tensor,
     a, b, c, d = shape
     transposed = (a, c, b, d)
     path = bsf_path(kernel, d, b) if layout == "bsf" else "gemm"
-    if path in ("flat", "phased") and w.is_contiguous() and w.dtype == kernel.dtype:
-        width = kernel.nf if path == "flat" else kernel.wp
+    width = kernel.nf if path == "flat" else kernel.wp
+    # rows 4 KiB apart share an L1 set: slivers of one cache line then read one line per
+    # step from the same set (AVX2, (1, 256, 1024, 1): 1.4x slower than packing K^T)
+    aliased = (c * d * w.element_size()) % 4096 == 0 and width * w.element_size() <= 64
+    if path in ("flat", "phased") and w.is_contiguous() and w.dtype == kernel.dtype and \
+            not aliased:
         y = torch.empty(x.shape[0], a * c * d, dtype=x.dtype)
         _along_features(kernel, path, x, w, (b * c * d, width, c * d), False, y, transposed)
         return y
@@ -656,6 +679,11 @@ def grad_factor(kernel: CpuKernel, x: torch.Tensor, gy: torch.Tensor,
         return 1, size * d * batch, d * batch, batch
 
     path = bsf_path(kernel, d, c) if layout == "bsf" else "gemm"
+    # one-line flat slivers (AVX2) read a new line of x per step of the batch: from 2^16
+    # weights per block the packed GEMM is faster (AVX2, (1, 768, 192, 1) 1104 -> 856 us,
+    # (1, 256, 1024, 1) 1902 -> 1527 us; (1, 192, 192, 1) 193 vs 229 us)
+    if path == "flat" and kernel.nf * x.element_size() <= 64 and b * c >= 1 << 16:
+        path = "gemm"
     if path == "flat":
         _check(kernel.lib.ks_grad_f(x.data_ptr(), gy.data_ptr(), dw.data_ptr(), batch, a, b, c,
                                     d, a * c * d, a * b * d, _threads(batch, shape)))

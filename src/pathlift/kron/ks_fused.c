@@ -99,7 +99,7 @@ static inline vec bcast(const real *p, const int bytes) { (void)bytes; return (v
 #define NR (NV * LANES)
 #define NF (NVF * LANES)  /* ks_bsf_f: sliver width; KCF steps of l per block */
 #ifndef KCF
-#define KCF 128
+#define KCF 512  /* flat blocks of l: 128 ran d = 1 patterns with c = 192-1024 5-12% slower (both widths) */
 #endif
 #define NP 3              /* ks_bsf_p: vectors per sliver; KCP steps of l per block */
 #define WP (NP * LANES)
@@ -126,18 +126,24 @@ void ks_tile(long *out)
     out[7] = VBYTES >= 32 ? WP : 0;  /* ks_bsf_p, where shuffles are instructions */
 }
 
-/* C[r*cr + t*cc] = (or +=) the tile acc[r*stride + t/LANES][t%LANES] for r < mr, t < nr:
-   whole vectors where C's row runs along t and the tile is full, else one value at a time. */
+/* C[r*cr + t*cc] = (or +=) the tile acc[r*stride + t/LANES][t%LANES] for r < mr, t < nr,
+   plus bc[t*cc] where bc is given (the layer's bias, aligned with C's columns, added as the
+   first block of the inner dimension is stored: no pass of its own over Y): whole vectors
+   where C's row runs along t and the tile is full, else one value at a time. */
 static inline __attribute__((always_inline)) void
 store_tile(const vec *acc, const int stride, real *C, long cr, long cc, long mr, long nr,
-           int accumulate, const int nv)
+           int accumulate, const real *bc, const int nv)
 {
     if (cc == 1 && nr == nv * LANES) {
+        vec bias[NVF > NP ? NVF : NP];  /* nv <= NV, NVF or NP */
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) bias[v] = bc ? *(const vec *)(bc + v * LANES) : (vec){0};
         for (long r = 0; r < mr; r++)
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++) {
                 vec *cv = (vec *)(C + r * cr + v * LANES);
-                if (accumulate) *cv += acc[r * stride + v]; else *cv = acc[r * stride + v];
+                if (accumulate) *cv += acc[r * stride + v];
+                else *cv = acc[r * stride + v] + bias[v];
             }
         return;
     }
@@ -145,7 +151,7 @@ store_tile(const vec *acc, const int stride, real *C, long cr, long cc, long mr,
         for (long t = 0; t < nr; t++) {
             const real v = acc[r * stride + t / LANES][t % LANES];
             real *dst = C + r * cr + t * cc;
-            *dst = accumulate ? *dst + v : v;
+            *dst = accumulate ? *dst + v : bc ? v + bc[t * cc] : v;
         }
 }
 
@@ -167,7 +173,7 @@ copy_tile(vec *restrict out, const vec *acc, const int rows, const int stride, c
    nv*LANES tile (zero-padded). */
 static inline __attribute__((always_inline)) void
 micro_nv(long kc, const real *restrict Ap, const real *restrict Bp, long bk, real *C,
-         long cr, long cc, long mr, long nr, int accumulate, const int nv)
+         long cr, long cc, long mr, long nr, int accumulate, const real *bc, const int nv)
 {
     vec acc[MR][NV];
 #pragma GCC unroll 16
@@ -187,18 +193,19 @@ micro_nv(long kc, const real *restrict Ap, const real *restrict Bp, long bk, rea
     }
     vec out[MR][NV];
     copy_tile(&out[0][0], &acc[0][0], MR, NV, nv);
-    store_tile(&out[0][0], NV, C, cr, cc, mr, nr, accumulate, nv);
+    store_tile(&out[0][0], NV, C, cr, cc, mr, nr, accumulate, bc, nv);
 }
 
 /* The MR x NR micro-kernel, or MR x LANES for a last sliver of at most LANES columns
    (b = 48 in slivers of 32: 25% fewer multiply-adds than its zero-padded full tile). */
 static inline void micro(long kc, const real *restrict Ap, const real *restrict Bp, long bk,
-                         real *C, long cr, long cc, long mr, long nr, int accumulate)
+                         real *C, long cr, long cc, long mr, long nr, int accumulate,
+                         const real *bc)
 {
     if (nr <= LANES)
-        micro_nv(kc, Ap, Bp, bk, C, cr, cc, mr, nr, accumulate, 1);
+        micro_nv(kc, Ap, Bp, bk, C, cr, cc, mr, nr, accumulate, bc, 1);
     else
-        micro_nv(kc, Ap, Bp, bk, C, cr, cc, mr, nr, accumulate, NV);
+        micro_nv(kc, Ap, Bp, bk, C, cr, cc, mr, nr, accumulate, bc, NV);
 }
 
 /* Ap[m0 * kc + l * MR + r] = A[(m0 + r) * ar + l * ak]: MR-row slivers, zero-padded. */
@@ -249,7 +256,7 @@ static void pack_cols(long n, long kc, const real *B, long bk, long bt, real *Bp
    contiguous; the gradient of the factor runs through it too (rows l, inner dimension the
    batch, ks_pack of the output gradient as the weights). Tasks: blocks of mc rows x a. */
 int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long c, long d,
-           const long *xs, const long *ys, long mc, int threads)
+           const long *xs, const long *ys, const real *bias, long mc, int threads)
 {
     const long nb = (B + mc - 1) / mc, nsl = (b + NR - 1) / NR;
     int failed = 0;
@@ -269,6 +276,7 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
                     const real *A = x + n0 * xs[0] + i * xs[1] + j * xs[3];
                     const real *W = ws + (i * d + j) * nsl * c * NR;
                     real *C = y + n0 * ys[0] + i * ys[1] + j * ys[3];
+                    const real *bj = bias ? bias + i * ys[1] + j * ys[3] : 0;
                     for (long k0 = 0; k0 < c; k0 += KCB) {
                         const long kc = lmin(KCB, c - k0);
                         pack_rows(rows, kc, A + k0 * xs[2], xs[0], xs[2], Ap);
@@ -276,7 +284,8 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
                             for (long m0 = 0; m0 < rows; m0 += MR)
                                 micro(kc, Ap + m0 * kc, W + (s * c + k0) * NR, NR,
                                       C + m0 * ys[0] + s * NR * ys[2], ys[0], ys[2],
-                                      lmin(MR, rows - m0), lmin(NR, b - s * NR), k0 > 0);
+                                      lmin(MR, rows - m0), lmin(NR, b - s * NR), k0 > 0,
+                                      bj && !k0 ? bj + s * NR * ys[2] : 0);
                     }
                 }
             }
@@ -289,7 +298,7 @@ int ks_bsf(const real *x, const real *ws, real *y, long B, long a, long b, long 
    r < nr, q < kr, t < LANES: a DR x DK tile of vectors along the contiguous index j. */
 static inline void micro_d(long kc, const real *X, long xn, long xl, const real *restrict W,
                            long wl, long wq, real *Y, long yn, long yk, long nr, long kr,
-                           int accumulate)
+                           int accumulate, const real *bc)
 {
     vec acc[DR][DK];
     const real *rows[DR], *cols[DK];  /* past nr rows or kr columns: repeat the first */
@@ -318,7 +327,8 @@ static inline void micro_d(long kc, const real *X, long xn, long xl, const real 
     for (long r = 0; r < nr; r++)
         for (long q = 0; q < kr; q++) {
             vec *dst = (vec *)(Y + r * yn + q * yk);
-            if (accumulate) *dst += out[r][q]; else *dst = out[r][q];
+            if (accumulate) *dst += out[r][q];
+            else *dst = bc ? out[r][q] + *(const vec *)(bc + q * yk) : out[r][q];
         }
 }
 
@@ -331,7 +341,8 @@ static inline void micro_d(long kc, const real *X, long xn, long xl, const real 
    weights (KCD x DK vectors) in the L1 cache. Tasks: blocks of mc rows x a x d/LANES. */
 #define KCD (24576 / (DK * VBYTES))
 int ks_bsf_d(const real *x, const real *w, real *y, long B, long a, long b, long c, long d,
-             const long *xs, const long *ws, const long *ys, long mc, int threads)
+             const long *xs, const long *ws, const long *ys, const real *bias, long mc,
+             int threads)
 {
     const long nv = d / LANES, nb = (B + mc - 1) / mc, nks = (b + DK - 1) / DK;
     #pragma omp parallel for collapse(3) schedule(dynamic) num_threads(threads)
@@ -348,7 +359,9 @@ int ks_bsf_d(const real *x, const real *w, real *y, long B, long a, long b, long
                             micro_d(lmin(KCD, c - l0), X + m0 * xs[0] + l0 * xs[2], xs[0],
                                     xs[2], W + s * ws[2] + l0 * ws[4], ws[4], ws[3],
                                     Y + m0 * ys[0] + s * DK * ys[2], ys[0], ys[2],
-                                    lmin(DR, rows - m0), lmin(DK, b - s * DK), l0 > 0);
+                                    lmin(DR, rows - m0), lmin(DK, b - s * DK), l0 > 0,
+                                    bias && !l0 ? bias + i * ys[1] + v * LANES
+                                                  + s * DK * ys[2] : 0);
             }
     return 0;
 }
@@ -391,7 +404,8 @@ int ks_grad(const real *x, const real *g, real *dw, long B, long a, long b, long
                                 for (long m0 = 0; m0 < rows; m0 += MR)
                                     micro(kc, Ap + m0 * kc, Bp + s0 * kc, NR,
                                           C + (l0 + m0) * ws[2] + s0 * ws[1], ws[2], ws[1],
-                                          lmin(MR, rows - m0), lmin(NR, cols - s0), n0 > 0);
+                                          lmin(MR, rows - m0), lmin(NR, cols - s0), n0 > 0,
+                                          0);
                         }
                     }
                 }
@@ -411,7 +425,8 @@ int ks_grad(const real *x, const real *g, real *dw, long B, long a, long b, long
 
 static inline __attribute__((always_inline)) void
 micro_f(long kc, const real *X, long xr, long xl, const real *restrict W, long wl, real *C,
-        long cr, long mr, long nr, int accumulate, const int nv, const int dd)
+        long cr, long mr, long nr, int accumulate, const real *bc, const int nv,
+        const int dd)
 {
     vec acc[FR][NVF];
     const real *rows[FR];
@@ -440,38 +455,39 @@ micro_f(long kc, const real *X, long xr, long xl, const real *restrict W, long w
     }
     vec out[FR][NVF];
     copy_tile(&out[0][0], &acc[0][0], FR, NVF, nv);
-    store_tile(&out[0][0], NVF, C, cr, 1, mr, nr, accumulate, nv);
+    store_tile(&out[0][0], NVF, C, cr, 1, mr, nr, accumulate, bc, nv);
 }
 
 /* micro_f for the vectors a sliver needs (its last one may be partial) and this d. */
 static inline __attribute__((always_inline)) void
 micro_f_d(long kc, const real *X, long xr, long xl, const real *restrict W, long wl, real *C,
-          long cr, long mr, long nr, int accumulate, const int dd)
+          long cr, long mr, long nr, int accumulate, const real *bc, const int dd)
 {
     switch ((nr + LANES - 1) / LANES) {
-    case 1: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 1, dd); break;
+    case 1: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, 1, dd); break;
 #if NVF > 2
-    case 2: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 2, dd); break;
+    case 2: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, 2, dd); break;
 #endif
 #if NVF > 3
-    case 3: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 3, dd); break;
+    case 3: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, 3, dd); break;
 #endif
-    default: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, NVF, dd);
+    default: micro_f(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, NVF, dd);
     }
 }
 
 /* C[r*cr + t] (+)= sum_{l < kc} X[r*xr + l*xl + t%d] * W[l*wl + t] for r < mr rows,
    t < nr <= NF, the X values broadcast in groups of d lanes. */
 static void micro_f_any(long kc, const real *X, long xr, long xl, const real *restrict W,
-                        long wl, real *C, long cr, long mr, long nr, int accumulate, long d)
+                        long wl, real *C, long cr, long mr, long nr, int accumulate,
+                        const real *bc, long d)
 {
     switch (d * (long)sizeof(real)) {
-    case 8: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 8 / sizeof(real)); break;
-    case 16: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 16 / sizeof(real));
+    case 8: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, 8 / sizeof(real)); break;
+    case 16: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, 16 / sizeof(real));
         break;
-    case 32: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 32 / sizeof(real));
+    case 32: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, 32 / sizeof(real));
         break;
-    default: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, 1);
+    default: micro_f_d(kc, X, xr, xl, W, wl, C, cr, mr, nr, accumulate, bc, 1);
     }
 }
 
@@ -498,7 +514,8 @@ static inline const real *sliver(const real *W, long wl, long kc, long nr, long 
    Tasks: blocks of mc rows x a; per block of KCF steps of l, the FR-row tiles of X stay
    in L1 while the slivers of the weights stream from L2. */
 int ks_bsf_f(const real *x, const real *w, real *y, long B, long a, long b, long c, long d,
-             long xn, long yn, const long *ws, int padded, long mc, int threads)
+             long xn, long yn, const long *ws, int padded, const real *bias, long mc,
+             int threads)
 {
     const long nb = (B + mc - 1) / mc, f = b * d, nsl = (f + NF - 1) / NF;
     int failed = 0;
@@ -525,7 +542,8 @@ int ks_bsf_f(const real *x, const real *w, real *y, long B, long a, long b, long
                                         s == last ? tail : w + i * ws[0] + s * ws[1] + k0 * ws[2],
                                         s == last ? tl : ws[2],
                                         y + (n0 + m0) * yn + i * f + s * NF, yn,
-                                        lmin(FR, rows - m0), lmin(NF, f - s * NF), k0 > 0, d);
+                                        lmin(FR, rows - m0), lmin(NF, f - s * NF), k0 > 0,
+                                        bias && !k0 ? bias + i * f + s * NF : 0, d);
                 }
             }
         free(Wt);
@@ -564,7 +582,7 @@ int ks_grad_f(const real *x, const real *g, real *dw, long B, long a, long b, lo
                     for (long k0 = 0; k0 < b; k0 += FR)
                         micro_f_any(kc, g + n0 * gn + (i * b + k0) * d, d, gn, W, wl,
                                     dw + (i * b + k0) * f + s * NF, f, lmin(FR, b - k0), nr,
-                                    n0 > 0, d);
+                                    n0 > 0, 0, d);
                 }
             }
         free(Wt);
@@ -610,7 +628,8 @@ static void expand(long kc, const real *X, long xr, long xl, long mr, long d,
 
 /* C[r*cr + t] (+)= sum_{l < kc} Xe[(l*FRP + r)*NP + t/LANES][t%LANES] * W[l*wl + t]. */
 static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict W, long wl,
-                           real *C, long cr, long mr, long nr, int accumulate)
+                           real *C, long cr, long mr, long nr, int accumulate,
+                           const real *bc)
 {
     vec acc[FRP][NP];
 #pragma GCC unroll 8
@@ -628,7 +647,7 @@ static inline void micro_p(long kc, const vec *restrict Xe, const real *restrict
     }
     vec out[FRP][NP];
     copy_tile(&out[0][0], &acc[0][0], FRP, NP, NP);
-    store_tile(&out[0][0], NP, C, cr, 1, mr, nr, accumulate, NP);
+    store_tile(&out[0][0], NP, C, cr, 1, mr, nr, accumulate, bc, NP);
 }
 
 /* idx[v][t] = (v*LANES + t) % d, the lanes of phase v; returns 0 (no failure yet). */
@@ -652,8 +671,8 @@ static int phased_alloc(vec **Xe, real **Wt)
    the weights as in ks_bsf_f (slivers of WP). Tasks: blocks of mc rows x a; per FRP rows
    and KCP steps of l, the expanded X (in L1) serves every sliver. */
 int ks_bsf_p(const real *x, const real *w, real *y, long B, long a, long b, long c, long d,
-             long xn, long yn, const real *xend, const long *ws, int padded, long mc,
-             int threads)
+             long xn, long yn, const real *xend, const long *ws, int padded,
+             const real *bias, long mc, int threads)
 {
     const long nb = (B + mc - 1) / mc, f = b * d, nsl = (f + WP - 1) / WP;
     ivec idx[NP];
@@ -684,7 +703,8 @@ int ks_bsf_p(const real *x, const real *w, real *y, long B, long a, long b, long
                             micro_p(kc, Xe,
                                     s == last ? tail : w + i * ws[0] + s * ws[1] + k0 * ws[2],
                                     s == last ? tl : ws[2], y + (n0 + m0) * yn + i * f + s * WP,
-                                    yn, mr, lmin(WP, f - s * WP), k0 > 0);
+                                    yn, mr, lmin(WP, f - s * WP), k0 > 0,
+                                    bias && !k0 ? bias + i * f + s * WP : 0);
                     }
                 }
             }
@@ -731,7 +751,7 @@ int ks_grad_p(const real *x, const real *g, real *dw, long B, long a, long b, lo
                         for (long s = 0; s < nsl; s++)
                             micro_p(kc, Xe, s == last ? tail : X + s * WP, s == last ? tl : xn,
                                     dw + (i * b + k0) * f + s * WP, f, mr, lmin(WP, f - s * WP),
-                                    n0 > 0);
+                                    n0 > 0, 0);
                     }
                 }
             }
@@ -762,11 +782,27 @@ void ks_pack_f(const real *w, const long *st, long a, long b, long c, long d, lo
                 const long l1 = lmin(c, l0 + 64);
                 real *dst = out + (i * nsl + s) * c * width - s * width;
                 const real *src = w + i * st[0];
-                if (st[1] < st[2]) {
+                if (d == 1 && st[1] == 1) {  /* W's columns run along k: copies */
+                    for (long l = l0; l < l1; l++)
+                        memcpy(dst + l * width + k0, src + k0 + l * st[2],
+                               sizeof(real) * (k1 - k0));
+                } else if (st[1] < st[2]) {
                     for (long l = l0; l < l1; l++)
                         for (long k = k0; k < k1; k++)
                             for (long j = 0; j < d; j++)
                                 dst[l * width + k * d + j] = src[k * st[1] + l * st[2] + j * st[3]];
+                } else if (d == 1 && st[2] == 1) {
+                    /* W's rows run along l (d = 1): 8 rows at a time, each step of l written
+                       as 8 consecutive features (a loop over j of one value per copy ran
+                       3x slower than torch's transposing copy) */
+                    long k = k0;
+                    for (; k + 8 <= k1; k += 8)
+                        for (long l = l0; l < l1; l++)
+#pragma GCC unroll 8
+                            for (int q = 0; q < 8; q++)
+                                dst[l * width + k + q] = src[(k + q) * st[1] + l];
+                    for (; k < k1; k++)
+                        for (long l = l0; l < l1; l++) dst[l * width + k] = src[k * st[1] + l];
                 } else {
                     for (long k = k0; k < k1; k++)
                         for (long l = l0; l < l1; l++)
@@ -860,7 +896,7 @@ int ks_bsl(const real *x, const real *wr, real *y, long B, long a, long b, long 
                             for (long m0 = 0; m0 < b; m0 += MR)
                                 micro(kc, W + (m0 / MR * c + k0) * MR, Bp + s0 * kc, NR,
                                       C + m0 * d * B + s0, d * B, 1, lmin(MR, b - m0),
-                                      lmin(NR, cols - s0), k0 > 0);
+                                      lmin(NR, cols - s0), k0 > 0, 0);
                     }
                 }
         free(Bp);
@@ -873,7 +909,8 @@ int ks_bsl(const real *x, const real *wr, real *y, long B, long a, long b, long 
    for a factor used once (a training step's forward: the optimizer changes it before the
    next), in one call. */
 int ks_bsf_fw(const real *x, const real *w, const long *st, real *y, long B, long a, long b,
-              long c, long d, int phased, const real *xend, long mc, int threads)
+              long c, long d, int phased, const real *xend, const real *bias, long mc,
+              int threads)
 {
     const long width = phased ? WP : NF, nsl = (b * d + width - 1) / width;
     const long ws[3] = {nsl * c * width, c * width, width};
@@ -882,9 +919,9 @@ int ks_bsf_fw(const real *x, const real *w, const long *st, real *y, long B, lon
         return 1;
     ks_pack_f(w, st, a, b, c, d, width, packed);
     const int failed = phased ? ks_bsf_p(x, packed, y, B, a, b, c, d, a * c * d, a * b * d, xend,
-                                         ws, 1, mc, threads)
+                                         ws, 1, bias, mc, threads)
                               : ks_bsf_f(x, packed, y, B, a, b, c, d, a * c * d, a * b * d, ws, 1,
-                                         mc, threads);
+                                         bias, mc, threads);
     free(packed);
     return failed;
 }

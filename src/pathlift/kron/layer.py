@@ -258,10 +258,9 @@ class KSLinear(nn.Module):
         y = x.reshape(-1, self.in_features)
         algorithms = self._chosen
         for idx in reversed(range(len(self.patterns))):  # x W^T = x K_L^T ⋯ K_1^T
+            # the bias with the last product (the fused kernel adds it as it stores Y)
             y = apply(y, self._prepared(idx, algorithms[idx]), self.patterns[idx],
-                      algorithms[idx])
-        if self.bias is not None:
-            y = y + self.bias
+                      algorithms[idx], bias=None if idx else self.bias)
         return y.reshape(*lead, self.out_features)
 
     def to_dense(self) -> torch.Tensor:

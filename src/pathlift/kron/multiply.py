@@ -205,40 +205,44 @@ def _packed(op: dict, layout: str) -> torch.Tensor:
     return op["packed"][layout]
 
 
-def _run_fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str,
-               once: bool = False) -> torch.Tensor:
-    """The C kernel's product (no autograd): the bf16 kernel for bfloat16 batch-size-first
-    where there is one, else the kernel of op["kernel"] on x in its dtype. ``once``: the
-    factor is used for this product only (autograd records it: a training step changes it
-    before the next), so it is not kept packed in op."""
+def _run_fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str, once: bool = False,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The C kernel's product (no autograd), plus ``bias`` where given (added as the kernel
+    stores Y): the bf16 kernel for bfloat16 batch-size-first where there is one, else the
+    kernel of op["kernel"] on x in its dtype. ``once``: the factor is used for this product
+    only (autograd records it: a training step changes it before the next), so it is not
+    kept packed in op."""
     if x.dtype == torch.bfloat16 and layout == "bsf" and "bf16" in op:
         kernel, packed = op["bf16"]
-        return cpu_kernel.multiply(kernel, x.contiguous(), packed, p.as_tuple(), layout)
+        y = cpu_kernel.multiply(kernel, x.contiguous(), packed, p.as_tuple(), layout)
+        return y if bias is None else y + bias.detach()
     kernel = op["kernel"]
     xk = x if x.dtype == kernel.dtype and x.is_contiguous() else \
         x.to(kernel.dtype).contiguous()
+    bk = None if bias is None else bias.detach().to(kernel.dtype).contiguous()
     if once and layout not in op["packed"]:
-        y = cpu_kernel.multiply_once(kernel, xk, op["w"], p.as_tuple(), layout)
+        y = cpu_kernel.multiply_once(kernel, xk, op["w"], p.as_tuple(), layout, bk)
     else:
-        y = cpu_kernel.multiply(kernel, xk, _packed(op, layout), p.as_tuple(), layout)
+        y = cpu_kernel.multiply(kernel, xk, _packed(op, layout), p.as_tuple(), layout, bk)
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class _FusedProduct(torch.autograd.Function):
-    """The C kernel's product with its backward in the same kernel: dX = dY·K is the
-    product by K^T (pattern (a, c, b, d); ``cpu_kernel.multiply_transposed``: w read in
-    place on the flat and phased paths, packed through its transposed strides on the
-    others), and dw[i, k, l, j] = sum_n dY[n, i, k, j] X[n, i, l, j] the kernel's product
-    with the batch as inner dimension (``cpu_kernel.grad_factor``); no permutation of X,
-    dY or the gradients goes through torch. Half precision runs in float32 and is cast
-    back."""
+    """The C kernel's product (plus a bias, added as Y is stored) with its backward in the
+    same kernel: dX = dY·K is the product by K^T (pattern (a, c, b, d);
+    ``cpu_kernel.multiply_transposed``: w read in place on the flat and phased paths,
+    packed through its transposed strides on the others), dw[i, k, l, j] = sum_n dY[n, i,
+    k, j] X[n, i, l, j] the kernel's product with the batch as inner dimension
+    (``cpu_kernel.grad_factor``), and the bias's the sum of dY over the batch; no
+    permutation of X, dY or the gradients goes through torch. Half precision runs in
+    float32 and is cast back."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, op: dict, p: KSPattern,
-                layout: str) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                op: dict, p: KSPattern, layout: str) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.kernel, ctx.p, ctx.layout = op["kernel"], p, layout
-        return _run_fused(x, op, p, layout, once=True)
+        return _run_fused(x, op, p, layout, once=True, bias=bias)
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple:
@@ -252,7 +256,8 @@ class _FusedProduct(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gw = cpu_kernel.grad_factor(kernel, x.to(kernel.dtype).contiguous(), g,
                                         p.as_tuple(), layout).to(w.dtype)
-        return gx, gw, None, None, None
+        gb = gy.sum(0 if layout == "bsf" else 1) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None
 
 
 class _KernelProduct(torch.autograd.Function):
@@ -298,18 +303,27 @@ def _fused_cuda(x: torch.Tensor, w: torch.Tensor, p: KSPattern, layout: str) -> 
                                 p, layout, "fused")
 
 
-def _fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str) -> torch.Tensor:
-    if x.device.type == "cuda":
-        return _fused_cuda(x, op["w"], p, layout)
+def _fused(x: torch.Tensor, op: dict, p: KSPattern, layout: str,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = X K^T + bias, the bias added by the C kernel as it stores Y (on CPU)."""
     kernel = op.get("kernel")
-    if kernel is None:
-        return _einsum(x, op, p, layout)
+    if x.device.type == "cuda" or kernel is None:
+        y = _fused_cuda(x, op["w"], p, layout) if x.device.type == "cuda" else \
+            _einsum(x, op, p, layout)
+        return _add_bias(y, bias, layout)
     if (torch.float32 if x.dtype in HALF else x.dtype) != kernel.dtype:
         raise InvalidParameterError(f"fused: input dtype {x.dtype} != factor dtype "
                                     f"{op['w'].dtype}; cast one of them")
-    if not (torch.is_grad_enabled() and (x.requires_grad or op["w"].requires_grad)):
-        return _run_fused(x, op, p, layout)  # no autograd node to build
-    return _FusedProduct.apply(x, op["w"], op, p, layout)
+    tracked = (x, op["w"]) if bias is None else (x, op["w"], bias)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tracked)):
+        return _run_fused(x, op, p, layout, bias=bias)  # no autograd node to build
+    return _FusedProduct.apply(x, op["w"], bias, op, p, layout)
+
+
+def _add_bias(y: torch.Tensor, bias: torch.Tensor | None, layout: str) -> torch.Tensor:
+    if bias is None:
+        return y
+    return y + bias if layout == "bsf" else y + bias[:, None]
 
 
 _REGISTRY: dict[str, tuple[Callable, Callable]] = {
@@ -330,16 +344,29 @@ def prepare(w: torch.Tensor, pattern: KSPattern, algorithm: str) -> dict:
     return _REGISTRY[algorithm][0](w, pattern)
 
 
+# algorithms whose product adds a bias itself (no pass of its own over Y); the others' Y
+# gets it added afterwards
+_WITH_BIAS: dict[str, Callable] = {"fused": _fused}
+
+
 def apply(x: torch.Tensor, prepared: dict, pattern: KSPattern, algorithm: str,
-          layout: str = "bsf") -> torch.Tensor:
-    """Y = X K^T with K given by ``prepare(w, pattern, algorithm)``."""
+          layout: str = "bsf", bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = X K^T (+ ``bias``, a vector of the M = abd output features) with K given by
+    ``prepare(w, pattern, algorithm)``; differentiable in x, w and the bias."""
     _check(algorithm, layout)
     n = pattern.in_features
     if x.dim() != 2 or x.shape[1 if layout == "bsf" else 0] != n:
         want = "(B, N)" if layout == "bsf" else "(N, B)"
         raise ShapeError(f"{algorithm}/{layout}: x must have shape {want} with N = acd = {n} "
                          f"for pattern {pattern}, got {tuple(x.shape)}")
-    return _REGISTRY[algorithm][1](x, prepared, pattern, layout)
+    if bias is None:
+        return _REGISTRY[algorithm][1](x, prepared, pattern, layout)
+    if tuple(bias.shape) != (pattern.out_features,):
+        raise ShapeError(f"{algorithm}: the bias must have shape ({pattern.out_features},) "
+                         f"(M = abd for pattern {pattern}), got {tuple(bias.shape)}")
+    if algorithm in _WITH_BIAS:
+        return _WITH_BIAS[algorithm](x, prepared, pattern, layout, bias)
+    return _add_bias(_REGISTRY[algorithm][1](x, prepared, pattern, layout), bias, layout)
 
 
 def ks_multiply(x: torch.Tensor, w: torch.Tensor, pattern: KSPattern,
