@@ -27,7 +27,7 @@ from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, param
 from pathlift.graph.boundary import is_dtensor, local, sharded_parameters
 from pathlift.graph.collectives import all_max, all_objects
-from pathlift.graph.ops.base import reading_once
+from pathlift.graph.ops.base import reading_once, refuse_unwritable
 from pathlift.graph.sharded import ShardedLayers, as_shard_of, is_sharded_graph
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
@@ -182,10 +182,17 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
     return entries
 
 
-def refuse_parametrized(targets: Sequence[tuple[str, nn.Module, str]]) -> None:
+def refuse_parametrized(targets: Sequence[tuple[str, nn.Module, str]],
+                        graph: LayerGraph | None = None) -> None:
     """Refuse, naming them all, the targets computed by a torch.nn.utils.parametrize
     parametrization (weight_norm, spectral_norm, ...): torch.nn.utils.prune cannot prune
-    them. Their scores are fine; ``pathlift.graph.writable_copy`` makes them plain."""
+    them. Their scores are fine; ``pathlift.graph.writable_copy`` makes them plain. With
+    the ``graph`` of the targets, also those of layers whose weight their module computes
+    in forward (weight standardisation), each saying why."""
+    if graph is not None:
+        layers = {m for m, _, _ in targets}
+        refuse_unwritable((graph.handler(n) for n in graph.parametric_nodes()
+                           if n.target in layers), "prune")
     names = [f"{m}.{p}" for m, module, p in targets if parametrize.is_parametrized(module, p)]
     if names:
         raise UnsupportedModelError(
