@@ -6,7 +6,8 @@ eval BatchNorm turned into the identity neuron a x + b of its fold (a = gamma /
 sqrt(var + eps), b = beta - mean a) with |a|^q, |b|^q; its forward runs on the all-ones
 input under a torch-function mode that turns every max-pool (module or functional) into a
 sum-pool (weights 1), every average pool and mean into weights (1/K)^q over its own
-windows, and ReLU6 into the pass of its two-ReLU sub-DAG: the outputs are
+windows, ReLU6 and LeakyReLU into the passes of their two-ReLU sub-DAGs, and a product with a Python
+number c (a constant scale) into the product with |c|^q: the outputs are
 o_v = ||Phi^{->v}||_q^q. ReLU is the identity on the non-negative values of that pass;
 sums, concatenations, flattening, channel shuffles and nearest upsampling are fixed maps
 of weight 1 and stay as they are. An op it does not know runs as it is, so the comparison
@@ -84,6 +85,13 @@ class _AbsPowMode(TorchFunctionMode):
             return 2 * x + float(high) ** q
         if name in ("relu6",):
             return 2 * args[0] + 6.0**q
+        if name in ("leaky_relu", "leaky_relu_"):  # ReLU(z) - a ReLU(-z): (1 + |a|^q) x
+            slope = args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01)
+            return args[0] * (1.0 + abs(float(slope)) ** q)
+        if name in ("mul", "__mul__", "__rmul__", "mul_", "__imul__", "div", "__truediv__") \
+                and len(args) == 2 and isinstance(args[1], (int, float)):
+            c = args[1] if "mul" in name else 1.0 / args[1]
+            return func(args[0], abs(float(c)) ** q)  # a constant scale: weights |c|^q
         return func(*args, **kwargs)
 
 
@@ -108,10 +116,51 @@ def _tuple(v, n: int) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
 
 
-def abs_pow_copy(model: nn.Module, q: float) -> nn.Module:
-    """The float64 copy of ``model`` with |theta|^q parameters (BatchNorm folded first);
-    run it under ``_AbsPowMode(q)`` on all-ones for the |theta|^q pass."""
+def _standardised(v: Tensor, eps: float) -> Tensor:
+    """Weight standardisation written out: each output channel's row minus its mean, over
+    the square root of its (biased) variance plus eps."""
+    rows = v.reshape(v.shape[0], -1)
+    mean = rows.sum(1, keepdim=True) / rows.shape[1]
+    var = ((rows - mean) ** 2).sum(1, keepdim=True) / rows.shape[1]
+    return ((rows - mean) / torch.sqrt(var + eps)).reshape(v.shape)
+
+
+#: effective weight of each weight-standardised convolution class (by class name: timm's,
+#: and the tests' own), written without the class's forward
+STANDARDISED = {
+    "StdConv2d": lambda m: _standardised(m.weight, m.eps),
+    "ScaledStdConv2d": lambda m: _standardised(m.weight, m.eps) * m.gain * m.scale,
+}
+
+
+def plain_twin(model: nn.Module) -> nn.Module:
+    """A float64 copy of ``model`` whose weight-standardised convolutions
+    (``STANDARDISED``) are plain ``nn.Conv2d`` holding their effective weight: the network
+    of neurons they compute (Def. 2.2.2), for the independent pass."""
     net = copy.deepcopy(model).double().eval()
+    for name, module in list(net.named_modules()):
+        effective = STANDARDISED.get(type(module).__name__)
+        if effective is None:
+            continue
+        w, groups = module.weight, getattr(module, "groups", 1)
+        conv = nn.Conv2d(w.shape[1] * groups, w.shape[0], tuple(w.shape[2:]),
+                         getattr(module, "stride", 1), getattr(module, "padding", 0),
+                         getattr(module, "dilation", 1), groups, module.bias is not None,
+                         dtype=torch.float64)
+        with torch.no_grad():
+            conv.weight.copy_(effective(module))
+            if module.bias is not None:
+                conv.bias.copy_(module.bias)
+        parent, _, leaf = name.rpartition(".")
+        setattr(net.get_submodule(parent), leaf, conv)
+    return net
+
+
+def abs_pow_copy(model: nn.Module, q: float) -> nn.Module:
+    """The float64 copy of ``model`` with |theta|^q parameters (BatchNorm folded first,
+    weight-standardised convolutions as their effective weight, ``plain_twin``); run it
+    under ``_AbsPowMode(q)`` on all-ones for the |theta|^q pass."""
+    net = plain_twin(model)
     with torch.no_grad():
         for module in net.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):

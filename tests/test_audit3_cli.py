@@ -345,10 +345,12 @@ def _parameters():
 
 def _outside(domain) -> list[str]:
     """Values just outside ``domain``, as typed on the command line."""
-    from pathlift.cli_domains import Choice
+    from pathlift.cli_domains import Choice, JsonArguments
 
     if isinstance(domain, Choice):
         return ["float8", domain.names[0].upper() + "x"]
+    if isinstance(domain, JsonArguments):
+        return ['{"num_classes": ', "[10]", '{"a": {"b": 1}}']
     values = ["nan"] if domain.kind is float else []
     if math.isfinite(domain.low):
         values.append(f"{domain.low:g}" if domain.above else

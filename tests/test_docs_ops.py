@@ -21,11 +21,12 @@ from markdown_it import MarkdownIt
 from pathlift.graph.ops.base import FUNCTIONS, METHODS, MODULES, supported_table
 
 ROOT = Path(__file__).resolve().parents[1]
-# docs/timm.md is written by tests/timm_scan.py from pathlift's own verdicts on timm's
-# models (what the engine measured or refused at the scan), not by hand: left out here
-PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md")
-                                     if p.name != "timm.md")]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARK = re.compile(r"<!--\s*ops:\s*(supported|refused)\s*-->")
+# the table of docs/timm.md is written by tests/timm_scan.py from pathlift's own verdicts
+# on timm's models (the ops the engine named when it refused them): its prose is checked,
+# the table between these markers is the scan's
+GENERATED = re.compile(r"<!-- timm-table: start -->.*?<!-- timm-table: end -->", re.S)
 # words that name an op of the table but are used as plain words in the docs: the modes of
 # F.interpolate (F.bilinear, refused, is a product of two inputs)
 MODE_WORDS = {"nearest", "linear", "bilinear", "bicubic", "trilinear", "area"}
@@ -61,7 +62,8 @@ def _names(text: str) -> set[str]:
 def _paragraphs(path: Path) -> list[tuple[str | None, str, int]]:
     """(mark, text, line) of every top-level paragraph and table of a page (code and
     list items left out)."""
-    tokens = MarkdownIt().enable("table").parse(path.read_text())
+    tokens = MarkdownIt().enable("table").parse(GENERATED.sub(
+        lambda m: "\n" * m.group(0).count("\n"), path.read_text()))
     out, mark = [], None
     for i, token in enumerate(tokens):
         if token.type == "html_block":

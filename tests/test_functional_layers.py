@@ -301,14 +301,3 @@ def test_timms_own_norm_act_layers_equal_their_module_form():
         assert path_norm(net, (1, 4, 4), q=q, r=r).log10 == pytest.approx(
             path_norm(twin, (1, 4, 4), q=q, r=r).log10, abs=1e-12)
     assert_rescaling_keeps_function_and_norms(net, (1, 4, 4), lambda m: m[1].conv.weight)
-
-
-@pytest.mark.parametrize("name", ["StdConv2d", "ScaledStdConv2d"])
-def test_weight_standardised_convolutions_are_refused_in_one_line(name):
-    layers = pytest.importorskip("timm.layers")
-    model = nn.Sequential(getattr(layers, name)(2, 3, 3), nn.ReLU()).eval()
-    with pytest.raises(UnsupportedModelError) as info:
-        path_norm(model, (2, 5, 5))
-    problems = info.value.problems
-    assert len(problems) == 1 and "module '0'" in str(problems[0])
-    assert "computed in forward from" in str(problems[0]) and "0.weight" in str(problems[0])

@@ -149,3 +149,34 @@ def test_a_checkpoint_cannot_make_timm_load_or_run_what_it_names(tmp_path):
     save_file(state, path, metadata={_ARCH: "timm.models:resnet18", _KWARGS: "{}"})
     with pytest.raises(UntrustedArchitectureError):
         load_model(path)
+
+
+def test_model_kwargs_build_the_named_architecture_with_them():
+    result = invoke("norm", "timm:resnet18", "--model-kwargs",
+                    '{"num_classes": 10, "drop_rate": 0.0}', "--input-shape", "3", "32", "32",
+                    "-q", "2")
+    assert result.exit_code == 0, result.output
+    torch.manual_seed(0)  # --seed 0, the default
+    expected = path_norm(timm.create_model("resnet18", num_classes=10).eval(), (3, 32, 32), q=2)
+    assert f"{expected.log10:.6f}" in "".join(result.output.split())
+    model, _ = load_model("timm:resnet18", model_kwargs={"num_classes": 3})
+    assert model.fc.out_features == 3
+
+
+@pytest.mark.parametrize("text", ['{"num_classes": ', "[10]", '{"num_classes": {"a": 1}}',
+                                  '{"drop_rate": NaN}'])
+def test_model_kwargs_that_are_no_json_object_of_literals_are_refused_in_one_line(text):
+    result = invoke("norm", "timm:resnet18", "--model-kwargs", text)
+    assert result.exit_code == 2
+    assert "--model-kwargs" in result.output and "JSON object" in result.output
+
+
+def test_model_kwargs_with_a_checkpoint_are_refused_in_one_line(tmp_path):
+    model = timm.create_model("resnet18", pretrained=False, num_classes=4).eval()
+    path = save_checkpoint(model, tmp_path / "net.safetensors", "timm:resnet18",
+                           input_shape=(3, 32, 32), num_classes=4)
+    result = invoke("norm", str(path), "--model-kwargs", '{"num_classes": 10}')
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "holds its own constructor arguments" in result.output
+    with pytest.raises(InvalidParameterError, match="holds its own constructor arguments"):
+        load_model(path, model_kwargs={"num_classes": 10})

@@ -7,6 +7,7 @@ library function returning a result object, and prints it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -58,6 +59,10 @@ Weights = Annotated[str | None, typer.Option(
     "--weights", help="state_dict file (.safetensors, .pt, .pth; weights only) for MODEL")]
 WeightsB = Annotated[str | None, typer.Option(
     "--weights-b", help="state_dict file for MODEL_B")]
+ModelKwargs = Annotated[str | None, typer.Option(
+    "--model-kwargs", metavar="JSON", help="constructor arguments of a MODEL given by name, "
+    "a JSON object of plain literals, e.g. '{\"num_classes\": 10, \"drop_rate\": 0.0}' "
+    "for timm:NAME (a checkpoint holds its own)")]
 Seed = Annotated[int, typer.Option(
     "--seed", help="seed of the random initialisation of a model given by name, and of the "
     "data's train/test split")]
@@ -74,6 +79,11 @@ Output = Annotated[str | None, typer.Option(
     "dict): the one holding the class logits, by position (0) or key (logits)")]
 Out = Annotated[str | None, typer.Option(
     "--out", help="output folder (default: a new runs/COMMAND-TIMESTAMP)")]
+
+
+def _kwargs(text: str | None) -> dict[str, Any] | None:
+    """``--model-kwargs``: the JSON object (its domain checked while parsing)."""
+    return None if text is None else json.loads(text)
 
 
 def main() -> None:
@@ -174,6 +184,7 @@ def norm(
     r: Annotated[float | None, typer.Option("-r", help="outer exponent r (inf for max); "
                                             "default r = q, the plain l^q norm of Phi")] = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
 ) -> None:
     """Path-norms ||Phi||_{q,r} in one forward pass per q (thesis Thm 3.1.1)."""
@@ -181,7 +192,8 @@ def norm(
     from pathlift.models import load_model
 
     with working(console, f"path-norms of {model}"):
-        net, shape = load_model(model, input_shape, weights, seed=seed)
+        net, shape = load_model(model, input_shape, weights,
+                                model_kwargs=_kwargs(model_kwargs), seed=seed)
         norms = path_norms(net, shape, q, r)
     console.print(_table(f"path-norms of {model}, input {shape.described()}, "
                          f"r={'q' if r is None else f'{r:g}'}", ["q", "value", "log10"],
@@ -194,6 +206,7 @@ def summary(
     model: Model,
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
 ) -> None:
     """Constants, path-norms, Lipschitz bound and what is unsupported, in one screen."""
@@ -201,7 +214,8 @@ def summary(
     from pathlift.summary import summary as summarize
 
     with working(console, f"summary of {model}"):
-        net, shape = load_model(model, input_shape, weights, seed=seed)
+        net, shape = load_model(model, input_shape, weights,
+                                model_kwargs=_kwargs(model_kwargs), seed=seed)
         s = summarize(net, shape, name=model)
     if not s.supported:
         console.print(f"{model} ({s.parameters:,} parameters) is outside the ReLU DAG model "
@@ -230,6 +244,7 @@ def bounds(
     data: Annotated[str, typer.Option("--data", help=DATA_HELP)],
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
     test_fraction: TestFraction = 0.25,
     normalize: Normalize = "none",
@@ -263,7 +278,8 @@ def bounds(
     with working(console, f"bounds of {model} on {data}") as describe:
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize, seed=seed)
-        net, shape = load_model(model, input_shape, weights, seed=seed,
+        net, shape = load_model(model, input_shape, weights,
+                                model_kwargs=_kwargs(model_kwargs), seed=seed,
                                 data_shape=split.input_shape)
         b = generalization_bounds(net, shape, *loaders(split, batch_size, seed), outputs=output)
         # measured in eval mode (the certificate's statement names the layers it concerns)
@@ -278,7 +294,8 @@ def bounds(
              f"+ confidence {u.confidence:.4f}",
              verdict(u.log10, m.test_error, labels=split.train.tensors[1])]]
     more, caption = certificate_rows(cert, route, split, m.test_error)
-    console.print(_table(f"{model} on {data}: certificates valid as stated (delta = "
+    console.print(_table(f"{model} on {data}, input {shape.described()}: certificates valid "
+                         f"as stated (delta = "
                          f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
                          rows + more, caption=caption))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
@@ -504,6 +521,7 @@ def quantize(
                                               "channel")] = False,
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
     data: Annotated[str | None, typer.Option("--data", help="measure on the test split of "
                                              "this data: " + DATA_HELP)] = None,
@@ -525,13 +543,14 @@ def quantize(
         split = None if data is None else load_data(data, input_shape=input_shape,
                                                     test_fraction=test_fraction,
                                                     normalize=normalize, seed=seed)
-        net, shape = load_model(model, input_shape, weights, seed=seed,
+        net, shape = load_model(model, input_shape, weights,
+                                model_kwargs=_kwargs(model_kwargs), seed=seed,
                                 data_shape=split and split.input_shape)
         result = compare_bits(net, shape, bits, data=split, samples=samples,
                               rescale_seed=rescale_seed, per_channel=per_channel,
                               symmetry_aware=symmetry_aware, csv=csv, name=model)
     console.print(_table(
-        f"{model} quantised towards zero, {result.inputs} inputs",
+        f"{model} quantised towards zero, {result.inputs} inputs of {shape.described()}",
         ["bits", "method", "d", "d/||Phi||_1", "max ||dR||_1", "bound", "acc"],
         [[r.bits, r.method, f"{r.certified:.4g}", f"{r.relative:.4f}", f"{r.measured:.4g}",
           f"{r.bound:.4g}", "-" if r.accuracy is None else f"{r.accuracy:.4f}"]
@@ -706,6 +725,7 @@ def rescale_command(
     model: Model,
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     factors: Annotated[list[float], typer.Option(
         "--factor", metavar="<float>...", help="factors drawn per neuron, separated by spaces")
     ] = [1.0, 128.0, 4096.0],  # noqa: B006
@@ -723,11 +743,12 @@ def rescale_command(
     from pathlift.models import load_model
 
     with working(console, f"rescaling {model}"):
-        net, shape = load_model(model, input_shape, weights, seed=seed)
+        net, shape = load_model(model, input_shape, weights,
+                                model_kwargs=_kwargs(model_kwargs), seed=seed)
         result = compare_random_rescale(net, shape, factors, seed, samples=samples, out=out,
                                         spec=model)
-    console.print(_comparison_table(f"random rescaling of {model}, factors {factors}",
-                                    result.comparison))
+    console.print(_comparison_table(f"random rescaling of {model}, factors {factors}, "
+                                    f"input {shape.described()}", result.comparison))
     if result.path is not None:
         console.print(f"wrote {result.path}")
 
@@ -737,6 +758,7 @@ def normalize_command(
     model: Model,
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
     q: Annotated[float, typer.Option("-q", help="normalise incoming (weights, bias) in l^q")
                  ] = 1.0,
@@ -754,10 +776,12 @@ def normalize_command(
     from pathlift.models import load_model
 
     with working(console, f"normalising {model}"):
-        net, shape = load_model(model, input_shape, weights, seed=seed)
+        net, shape = load_model(model, input_shape, weights,
+                                model_kwargs=_kwargs(model_kwargs), seed=seed)
         result = compare_normalized(net, shape, q, samples=samples, out=out, spec=model)
     counts = result.normalized
-    table = _comparison_table(f"{model} normalised (q={q:g})", result.comparison)
+    table = _comparison_table(f"{model} normalised (q={q:g}), input {shape.described()}",
+                              result.comparison)
     table.caption = (f"{counts.dead_neurons} input-dead neuron groups, {counts.tied_groups} "
                      "residual-tied groups (Def. 3.2.1 exact for untied neurons)")
     console.print(table)
@@ -802,6 +826,7 @@ def lipschitz(
                                               "in the parameters: " + MODEL_HELP)] = None,
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     other_weights: Annotated[str | None, typer.Option(
         "--other-weights", help="state_dict file for OTHER")] = None,
     seed: Seed = 0,
@@ -822,7 +847,8 @@ def lipschitz(
             net, net_b, shape = load_model_pair(model, other, input_shape, weights,
                                                 other_weights, seed=seed)
         else:
-            (net, shape), net_b = load_model(model, input_shape, weights, seed=seed), None
+            (net, shape), net_b = load_model(model, input_shape, weights,
+                                             model_kwargs=_kwargs(model_kwargs), seed=seed), None
         result = lipschitz_bounds(net, shape, r, other=net_b, x_inf=x_inf)
     bound, p = result.input, result.params
     rows = [["in x: ||Phi||_{1,r} (Thm 3.3.1)", f"{bound.log10:.6f}"],
@@ -918,6 +944,7 @@ def identify_command(
     samples: int = typer.Option(256, "--samples", help="number of Gaussian inputs N"),
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
     scale: float = typer.Option(1.0, "--scale", help="standard deviation of the inputs"),
     method: str = typer.Option("auto", "--method", help="auto, exact or randomized"),
@@ -931,7 +958,8 @@ def identify_command(
     from pathlift.symmetry import identify
 
     with working(console, f"identifying {model} from {samples} inputs"):
-        net, shape = load_model(model, input_shape, weights, seed=seed)
+        net, shape = load_model(model, input_shape, weights,
+                                model_kwargs=_kwargs(model_kwargs), seed=seed)
         result = identify(net, samples, shape, method=method, seed=seed, scale=scale)
     console.print(f"{model}: {result!r}\n  {result.symmetry.obstructions!r}\n  {result.rank!r}")
 

@@ -11,13 +11,14 @@ command and fails on one that has no domain and is not listed in ``FREE``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
-__all__ = ["DOMAINS", "FREE", "Choice", "Number", "constrain", "domain_of"]
+__all__ = ["DOMAINS", "FREE", "Choice", "JsonArguments", "Number", "constrain", "domain_of"]
 
 
 class Number:
@@ -45,6 +46,29 @@ class Number:
             and (value > self.low if self.above else value >= self.low) and value <= self.high
 
 
+class JsonArguments:
+    """A JSON object of constructor arguments whose values are plain literals (numbers,
+    strings, booleans, null, and lists of them): ``'{"num_classes": 10}'``."""
+
+    def __str__(self) -> str:
+        return ("a JSON object of plain literals, e.g. '{\"num_classes\": 10, "
+                "\"drop_rate\": 0.0}'")
+
+    def __contains__(self, value: object) -> bool:
+        try:
+            found = json.loads(value) if isinstance(value, str) else None
+        except ValueError:
+            return False
+        return isinstance(found, dict) and all(_literal(v) for v in found.values())
+
+
+def _literal(value: object) -> bool:
+    if isinstance(value, list):
+        return all(_literal(v) for v in value)
+    return value is None or (isinstance(value, (bool, int, float, str)) and not (
+        isinstance(value, float) and not math.isfinite(value)))
+
+
 class Choice:
     """One of the given names."""
 
@@ -58,7 +82,7 @@ class Choice:
         return value in self.names
 
 
-Domain = Number | Choice
+Domain = Number | Choice | JsonArguments
 
 _COUNT = Number(int, 1)
 _SEED = Number(int, 0, 2**63 - 1)  # numpy's generators refuse a negative seed
@@ -67,6 +91,7 @@ _EXPONENT = Number(float, 0, above=True, infinite=True)  # q, r: inf is the max-
 
 #: parameter name, or ``command.name``, -> its domain
 DOMAINS: dict[str, Domain] = {
+    "model_kwargs": JsonArguments(),
     # counts
     **dict.fromkeys(["seeds", "rounds", "batch_size", "samples", "depths", "repeats",
                      "threads", "top_k", "rows", "every", "batch", "vit_batch", "max_dense",

@@ -64,11 +64,22 @@ def param(module: nn.Module, name: str, detach: bool = True) -> Tensor | None:
     only refreshed by a forward pre-hook and may be stale, so the product is recomputed.
     Detached by default (reading a parameter never records autograd history); with
     ``detach=False`` it keeps it, for a pass that differentiates through the parameters.
+    A tensor the module's class computes (a property: torch.nn.utils.parametrize, the
+    view of a layer whose weight its module standardises in forward) is read as computed.
     """
+    if isinstance(getattr(type(module), name, None), property):
+        value = getattr(module, name)
+        return value.detach() if detach and isinstance(value, Tensor) else value
+    return own_param(module, name, detach)
+
+
+def own_param(module: nn.Module, name: str, detach: bool = True) -> Tensor | None:
+    """``param`` of a tensor held in the module's own tables (never through a property of
+    its class): ``name_orig * name_mask`` under torch.nn.utils.prune, else the tensor."""
     orig, mask = _own(module, name + "_orig"), _own(module, name + "_mask")
     if orig is not None and mask is not None:
         return (orig.detach() if detach else orig) * mask
-    value = getattr(module, name, None)
+    value = _own(module, name)
     if not isinstance(value, Tensor):
         return value
     return value.detach() if detach else value

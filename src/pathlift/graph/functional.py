@@ -9,20 +9,31 @@ replaces the call by a ``call_module`` node whose target is the calling module's
 (its own tensors, shared, so every pass reads and writes the module's state_dict entries:
 ``fc.weight`` is ``fc.weight``). Which calls are layers, and as what, the op table says
 (``pathlift.graph.ops.base.LOWERINGS``, filled by each op module).
+
+A weight the module computes in forward from its own tensors alone (weight
+standardisation: timm's ``StdConv2d``, ``ScaledStdConv2d``, a user's
+``F.conv2d(x, standardise(self.weight))``) is a ``Derivation``: the view computes it from
+the module's current tensors whenever a pass reads it, so the layer is measured on its
+effective weight (the weights of its DAG neurons, Def. 2.2.2), as a torch.nn.utils.
+parametrize layer is; its handler (``pathlift.graph.ops.derived``) refuses the
+transformations that would write the stored tensors in its place.
 """
 
 from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor, fx, nn
 from torch.nn.utils import prune
 
+from pathlift.graph.boundary import own_param, param
 from pathlift.graph.ops import Handler
 from pathlift.graph.ops.base import INPUT, LOWERINGS, VALUES_OF, Lowered, Operand
+from pathlift.graph.ops.derived import derived_layer
 
 LOWERED = "pathlift_lowered"  # node.meta key of a lowered call's ``FunctionalCall``
 REFUSED = "pathlift_refused"  # node.meta key of the reason a functional layer is refused
@@ -31,10 +42,56 @@ COMPUTED = "pathlift_computed"  # node.meta key of a tensor computed from parame
 
 
 @dataclass(frozen=True)
+class Derivation:
+    """A tensor a module's forward computes from that module's own tensors alone: its
+    computation, a small fx graph (no input) whose ``get_attr`` nodes read ``reads``
+    (qualified names in the traced model)."""
+
+    graph: fx.Graph
+    reads: tuple[str, ...]
+
+    def compute(self, read: Callable[[str], Tensor]) -> Tensor:
+        """The tensor, from ``read(qualified name)`` of each tensor it reads."""
+        env: dict[fx.Node, Any] = {}
+        for node in self.graph.nodes:
+            if node.op == "output":
+                return env[node.args[0]]
+            if node.op == "get_attr":
+                env[node] = read(str(node.target))
+                continue
+            args = fx.node.map_arg(node.args, env.__getitem__)
+            kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            env[node] = getattr(args[0], node.target)(*args[1:], **kwargs) \
+                if node.op == "call_method" else node.target(*args, **kwargs)
+        raise AssertionError("a derivation graph has an output")
+
+
+def _derivation(node: fx.Node, live: set[fx.Node]) -> Derivation | str:
+    """The ``Derivation`` of ``node`` (not reading the input), or why it is none (it calls
+    a submodule, or reads no tensor of the model)."""
+    needed, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n not in needed:
+            needed.add(n)
+            todo += n.all_input_nodes
+    graph, env = fx.Graph(), {}
+    for n in node.graph.nodes:  # topological order
+        if n in needed:
+            if n.op not in ("get_attr", "call_function", "call_method"):
+                return f"computes a weight with {n.op} '{n.name}'"
+            env[n] = graph.node_copy(n, env.__getitem__)
+    graph.output(env[node])
+    reads = tuple(sorted(str(n.target) for n in needed if n.op == "get_attr"))
+    return Derivation(graph, reads) if reads else "computes a tensor from constants alone"
+
+
+@dataclass(frozen=True)
 class FunctionalCall:
     """What a lowered node runs: ``target`` (a function, or a method name) with ``args``
     and ``kwargs`` in which ``INPUT`` stands for the activation and an ``Operand`` for a
-    tensor of the view; ``form`` and ``settings`` make the view (``functional_view``)."""
+    tensor of the view; ``form`` and ``settings`` make the view (``functional_view``);
+    ``derived`` the operands the module computes in forward, by role."""
 
     handler: Handler
     form: type
@@ -42,6 +99,7 @@ class FunctionalCall:
     target: Any
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    derived: dict[str, Derivation] = field(default_factory=dict)
 
     def run(self, view: nn.Module, x: Tensor) -> Any:
         """The original call on ``x`` with the view's tensors, as the module's forward
@@ -60,25 +118,39 @@ class FunctionalCall:
         return self.target(*args, **kwargs)
 
 
-_VIEW_CLASSES: dict[type, type] = {}
+_VIEW_CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}
 
 
-def _view_class(form: type) -> type:
-    """``form`` whose forward is the lowered call (one class per form)."""
-    if form not in _VIEW_CLASSES:
+def _derived(role: str) -> property:
+    """The view's tensor ``role`` computed from the module's current tensors (its own
+    tables, pruning masks applied), with their autograd history."""
+    def compute(self: nn.Module) -> Tensor:
+        return self.pathlift_call.derived[role].compute(
+            lambda name: own_param(self, name.rpartition(".")[2], detach=False))
+    return property(compute)
+
+
+def _view_class(form: type, derived: tuple[str, ...] = ()) -> type:
+    """``form`` whose forward is the lowered call and whose ``derived`` tensors are
+    computed (one class per form and roles)."""
+    key = (form, derived)
+    if key not in _VIEW_CLASSES:
         def forward(self: nn.Module, x: Tensor) -> Any:
             return self.pathlift_call.run(self, x)
-        _VIEW_CLASSES[form] = type(f"Functional{form.__name__}", (form,),
-                                   {"forward": forward, "__module__": __name__})
-    return _VIEW_CLASSES[form]
+        _VIEW_CLASSES[key] = type(
+            f"Functional{form.__name__}", (form,),
+            {"forward": forward, "__module__": __name__,
+             **{role: _derived(role) for role in derived}})
+    return _VIEW_CLASSES[key]
 
 
 def functional_view(owner: nn.Module, call: FunctionalCall) -> nn.Module:
     """``owner`` seen as ``call.form``: an instance of (a subclass of) the module form that
     shares ``owner``'s parameter and buffer tables (its tensors, pruning masks
     included), with the call's settings, no submodules and only the owner's pruning
-    pre-hooks; its forward runs the original call. ``owner`` is not touched."""
-    view = object.__new__(_view_class(call.form))
+    pre-hooks (but those of a tensor it computes, which reads the pruned tensor itself);
+    its forward runs the original call. ``owner`` is not touched."""
+    view = object.__new__(_view_class(call.form, tuple(sorted(call.derived))))
     state = view.__dict__
     state.update(vars(owner))
     state.update(call.settings)
@@ -90,7 +162,7 @@ def functional_view(owner: nn.Module, call: FunctionalCall) -> nn.Module:
         state[table] = OrderedDict()
     state["_forward_pre_hooks"].update(
         (k, h) for k, h in owner._forward_pre_hooks.items()
-        if isinstance(h, prune.BasePruningMethod))
+        if isinstance(h, prune.BasePruningMethod) and h._tensor_name not in call.derived)
     return view
 
 
@@ -101,29 +173,38 @@ def lower_calls(graph: fx.Graph, root: nn.Module) -> None:
     module holding it under another name, settings the module contradicts)."""
     lowered: dict[str, tuple[str, ...]] = {}
     live = _reading_input(graph)
+    derivations: dict[fx.Node, Derivation | str] = {}
+
+    def value(n: fx.Node) -> Any:
+        return _value(root, n, live, derivations)
+
     for node in list(graph.nodes):
         reader = LOWERINGS.get(node.target) if node.op in ("call_function", "call_method") \
             and node in live else None
-        found = reader(node, lambda n: _value(root, n)) if reader is not None else None
+        found = reader(node, value) if reader is not None else None
         if found is None and reader is not None:
             found = _computed_tensor(node, live)
         if found is None:
             continue
-        owner, reason = _owner(found, root) if isinstance(found, Lowered) else ("", found)
+        derived = {m.role: derivations[n] for n, m in found.marks.items()
+                   if isinstance(m, Operand) and m.derived} if isinstance(found, Lowered) else {}
+        owner, reason = _owner(found, root, derived) if isinstance(found, Lowered) \
+            else ("", found)
         computed = [n.name for n in node.all_input_nodes
                     if isinstance(found, Lowered) and n not in found.marks]
         if reason is None and computed:
             reason = (f"a functional layer with arguments computed in forward "
                       f"({', '.join(computed)}); pass constants, or use the module form")
-        if reason is None and lowered.get(owner, _tensors(found)) != _tensors(found):
+        tensors = _tensors(found, derived) if isinstance(found, Lowered) else ()
+        if reason is None and lowered.get(owner, tensors) != tensors:
             reason = (f"module '{owner}' calls several functional layers; pathlift needs "
                       "one module per layer (its weight and bias as `weight` and `bias`)")
         if reason is not None:
             node.meta[REFUSED] = reason
             _explained(node, live)
             continue
-        lowered[owner] = _tensors(found)
-        _replace(graph, node, found, owner)
+        lowered[owner] = tensors
+        live.add(_replace(graph, node, found, owner, derived))
 
 
 def select_values(graph: fx.Graph) -> None:
@@ -166,18 +247,17 @@ def _reading_input(graph: fx.Graph) -> set[fx.Node]:
 
 
 def _computed_tensor(node: fx.Node, live: set[fx.Node]) -> str | None:
-    """Why a layer call whose tensor is computed in forward from parameters alone (a
-    standardised weight, as timm's StdConv2d and ScaledStdConv2d) is refused, marking
-    that computation as explained by it (``COMPUTED``); None when it has no such tensor."""
+    """Why a layer call with a tensor computed in forward from parameters alone that the
+    op table does not read as a layer's weight or bias is refused, marking that
+    computation as explained by it (``COMPUTED``); None when it has no such tensor."""
     if not any(n not in live and n.op != "get_attr" for n in node.all_input_nodes):
         return None
     reads = _explained(node, live)
     owners = sorted({r.rpartition(".")[0] or "<root>" for r in reads})
-    return (f"module '{', '.join(owners)}': its weight is computed in forward from "
-            f"{', '.join(sorted(reads))} (a weight "
-            "standardisation, as timm's StdConv2d); pathlift measures a layer on its stored "
-            "weight and bias, and rescaling or pruning the stored tensors would not act "
-            "on the computed ones; use a plain convolution holding the effective weight")
+    return (f"module '{', '.join(owners)}' computes a tensor of this call in forward from "
+            f"{', '.join(sorted(reads))}, which pathlift does not read as the layer's weight "
+            "or bias; compute the weight (and bias) alone from the module's own tensors, "
+            "or use a layer holding the effective weight")
 
 
 def _explained(node: fx.Node, live: set[fx.Node]) -> set[str]:
@@ -193,17 +273,30 @@ def _explained(node: fx.Node, live: set[fx.Node]) -> set[str]:
     return reads
 
 
-def _value(root: nn.Module, node: fx.Node) -> Any:
-    """The tensor a ``get_attr`` node reads (a meta tensor when tracing), else None."""
-    if node.op != "get_attr":
+def _value(root: nn.Module, node: fx.Node, live: set[fx.Node],
+           derivations: dict[fx.Node, Derivation | str]) -> Any:
+    """The tensor a node holds without reading the input (a meta tensor when tracing):
+    what a ``get_attr`` node reads, or a tensor computed from the model's tensors alone
+    (its ``Derivation`` kept in ``derivations``); None for a node reading the input."""
+    if node.op == "get_attr":
+        return _read(root, str(node.target))
+    if node in live:
         return None
-    *path, leaf = str(node.target).split(".")
-    module = root.get_submodule(".".join(path))
-    return getattr(module, leaf, None)
+    if node not in derivations:
+        derivations[node] = _derivation(node, live)
+    found = derivations[node]
+    return None if isinstance(found, str) else found.compute(lambda q: _read(root, q))
 
 
-def _tensors(found: Lowered) -> tuple[str, ...]:
-    return tuple(sorted(_path(n) for n, m in found.marks.items() if m is not INPUT))
+def _read(root: nn.Module, name: str) -> Any:
+    *path, leaf = name.split(".")
+    return param(root.get_submodule(".".join(path)), leaf, detach=False)
+
+
+def _tensors(found: Lowered, derived: dict[str, Derivation]) -> tuple[str, ...]:
+    return tuple(sorted({*(_path(n) for n, m in found.marks.items()
+                           if m is not INPUT and not m.derived),
+                         *(r for d in derived.values() for r in d.reads)}))
 
 
 def _path(node: fx.Node) -> str:
@@ -214,11 +307,18 @@ def _path(node: fx.Node) -> str:
     return str(node.target).removesuffix("_orig")
 
 
-def _owner(found: Lowered, root: nn.Module) -> tuple[str, str | None]:
-    """(the path of the module holding the call's tensors, why it cannot be its layer)."""
-    names = {m.role: _path(n) for n, m in found.marks.items() if m is not INPUT}
-    owners = {name.rpartition(".")[0] for name in names.values()}
-    what = f"{found.form.__name__}'s op over {', '.join(sorted(names.values()))}"
+def _owner(found: Lowered, root: nn.Module, derived: dict[str, Derivation | str]
+           ) -> tuple[str, str | None]:
+    """(the path of the module holding the call's tensors, why it cannot be its layer);
+    ``derived``: the tensors the call reads as computed in forward, by role."""
+    names = {m.role: _path(n) for n, m in found.marks.items()
+             if m is not INPUT and not m.derived}
+    reads = {r for d in derived.values() if not isinstance(d, str) for r in d.reads}
+    owners = {name.rpartition(".")[0] for name in (*names.values(), *reads)}
+    what = f"{found.form.__name__}'s op over {', '.join(sorted({*names.values(), *reads}))}"
+    bad = [f"its {role} {d}" for role, d in derived.items() if isinstance(d, str)]
+    if bad:
+        return "", f"{what}: {'; '.join(bad)}; use a layer holding the effective weight"
     if len(owners) != 1 or "" in owners:
         return "", (f"{what}: pathlift measures a functional layer whose tensors belong to "
                     "one submodule (not the model's root), as its `weight` and `bias`; move "
@@ -239,23 +339,31 @@ def _owner(found: Lowered, root: nn.Module) -> tuple[str, str | None]:
     return owner, None
 
 
-def _replace(graph: fx.Graph, node: fx.Node, found: Lowered, owner: str) -> None:
-    """``node`` becomes ``call_module(owner, (x,))`` running a ``FunctionalCall``; the
-    tensor reads it leaves unused are erased."""
+def _replace(graph: fx.Graph, node: fx.Node, found: Lowered, owner: str,
+             derived: dict[str, Derivation]) -> fx.Node:
+    """``node`` becomes ``call_module(owner, (x,))`` running a ``FunctionalCall`` (the new
+    node returned); the tensor reads it leaves unused are erased. A call with ``derived``
+    tensors gets the handler of a layer whose weight is computed
+    (``pathlift.graph.ops.derived``)."""
     x = next(n for n, m in found.marks.items() if m is INPUT)
     marks = dict(found.marks)
     args = fx.node.map_arg(node.args, lambda n: marks.get(n, n))
     kwargs = fx.node.map_arg(node.kwargs, lambda n: marks.get(n, n))
-    call = FunctionalCall(found.handler, found.form, found.settings, node.target,
-                          tuple(args), dict(kwargs))
+    handler = derived_layer(found.handler, owner, sorted(
+        {r for d in derived.values() for r in d.reads})) if derived else found.handler
+    call = FunctionalCall(handler, found.form, found.settings, node.target,
+                          tuple(args), dict(kwargs), derived)
     with graph.inserting_before(node):
         new = graph.call_module(owner, (x,))
     new.meta[LOWERED] = call
     node.replace_all_uses_with(new)
     graph.erase_node(node)
-    todo = [n for n in marks if n is not x]
+    todo, erased = [n for n in marks if n is not x], set()
     while todo:  # the operand nodes, then what they read, once unused
         dead = todo.pop()
-        if not dead.users and dead.op in ("get_attr", "call_function", "call_method"):
+        if dead not in erased and not dead.users and \
+                dead.op in ("get_attr", "call_function", "call_method"):
+            erased.add(dead)
             todo += dead.all_input_nodes
             graph.erase_node(dead)
+    return new

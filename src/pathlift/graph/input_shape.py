@@ -65,6 +65,13 @@ def as_input_shape(input_shape: Sequence[int], source: str | None = None) -> Inp
     return InputShape(sizes, source)
 
 
+def shape_used(graph_shape: Sequence[int], given: Sequence[int] | None) -> InputShape:
+    """The shape a result was computed at (its graph's) with its source: the caller's when
+    it gave a shape (the graph of a model traced at its declared shape is also the graph
+    of that shape given, and says "given" then), else the graph's own."""
+    return as_input_shape(graph_shape, None if given is None else getattr(given, "source", GIVEN))
+
+
 #: the documented input of torchvision's classification models (their weights' transforms
 #: crop 224, Inception-v3's 299).
 _TORCHVISION = "torchvision.models."

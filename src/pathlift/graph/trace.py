@@ -254,6 +254,10 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
         where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if isinstance(err, AssertionError):  # an assertion on sizes, which are numbers here
+            raise ShapeError(f"'{where}' asserts on the input's shape and fails at this one "
+                             f"({reason}){_user_line(err)}; give the input shape it expects "
+                             "(without the batch dimension)") from None
         raise UnsupportedModelError([Problem(
             where or "<root>", "data-dependent control flow",
             f"torch.fx cannot trace it ({reason}){_user_line(err)}; make the forward "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -15,6 +15,7 @@ from pathlift.graph import Call, LayerGraph, graph_of
 from pathlift.graph.channels import channel_map
 from pathlift.graph.collectives import all_true
 from pathlift.graph.factors import incoming_norms
+from pathlift.graph.input_shape import InputShape, shape_used
 from pathlift.graph.normalize import normalize
 from pathlift.graph.sharded import ShardedLayers, is_sharded_graph
 from pathlift.graph.structure import (
@@ -42,6 +43,8 @@ class PathMetric:
     verified (``reason`` says why). ``relative_accuracy`` estimates the floating-point
     error of the lower value caused by cancellation between the two path-norms.
     ``same_signs`` records theta_i theta'_i >= 0 for all i (Cor. 3.4.1's assumption).
+    ``input_shape`` is the shape both were measured at, ``input_shape.source`` where it
+    came from (never a guess).
     """
 
     case: str
@@ -52,6 +55,7 @@ class PathMetric:
     same_signs: bool
     relative_accuracy: float
     reason: str
+    input_shape: InputShape | None = field(default=None, repr=False, compare=False)
 
     @property
     def exact(self) -> bool:
@@ -120,6 +124,7 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
     """
     graph_a = graph_of(model_a, input_shape)
     graph_b = graph_of(model_b, input_shape or graph_a.input_shape)
+    shape = shape_used(graph_a.input_shape, input_shape)
     graph_a.check_values()
     graph_b.check_values()
     sharded = is_sharded_graph(graph_a), is_sharded_graph(graph_b)
@@ -144,7 +149,8 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
         d, accuracy = _log_diff(big, small)
         if d > -math.inf or identical:
             return PathMetric(EXACT, d / LN10, d / LN10, norm_a, norm_b, signs, accuracy,
-                              "signs agree and one model dominates the other (Lemma 3.4.1)")
+                              "signs agree and one model dominates the other (Lemma 3.4.1)",
+                              shape)
         cancelled = True  # the models differ by less than float64 resolves: no exact 0
     if cancelled:
         upper, why = _rounding_log(graph_a, norm_a, norm_b), (
@@ -158,7 +164,7 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
     else:
         upper, why = _upper_bound_log(graph_a, graph_b, norm_a, norm_b)
     if upper == -math.inf:  # theta' is a rescaling of theta
-        return PathMetric(EXACT, -math.inf, -math.inf, norm_a, norm_b, signs, 0.0, why)
+        return PathMetric(EXACT, -math.inf, -math.inf, norm_a, norm_b, signs, 0.0, why, shape)
     totals = torch.tensor([norm_a, norm_b], dtype=torch.float64) * LN10
     lower, accuracy = _log_diff(totals.max().reshape(1), totals.min().reshape(1))
     # certified: the difference of the two norms less its floating-point error (0 when
@@ -170,7 +176,7 @@ def path_metric(model_a: nn.Module | LayerGraph, model_b: nn.Module | LayerGraph
         "; lower bound: | ||Phi(theta)||_1 - ||Phi(theta')||_1 | (paper 002 eq. 6) less its " \
         "rounding error; upper bound: " + why
     return PathMetric(INTERVAL, lower / LN10, upper / LN10, norm_a, norm_b, signs,
-                      accuracy, reason)
+                      accuracy, reason, shape)
 
 
 def enumerated_path_metric(model_a: nn.Module, model_b: nn.Module,

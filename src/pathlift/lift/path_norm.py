@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -14,7 +14,7 @@ from pathlift.exponents import check_dtype, check_exponents
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import copy_model
-from pathlift.graph.input_shape import InputShape, as_input_shape
+from pathlift.graph.input_shape import InputShape, shape_used
 from pathlift.graph.normalize import normalize
 from pathlift.graph.sharded import ShardedAbsPow, is_sharded_graph
 from pathlift.logspace import LN10, format_log10, power10
@@ -194,7 +194,7 @@ def path_norm(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None =
     total, per_output = mixed_norm_log(log_outputs(graph, q, dtype), q, r)
     return PathNorm(q=q, r=r, log10=total / LN10,
                     per_output_log10=tuple((per_output / LN10).tolist()),
-                    input_shape=as_input_shape(graph.input_shape))
+                    input_shape=shape_used(graph.input_shape, input_shape))
 
 
 def path_norms(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
@@ -217,4 +217,6 @@ def path_norms(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None 
         norms[2.0].log10
     """
     graph = graph_of(model, input_shape)
-    return {float(q): path_norm(graph, None, float(q), r, dtype) for q in qs}
+    shape = shape_used(graph.input_shape, input_shape)
+    return {float(q): replace(path_norm(graph, None, float(q), r, dtype), input_shape=shape)
+            for q in qs}

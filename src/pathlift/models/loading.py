@@ -27,9 +27,11 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path, PurePath
+from typing import Any
 
 import torch
 from torch import nn
@@ -127,7 +129,8 @@ def _checkpoint(spec: str | os.PathLike[str], weights: str | os.PathLike[str] | 
 def load_model(spec: str | os.PathLike[str], input_shape: Sequence[int] | None = None,
                weights: str | os.PathLike[str] | None = None, *, seed: int | None = None,
                arch: str | None = None, trust_arch: bool | None = None,
-               data_shape: Sequence[int] | None = None) -> tuple[nn.Module, InputShape]:
+               data_shape: Sequence[int] | None = None,
+               model_kwargs: Mapping[str, Any] | None = None) -> tuple[nn.Module, InputShape]:
     """An eval-mode model and its input shape from a model name or a checkpoint file.
 
     ``spec`` is a model name as ``get_model`` takes it (reference architecture,
@@ -146,6 +149,9 @@ def load_model(spec: str | os.PathLike[str], input_shape: Sequence[int] | None =
     (``model_input_shape``), else a ShapeError; its ``source`` says which.
     ``seed`` seeds the random initialisation (in a forked RNG: the caller's RNG state is
     left as it was), so one architecture name and one seed always give the same weights.
+    ``model_kwargs`` are constructor arguments of a model given by name
+    (``{"num_classes": 10, "drop_rate": 0.0}`` for ``timm:NAME``); a checkpoint file holds
+    its own.
 
     Raises:
         UntrustedArchitectureError: a file names its architecture by an import path.
@@ -159,6 +165,12 @@ def load_model(spec: str | os.PathLike[str], input_shape: Sequence[int] | None =
         >>> model, shape = load_model("net.safetensors")        # arch and shape from the file
     """
     ckpt, name = _checkpoint(spec, weights, arch, trust_arch)
+    if model_kwargs:
+        if _is_path(spec):
+            raise InvalidParameterError(
+                f"'{spec}' is a checkpoint, which holds its own constructor arguments; "
+                "give model arguments with a model name")
+        ckpt = replace(ckpt, kwargs={**ckpt.kwargs, **model_kwargs})
     check_model_size(name, ckpt.kwargs)
     with nullcontext() if seed is None else torch.random.fork_rng(devices=[]):
         if seed is not None:

@@ -183,7 +183,7 @@ def prune_model(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
             "pathlift.prune.global_masks")
     graph.check_values()
     targets = prunable_parameters(graph, include_biases)
-    refuse_parametrized(targets)
+    refuse_parametrized(targets, graph)
     last = targets[-1][0]
     masks = _masks(targets)
     fractions = {n: amount * (last_layer_factor if n.rsplit(".", 1)[0] == last else 1.0)

@@ -27,7 +27,8 @@ from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, param
 from pathlift.graph.boundary import is_dtensor, local, sharded_parameters
 from pathlift.graph.collectives import all_max, all_objects
-from pathlift.graph.ops.base import reading_once
+from pathlift.graph.input_shape import InputShape, shape_used
+from pathlift.graph.ops.base import reading_once, refuse_unwritable
 from pathlift.graph.sharded import ShardedLayers, as_shard_of, is_sharded_graph
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.logspace import LN10, power10
@@ -43,12 +44,15 @@ class Scores:
     so rankings (global or per layer) compare mantissas directly; the scale keeps path
     magnitudes of deep networks, which exceed float64, finite. ``channel_dims`` maps each
     weight to the dim holding its layer's output channels (1 for ConvTranspose, else 0).
+    ``input_shape`` is the shape the scores were computed at, ``input_shape.source`` where
+    it came from (never a guess).
     """
 
     criterion: str
     tensors: Mapping[str, Tensor]
     log10_scale: float = 0.0
     channel_dims: Mapping[str, int] = field(default_factory=dict)
+    input_shape: InputShape | None = field(default=None, repr=False, compare=False)
 
     def value(self, name: str) -> Tensor:
         """The actual scores of one parameter (inf where they exceed float64)."""
@@ -182,10 +186,17 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
     return entries
 
 
-def refuse_parametrized(targets: Sequence[tuple[str, nn.Module, str]]) -> None:
+def refuse_parametrized(targets: Sequence[tuple[str, nn.Module, str]],
+                        graph: LayerGraph | None = None) -> None:
     """Refuse, naming them all, the targets computed by a torch.nn.utils.parametrize
     parametrization (weight_norm, spectral_norm, ...): torch.nn.utils.prune cannot prune
-    them. Their scores are fine; ``pathlift.graph.writable_copy`` makes them plain."""
+    them. Their scores are fine; ``pathlift.graph.writable_copy`` makes them plain. With
+    the ``graph`` of the targets, also those of layers whose weight their module computes
+    in forward (weight standardisation), each saying why."""
+    if graph is not None:
+        layers = {m for m, _, _ in targets}
+        refuse_unwritable((graph.handler(n) for n in graph.parametric_nodes()
+                           if n.target in layers), "prune")
     names = [f"{m}.{p}" for m, module, p in targets if parametrize.is_parametrized(module, p)]
     if names:
         raise UnsupportedModelError(
@@ -203,12 +214,14 @@ def magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
     entries = prunable_parameters(graph, include_biases)
     if not is_sharded_graph(graph):
         tensors = {f"{m}.{p}": param(module, p).abs() for m, module, p in entries}
-        return Scores("magnitude", tensors, 0.0, _channel_dims(graph))
+        return Scores("magnitude", tensors, 0.0, _channel_dims(graph),
+                      shape_used(graph.input_shape, input_shape))
     shards = ShardedLayers(graph, "magnitude_scores")
     views = {m: shards.by_target.get(m) for m, _, _ in entries}
     tensors = {f"{m}.{p}": views[m].local_rows(p, param(views[m].view, p).abs())
                if views[m] else param(module, p).abs() for m, module, p in entries}
-    return Scores("magnitude", _placed(graph, entries, tensors), 0.0, _channel_dims(graph))
+    return Scores("magnitude", _placed(graph, entries, tensors), 0.0, _channel_dims(graph),
+                  shape_used(graph.input_shape, input_shape))
 
 
 def path_magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None,
@@ -253,7 +266,8 @@ def path_magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[i
                for m, _, p in entries}
     if is_sharded_graph(graph):
         tensors = _placed(graph, entries, tensors)
-    return Scores("path-magnitude", tensors, found.log_scale / LN10, _channel_dims(graph))
+    return Scores("path-magnitude", tensors, found.log_scale / LN10, _channel_dims(graph),
+                  shape_used(graph.input_shape, input_shape))
 
 
 def _placed(graph: LayerGraph, entries: list[tuple[str, nn.Module, str]],

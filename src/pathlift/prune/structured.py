@@ -47,7 +47,7 @@ def channel_path_magnitude(model: nn.Module | LayerGraph, input_shape: Sequence[
     scores = path_magnitude_scores(graph)
     layers = [name for name in scores.tensors if name in scores.channel_dims]  # not slopes
     refuse_parametrized([(layer, graph.module.get_submodule(layer), "weight")
-                         for layer in (name.rsplit(".", 1)[0] for name in layers[:-1])])
+                         for layer in (name.rsplit(".", 1)[0] for name in layers[:-1])], graph)
     for name in layers[:-1]:  # output neurons of the network are never removed
         prune.ln_structured(graph.module.get_submodule(name.rsplit(".", 1)[0]), "weight",
                             amount, n=1, dim=scores.channel_dims[name],

@@ -22,6 +22,7 @@ from pathlift.graph import LayerGraph, param, writable_copy
 from pathlift.graph.boundary import assign_
 from pathlift.graph.channels import ChannelMap, analyse
 from pathlift.graph.factors import apply_all_, refuse_shared_parameters
+from pathlift.graph.ops.base import refuse_unwritable
 from pathlift.lift.path_gradient import path_magnitudes
 from pathlift.lift.path_norm import path_norm
 from pathlift.symmetry.rescale import diagonal_only, factors_from_groups
@@ -68,6 +69,7 @@ def magnitude_prune(model: nn.Module | LayerGraph, amount: float,
     (Linear, Conv, ConvTranspose) zeroed: global unstructured magnitude pruning, biases
     kept. Pruned models (torch.nn.utils.prune) keep their masks."""
     cmap = analyse(model, input_shape)
+    refuse_unwritable((p.handler for p in cmap.producers), "prune")
     out = writable_copy(cmap.graph.model)
     _magnitude_prune_(out, _scored(cmap), amount)
     cmap.graph.bind(out)

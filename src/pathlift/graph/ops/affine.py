@@ -651,10 +651,11 @@ def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
 
 
 def _operand(arg: Any, role: str = "") -> tuple[fx.Node, Operand] | None:
-    """(a get_attr node holding the tensor, its ``Operand``) of an argument that is a
-    tensor of the module (``self.weight``; ``weight_orig * weight_mask`` under
-    torch.nn.utils.prune, which the pass reads itself), or its transpose (``.T``, ``.mT``,
-    ``.t()``, ``.transpose(0, 1)``)."""
+    """(a node holding the tensor, its ``Operand``) of an argument that is a tensor of the
+    module (``self.weight``; ``weight_orig * weight_mask`` under torch.nn.utils.prune,
+    which the pass reads itself), its transpose (``.T``, ``.mT``, ``.t()``,
+    ``.transpose(0, 1)``), or else a tensor computed in forward (``derived``: the
+    caller's ``value`` of it says whether it is computed from the model's tensors alone)."""
     if not isinstance(arg, fx.Node):
         return None
     if arg.op == "get_attr":
@@ -662,14 +663,15 @@ def _operand(arg: Any, role: str = "") -> tuple[fx.Node, Operand] | None:
     if _is_masked(arg):
         return arg.args[1], Operand(role)
     source = arg.args[0] if arg.args else None
-    if not isinstance(source, fx.Node) or not (source.op == "get_attr" or _is_masked(source)):
-        return None
-    source = source if source.op == "get_attr" else source.args[1]
-    if arg.op == "call_function" and arg.target is getattr and arg.args[1] in ("T", "mT"):
-        return source, Operand(role, arg.args[1])
-    if arg.op == "call_method" and (arg.target == "t" or (
-            arg.target == "transpose" and {d % 2 for d in arg.args[1:3]} == {0, 1})):
-        return source, Operand(role, arg.target, tuple(arg.args[1:]))
+    if isinstance(source, fx.Node) and (source.op == "get_attr" or _is_masked(source)):
+        source = source if source.op == "get_attr" else source.args[1]
+        if arg.op == "call_function" and arg.target is getattr and arg.args[1] in ("T", "mT"):
+            return source, Operand(role, arg.args[1])
+        if arg.op == "call_method" and (arg.target == "t" or (
+                arg.target == "transpose" and {d % 2 for d in arg.args[1:3]} == {0, 1})):
+            return source, Operand(role, arg.target, tuple(arg.args[1:]))
+    if arg.op in ("call_function", "call_method"):
+        return arg, Operand(role, derived=True)
     return None
 
 

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, fx, nn
 
+from pathlift.errors import UnsupportedModelError
 from pathlift.graph.boundary import assign_, local, param
 
 
@@ -209,12 +210,26 @@ class Parametric:
         for name, value in values.items():
             assign_(module, name, value)
 
+    def unwritable(self, what: str) -> str | None:
+        """Why ``what`` (prune, rescale, ...) cannot write the op's DAG parameters through
+        its stored tensors (a weight its module computes in forward), or None."""
+        return None
+
     def value_problem(self, module: nn.Module) -> str | None:
         """Why the op's values make it unusable (NaN or inf), or None."""
         for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
             if tensor.is_floating_point() and not all_finite(tensor):
                 return f"parameter '{name}' holds NaN or inf; fix or reload the weights"
         return None
+
+
+def refuse_unwritable(handlers: Iterable[Handler], what: str) -> None:
+    """UnsupportedModelError (one line, saying why) when ``what`` (prune, rescale, ...)
+    cannot write the DAG parameters of one of these ops through its stored tensors."""
+    for handler in handlers:
+        reason = handler.unwritable(what) if isinstance(handler, Parametric) else None
+        if reason is not None:
+            raise UnsupportedModelError(reason)
 
 
 def all_finite(t: Tensor) -> bool:
@@ -290,11 +305,13 @@ class Operand:
     """A tensor of the calling module that a functional call reads: the module form's
     attribute ``role`` (``weight``, ``bias``, ``running_mean``...), as it is or transposed
     (``x @ self.weight.T``) by the attribute or method ``flip`` (``"T"``, ``"t"``...)
-    with ``flip_args``."""
+    with ``flip_args``; ``derived``: a tensor the module computes in forward from its own
+    tensors (a standardised weight), read as computed (``pathlift.graph.functional``)."""
 
     role: str
     flip: str = ""
     flip_args: tuple[Any, ...] | None = None  # None: the attribute ``flip``, else a method
+    derived: bool = False
 
     @property
     def transposed(self) -> bool:

@@ -104,7 +104,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         if graph.d_out != split.num_classes:
             raise ShapeError(f"{model} has {graph.d_out} outputs, {data} has "
                              f"{split.num_classes} classes")
-        refuse_parametrized(prunable_parameters(graph))  # before any training
+        refuse_parametrized(prunable_parameters(graph), graph)  # before any training
         scatter(probe, split.input_shape)  # the figure's scores: refused now, not after
         if world.main and not callable(out) and not os.path.lexists(Path(out) / "manifest.json"):
             refuse_replacing(out, ("summary.png",), overwrite)  # not a resume: the user's
