@@ -94,6 +94,17 @@ class World:
         dist.all_gather_object(out, obj)
         return out
 
+    def reduce(self, t: Tensor, op: str = "sum") -> Tensor:
+        """``t`` combined elementwise over the ranks by ``op`` ("sum", "max" or "min"), the
+        same on every rank: a new CPU tensor (an int64 sum is exact, in any order)."""
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        if op not in ops:
+            raise InvalidParameterError(f"op must be one of {sorted(ops)}, got {op!r}")
+        out = t.detach().to(self.device, copy=True)
+        if self.size > 1:
+            dist.all_reduce(out, op=ops[op])
+        return out.cpu()
+
     def sync_buffers(self, model: nn.Module) -> None:
         """Give every rank rank 0's buffers (BatchNorm running statistics, pruning masks),
         in place, as DistributedDataParallel does before each forward: after the last

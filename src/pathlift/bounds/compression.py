@@ -66,6 +66,7 @@ from pathlift.bounds.code import (
 from pathlift.bounds.entry import Sample, check_sample
 from pathlift.bounds.kl import OccamBound, kl_inverse, occam_bound
 from pathlift.bounds.rounding import certified_d
+from pathlift.bounds.sample import Batches, as_batches
 from pathlift.bounds.verdict import format_bound, verdict
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, copy_model, graph_of, unwrap, writable_copy
@@ -284,16 +285,23 @@ def logit_margins(model: nn.Module, x: Tensor, y: Tensor, batch: int = 4096
                   ) -> tuple[Tensor, Tensor]:
     """(m(x, y) = R(x)_y - max_{c != y} R(x)_c, max_c |R(x)_c|) per sample, in float64 on
     a float64 copy of ``model`` (eval mode)."""
-    net = copy_model(unwrap(model)).double().eval()
-    margins, sizes = [], []
+    net = _float64(model)
+    parts = [_margins(net, xb, yb) for xb, yb in zip(x.split(batch), y.split(batch),
+                                                      strict=True)]
+    return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
+
+
+def _float64(model: nn.Module) -> nn.Module:
+    return copy_model(unwrap(model)).double().eval()
+
+
+def _margins(net: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``logit_margins`` of one batch on the float64 eval copy ``net``."""
     with torch.no_grad():
-        for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
-            out = flat_outputs(net(xb.to(torch.float64)), len(xb))
-            index = yb.reshape(-1, 1)
-            margins.append(out.gather(1, index).squeeze(1)
-                           - out.scatter(1, index, -math.inf).amax(1))
-            sizes.append(out.abs().amax(1))
-    return torch.cat(margins), torch.cat(sizes)
+        out = flat_outputs(net(x.to(torch.float64)), len(x))
+    index = y.reshape(-1, 1)
+    return (out.gather(1, index).squeeze(1) - out.scatter(1, index, -math.inf).amax(1),
+            out.abs().amax(1))
 
 
 @dataclass(frozen=True)
@@ -320,14 +328,13 @@ class _Problem:
     """What every candidate of one certificate shares: the trained network, its rescaled
     and pruned versions, the data, the family, the grid."""
 
-    def __init__(self, model: nn.Module, shape: tuple[int, ...], x: Tensor, y: Tensor,
+    def __init__(self, model: nn.Module, shape: tuple[int, ...], n: int,
                  family: Sequence[Architecture], events: EventGrid, delta: float,
                  transfers: Sequence[str]):
         self.model, self.shape = model, shape
         self.family, self.events, self.delta = list(family), events, delta
         self.transfers = tuple(transfers)
-        self.scale = input_scale(x)
-        self.n = len(x)
+        self.n = n
         arch = architecture_of(model, shape)
         if arch not in self.family:
             raise InvalidParameterError(
@@ -353,10 +360,11 @@ class _Problem:
         return model
 
     def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
-                  pruned: nn.Module, exponents: Sequence[int], x: Tensor, y: Tensor,
-                  scale: Tensor, exact_length: bool = False) -> _Candidate:
+                  pruned: nn.Module, exponents: Sequence[int], data: Batches,
+                  exact_length: bool = False) -> _Candidate:
         """Quantise ``pruned`` with steps 2^exponents (towards zero), code it, and score its
-        events on (x, y) with the budget of the full sample (the bound's n). The code
+        events on ``data`` (the search's subsample, or the whole sample in batches, counts
+        exact) with the budget of the full sample (the bound's n). The code
         length is the bits ``encode`` writes when ``exact_length``, else the search's estimate
         (``estimated_length``, within a few bits)."""
         names = [name for name, _, _, _ in quantized_tensors(graph)]
@@ -380,37 +388,50 @@ class _Problem:
             raise InvalidParameterError("the compressed network does not satisfy Lemma "
                                         "3.4.1's |Q| <= |theta|, same signs")
         d = certified_d(graph, graph_of(q.model, self.shape))
-        margins, sizes = logit_margins(q.model, x, y)
-        bounds: dict[str, tuple[OccamBound, float | None]] = {}
-        if PATH_METRIC in self.transfers:
-            t = self.events.tau_index(d)
-            if t is not None:
-                tau = self.events.tau(t)
-                hit = margins <= tau * scale + 1e-9 * (1 + sizes)
-                bounds[PATH_METRIC] = (self.occam(hit, length.total), tau)
-        if BOX in self.transfers and self.events.box:
-            hit = self.box_event(graph, coded, x, y)
-            bounds[BOX] = (self.occam(hit, length.total), None)
-        if not bounds:
+        t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
+        tau = None if t is None else self.events.tau(t)
+        box = self.boxes(graph, coded) if BOX in self.transfers and self.events.box else None
+        if tau is None and box is None:
             raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
                                         "event was asked for")
+        net = _float64(q.model)
+        errors, near, boxed = data.count(
+            lambda x, y: _events(net, graph, tau, box, x, y), 3)
+        bounds: dict[str, tuple[OccamBound, float | None]] = {}
+        if tau is not None:
+            bounds[PATH_METRIC] = (self.occam(near, data.n, length.total), tau)
+        if box is not None:
+            bounds[BOX] = (self.occam(boxed, data.n, length.total), None)
         return _Candidate(rescaling, fraction, tuple(exponents), coded, length,
-                          metric.upper_log10, metric.norm_b_log10, bounds,
-                          float((margins <= 0).double().mean()))
+                          metric.upper_log10, metric.norm_b_log10, bounds, errors / data.n)
 
-    def occam(self, hit: Tensor, bits: int) -> OccamBound:
-        return occam_bound(float(hit.double().mean()), self.n, bits, self.events.size,
-                           self.delta)
+    def occam(self, hits: int, rows: int, bits: int) -> OccamBound:
+        """The Occam bound of an event met ``hits`` times in ``rows`` scored rows."""
+        return occam_bound(hits / rows, self.n, bits, self.events.size, self.delta)
 
-    def box_event(self, graph: LayerGraph, coded: CodedNetwork, x: Tensor, y: Tensor,
-                  batch: int = 2048) -> Tensor:
+    @staticmethod
+    def boxes(graph: LayerGraph, coded: CodedNetwork
+              ) -> dict[str, dict[str, tuple[Tensor, Tensor]]]:
+        """Q's box, by layer and parameter name (``box_margins``'s ``boxes``)."""
         boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
         for (name, _, _, _), ends in zip(quantized_tensors(graph), coded.box(), strict=True):
             layer, pname = name.rsplit(".", 1)
             boxes.setdefault(layer, {})[pname] = ends
-        hits = [box_margins(graph, None, xb, yb, boxes) <= 0
-                for xb, yb in zip(x.split(batch), y.split(batch), strict=True)]
-        return torch.cat(hits)
+        return boxes
+
+
+def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
+            boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
+            batch: int = 2048) -> Tensor:
+    """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
+    at ``tau`` (0 when None) and of the box event (0 when None)."""
+    margins, sizes = _margins(net, x, y)
+    near = 0 if tau is None else int((margins <= tau * input_scale(x)
+                                      + 1e-9 * (1 + sizes)).sum())
+    boxed = 0 if boxes is None else sum(
+        int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
+        for xb, yb in zip(x.split(batch), y.split(batch), strict=True))
+    return torch.tensor([int((margins <= 0).sum()), near, boxed])
 
 
 def _ceil_log2(v: float) -> int:
@@ -427,7 +448,8 @@ def _start_exponents(graph: LayerGraph, offset: int) -> list[int]:
     return out
 
 
-def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor, *,
+def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | Batches,
+                      y: Tensor | None = None, *,
                       family: Sequence[Architecture] | None = None, delta: float = 0.05,
                       events: EventGrid = DEFAULT_EVENTS,
                       search: CompressionSearch = DEFAULT_SEARCH,
@@ -436,8 +458,15 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
                       time_budget: float | None = None) -> CompressionBound:
     """The certificate of the module docstring for ``model`` trained on (x, y): the coded
     network Q (rescaling, pruning, steps) and the event found by ``search`` on the
-    training data, then the bound on all of (x, y). ``family`` is the list of
-    architectures fixed in advance (default: this model's alone, 0 bits). ``outputs``
+    training data, then the bound on all of (x, y). The sample may come in batches: x a
+    ``pathlift.bounds.sample.Batches`` (or a Dataset, a DataLoader that does not shuffle,
+    a list of (x, y) batches) and y None; every pass over it is then a fold with exact
+    counts in the memory of a batch (the search's subsample of ``search.subsample`` rows
+    is held), and a ``Batches`` over a torchrun world shards those passes over the ranks:
+    the same certificate, bit for bit, as the whole sample in two tensors on one process
+    (every rank runs the search on the same subsample and certifies rank 0's Q).
+    ``family`` is the list of architectures fixed in advance (default: this model's
+    alone, 0 bits). ``outputs``
     picks the output holding the class logits of a model returning several
     (``pathlift.graph.outputs.select_output``).
 
@@ -481,15 +510,16 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
             f"layer '{first}' ({type(net.get_submodule(first)).__name__}) is in training "
             "mode, which computes otherwise (batch statistics, randomness); call "
             "model.eval() before certifying: the certificate is for the eval-mode network")
-    sample = check_sample(x, y, graph.d_out)
+    data = as_batches(x, y)
+    sample = check_sample(data, outputs=graph.d_out)
     family = [architecture_of(net, shape)] if family is None else list(family)
-    problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
-    own, _ = logit_margins(net, x, y)
-    train_error = float((own <= 0).double().mean())
+    problem = _Problem(net, shape, sample.n, family, events, delta, search.transfers)
+    own = _float64(net)
+    train_error = data.count(lambda xb, yb: (_margins(own, xb, yb)[0] <= 0).sum(), 1)[0] \
+        / sample.n
     search, stopped = _hopeless(search, train_error, sample, events, delta)
     gen = torch.Generator().manual_seed(search.seed)
-    pick = torch.randperm(len(x), generator=gen)[:search.subsample]
-    xs, ys, scale = x[pick], y[pick], problem.scale[pick]
+    sub = Batches(*data.rows(torch.randperm(sample.n, generator=gen)[:search.subsample]))
     clock = _Clock(search, len(problem.family[problem.index].tensors), progress,
                    None if time_budget is None else start + time_budget)
     best: _Candidate | None = None
@@ -504,20 +534,21 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
                 if local is not None and clock.spent:
                     break
                 c = clock.tick(problem.candidate(rescaling, fraction, graph, pruned,
-                                                 _start_exponents(graph, offset), xs, ys,
-                                                 scale))
+                                                 _start_exponents(graph, offset), sub))
                 if local is None or c.best[1].value < local.best[1].value:
                     local = c
-            local = _refine(problem, graph, pruned, local, xs, ys, scale, search.refine, clock)
+            local = _refine(problem, graph, pruned, local, sub, search.refine, clock)
             if best is None or local.best[1].value < best.best[1].value:
                 best = local
     if clock.spent and not stopped:
         stopped = (f"time budget of {time_budget:g} s spent after {clock.done} candidates: "
                    "the best so far is certified")
-    _kept, graph = problem.rescaled(best.rescaling)
-    final = problem.candidate(best.rescaling, best.prune_fraction, graph,
-                              problem.pruned(graph, best.prune_fraction), best.exponents, x,
-                              y, problem.scale, exact_length=True)
+    # one Q on every rank, whatever each rank's search found
+    rescaling, fraction, exponents = data.world.broadcast(
+        (best.rescaling, best.prune_fraction, best.exponents))
+    _kept, graph = problem.rescaled(rescaling)
+    final = problem.candidate(rescaling, fraction, graph, problem.pruned(graph, fraction),
+                              exponents, data, exact_length=True)
     transfer, occam, tau = final.best
     return CompressionBound(
         occam, transfer, final.length, final.d_log10, tau, train_error,
@@ -565,7 +596,7 @@ class _Clock:
 
 
 def _refine(problem: _Problem, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
-            x: Tensor, y: Tensor, scale: Tensor, rounds: int, clock: _Clock) -> _Candidate:
+            data: Batches, rounds: int, clock: _Clock) -> _Candidate:
     """Coordinate descent on each tensor's step exponent (+1 coarser, -1 finer), until no
     move improves or the time budget is spent."""
     best = start
@@ -578,7 +609,7 @@ def _refine(problem: _Problem, graph: LayerGraph, pruned: nn.Module, start: _Can
                 exponents = list(best.exponents)
                 exponents[i] += move
                 c = clock.tick(problem.candidate(best.rescaling, best.prune_fraction, graph,
-                                                 pruned, exponents, x, y, scale))
+                                                 pruned, exponents, data))
                 if c.best[1].value < best.best[1].value:
                     best, improved = c, True
                     break
