@@ -113,6 +113,7 @@ def check_sample(x: Tensor | Batches | Any, y: Tensor | None = None,
     if len({like for like in data.world.gather(like) if like is not None}) > 1:
         raise InvalidParameterError("the ranks hold inputs of different shapes or dtypes")
     n, bad = data.world.reduce(stats).tolist()
+    data.check_rows(n)
     first_bad, first_negative = data.world.reduce(first, "min").tolist()
     largest = int(data.world.reduce(top, "max"))
     if not n:

@@ -88,7 +88,7 @@ class Batches:
                     "shards it over the ranks itself)")
         elif isinstance(x, IterableDataset):
             x = DataLoader(x, batch_size=batch_size)
-        elif not isinstance(x, Dataset | Iterable) or iter(x) is x:
+        elif not isinstance(x, Dataset | Iterable) or isinstance(x, Iterator):
             raise InvalidParameterError(
                 f"cannot take the sample from a {type(x).__name__}: pass tensors, a Dataset, "
                 "a DataLoader or a list of (x, y) batches (a one-shot iterator cannot be "
@@ -126,6 +126,12 @@ class Batches:
             total[:size] += fn(x, y).reshape(size).to(torch.int64)
             total[size] += len(x)
         *counts, rows = self.world.reduce(total).tolist()
+        self.check_rows(rows)
+        return counts
+
+    def check_rows(self, rows: int) -> None:
+        """Record that a pass met ``rows`` rows of the whole sample; InvalidParameterError
+        when an earlier pass met another number."""
         if self._rows is None:
             self._rows = rows
         elif rows != self._rows:
@@ -133,7 +139,6 @@ class Batches:
                 f"the sample gave {rows} rows on one pass and {self._rows} on another: its "
                 "source must give the same batches on every pass (no shuffling, no random "
                 "augmentation, no dropped last batch)")
-        return counts
 
     @property
     def n(self) -> int:
