@@ -9,7 +9,8 @@ pairs, a ``DataLoader`` (not shuffling) or any re-iterable of (x, y) batches; in
 
 **Sharding (strided by batch).** With a ``World`` of W ranks (``pathlift.distributed``),
 every rank is given the whole sample and batch i goes to rank i mod W. Tensors and
-datasets are cut into batches of ``batch_size`` rows and a rank reads only its own; a
+datasets are cut into batches of ``batch_size`` rows and a rank reads only its own (a
+dataset's ``__getitems__``, torch's batched fetch, when it has one); a
 DataLoader or other iterable is read in full on every rank (its batch sizes fix the
 starts) and a rank computes on its own batches only. ``count`` sums int64 counts over a
 rank's batches and all-reduces them: integers, so the sum is exact and the same in every
@@ -115,8 +116,10 @@ class Batches:
         if self._tensors is not None:
             parts = [t[start:stop] for t in self._tensors]
             return parts[0], (parts[1] if self.labels else None)
-        return _split(default_collate([self._source[i] for i in range(start, stop)]),
-                      self.labels, start)
+        rows = list(range(start, stop))
+        get = getattr(self._source, "__getitems__", None)  # torch's batched fetch, if any
+        items = get(rows) if get is not None else [self._source[i] for i in rows]
+        return _split(default_collate(items), self.labels, start)
 
     def count(self, fn: Callable[[Tensor, Tensor | None], Tensor], size: int) -> list[int]:
         """The sums over the whole sample (every rank's batches) of ``fn(x, y)``, ``size``
