@@ -10,7 +10,8 @@ data. This module only wraps those for the prune-rewind-retrain protocol
 - ``launched()``: initialise the default process group from torchrun's environment and
   destroy it on exit, also when an error ends the run; one process without torchrun.
 - ``World``: this process's rank, the world size and device, with the few collectives the
-  protocol needs (broadcast, gather, buffer sync) and ``check_identical``, which
+  protocol and the sharded certificate (``pathlift.bounds.sample``) need (broadcast,
+  gather, reduce, buffer sync) and ``check_identical``, which
   all-reduces a hash of tensors that must agree on every rank and raises otherwise.
 - ``ddp(model, world)`` and ``shard(loader, world, seed)``.
 """

@@ -460,15 +460,15 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
     network Q (rescaling, pruning, steps) and the event found by ``search`` on the
     training data, then the bound on all of (x, y). The sample may come in batches: x a
     ``pathlift.bounds.sample.Batches`` (or a Dataset, a DataLoader that does not shuffle,
-    a list of (x, y) batches) and y None; every pass over it is then a fold with exact
-    counts in the memory of a batch (the search's subsample of ``search.subsample`` rows
-    is held), and a ``Batches`` over a torchrun world shards those passes over the ranks:
-    the same certificate, bit for bit, as the whole sample in two tensors on one process
-    (every rank runs the search on the same subsample and certifies rank 0's Q).
-    ``family`` is the list of architectures fixed in advance (default: this model's
-    alone, 0 bits). ``outputs``
-    picks the output holding the class logits of a model returning several
-    (``pathlift.graph.outputs.select_output``).
+    a list of (x, y) batches) and y None. Every pass over the sample is a fold over its
+    batches with exact integer counts: memory of a batch, 8 bytes a row for the
+    duplicates (``pathlift.bounds.duplicates``) and the search's subsample of
+    ``search.subsample`` rows; a ``Batches`` over a torchrun world shards the passes over
+    the ranks. The same certificate, bit for bit, as the whole sample in two tensors on
+    one process (every rank runs the search on the same subsample and certifies rank
+    0's Q). ``family`` is the list of architectures fixed in advance (default: this
+    model's alone, 0 bits). ``outputs`` picks the output holding the class logits of a
+    model returning several (``pathlift.graph.outputs.select_output``).
 
     The model is measured in eval mode and not modified; the certificate is for the
     function its weights define, computed on a float64 copy (which holds any float16,
