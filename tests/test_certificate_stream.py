@@ -197,6 +197,9 @@ def test_bad_sources_are_refused_in_one_line():
         assert "\n" not in str(err.value)
     with pytest.raises(InvalidParameterError, match="one label per input"):
         Batches(x, y[:-1])
+    with pytest.raises(InvalidParameterError, match=r"TensorDataset of 1 tensors; a sample "
+                                                    r"is \(inputs, labels\)"):
+        Batches(TensorDataset(x))
     with pytest.raises(InvalidParameterError, match="tensor only"):
         compression_bound(net, (1, 6), Batches(x, y), y)
 

@@ -81,6 +81,10 @@ class Batches:
             raise InvalidParameterError("y is given with the inputs as a tensor only; a "
                                         "Dataset or DataLoader holds its own labels")
         self._tensors = tuple(x.tensors) if type(x) is TensorDataset else None
+        if self._tensors is not None and len(self._tensors) != 1 + labels:
+            raise InvalidParameterError(
+                f"a TensorDataset of {len(self._tensors)} tensors; a sample is "
+                + ("(inputs, labels)" if labels else "inputs alone"))
         if isinstance(x, DataLoader):
             if isinstance(x.sampler, RandomSampler | DistributedSampler):
                 raise InvalidParameterError(
