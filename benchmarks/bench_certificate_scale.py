@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import resource
@@ -43,6 +44,7 @@ from pathlift.bounds import compression_bound
 from pathlift.bounds.compression import CompressionSearch
 from pathlift.bounds.sample import Batches
 from pathlift.distributed import exit_process, launched
+from pathlift.files import atomic_write
 
 FEATURES, CLASSES, BLOCK = 20, 10, 4096
 SEARCH = CompressionSearch(rescalings=("none",), prune_fractions=(0.0,),
@@ -142,6 +144,16 @@ def run(variant: str, n: int, ranks: int, weights: Path, folder: Path) -> list[d
     return [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
 
 
+def save(rows: list[dict], path: str) -> None:
+    """``rows`` as a CSV file at ``path``, written atomically."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda fh: fh.write(text.getvalue().encode()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=1_000_000)
@@ -175,12 +187,7 @@ def main() -> None:
                 f"{row['variant']}[{row['rank']}] cpu {row['cpu_s']} s wall {row['wall_s']} s "
                 f"peak {row['peak_mb']} MB same {row['same_bits_as_memory']}"
                 for row in rows if row["round"] == r), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+            save(rows, args.out)  # every round: a run cut short keeps what it measured
 
     def per_round(variant: str, key: str, pick=max) -> list[float]:
         return [pick(row[key] for row in rows if row["round"] == r and row["variant"] == variant)
