@@ -10,7 +10,8 @@ data. This module only wraps those for the prune-rewind-retrain protocol
 - ``launched()``: initialise the default process group from torchrun's environment and
   destroy it on exit, also when an error ends the run; one process without torchrun.
 - ``World``: this process's rank, the world size and device, with the few collectives the
-  protocol needs (broadcast, gather, buffer sync) and ``check_identical``, which
+  protocol and the sharded certificate (``pathlift.bounds.sample``) need (broadcast,
+  gather, reduce, buffer sync) and ``check_identical``, which
   all-reduces a hash of tensors that must agree on every rank and raises otherwise.
 - ``ddp(model, world)`` and ``shard(loader, world, seed)``.
 """
@@ -93,6 +94,17 @@ class World:
         out: list[Any] = [None] * self.size
         dist.all_gather_object(out, obj)
         return out
+
+    def reduce(self, t: Tensor, op: str = "sum") -> Tensor:
+        """``t`` combined elementwise over the ranks by ``op`` ("sum", "max" or "min"), the
+        same on every rank: a new CPU tensor (an int64 sum is exact, in any order)."""
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        if op not in ops:
+            raise InvalidParameterError(f"op must be one of {sorted(ops)}, got {op!r}")
+        out = t.detach().to(self.device, copy=True)
+        if self.size > 1:
+            dist.all_reduce(out, op=ops[op])
+        return out.cpu()
 
     def sync_buffers(self, model: nn.Module) -> None:
         """Give every rank rank 0's buffers (BatchNorm running statistics, pruning masks),

@@ -6,7 +6,8 @@ certified error of a quantised network (``quantization``, Lemma 3.4.1) and the q
 keeps the normalisation of smallest certified error (``symmetry_aware``, Sec. 7.5), the
 certificate of a pruning (``PruningCertificate``, eq. 3.19: defined in
 ``pathlift.lift.pruning_bound``, below the pruning package that computes it while it
-prunes), and the compression certificate of a trained network (``compression``)."""
+prunes), and the compression certificate of a trained network (``compression``), its
+training sample streamed in batches and sharded over torchrun's ranks (``sample``)."""
 
 from pathlift.bounds.compression import (
     CompressionBound,
@@ -55,6 +56,7 @@ from pathlift.bounds.risk import (
     margin_loss,
     margins,
 )
+from pathlift.bounds.sample import Batches
 from pathlift.bounds.symmetry_aware import SymmetryAwareQuantized, symmetry_aware_quantize
 from pathlift.bounds.top1 import FORMS, CertifiedBound, certified_top1
 from pathlift.bounds.union import (
@@ -75,6 +77,7 @@ __all__ = [
     "DEFAULT_GRID",
     "FORMS",
     "ArchitectureConstants",
+    "Batches",
     "CertifiedBound",
     "CertifiedError",
     "CompressionBound",

@@ -66,6 +66,7 @@ from pathlift.bounds.code import (
 from pathlift.bounds.entry import Sample, check_sample
 from pathlift.bounds.kl import OccamBound, kl_inverse, occam_bound
 from pathlift.bounds.rounding import certified_d
+from pathlift.bounds.sample import Batches, as_batches
 from pathlift.bounds.verdict import format_bound, verdict
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, copy_model, graph_of, unwrap, writable_copy
@@ -284,16 +285,23 @@ def logit_margins(model: nn.Module, x: Tensor, y: Tensor, batch: int = 4096
                   ) -> tuple[Tensor, Tensor]:
     """(m(x, y) = R(x)_y - max_{c != y} R(x)_c, max_c |R(x)_c|) per sample, in float64 on
     a float64 copy of ``model`` (eval mode)."""
-    net = copy_model(unwrap(model)).double().eval()
-    margins, sizes = [], []
+    net = _float64(model)
+    parts = [_margins(net, xb, yb) for xb, yb in zip(x.split(batch), y.split(batch),
+                                                      strict=True)]
+    return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
+
+
+def _float64(model: nn.Module) -> nn.Module:
+    return copy_model(unwrap(model)).double().eval()
+
+
+def _margins(net: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``logit_margins`` of one batch on the float64 eval copy ``net``."""
     with torch.no_grad():
-        for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
-            out = flat_outputs(net(xb.to(torch.float64)), len(xb))
-            index = yb.reshape(-1, 1)
-            margins.append(out.gather(1, index).squeeze(1)
-                           - out.scatter(1, index, -math.inf).amax(1))
-            sizes.append(out.abs().amax(1))
-    return torch.cat(margins), torch.cat(sizes)
+        out = flat_outputs(net(x.to(torch.float64)), len(x))
+    index = y.reshape(-1, 1)
+    return (out.gather(1, index).squeeze(1) - out.scatter(1, index, -math.inf).amax(1),
+            out.abs().amax(1))
 
 
 @dataclass(frozen=True)
@@ -341,14 +349,13 @@ class _Problem:
     """What every candidate of one certificate shares: the trained network, its rescaled
     and pruned versions, the data, the family, the grid."""
 
-    def __init__(self, model: nn.Module, shape: tuple[int, ...], x: Tensor, y: Tensor,
+    def __init__(self, model: nn.Module, shape: tuple[int, ...], n: int,
                  family: Sequence[Architecture], events: EventGrid, delta: float,
                  transfers: Sequence[str]):
         self.model, self.shape = model, shape
         self.family, self.events, self.delta = list(family), events, delta
         self.transfers = tuple(transfers)
-        self.scale = input_scale(x)
-        self.n = len(x)
+        self.n = n
         arch = architecture_of(model, shape)
         if arch not in self.family:
             raise InvalidParameterError(
@@ -406,73 +413,113 @@ class _Problem:
         so no certificate through Q lies below this, with ``error`` theta's error."""
         return kl_inverse(error, self.budget(bits))
 
-    def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
-                  model: nn.Module, coded: CodedNetwork, length: CodeLength, data: _Scored,
-                  target: float = math.inf, clock: _Clock | None = None) -> _Candidate | None:
-        """Score Q (``model``, ``coded``) on ``data`` with the budget of the full sample
-        (the bound's n), each transfer only while it can still end below ``target``: a
-        transfer whose floor (its event holds at least where theta errs, and for the
-        path-metric wherever m_theta <= (tau - d) B, as |m_Q - m_theta| <= B d) reaches
-        ``target`` is not evaluated, the box pass stops once the points already in its
-        event do, or when ``clock``'s budget is spent. None when no transfer finished.
-        With ``target`` infinite (the final certificate) every transfer is evaluated, and
-        Q's own training error."""
+    def checked_d(self, graph: LayerGraph, model: nn.Module) -> tuple[float, object]:
+        """(d, the path-metric result) for Q = ``model`` against theta's ``graph``, d
+        certified (``certified_d``); refused unless |Q| <= |theta| with the same signs."""
         metric = path_metric(graph, model, self.shape)
         if not (metric.same_signs and metric.exact):  # Cor. 3.4.1 and Lemma 3.4.1's premise
             raise InvalidParameterError("the compressed network does not satisfy Lemma "
                                         "3.4.1's |Q| <= |theta|, same signs")
-        d = certified_d(graph, graph_of(model, self.shape))
-        bits, final = length.total, target == math.inf
+        return certified_d(graph, graph_of(model, self.shape)), metric
+
+    def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
+                  model: nn.Module, coded: CodedNetwork, length: CodeLength, data: _Scored,
+                  target: float, clock: _Clock | None = None) -> _Candidate | None:
+        """Score Q (``model``, ``coded``) for the search on ``data`` with the budget of the
+        full sample (the bound's n), each transfer only while it can still end below
+        ``target``: a transfer whose floor (its event holds at least where theta errs, and
+        for the path-metric wherever m_theta <= (tau - d) B, as |m_Q - m_theta| <= B d)
+        reaches ``target`` is not evaluated, the box pass stops once the points already in
+        its event do, or when ``clock``'s budget is spent. None when no transfer finished.
+        Q's own error is NaN where its margins were not needed."""
+        d, metric = self.checked_d(graph, model)
+        bits = length.total
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
         margins = None
         t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
         if t is not None:
             tau = self.events.tau(t)
             reached = float((data.own <= (tau - d) * data.scale).double().mean())
-            if final or self.floor(reached, bits) < target:
+            if self.floor(reached, bits) < target:
                 margins, sizes = logit_margins(model, data.x, data.y)
                 hit = margins <= tau * data.scale + 1e-9 * (1 + sizes)
-                bounds[PATH_METRIC] = (self.occam(hit, bits), tau)
+                bounds[PATH_METRIC] = (self.occam(int(hit.sum()), len(hit), bits), tau)
                 target = min(target, bounds[PATH_METRIC][0].value)
         if BOX in self.transfers and self.events.box:
-            hit = self.box_event(graph, coded, data, bits, target, clock)
-            if hit is not None:
-                bounds[BOX] = (self.occam(hit, bits), None)
-        if final and not bounds:
-            raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
-                                        "event was asked for")
+            count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock)
+            if count is not None:
+                bounds[BOX] = (self.occam(count, len(data.x), bits), None)
         if not bounds:
             return None
-        if final and margins is None:
-            margins, _ = logit_margins(model, data.x, data.y)
         error = math.nan if margins is None else float((margins <= 0).double().mean())
         return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
                           metric.upper_log10, metric.norm_b_log10, bounds, error)
 
-    def occam(self, hit: Tensor, bits: int) -> OccamBound:
-        return occam_bound(float(hit.double().mean()), self.n, bits, self.events.size,
-                           self.delta)
+    def certificate(self, rescaling: str, fraction: float, graph: LayerGraph,
+                    model: nn.Module, coded: CodedNetwork, length: CodeLength,
+                    data: Batches) -> _Candidate:
+        """The certificate of Q (``model``, ``coded``): every transfer and Q's own error on
+        the whole sample, one fold over its batches with exact integer counts."""
+        d, metric = self.checked_d(graph, model)
+        t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
+        tau = None if t is None else self.events.tau(t)
+        box = self.boxes(graph, coded) if BOX in self.transfers and self.events.box else None
+        if tau is None and box is None:
+            raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
+                                        "event was asked for")
+        net = _float64(model)
+        errors, near, boxed = data.count(
+            lambda x, y: _events(net, graph, tau, box, x, y), 3)
+        bounds: dict[str, tuple[OccamBound, float | None]] = {}
+        if tau is not None:
+            bounds[PATH_METRIC] = (self.occam(near, data.n, length.total), tau)
+        if box is not None:
+            bounds[BOX] = (self.occam(boxed, data.n, length.total), None)
+        return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
+                          metric.upper_log10, metric.norm_b_log10, bounds, errors / data.n)
 
-    def box_event(self, graph: LayerGraph, coded: CodedNetwork, data: _Scored, bits: int,
-                  target: float = math.inf, clock: _Clock | None = None) -> Tensor | None:
-        """The box event on ``data``, batch by batch (of 512 points in the search, 2,048
-        for a final certificate); None as soon as the points seen make a bound below
-        ``target`` out of reach or unlikely (``_likely_rate``), or ``clock``'s budget is
-        spent."""
-        batch = 2048 if target == math.inf else 512
+    def occam(self, hits: int, rows: int, bits: int) -> OccamBound:
+        """The Occam bound of an event met ``hits`` times in ``rows`` scored rows."""
+        return occam_bound(hits / rows, self.n, bits, self.events.size, self.delta)
+
+    @staticmethod
+    def boxes(graph: LayerGraph, coded: CodedNetwork
+              ) -> dict[str, dict[str, tuple[Tensor, Tensor]]]:
+        """Q's box, by layer and parameter name (``box_margins``'s ``boxes``)."""
         boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
         for (name, _, _, _), ends in zip(quantized_tensors(graph), coded.box(), strict=True):
             layer, pname = name.rsplit(".", 1)
             boxes.setdefault(layer, {})[pname] = ends
-        hits, count, seen = [], 0, 0
-        for xb, yb in zip(data.x.split(batch), data.y.split(batch), strict=True):
-            hits.append(box_margins(graph, None, xb, yb, boxes) <= 0)
-            count, seen = count + int(hits[-1].sum()), seen + len(xb)
-            if target < math.inf and (
-                    self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target
-                    or (clock is not None and clock.spent)):
+        return boxes
+
+    def box_event(self, graph: LayerGraph, boxes: dict[str, dict[str, tuple[Tensor, Tensor]]],
+                  data: _Scored, bits: int, target: float,
+                  clock: _Clock | None = None) -> int | None:
+        """How many points of ``data`` lie in the box event, batch by batch of 512; None as
+        soon as the points seen make a bound below ``target`` out of reach or unlikely
+        (``_likely_rate``), or ``clock``'s budget is spent."""
+        count, seen = 0, 0
+        for xb, yb in zip(data.x.split(512), data.y.split(512), strict=True):
+            count += int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
+            seen += len(xb)
+            if self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target \
+                    or (clock is not None and clock.spent):
                 return None
-        return torch.cat(hits)
+        return count
+
+
+def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
+            boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
+            batch: int = 2048) -> Tensor:
+    """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
+    at ``tau`` (0 when None) and of the box event (0 when None)."""
+    margins, sizes = _margins(net, x, y)
+    near = 0 if tau is None else int((margins <= tau * input_scale(x)
+                                      + 1e-9 * (1 + sizes)).sum())
+    boxed = 0 if boxes is None else sum(
+        int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
+        for xb, yb in zip(x.split(batch), y.split(batch), strict=True))
+    return torch.tensor([int((margins <= 0).sum()), near, boxed])
 
 
 _UNLIKELY = 1e-4
@@ -505,7 +552,8 @@ def _start_exponents(graph: LayerGraph, offset: int) -> list[int]:
     return out
 
 
-def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor, *,
+def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | Batches,
+                      y: Tensor | None = None, *,
                       family: Sequence[Architecture] | None = None, delta: float = 0.05,
                       events: EventGrid = DEFAULT_EVENTS,
                       search: CompressionSearch = DEFAULT_SEARCH,
@@ -514,10 +562,17 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
                       time_budget: float | None = None) -> CompressionBound:
     """The certificate of the module docstring for ``model`` trained on (x, y): the coded
     network Q (rescaling, pruning, steps) and the event found by ``search`` on the
-    training data, then the bound on all of (x, y). ``family`` is the list of
-    architectures fixed in advance (default: this model's alone, 0 bits). ``outputs``
-    picks the output holding the class logits of a model returning several
-    (``pathlift.graph.outputs.select_output``).
+    training data, then the bound on all of (x, y). The sample may come in batches: x a
+    ``pathlift.bounds.sample.Batches`` (or a Dataset, a DataLoader that does not shuffle,
+    a list of (x, y) batches) and y None. Every pass over the sample is a fold over its
+    batches with exact integer counts: memory of a batch, 8 bytes a row for the
+    duplicates (``pathlift.bounds.duplicates``) and the search's subsample of
+    ``search.subsample`` rows; a ``Batches`` over a torchrun world shards the passes over
+    the ranks. The same certificate, bit for bit, as the whole sample in two tensors on
+    one process (every rank runs the search on the same subsample and certifies rank
+    0's Q). ``family`` is the list of architectures fixed in advance (default: this
+    model's alone, 0 bits). ``outputs`` picks the output holding the class logits of a
+    model returning several (``pathlift.graph.outputs.select_output``).
 
     The model is measured in eval mode and not modified; the certificate is for the
     function its weights define, computed on a float64 copy (which holds any float16,
@@ -562,26 +617,29 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor, y
             f"layer '{first}' ({type(net.get_submodule(first)).__name__}) is in training "
             "mode, which computes otherwise (batch statistics, randomness); call "
             "model.eval() before certifying: the certificate is for the eval-mode network")
-    sample = check_sample(x, y, graph.d_out)
+    data = as_batches(x, y)
+    sample = check_sample(data, outputs=graph.d_out)
     family = [architecture_of(net, shape)] if family is None else list(family)
-    problem = _Problem(net, shape, x, y, family, events, delta, search.transfers)
-    own, _ = logit_margins(net, x, y)
-    train_error = float((own <= 0).double().mean())
+    problem = _Problem(net, shape, sample.n, family, events, delta, search.transfers)
+    own = _float64(net)
+    train_error = data.count(lambda xb, yb: (_margins(own, xb, yb)[0] <= 0).sum(), 1)[0] \
+        / sample.n
     search, stopped = _hopeless(search, train_error, sample, events, delta)
     gen = torch.Generator().manual_seed(search.seed)
-    pick = torch.randperm(len(x), generator=gen)[:search.subsample]
+    xs, ys = data.rows(torch.randperm(sample.n, generator=gen)[:search.subsample])
     clock = _Clock(search, len(problem.family[problem.index].tensors), progress,
                    None if time_budget is None else start + time_budget)
-    searched = _Search(problem, _Scored(x[pick], y[pick], problem.scale[pick], own[pick]),
+    searched = _Search(problem, _Scored(xs, ys, input_scale(xs), _margins(own, xs, ys)[0]),
                        clock, train_error, sample.chance)
     found = searched.run(search)
     stopped = stopped or searched.why(time_budget)
-    _kept, graph = problem.rescaled(found.rescaling)
+    # one Q on every rank, whatever each rank's search found
+    rescaling, fraction, exponents = data.world.broadcast(
+        (found.rescaling, found.prune_fraction, found.exponents))
+    _kept, graph = problem.rescaled(rescaling)
     model_q, coded, length = problem.coded(
-        graph, problem.pruned(graph, found.prune_fraction), found.exponents, exact_length=True)
-    final = problem.candidate(found.rescaling, found.prune_fraction, graph, model_q, coded,
-                              length, _Scored(x, y, problem.scale, own))
-    assert final is not None  # an infinite target evaluates every transfer
+        graph, problem.pruned(graph, fraction), exponents, exact_length=True)
+    final = problem.certificate(rescaling, fraction, graph, model_q, coded, length, data)
     transfer, occam, tau = final.best
     return CompressionBound(
         occam, transfer, final.length, final.d_log10, tau, train_error,

@@ -56,30 +56,38 @@ from pathlift.bounds.compression import (
     compression_bound,
 )
 from pathlift.bounds.kl import OccamBound, occam_bound
+from pathlift.bounds.sample import Batches, as_batches
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph import copy_model, unwrap
 from pathlift.graph.boundary import flat_outputs
 
 __all__ = ["DISAGREEMENT", "DisagreementBound", "RouteCertificate", "certify",
-           "disagreement_bound", "disagreements"]
+           "count_disagreements", "disagreement_bound", "disagreements"]
 
 DISAGREEMENT = "disagreement"
 
 
-def _top(model: nn.Module, x: Tensor, batch: int) -> tuple[Tensor, Tensor]:
-    """(top class, whether it is the unique top) per input, on a float64 eval copy."""
-    net = copy_model(unwrap(model)).double().eval()
-    tops, unique = [], []
+def _top(net: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(top class, whether it is the unique top) per input of one batch, on the float64
+    eval copy ``net``."""
     with torch.no_grad():
-        for xb in x.split(batch):
-            out = flat_outputs(net(xb.to(torch.float64)), len(xb))
-            if out.shape[1] < 2:
-                raise ShapeError(f"the model returns {out.shape[1]} logit per input; a "
-                                 "classifier needs at least 2")
-            two = out.topk(2, dim=1)
-            tops.append(two.indices[:, 0])
-            unique.append(two.values[:, 0] > two.values[:, 1])  # NaN: False, not unique
-    return torch.cat(tops), torch.cat(unique)
+        out = flat_outputs(net(x.to(torch.float64)), len(x))
+    if out.shape[1] < 2:
+        raise ShapeError(f"the model returns {out.shape[1]} logit per input; a "
+                         "classifier needs at least 2")
+    two = out.topk(2, dim=1)
+    return two.indices[:, 0], two.values[:, 0] > two.values[:, 1]  # NaN: False, not unique
+
+
+def _disagree(target: nn.Module, surrogate: nn.Module, x: Tensor) -> Tensor:
+    """dis(h, g) on one batch, the networks float64 eval copies."""
+    top_h, unique_h = _top(target, x)
+    top_g, unique_g = _top(surrogate, x)
+    return ~(unique_h & unique_g & (top_h == top_g))
+
+
+def _float64(model: nn.Module) -> nn.Module:
+    return copy_model(unwrap(model)).double().eval()
 
 
 def disagreements(target: nn.Module, surrogate: nn.Module, x: Tensor,
@@ -90,11 +98,31 @@ def disagreements(target: nn.Module, surrogate: nn.Module, x: Tensor,
     if not len(x):
         raise InvalidParameterError("the unlabeled inputs are empty")
     if not bool(torch.isfinite(x).all()):
-        raise InvalidParameterError("the unlabeled inputs hold NaN or inf values: remove "
-                                    "those rows (they are not draws of the input distribution)")
-    top_h, unique_h = _top(target, x, batch)
-    top_g, unique_g = _top(surrogate, x, batch)
-    return ~(unique_h & unique_g & (top_h == top_g))
+        raise InvalidParameterError(_NON_FINITE)
+    h, g = _float64(target), _float64(surrogate)
+    return torch.cat([_disagree(h, g, xb) for xb in x.split(batch)])
+
+
+_NON_FINITE = ("the unlabeled inputs hold NaN or inf values: remove those rows (they are "
+               "not draws of the input distribution)")
+
+
+def count_disagreements(target: nn.Module, surrogate: nn.Module,
+                        unlabeled: Tensor | Batches) -> tuple[int, int]:
+    """(the number of inputs of ``unlabeled`` where dis(h, g) = 1, the number of inputs):
+    a fold over its batches (a tensor, or ``Batches(..., labels=False)`` and what it
+    takes), exact counts all-reduced over the ranks of a sharded sample. Raises
+    InvalidParameterError for non-finite or no inputs."""
+    data = as_batches(unlabeled, labels=False)
+    h, g = _float64(target), _float64(surrogate)
+    bad, dis = data.count(lambda x, _: torch.stack([
+        (~torch.isfinite(x.reshape(len(x), -1)).all(1)).sum(),
+        _disagree(h, g, x).sum()]), 2)
+    if bad:
+        raise InvalidParameterError(_NON_FINITE)
+    if not data.n:
+        raise InvalidParameterError("the unlabeled inputs are empty")
+    return dis, data.n
 
 
 @dataclass(frozen=True, repr=False)
@@ -172,13 +200,15 @@ class DisagreementBound:
 
 
 def disagreement_bound(target: nn.Module, surrogate: nn.Module,
-                       surrogate_certificate: CompressionBound, unlabeled: Tensor, *,
+                       surrogate_certificate: CompressionBound,
+                       unlabeled: Tensor | Batches, *,
                        delta_unlabeled: float = 0.025, candidates: int = 1,
                        name: str = "surrogate") -> DisagreementBound:
     """The target's top-1 bound through ``surrogate`` (module docstring): its compression
     certificate (computed on the training sample, at that certificate's delta_S) plus the
     kl upper confidence bound on P(dis(target, surrogate)) from the held-out ``unlabeled``
-    inputs, at ``delta_unlabeled`` split over ``candidates`` surrogates compared on them.
+    inputs (a tensor, or in batches: ``count_disagreements``), at ``delta_unlabeled``
+    split over ``candidates`` surrogates compared on them.
 
     Neither model is modified. Raises InvalidParameterError for non-finite or empty
     ``unlabeled`` inputs, ``candidates`` < 1, or delta_S + delta_U >= 1.
@@ -189,9 +219,8 @@ def disagreement_bound(target: nn.Module, surrogate: nn.Module,
         raise InvalidParameterError(
             f"delta_unlabeled must lie in (0, 1 - delta_S = "
             f"{1 - surrogate_certificate.delta:g}), got {delta_unlabeled}")
-    dis = disagreements(target, surrogate, unlabeled)
-    occam = occam_bound(float(dis.double().mean()), len(dis), 0, candidates,
-                        delta_unlabeled)
+    dis, m = count_disagreements(target, surrogate, unlabeled)
+    occam = occam_bound(dis / m, m, 0, candidates, delta_unlabeled)
     return DisagreementBound(surrogate_certificate, occam, name)
 
 
@@ -238,8 +267,8 @@ class RouteCertificate:
         return f"RouteCertificate({self.value:.4f} by {self.route}; tried: {tried})"
 
 
-def certify(target: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor, *,
-            unlabeled: Tensor | None = None,
+def certify(target: nn.Module, input_shape: Sequence[int], x: Tensor | Batches,
+            y: Tensor | None = None, *, unlabeled: Tensor | Batches | None = None,
             surrogates: Sequence[nn.Module] | dict[str, nn.Module] = (),
             direct: bool = True, delta: float = 0.05, unlabeled_share: float = 0.5,
             family: Sequence[Architecture] | None = None,
@@ -248,10 +277,12 @@ def certify(target: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor,
     """The tightest certificate of ``target`` trained on (x, y), over its routes (module
     docstring): its own compression certificate when ``direct``, and, given held-out
     ``unlabeled`` inputs, the disagreement route through each of ``surrogates`` (chosen
-    on (x, y) only, never on ``unlabeled``). Without unlabeled inputs the whole ``delta``
-    goes to the compression certificates; with them, delta_U = ``unlabeled_share`` *
-    delta and delta_S = the rest. ``family``: the architectures fixed in advance (default:
-    those of the target, when ``direct``, and of the surrogates).
+    on (x, y) only, never on ``unlabeled``). Both samples may come in batches, sharded
+    over torchrun's ranks (``compression_bound``, ``count_disagreements``). Without
+    unlabeled inputs the whole ``delta`` goes to the compression certificates; with them,
+    delta_U = ``unlabeled_share`` * delta and delta_S = the rest. ``family``: the
+    architectures fixed in advance (default: those of the target, when ``direct``, and of
+    the surrogates).
 
     Neither the target nor the surrogates are modified. Raises InvalidParameterError when
     no route is asked for, the surrogates come without unlabeled inputs, or the
