@@ -131,6 +131,16 @@ def _storage(t: Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+class ShapeOnly(TorchDispatchMode):
+    """Runs every aten operation, the costly meta kernels replaced by their shape-only
+    stand-ins (``_FAST``): the tracer's meta values (``pathlift.graph.trace``) under it cost
+    what validation's runs cost, not torch's Python references (eval BatchNorm's
+    decomposition alone was most of a first call on timm's models)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _FAST.get(func, func)(*args, **(kwargs or {}))
+
+
 class Dataflow(TorchDispatchMode):
     """Records the aten operations of a run: each one's name (in-place and out-of-place
     variants alike) and, for each tensor it reads, which earlier operation last wrote that
@@ -167,9 +177,10 @@ class Dataflow(TorchDispatchMode):
 
 
 # TorchDispatchMode wraps every __torch_dispatch__ in torch._disable_dynamo, whose first call
-# imports torch._dynamo (about 1 s at start-up): the recorder never runs under
-# torch.compile, so it is marked as already disabled and pathlift's commands that compile
+# imports torch._dynamo (about 1 s at start-up): the recorders never run under
+# torch.compile, so they are marked as already disabled and pathlift's commands that compile
 # nothing never import it.
-_dispatch = getattr(Dataflow.__torch_dispatch__, "__wrapped__", None)
-if _dispatch is not None:
-    setattr(_dispatch, "__dynamo_disable", _dispatch)
+for _mode in (ShapeOnly, Dataflow):
+    _dispatch = getattr(_mode.__torch_dispatch__, "__wrapped__", None)
+    if _dispatch is not None:
+        setattr(_dispatch, "__dynamo_disable", _dispatch)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from torch import Tensor, fx, nn
 from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph import cache
 from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
+from pathlift.graph.dataflow import ShapeOnly
 from pathlift.graph.functional import lower_calls, select_values
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, holder
@@ -137,7 +139,7 @@ class _SizedProxy(fx.Proxy):
 
     @property
     def value(self) -> Any:
-        return self.tracer.values.get(self.node)
+        return self.tracer.value_of(self.node)
 
     def size(self, dim: int | None = None) -> Any:
         if not isinstance(self.value, Tensor):
@@ -170,13 +172,16 @@ class _Tracer(fx.Tracer):
     Every proxy carries its value on meta tensors for ``example`` (``_SizedProxy``), found
     by running each recorded op on the values of its arguments, as torch.fx's
     experimental MetaTracer does; an op that cannot run on them leaves its proxy
-    symbolic (the plain torch.fx behaviour)."""
+    symbolic (the plain torch.fx behaviour). Values are found when first asked for (a
+    shape, a rank), running every op recorded until then in order: a model whose Python
+    never reads a shape pays no meta run at all here (validation runs the graph anyway)."""
 
     def __init__(self, example: Tensor | None = None) -> None:
         super().__init__()
         self.failed_in: str | None = None
         self.example = example
         self.values: dict[fx.Node, Any] = {}
+        self.pending: deque[tuple[fx.Node, str, Any, tuple, dict]] = deque()
         self._running = False
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -208,8 +213,16 @@ class _Tracer(fx.Tracer):
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr,
                                      proxy_factory_fn)
         if isinstance(proxy, fx.Proxy) and self.example is not None:
-            self.values[proxy.node] = self._value(kind, target, args, kwargs)
+            self.pending.append((proxy.node, kind, target, args, kwargs))
         return proxy
+
+    def value_of(self, node: fx.Node) -> Any:
+        """``node``'s value on meta tensors, or None: the ops recorded before it run
+        first, in the order they were recorded (an in-place op sees what ran before it)."""
+        while node not in self.values and self.pending:
+            done, *op = self.pending.popleft()
+            self.values[done] = self._value(*op)
+        return self.values.get(node)
 
     def _value(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         """The op's value on the meta values of its arguments, or None."""
@@ -248,7 +261,8 @@ class _Tracer(fx.Tracer):
 def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:
     tracer = _Tracer(example)
     try:
-        graph = tracer.trace(model)
+        with ShapeOnly():  # the proxies' meta values at the cost of validation's runs
+            graph = tracer.trace(model)
     except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
         raise
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
