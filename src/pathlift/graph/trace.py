@@ -143,6 +143,7 @@ class _SizedProxy(fx.Proxy):
 
     def size(self, dim: int | None = None) -> Any:
         if not isinstance(self.value, Tensor):
+            self.tracer.asked = self.node  # a refusal that follows names why it is unknown
             return self.tracer.create_proxy("call_method", "size",
                                             (self,) if dim is None else (self, dim), {})
         if dim is None:
@@ -157,6 +158,7 @@ class _SizedProxy(fx.Proxy):
 
     def dim(self) -> Any:
         if not isinstance(self.value, Tensor):
+            self.tracer.asked = self.node
             return self.tracer.create_proxy("call_method", "dim", (self,), {})
         return self.value.dim()
 
@@ -172,9 +174,12 @@ class _Tracer(fx.Tracer):
     Every proxy carries its value on meta tensors for ``example`` (``_SizedProxy``), found
     by running each recorded op on the values of its arguments, as torch.fx's
     experimental MetaTracer does; an op that cannot run on them leaves its proxy
-    symbolic (the plain torch.fx behaviour). Values are found when first asked for (a
-    shape, a rank), running every op recorded until then in order: a model whose Python
-    never reads a shape pays no meta run at all here (validation runs the graph anyway)."""
+    symbolic (the plain torch.fx behaviour), and ``unknown`` keeps, for each value so
+    lost, the op that failed and its error, which the refusal of a trace that then fails
+    names (``asked``: the last proxy whose shape was asked while unknown). Values are
+    found when first asked for (a shape, a rank), running every op recorded until then in
+    order: a model whose Python never reads a shape pays no meta run at all here
+    (validation runs the graph anyway)."""
 
     def __init__(self, example: Tensor | None = None) -> None:
         super().__init__()
@@ -182,6 +187,8 @@ class _Tracer(fx.Tracer):
         self.example = example
         self.values: dict[fx.Node, Any] = {}
         self.pending: deque[tuple[fx.Node, str, Any, tuple, dict]] = deque()
+        self.unknown: dict[fx.Node, tuple[fx.Node, Exception]] = {}
+        self.asked: fx.Node | None = None
         self._running = False
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -221,24 +228,29 @@ class _Tracer(fx.Tracer):
         first, in the order they were recorded (an in-place op sees what ran before it)."""
         while node not in self.values and self.pending:
             done, *op = self.pending.popleft()
-            self.values[done] = self._value(*op)
+            self.values[done] = self._value(done, *op)
         return self.values.get(node)
 
-    def _value(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
-        """The op's value on the meta values of its arguments, or None."""
+    def _value(self, node: fx.Node, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        """The op's value on the meta values of its arguments, or None (an op that fails
+        on them records why in ``unknown``; one whose argument is unknown, that cause)."""
         if kind == "placeholder":
             return self.example
-        known = [True]
+        unknown: list[fx.Node] = []
 
         def meta(a: Any) -> Any:
             if isinstance(a, fx.Proxy):  # an Attribute proxy too (``.T``)
                 value = self.values.get(a.node)
-                known[0] = known[0] and value is not None
+                if value is None:
+                    unknown.append(a.node)
                 return value
             return a
         values = fx.node.map_aggregate(args, meta)
         kw = fx.node.map_aggregate(kwargs, meta)
-        if not known[0]:
+        if unknown:
+            cause = next((self.unknown[n] for n in unknown if n in self.unknown), None)
+            if cause is not None:
+                self.unknown[node] = cause
             return None
         self._running = True
         try:
@@ -251,11 +263,35 @@ class _Tracer(fx.Tracer):
             if kind == "get_attr":
                 owner, _, leaf = str(target).rpartition(".")
                 return getattr(self.root.get_submodule(owner), leaf)
-        except Exception:  # an op meta tensors cannot run: its proxy stays symbolic
+        except _META_FAILURES as err:  # an op meta tensors cannot run: its proxy stays symbolic
+            self.unknown[node] = (node, err)
             return None
         finally:
             self._running = False
         return None
+
+    def unknown_cause(self) -> tuple[str, Exception | None]:
+        """Why the last shape asked for was unknown, as a clause for a refusal, and the
+        error of the op that could not run on meta tensors; ("", None) when none was."""
+        cause = self.unknown.get(self.asked) if self.asked is not None else None
+        if cause is None:
+            return "", None
+        failed, err = cause
+        op = failed.target if isinstance(failed.target, str) else \
+            getattr(failed.target, "__name__", str(failed.target))
+        reason = str(err).splitlines()[0][:160] if str(err) else ""
+        node = "" if failed.name == op else f" ('{failed.name}')"
+        return (f"; a shape read there is unknown: `{op}`{node} cannot run on shape-only "
+                f"tensors ({type(err).__name__}: {reason})"), err
+
+
+#: What an op raises when it cannot run on shape-only (meta) values: no meta kernel or data
+#: read from a meta tensor (RuntimeError, NotImplementedError), a Python function given a
+#: tensor it cannot take (TypeError, ValueError, LookupError, AttributeError,
+#: ArithmeticError). Anything else (an assertion, a PathliftError raised on purpose, a
+#: user's own exception) is no such op: it stops the trace, and the refusal names it.
+_META_FAILURES = (RuntimeError, TypeError, ValueError, LookupError, AttributeError,
+                  ArithmeticError)
 
 
 def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:
@@ -268,10 +304,11 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
         where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        unknown, cause = tracer.unknown_cause()
         raise UnsupportedModelError([Problem(
             where or "<root>", "data-dependent control flow",
-            f"torch.fx cannot trace it ({reason}){_user_line(err)}; make the forward "
-            "free of Python control flow on tensor values")]) from None
+            f"torch.fx cannot trace it ({reason}){_user_line(err)}{unknown}; make the "
+            "forward free of Python control flow on tensor values")]) from cause
     finally:
         tracer.root = None  # the tracer's closures must not keep the model alive
     return graph
@@ -305,7 +342,7 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
         raise UnsupportedModelError([Problem(
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
-    validate(graph, clone, shape, dtype, problems)
+    validate(graph, clone, shape, dtype, problems, modules)
     warn_leading_dimension(graph, shape)
     return LayerGraph(holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
                       key)
