@@ -7,11 +7,13 @@ model and never touches the caller's tensors.
 
 from __future__ import annotations
 
+import gc
 import os
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,10 +88,27 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
     if as_eval:
         with eval_mode(model):
             return graph_of(model, shape)
-    graph = _trace(model, shape, key)
+    with _collector_paused():
+        graph = _trace(model, shape, key)
     check_memory(graph)  # MemoryLimitError before any pass allocates (pathlift.graph.memory)
     cache.remember(model, graph)
     return graph
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a graph is traced and validated:
+    tracing makes tens of thousands of objects that live on (nodes, meta tensors, dataflow
+    records), and the collections they set off walk every object of the process (up to half
+    of a first call on timm's DenseNet-121). Reference counting still frees whatever is not
+    in a cycle; the collector is restored as it was (a user's ``gc.disable()`` stays)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def trace(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
@@ -189,6 +208,7 @@ class _Tracer(fx.Tracer):
         self.pending: deque[tuple[fx.Node, str, Any, tuple, dict]] = deque()
         self.unknown: dict[fx.Node, tuple[fx.Node, Exception]] = {}
         self.asked: fx.Node | None = None
+        self._tables: dict[bool, dict[int, str]] = {}
         self._running = False
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -208,9 +228,38 @@ class _Tracer(fx.Tracer):
             raise
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict) -> Any:
+        """torch.fx's, finding a parameter's name in a table made once (``_names``)."""
         if self._running:
             return attr_val
+        if isinstance(attr_val, nn.Parameter) and not self.param_shapes_constant:
+            name = self._names(True).get(id(attr_val))
+            if name is not None:
+                if name not in parameter_proxy_cache:
+                    parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
+                return parameter_proxy_cache[name]
         return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def create_arg(self, a: Any) -> Any:
+        """torch.fx's, finding a parameter's or buffer's name in a table made once."""
+        if isinstance(a, Tensor):
+            name = self._names(isinstance(a, nn.Parameter)).get(id(a))
+            if name is not None:
+                return self.create_node("get_attr", name, (), {})
+        return super().create_arg(a)
+
+    def _names(self, parameters: bool) -> dict[int, str]:
+        """{id: the qualified name torch.fx finds first} of the root's parameters (or
+        buffers), made once per trace: torch.fx searches ``named_parameters()`` linearly at
+        every read of a tensor attribute, quadratic in the model's size (most of a first
+        call on timm's DenseNet, whose fused norm-activation layers read their own
+        tensors). A tensor not in it (registered during the trace) is left to torch.fx."""
+        found = self._tables.get(parameters)
+        if found is None:
+            found = self._tables[parameters] = {}
+            named = self.root.named_parameters() if parameters else self.root.named_buffers()
+            for name, t in named:
+                found.setdefault(id(t), name)
+        return found
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _SizedProxy(node, self)
