@@ -6,6 +6,9 @@ swallowed but named."""
 
 from __future__ import annotations
 
+import gc
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
@@ -102,3 +105,18 @@ def test_values_found_late_specialise_each_shape_exactly():
     for shape in ((2, 8, 8), (2, 10, 10)):
         assert_norms_equal_enumeration(model, shape)
     assert path_norm(model, (2, 8, 8)).log10 != path_norm(model, (2, 10, 10)).log10
+
+
+def test_the_garbage_collector_is_left_as_it_was_after_a_trace_or_a_refusal():
+    """Tracing pauses Python's cyclic collector; it comes back as the caller had it,
+    also when the trace is refused."""
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            trace(LateShape().eval(), (2, 8, 8))  # a new model object: a trace runs
+            assert gc.isenabled() is enabled
+            with pytest.raises(UnsupportedModelError):
+                trace(CpuCopy(), (4,))
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
