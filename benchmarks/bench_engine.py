@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/bench_engine.py [--rounds 5] [--threads 1]
         [--models resnet18 resnet50 vgg11] [--authors PATH/TO/pathnorm.py]
+        [--out benchmarks/results/bench_engine.csv]
 
-For each model at 3x224x224, measured in turns in the same run (each figure is the median
-over the rounds of its ratio to the forward pass timed in the same round):
+For each model at 3x224x224 (the MLP at 3x32x32), measured in turns in the same run (each
+figure is the median over the rounds of its ratio to the forward pass timed in the same
+round):
 one float32 forward pass at batch 1 (the baseline); the first ``path_norm`` call on a model
 object never seen before (trace, validation and the |theta| pass; float64 and float32
 mantissas); a repeated call after an in-place weight update (the graph is reused);
@@ -24,23 +26,32 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from pathlift.files import write_text
 from pathlift.graph import copy_model
 from pathlift.lift import path_norm
-from pathlift.models import resnet18, resnet50, vgg11
+from pathlift.models import mlp, resnet18, resnet50, unet, vgg11
 from pathlift.prune import path_magnitude_scores
 from timing import round_robin
 
 SHAPE = (3, 224, 224)
-MODELS: dict[str, Callable[[], nn.Module]] = {"resnet18": resnet18, "resnet50": resnet50,
-                                              "vgg11": vgg11}
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "resnet18": resnet18, "resnet50": resnet50, "vgg11": vgg11,
+    # networks beyond the targets' (not run by default): an encoder-decoder with skip
+    # concatenations and transposed convolutions, and a CIFAR-sized MLP at (3, 32, 32)
+    "unet": lambda: unet(3, 2, base=16, depth=4),
+    "mlp": lambda: mlp(3 * 32 * 32, (1024, 512), 10)}
+DEFAULT = ("resnet18", "resnet50", "vgg11")
+SHAPES = {"mlp": (3, 32, 32)}
 
 
-def cases(model: nn.Module, authors) -> dict[str, Callable[[], Callable[[], object]]]:
-    x = torch.randn(1, *SHAPE)
+def cases(model: nn.Module, shape: tuple[int, ...], authors
+          ) -> dict[str, Callable[[], Callable[[], object]]]:
+    x = torch.randn(1, *shape)
 
     def forward() -> Callable[[], object]:
         return lambda: model(x)
@@ -57,21 +68,21 @@ def cases(model: nn.Module, authors) -> dict[str, Callable[[], Callable[[], obje
         def setup() -> Callable[[], object]:
             with torch.no_grad():
                 first_param.mul_(1.0001)  # an optimiser step: the cached graph stays valid
-            return lambda: path_norm(model, SHAPE, dtype=dtype)
+            return lambda: path_norm(model, shape, dtype=dtype)
         return setup
 
     found = {
         "forward": forward,
-        "first f64": fresh(lambda m: path_norm(m, SHAPE)),
-        "first f32": fresh(lambda m: path_norm(m, SHAPE, dtype=torch.float32)),
+        "first f64": fresh(lambda m: path_norm(m, shape)),
+        "first f32": fresh(lambda m: path_norm(m, shape, dtype=torch.float32)),
         "repeat f64": updated(torch.float64),
         "repeat f32": updated(torch.float32),
-        "scores f32": fresh(lambda m: path_magnitude_scores(m, SHAPE, dtype=torch.float32)),
+        "scores f32": fresh(lambda m: path_magnitude_scores(m, shape, dtype=torch.float32)),
     }
     if authors is not None:
         for name, dtype in (("authors f64", torch.float64), ("authors f32", torch.float32)):
             found[name] = fresh(lambda m, d=dtype: authors.compute_path_norm(
-                m, input_shape=SHAPE, exponent=1, working_dtype=d))
+                m, input_shape=shape, exponent=1, working_dtype=d))
     return found
 
 
@@ -79,9 +90,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT), choices=list(MODELS))
     parser.add_argument("--authors", default=None,
                         help="path to the authors' pathnorm.py, timed in the same turns")
+    parser.add_argument("--out", default="benchmarks/results/bench_engine.csv")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     authors = None
@@ -90,21 +102,31 @@ def main() -> None:
         authors = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(authors)
     clock = "CPU" if args.threads == 1 else "wall-clock"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), input {SHAPE}, "
-          f"median of {args.rounds} round-robin rounds ({clock} time); ratios to one "
-          "float32 forward pass at batch 1")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), input {SHAPE} "
+          f"(mlp {SHAPES['mlp']}), median of {args.rounds} round-robin rounds ({clock} "
+          "time); ratios to one float32 forward pass at batch 1")
+    rows = []
     for name in args.models:
         torch.manual_seed(0)
         model = MODELS[name]().eval()
-        path_norm(model, SHAPE, dtype=torch.float32)  # the repeated call's graph
+        shape = SHAPES.get(name, SHAPE)
+        path_norm(model, shape, dtype=torch.float32)  # the repeated call's graph
         with torch.no_grad():
-            times = round_robin(cases(model, authors), args.rounds, min_sample=0, setup=True,
+            times = round_robin(cases(model, shape, authors), args.rounds, min_sample=0,
+                                setup=True,
                                 clock=time.thread_time if args.threads == 1 else time.perf_counter)
         base = times.pop("forward")
         ratios = {label: statistics.median(t / b for t, b in zip(ts, base, strict=True))
                   for label, ts in times.items()}  # each against its own round's forward
         row = "  ".join(f"{label} {r:5.2f}x" for label, r in ratios.items())
-        print(f"{name:<9} forward {statistics.median(base) * 1e3:6.1f} ms  {row}")
+        forward_ms = statistics.median(base) * 1e3
+        print(f"{name:<9} forward {forward_ms:6.1f} ms  {row}", flush=True)
+        if not rows:
+            rows.append(",".join(["model", "forward_ms", *(label.replace(" ", "_") + "_x"
+                                                          for label in ratios)]))
+        rows.append(",".join([name, f"{forward_ms:.2f}", *(f"{r:.3f}" for r in ratios.values())]))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_text(args.out, "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ def _shape_only(func, output):
     ops are Python references costing more than the rest of the validation together (and
     the first call of one imports torch._dynamo, about 1 s)."""
     def run(x, *args, **kwargs):
-        first = next(t for t in _flat((x,)) if isinstance(t, Tensor))
-        if first.device.type != "meta":
-            return func(x, *args, **kwargs)
-        return output(x, *args, **kwargs)
+        first = x[0] if isinstance(x, (list, tuple)) and x else x  # cat takes a list
+        if isinstance(first, Tensor) and first.is_meta:
+            return output(x, *args, **kwargs)
+        return func(x, *args, **kwargs)
     return run
 
 
@@ -125,10 +125,21 @@ def _flat(values: Any, into: list | None = None) -> list:
 
 
 _SCALARS = frozenset({int, float, bool, str, type(None)})
+_NAMES: dict[Any, str] = {}  # an aten overload's name, in-place and out-of-place alike
 
 
 def _storage(t: Tensor) -> int:
     return t.untyped_storage()._cdata
+
+
+class ShapeOnly(TorchDispatchMode):
+    """Runs every aten operation, the costly meta kernels replaced by their shape-only
+    stand-ins (``_FAST``): the tracer's meta values (``pathlift.graph.trace``) under it cost
+    what validation's runs cost, not torch's Python references (eval BatchNorm's
+    decomposition alone was most of a first call on timm's models)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _FAST.get(func, func)(*args, **(kwargs or {}))
 
 
 class Dataflow(TorchDispatchMode):
@@ -152,24 +163,32 @@ class Dataflow(TorchDispatchMode):
         storage = _storage(value)
         source = self.writer.get(storage)
         return (("leaf", storage) if source is None else source, value.storage_offset(),
-                tuple(value.shape), value.stride(), value.dtype)
+                value.shape, value.stride(), value.dtype)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = _FAST.get(func, func)(*args, **kwargs)
-        if not self.paused:
-            reads = tuple(map(self.describe, _flat((*args, *kwargs.values()))))
-            self.ops.append((func.overloadpacket.__name__.rstrip("_"), reads))
-            for t in _flat(out if isinstance(out, (tuple, list)) else (out,)):
-                if isinstance(t, Tensor):
-                    self.writer[_storage(t)] = len(self.ops) - 1
+        out = _FAST.get(func, func)(*args, **(kwargs or {}))
+        if self.paused:
+            return out
+        reads = tuple(map(self.describe, _flat(args)))
+        if kwargs:
+            reads += tuple(map(self.describe, _flat(kwargs.values())))
+        name = _NAMES.get(func)
+        if name is None:
+            name = _NAMES[func] = func.overloadpacket.__name__.rstrip("_")
+        self.ops.append((name, reads))
+        index = len(self.ops) - 1
+        for t in (out,) if isinstance(out, Tensor) else _flat(
+                out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, Tensor):
+                self.writer[_storage(t)] = index
         return out
 
 
 # TorchDispatchMode wraps every __torch_dispatch__ in torch._disable_dynamo, whose first call
-# imports torch._dynamo (about 1 s at start-up): the recorder never runs under
-# torch.compile, so it is marked as already disabled and pathlift's commands that compile
+# imports torch._dynamo (about 1 s at start-up): the recorders never run under
+# torch.compile, so they are marked as already disabled and pathlift's commands that compile
 # nothing never import it.
-_dispatch = getattr(Dataflow.__torch_dispatch__, "__wrapped__", None)
-if _dispatch is not None:
-    setattr(_dispatch, "__dynamo_disable", _dispatch)
+for _mode in (ShapeOnly, Dataflow):
+    _dispatch = getattr(_mode.__torch_dispatch__, "__wrapped__", None)
+    if _dispatch is not None:
+        setattr(_dispatch, "__dynamo_disable", _dispatch)

@@ -7,10 +7,13 @@ model and never touches the caller's tensors.
 
 from __future__ import annotations
 
+import gc
 import os
 import traceback
 import weakref
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +23,7 @@ from torch import Tensor, fx, nn
 from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph import cache
 from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
+from pathlift.graph.dataflow import ShapeOnly
 from pathlift.graph.functional import lower_calls, select_values
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, holder
@@ -84,10 +88,27 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
     if as_eval:
         with eval_mode(model):
             return graph_of(model, shape)
-    graph = _trace(model, shape, key)
+    with _collector_paused():
+        graph = _trace(model, shape, key)
     check_memory(graph)  # MemoryLimitError before any pass allocates (pathlift.graph.memory)
     cache.remember(model, graph)
     return graph
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a graph is traced and validated:
+    tracing makes tens of thousands of objects that live on (nodes, meta tensors, dataflow
+    records), and the collections they set off walk every object of the process (up to half
+    of a first call on timm's DenseNet-121). Reference counting still frees whatever is not
+    in a cycle; the collector is restored as it was (a user's ``gc.disable()`` stays)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def trace(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = None
@@ -137,10 +158,11 @@ class _SizedProxy(fx.Proxy):
 
     @property
     def value(self) -> Any:
-        return self.tracer.values.get(self.node)
+        return self.tracer.value_of(self.node)
 
     def size(self, dim: int | None = None) -> Any:
         if not isinstance(self.value, Tensor):
+            self.tracer.asked = self.node  # a refusal that follows names why it is unknown
             return self.tracer.create_proxy("call_method", "size",
                                             (self,) if dim is None else (self, dim), {})
         if dim is None:
@@ -155,6 +177,7 @@ class _SizedProxy(fx.Proxy):
 
     def dim(self) -> Any:
         if not isinstance(self.value, Tensor):
+            self.tracer.asked = self.node
             return self.tracer.create_proxy("call_method", "dim", (self,), {})
         return self.value.dim()
 
@@ -170,13 +193,23 @@ class _Tracer(fx.Tracer):
     Every proxy carries its value on meta tensors for ``example`` (``_SizedProxy``), found
     by running each recorded op on the values of its arguments, as torch.fx's
     experimental MetaTracer does; an op that cannot run on them leaves its proxy
-    symbolic (the plain torch.fx behaviour)."""
+    symbolic (the plain torch.fx behaviour), and ``unknown`` keeps, for each value so
+    lost, the op that failed and its error, which the refusal of a trace that then fails
+    names (``asked``: the last proxy whose shape was asked while unknown). Values are
+    found when first asked for (a shape, a rank), running every op recorded until then in
+    order: a model whose Python never reads a shape pays no meta run at all here
+    (validation runs the graph anyway)."""
 
     def __init__(self, example: Tensor | None = None) -> None:
         super().__init__()
         self.failed_in: str | None = None
         self.example = example
         self.values: dict[fx.Node, Any] = {}
+        self.pending: deque[tuple[fx.Node, str, Any, tuple, dict]] = deque()
+        self.unknown: dict[fx.Node, tuple[fx.Node, Exception]] = {}
+        self.asked: fx.Node | None = None
+        self.raised_in_op: Exception | None = None  # what stopped an op run on meta values
+        self._tables: dict[bool, dict[int, str]] = {}
         self._running = False
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -196,9 +229,38 @@ class _Tracer(fx.Tracer):
             raise
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict) -> Any:
+        """torch.fx's, finding a parameter's name in a table made once (``_names``)."""
         if self._running:
             return attr_val
+        if isinstance(attr_val, nn.Parameter) and not self.param_shapes_constant:
+            name = self._names(True).get(id(attr_val))
+            if name is not None:
+                if name not in parameter_proxy_cache:
+                    parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
+                return parameter_proxy_cache[name]
         return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def create_arg(self, a: Any) -> Any:
+        """torch.fx's, finding a parameter's or buffer's name in a table made once."""
+        if isinstance(a, Tensor):
+            name = self._names(isinstance(a, nn.Parameter)).get(id(a))
+            if name is not None:
+                return self.create_node("get_attr", name, (), {})
+        return super().create_arg(a)
+
+    def _names(self, parameters: bool) -> dict[int, str]:
+        """{id: the qualified name torch.fx finds first} of the root's parameters (or
+        buffers), made once per trace: torch.fx searches ``named_parameters()`` linearly at
+        every read of a tensor attribute, quadratic in the model's size (most of a first
+        call on timm's DenseNet, whose fused norm-activation layers read their own
+        tensors). A tensor not in it (registered during the trace) is left to torch.fx."""
+        found = self._tables.get(parameters)
+        if found is None:
+            found = self._tables[parameters] = {}
+            named = self.root.named_parameters() if parameters else self.root.named_buffers()
+            for name, t in named:
+                found.setdefault(id(t), name)
+        return found
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _SizedProxy(node, self)
@@ -208,24 +270,37 @@ class _Tracer(fx.Tracer):
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr,
                                      proxy_factory_fn)
         if isinstance(proxy, fx.Proxy) and self.example is not None:
-            self.values[proxy.node] = self._value(kind, target, args, kwargs)
+            self.pending.append((proxy.node, kind, target, args, kwargs))
         return proxy
 
-    def _value(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
-        """The op's value on the meta values of its arguments, or None."""
+    def value_of(self, node: fx.Node) -> Any:
+        """``node``'s value on meta tensors, or None: the ops recorded before it run
+        first, in the order they were recorded (an in-place op sees what ran before it)."""
+        while node not in self.values and self.pending:
+            done, *op = self.pending.popleft()
+            self.values[done] = self._value(done, *op)
+        return self.values.get(node)
+
+    def _value(self, node: fx.Node, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        """The op's value on the meta values of its arguments, or None (an op that fails
+        on them records why in ``unknown``; one whose argument is unknown, that cause)."""
         if kind == "placeholder":
             return self.example
-        known = [True]
+        unknown: list[fx.Node] = []
 
         def meta(a: Any) -> Any:
             if isinstance(a, fx.Proxy):  # an Attribute proxy too (``.T``)
                 value = self.values.get(a.node)
-                known[0] = known[0] and value is not None
+                if value is None:
+                    unknown.append(a.node)
                 return value
             return a
         values = fx.node.map_aggregate(args, meta)
         kw = fx.node.map_aggregate(kwargs, meta)
-        if not known[0]:
+        if unknown:
+            cause = next((self.unknown[n] for n in unknown if n in self.unknown), None)
+            if cause is not None:
+                self.unknown[node] = cause
             return None
         self._running = True
         try:
@@ -238,30 +313,60 @@ class _Tracer(fx.Tracer):
             if kind == "get_attr":
                 owner, _, leaf = str(target).rpartition(".")
                 return getattr(self.root.get_submodule(owner), leaf)
-        except Exception:  # an op meta tensors cannot run: its proxy stays symbolic
+        except _META_FAILURES as err:  # an op meta tensors cannot run: its proxy stays symbolic
+            self.unknown[node] = (node, err)
             return None
+        except Exception as err:  # no such op (an assertion on values...): the trace stops
+            self.raised_in_op = err
+            raise
         finally:
             self._running = False
         return None
+
+    def unknown_cause(self) -> tuple[str, Exception | None]:
+        """Why the last shape asked for was unknown, as a clause for a refusal, and the
+        error of the op that could not run on meta tensors; ("", None) when none was."""
+        cause = self.unknown.get(self.asked) if self.asked is not None else None
+        if cause is None:
+            return "", None
+        failed, err = cause
+        op = failed.target if isinstance(failed.target, str) else \
+            getattr(failed.target, "__name__", str(failed.target))
+        reason = str(err).splitlines()[0][:160] if str(err) else ""
+        node = "" if failed.name == op else f" ('{failed.name}')"
+        return (f"; a shape read there is unknown: `{op}`{node} cannot run on shape-only "
+                f"tensors ({type(err).__name__}: {reason})"), err
+
+
+#: What an op raises when it cannot run on shape-only (meta) values: no meta kernel or data
+#: read from a meta tensor (RuntimeError, NotImplementedError), a Python function given a
+#: tensor it cannot take (TypeError, ValueError, LookupError, AttributeError,
+#: ArithmeticError). Anything else (an assertion, a PathliftError raised on purpose, a
+#: user's own exception) is no such op: it stops the trace, and the refusal names it.
+_META_FAILURES = (RuntimeError, TypeError, ValueError, LookupError, AttributeError,
+                  ArithmeticError)
 
 
 def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:
     tracer = _Tracer(example)
     try:
-        graph = tracer.trace(model)
+        with ShapeOnly():  # the proxies' meta values at the cost of validation's runs
+            graph = tracer.trace(model)
     except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
         raise
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
         where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if isinstance(err, AssertionError):  # an assertion on sizes, which are numbers here
+        if isinstance(err, AssertionError) and err is not tracer.raised_in_op:
+            # an assertion of the forward's own code on sizes, which are numbers here
             raise ShapeError(f"'{where}' asserts on the input's shape and fails at this one "
                              f"({reason}){_user_line(err)}; give the input shape it expects "
                              "(without the batch dimension)") from None
+        unknown, cause = tracer.unknown_cause()
         raise UnsupportedModelError([Problem(
             where or "<root>", "data-dependent control flow",
-            f"torch.fx cannot trace it ({reason}){_user_line(err)}; make the forward "
-            "free of Python control flow on tensor values")]) from None
+            f"torch.fx cannot trace it ({reason}){_user_line(err)}{unknown}; make the "
+            "forward free of Python control flow on tensor values")]) from cause
     finally:
         tracer.root = None  # the tracer's closures must not keep the model alive
     return graph
@@ -295,7 +400,7 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
         raise UnsupportedModelError([Problem(
             "<inputs>", "forward signature",
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
-    validate(graph, clone, shape, dtype, problems)
+    validate(graph, clone, shape, dtype, problems, modules)
     warn_leading_dimension(graph, shape)
     return LayerGraph(holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
                       key)

@@ -35,7 +35,7 @@ from pathlift.errors import (
 )
 from pathlift.graph.dataflow import Dataflow
 from pathlift.graph.functional import COMPUTED, LOWERED, REFUSED
-from pathlift.graph.layer_graph import HANDLER, holder
+from pathlift.graph.layer_graph import HANDLER
 from pathlift.graph.ops import Call, Kind, UnsupportedHandler, handler_for, supported_summary
 from pathlift.graph.ops.relabel import SHAPE
 
@@ -155,11 +155,14 @@ class _Validate(fx.Interpreter):
     each node's output ``tensor_meta``; asks each node's handler about its concrete call
     and calls layers without their hooks, under a dataflow recorder."""
 
-    def __init__(self, graph: fx.Graph, clone: nn.Module, recorder: Dataflow,
-                 problems: list[Problem]):
-        super().__init__(holder(clone, graph), graph=graph)
+    def __init__(self, graph: fx.Graph, modules: dict[str, nn.Module], clone: nn.Module,
+                 recorder: Dataflow, problems: list[Problem]):
+        # fx.Interpreter's state without its module table (``modules``, made once by the
+        # tracer) and its last-use walk (meta values hold no memory: none is freed)
+        self.module, self.graph, self.submodules = clone, graph, modules
+        self.env, self.name = {}, "Interpreter"
+        self.garbage_collect_values, self.extra_traceback = False, False
         self.clone, self.recorder = clone, recorder
-        self.extra_traceback = False
         self.problems = list(problems)
 
     def call_module(self, target, args, kwargs):
@@ -246,13 +249,15 @@ def _shape_error(node: fx.Node, module: nn.Module | None, args: tuple, err: Exce
 
 
 def validate(graph: fx.Graph, clone: nn.Module, shape: tuple[int, ...],
-              dtype: torch.dtype, problems: list[Problem]) -> None:
+             dtype: torch.dtype, problems: list[Problem], modules: dict[str, nn.Module]
+             ) -> None:
     """Steps 3 and 4 of the module docstring, on ``clone``, the model's meta copy;
-    ``problems`` found before are raised with those found here, all at once."""
+    ``problems`` found before are raised with those found here, all at once. ``modules``:
+    the layers the graph calls by target (``holder(clone, graph)``'s table)."""
     example = torch.empty((BATCH, *shape), dtype=dtype, device="meta")
     with torch.no_grad():
         traced_flow = Dataflow()
-        validator = _Validate(graph, clone, traced_flow, problems)
+        validator = _Validate(graph, modules, clone, traced_flow, problems)
         with traced_flow:
             traced = validator.run(example)
             traced_out = [traced_flow.describe(t) for t in tree_leaves(traced)]
