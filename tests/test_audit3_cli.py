@@ -587,6 +587,21 @@ def test_kron_design_sizes_are_checked_before_the_search(args, monkeypatch, tmp_
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["kron-design", "8", "8"], "no chain of (2, 3) factors"),  # once an internal error
+    (["kron-design", "4", "8", "--budget", "0.3"], "no chain of (2, 3) factors"),
+    (["kron-design", "8", "8", "--factors", "3"], "no chain of (3,) factors"),
+    (["--max-memory", "200M", "kron-design", "16", "16", "--factors", "8", "--repeats", "1"],
+     "listing the 8-factor chains of a 16 x 16 weight needs about"),  # once 6 GB, then killed
+    (["kron-design", "16", "16", "--factors", "64"], "'--factors': 64 is not an integer in "
+     "[2, 32]"),  # once an internal error (numpy's 32 axes)
+])
+def test_small_kron_design_sizes_are_refused_in_one_line(args, says, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert says in _one_line(invoke(*args))
+    assert not (tmp_path / "runs").exists()
+
+
 def _interrupt(args: list[str], cwd: Path, after: float) -> tuple[float, int, str]:
     """Run ``pathlift ARGS`` in a process, send it SIGINT ``after`` seconds (mid-work), and
     return the seconds it took to end, its status and its stderr."""
