@@ -188,9 +188,9 @@ def bench_estimate(patterns: Sequence[KSPattern], batch: int, algorithms: Sequen
     """A lower bound of ``run_kron_benchmark``'s time, after refusing its largest pattern
     over the memory limit: each thread count times every pattern ``repeats`` times in both
     layouts for each algorithm, ``dense`` doing batch x M x N multiply-adds and the others
-    batch x abcd (thesis Sec. 5.1: the non-zeros), at the pace of a dense matmul on this
-    machine at the largest thread count (``matmul_pace``; the ViT timings, the preparation
-    and the sparse algorithms' slower pace come on top)."""
+    batch x abcd (thesis Sec. 5.1: the non-zeros), at the pace of a dense matmul timed on
+    one thread of this machine times the thread count (``matmul_pace``: perfect scaling;
+    the ViT timings, the preparation and the sparse algorithms' slower pace on top)."""
     check_count("repeats", repeats)
     itemsize = torch.empty((), dtype=dtype).element_size()
     big = max(patterns, key=lambda p: p.out_features * p.in_features)
