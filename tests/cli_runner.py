@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rich.console import Console
 from typer.testing import CliRunner
 
 from pathlift import cli
 from pathlift.cli import app
-from pathlift.cli_support import run
+from pathlift.cli_support import new_console, run
 
 WIDE = {"COLUMNS": "200"}
 
@@ -34,7 +33,7 @@ def invoke(*args: str) -> Result:
     code = 0
     kept = cli.console
     with CliRunner().isolation(env=WIDE) as (out, err, _):
-        cli.console = Console(width=int(WIDE["COLUMNS"]))
+        cli.console = new_console(width=int(WIDE["COLUMNS"]))
         try:
             run(app, list(args))
         except SystemExit as exit_:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import io
 import itertools
 import math
 import os
@@ -113,6 +114,73 @@ def test_a_path_and_a_model_name_typed_by_the_user_are_escaped(escape, tmp_path)
                  ["norm", f"{escape}net"], ["norm", str(tmp_path / f"{escape}.pt")]):
         line = _one_line(invoke(*args))
         assert escape not in line
+
+
+MARKUP = ("[red]x[red]", "[bold", "[/red]", ":smile:", "[link=file:///etc]y[/link]")
+NETS = """
+from torch import nn
+NAME = {name!r}
+def named(activation):
+    net = nn.Sequential()
+    net.add_module(NAME + "in", nn.Linear(4, 3))
+    net.add_module(NAME, activation)
+    net.add_module("out", nn.Linear(3, 2))
+    return net
+def relu():
+    return named(nn.ReLU())
+def sigmoid():
+    return named(nn.Sigmoid())
+"""
+
+
+def _nets(tmp_path: Path, name: str) -> str:
+    """A user's file of models whose layers are named ``name``; in a file named after it
+    where a file name can hold it."""
+    path = tmp_path / (f"{name}.py" if "/" not in name else "nets.py")
+    path.write_text(NETS.format(name=name))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", [*MARKUP, f"[/red]{ESCAPES[0]}"])
+def test_names_from_files_print_on_stdout_as_written(name, tmp_path):
+    """Once: rich read a name as markup on standard output ("[red]x[red]" printed "x",
+    "[/red]" ended in an internal error); now a model's spec in a table's title and a
+    layer's name in the list of unsupported layers print as written, escaped."""
+    shown = printable(name)
+    spec = _nets(tmp_path, name)
+    result = invoke("norm", f"{spec}:relu", "--input-shape", "4")
+    assert result.exit_code == 0, result.output
+    assert "".join(printable(f"{spec}:relu").split()) in "".join(result.stdout.split())
+    refused = invoke("summary", f"{spec}:sigmoid", "--input-shape", "4")
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert f"node '{shown}' (Sigmoid)" in refused.stdout, refused.stdout
+    assert "\x1b" not in refused.stdout + result.stdout
+
+
+@pytest.mark.parametrize("name", MARKUP)
+def test_names_with_markup_reach_stderr_as_written(name, tmp_path):
+    line = _one_line(invoke("norm", str(tmp_path / f"{name.replace('/', '')}.pt")))
+    assert name.replace("/", "") in line
+
+
+@pytest.mark.parametrize("name", [*MARKUP, *ESCAPES])
+def test_a_progress_description_shows_a_name_as_written(name):
+    """rich's default bar reads its description as markup and emoji codes; the command's
+    bars (``progress_bar``) and spinner (``working``) show it as written, escaped."""
+    from rich.console import Console
+
+    from pathlift.cli_support import new_console, progress_bar, shown, working
+
+    console = new_console(width=200)
+    with progress_bar(console, disable=True) as bar:
+        task = bar.add_task(shown(f"prune {name} on digits"), total=3)
+        rendered = bar.columns[0].render(bar.tasks[task])
+    assert rendered.plain == printable(f"prune {name} on digits")
+    terminal = Console(force_terminal=True, width=200, markup=False, emoji=False,
+                       file=io.StringIO())
+    with working(terminal, f"norm {name}") as describe:
+        describe(f"norm {name} again")
+    assert printable(f"norm {name} again") in terminal.file.getvalue()
 
 
 def test_a_warning_quoting_a_file_is_one_escaped_line(tmp_path):
@@ -518,6 +586,21 @@ def test_kron_design_sizes_are_checked_before_the_search(args, monkeypatch, tmp_
     monkeypatch.chdir(tmp_path)
     line = _one_line(invoke(*args))
     assert "timing a dense" in line and "needs about" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["kron-design", "8", "8"], "no chain of (2, 3) factors"),  # once an internal error
+    (["kron-design", "4", "8", "--budget", "0.3"], "no chain of (2, 3) factors"),
+    (["kron-design", "8", "8", "--factors", "3"], "no chain of (3,) factors"),
+    (["--max-memory", "200M", "kron-design", "16", "16", "--factors", "8", "--repeats", "1"],
+     "listing the 8-factor chains of a 16 x 16 weight needs about"),  # once 6 GB, then killed
+    (["kron-design", "16", "16", "--factors", "64"], "'--factors': 64 is not an integer in "
+     "[2, 32]"),  # once an internal error (numpy's 32 axes)
+])
+def test_small_kron_design_sizes_are_refused_in_one_line(args, says, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert says in _one_line(invoke(*args))
     assert not (tmp_path / "runs").exists()
 
 

@@ -293,6 +293,35 @@ def test_concurrent_csv_writers_killed_at_random_lose_no_completed_row(tmp_path)
     assert mine.read_bytes() == b"a user's file beside the log\n"
 
 
+@pytest.mark.slow  # 5 processes: 80 s on a loaded 2-core VM
+def test_concurrent_quantize_runs_appending_to_one_csv_lose_no_row(tmp_path):
+    """The audit's case with the command itself: four `pathlift quantize --csv F` runs
+    started together (each its own --random-rescale seed, 3 rows) and a fifth killed
+    (SIGKILL) while they run: one header, every finished run's 3 rows, the killed run's
+    rows all or none."""
+    table = tmp_path / "q.csv"
+    cli = "import sys; from pathlift.cli import main; sys.argv[0] = 'pathlift'; main()"
+
+    def run(seed: int) -> subprocess.Popen:
+        return _spawn(cli, "quantize", "mlp", "--bits", "2", "3", "4", "--samples", "4",
+                      "--random-rescale", str(seed), "--csv", str(table))
+
+    writers = [run(seed) for seed in range(4)]
+    killed = run(9)
+    time.sleep(random.Random(40).uniform(1.0, 3.0))
+    killed.kill()
+    for proc in writers:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    killed.communicate(timeout=60)
+    rows = list(csv.reader(table.read_text().splitlines()))
+    assert rows[0][:2] == ["model", "random_rescale"] and rows.count(rows[0]) == 1
+    seeds = [r[1] for r in rows[1:]]
+    assert all(seeds.count(str(seed)) == 3 for seed in range(4)), seeds
+    assert seeds.count("9") in (0, 3) and len(seeds) in (12, 15)
+    assert all(len(r) == len(rows[0]) for r in rows)
+
+
 RUN_WRITER = textwrap.dedent("""
     import sys, time
     from pathlift.jobs.prune import PruneConfig, RunFolder, RunFolderBusyError

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 
 try:
     import typer
-    from rich.console import Console
     from rich.table import Table
 except ImportError as err:  # the library installed without its command line
     raise SystemExit(f"pathlift's command line needs {err.name}: pip install "
@@ -26,9 +25,12 @@ from pathlift.cli_support import (
     INTERRUPTED,
     USAGE_EXIT,
     default_out,
+    new_console,
     output_folder,
     printable,
+    progress_bar,
     run,
+    shown,
     version_callback,
     working,
 )
@@ -38,7 +40,13 @@ from pathlift.cli_support import (
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Path-lifting analysis of ReLU networks.")
-console = Console()
+console = new_console()
+
+
+def _say(text: object) -> None:
+    """Print ``text`` on standard output as written (``shown``: no markup read, control
+    characters escaped: names come from files and users)."""
+    console.print(shown(text))
 
 MODEL_HELP = ("a reference architecture (see 'pathlift models'), a checkpoint file "
               "(.safetensors, .pt, .pth), timm:NAME (a timm architecture, random weights), "
@@ -97,12 +105,13 @@ def main() -> None:
     try:
         run(app)
     except SystemExit as done:
+        if done.code == INTERRUPTED:  # Ctrl-C: every file is whole (atomic writes), so the
+            sys.stdout.flush()        # seconds of finalising a large model's memory are
+            os._exit(INTERRUPTED)     # skipped (once 4 s of garbage collection after
+                                      # `frontier`, which imports pathlift.distributed)
         distributed = sys.modules.get("pathlift.distributed")  # imported by such commands
         if distributed is not None:
             distributed.exit_process(done.code)
-        if done.code == INTERRUPTED:  # Ctrl-C: every file is whole (atomic writes), so the
-            sys.stdout.flush()        # seconds of finalising a large model's memory are
-            os._exit(INTERRUPTED)     # skipped
         status = done.code if isinstance(done.code, int) else int(done.code is not None)
         signal.signal(signal.SIGINT, lambda *_: os._exit(status))
         raise
@@ -130,9 +139,9 @@ def _group(
         "(MODEL mymodule:Net --weights FILE)")] = False,
     max_time: Annotated[float | None, typer.Option(
         "--max-time", metavar="SECONDS",
-        help="Refuse, before it starts, work sized by your counts (depth --depths, --seeds, "
-        "--samples; kron-design N_IN N_OUT --batch --repeats) whose estimate, printed first, "
-        "exceeds SECONDS (inf: no limit) "
+        help="Refuse, before it starts, work sized by your counts (depth, prune, frontier, "
+        "kron-bench, kron-design: seeds, epochs, sizes, repeats, patterns) whose estimate, "
+        "printed first, exceeds SECONDS (inf: no limit) "
         "[default: PATHLIFT_MAX_TIME, else 3600]")] = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", metavar="SECONDS",
@@ -166,12 +175,13 @@ def _group(
 
 def _table(title: str, columns: list[str], rows: list[list[Any]],
            caption: str | None = None, left: tuple[int, ...] = (0,)) -> Table:
-    """A rich table; the columns numbered in ``left`` are left-aligned, the others right."""
-    table = Table(title=title, caption=caption)
+    """A rich table of ``shown`` text; the columns numbered in ``left`` are left-aligned,
+    the others right."""
+    table = Table(title=shown(title), caption=None if caption is None else shown(caption))
     for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i in left else "right")
+        table.add_column(shown(column), justify="left" if i in left else "right")
     for row in rows:
-        table.add_row(*map(str, row))
+        table.add_row(*map(shown, row))
     return table
 
 
@@ -218,12 +228,12 @@ def summary(
                                 model_kwargs=_kwargs(model_kwargs), seed=seed)
         s = summarize(net, shape, name=model)
     if not s.supported:
-        console.print(f"{model} ({s.parameters:,} parameters) is outside the ReLU DAG model "
+        _say(f"{model} ({s.parameters:,} parameters) is outside the ReLU DAG model "
                       "(thesis Def. 2.2.2):")
         for problem in s.unsupported:
-            console.print(f"  - {problem}")
+            _say(f"  - {problem}")
         if s.supported_ops:
-            console.print(f"supported: {s.supported_ops}")
+            _say(f"supported: {s.supported_ops}")
         typer.echo(f"Error: {printable(model)} is not a supported ReLU network (the causes are "
                    "listed above)", err=True)
         raise typer.Exit(USAGE_EXIT)  # a refusal, as norm and bounds refuse it
@@ -351,7 +361,7 @@ def report(
                             test_fraction=test_fraction, normalize=normalize,
                             batch_size=batch_size, outputs=output, overwrite=overwrite)
     for note in result.report.notes:
-        console.print(f"note: {note}")
+        _say(f"note: {note}")
     rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]
     if result.test_accuracy is not None:
         rows += [["test accuracy", f"{result.test_accuracy:.4f}"],
@@ -409,29 +419,28 @@ def prune(
     under `torchrun --nproc_per_node N` to use N processes."""
     import os
 
-    from rich.progress import Progress
-
     from pathlift.jobs.prune import METHODS, PruneConfig, prune_experiment
 
     config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
                          epochs, rewind_epoch, rounds, last_layer_factor)
-    with Progress(console=console, disable=os.environ.get("RANK", "0") != "0") as bar:
-        task = bar.add_task(f"prune {model} on {data}", total=None)
+    with progress_bar(console, disable=os.environ.get("RANK", "0") != "0") as bar:
+        task = bar.add_task(shown(f"prune {model} on {data}"), total=None)
         done = prune_experiment(
             model, data, config, out or (lambda: default_out("prune")), weights=weights,
             input_shape=input_shape, test_fraction=test_fraction, normalize=normalize,
             batch_size=batch_size, lr=lr, spread=spread, save_models=save_models,
             overwrite=overwrite, output=output,
             on_progress=lambda text, n, total: bar.update(task, completed=n, total=total,
-                                                          description=text))
+                                                          description=shown(text)),
+            on_estimate=lambda line: bar.console.print(line, soft_wrap=True))
     if done.result is None:
         return  # not rank 0
     if done.eval_note:
-        console.print(f"note: {done.eval_note}")
+        _say(f"note: {done.eval_note}")
     console.print(_prune_table(done.result, f"{seeds} seeds ({done.world_size} process(es), "
                                             f"--spread {spread})"))
     console.print(_sparsity_table(done.layer_sparsity))
-    console.print(f"wrote {done.csv}, {done.plot}")
+    _say(f"wrote {done.csv}, {done.plot}")
 
 
 def _sparsity_table(sparsity: dict[tuple[str, float], dict[str, float]]) -> Table:
@@ -482,22 +491,22 @@ def depth(
 ) -> None:
     """Depth-limit ResNet lab (Susanna's master's thesis, eq. 4.1): 1-variation of L^beta W."""
     import torch
-    from rich.progress import Progress
 
     from pathlift.jobs.depth import depth_experiment, parse_model
 
     all_depths = depths or [128, 256, 512]
-    with Progress(console=console) as progress:
-        task = progress.add_task(f"{model}: timing a probe", total=None)
+    with progress_bar(console) as progress:
+        task = progress.add_task(shown(f"{model}: timing a probe"), total=None)
         steps = parse_model(model)[0].steps
 
         def estimated(estimate: Any) -> None:
             progress.console.print(estimate.line(), soft_wrap=True)
-            progress.update(task, total=estimate.layer_steps, description=f"{model} layer-steps")
+            progress.update(task, total=estimate.layer_steps,
+                            description=shown(f"{model} layer-steps"))
 
         def stepped(depth: int, seed: int, t: int) -> None:
-            progress.update(task, advance=depth, description=f"{model} L={depth} seed {seed}: "
-                            f"step {t + 1}/{steps(depth)}")
+            progress.update(task, advance=depth, description=shown(
+                f"{model} L={depth} seed {seed}: step {t + 1}/{steps(depth)}"))
 
         result = depth_experiment(
             model, all_depths, seeds, samples, getattr(torch, dtype), csv=csv, plot=plot,
@@ -558,7 +567,7 @@ def quantize(
         caption="d = ||Phi(theta) - Phi(Q)||_1 (Lemma 3.4.1); bound = max over inputs of "
         "max(1, ||x||_inf) d >= ||R_theta(x) - R_Q(x)||_1 (Cor. 3.4.1)"))
     if result.note:
-        console.print(f"note: {result.note}")
+        _say(f"note: {result.note}")
 
 
 @app.command("kron-bench", short_help="Benchmark the Kronecker-sparse multiplication algorithms.")
@@ -595,11 +604,10 @@ def kron_bench(
     thread count the median t(bmm)/t(fused) and the check that the algorithm KSLinear
     picks (fastest_algorithm) is never more than 10% slower than bmm.
     """
-    from rich.progress import Progress
 
     from pathlift.jobs.bench import run_kron_benchmark
 
-    with Progress(console=console) as progress:
+    with progress_bar(console) as progress:
         tasks: dict[int, Any] = {}
 
         def advance(count: int, done: int, total: int) -> None:
@@ -610,25 +618,26 @@ def kron_bench(
         run_kron_benchmark(out or (lambda: default_out("kron-bench")), device=device, dtype=dtype,
                            full=full, max_dense=max_dense, every=every, batch=batch,
                            algorithms=algorithms, repeats=repeats, threads=threads, vit=vit,
-                           vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run)
+                           vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run,
+                           on_estimate=lambda line: progress.console.print(line, soft_wrap=True))
 
 
 def _print_kron_run(timed: Any) -> None:
     """One thread count of ``kron-bench``: the machine, the files, the ratios."""
     from pathlift.jobs.bench import kron as bench
 
-    console.print(timed.machine)
-    console.print(f"wrote {timed.csv}")
+    _say(timed.machine)
+    _say(f"wrote {timed.csv}")
     if timed.summary is not None:
-        console.print(f"wrote {timed.plot}")
+        _say(f"wrote {timed.plot}")
         _kron_grid_table(timed.summary, timed.threads)
     if timed.vit is not None:
-        console.print(f"wrote {timed.vit_csv}")
+        _say(f"wrote {timed.vit_csv}")
         console.print(bench.vit_table(timed.vit, timed.vit_tokens))
 
 
 def _kron_grid_table(s: Any, threads: int) -> None:
-    console.print("ratios t(baseline)/t(fused), medians over patterns; 'best' = each "
+    _say("ratios t(baseline)/t(fused), medians over patterns; 'best' = each "
                   f"algorithm at its faster layout; {s.sparse_patterns} patterns have "
                   "density <= 1/8")
     console.print(_table(
@@ -641,7 +650,7 @@ def _kron_grid_table(s: Any, threads: int) -> None:
          for key in s.speedup_vs_bmm]))
     if not math.isnan(s.default_vs_bmm):
         loses = ", ".join(map(str, s.default_loses)) or "none"
-        console.print(f"default algorithm (fastest_algorithm, batch-size-first) vs bmm: median "
+        _say(f"default algorithm (fastest_algorithm, batch-size-first) vs bmm: median "
                       f"t(bmm)/t(default) {s.default_vs_bmm:.2f}x, worst "
                       f"{s.default_worst_vs_bmm:.2f}x; patterns where it is > 10% slower than "
                       f"bmm: {loses}")
@@ -677,11 +686,10 @@ def kron_design(
     model calibrated on this machine, the best ones timed. Cached per machine: a second
     call is instant.
     """
-    from rich.progress import Progress
 
     from pathlift.jobs.bench import run_kron_design
 
-    with Progress(console=console, transient=True) as progress:
+    with progress_bar(console, transient=True) as progress:
         task = progress.add_task("calibrating and timing", total=None)
         result = run_kron_design(
             n_in, n_out, out or (lambda: default_out("kron-design")), budget=budget,
@@ -689,9 +697,9 @@ def kron_design(
             threads=threads, progress=lambda stage, n: progress.update(
                 task, description=stage, advance=n),
             on_estimate=lambda line: progress.console.print(line, soft_wrap=True))
-    console.print(f"{result.design.machine}; batch {batch}, {dtype}, budget {budget:g}")
+    _say(f"{result.design.machine}; batch {batch}, {dtype}, budget {budget:g}")
     console.print(_kron_design_table(result.design, n_in, n_out, rows))
-    console.print(f"wrote {result.csv} and {result.plot}")
+    _say(f"wrote {result.csv} and {result.plot}")
 
 
 def _kron_design_table(result: Any, n_in: int, n_out: int, rows: int) -> Table:
@@ -750,7 +758,7 @@ def rescale_command(
     console.print(_comparison_table(f"random rescaling of {model}, factors {factors}, "
                                     f"input {shape.described()}", result.comparison))
     if result.path is not None:
-        console.print(f"wrote {result.path}")
+        _say(f"wrote {result.path}")
 
 
 @app.command("normalize", short_help="Normalise a model: every hidden neuron of norm 0 or 1.")
@@ -786,7 +794,7 @@ def normalize_command(
                      "residual-tied groups (Def. 3.2.1 exact for untied neurons)")
     console.print(table)
     if result.path is not None:
-        console.print(f"wrote {result.path}")
+        _say(f"wrote {result.path}")
 
 
 @app.command(short_help="The l1 path-metric between two models.")
@@ -887,9 +895,12 @@ def equivalent_command(
         net_a, net_b, shape = load_model_pair(model, model_b, input_shape, weights, weights_b,
                                               seed=seed)
         result = equivalent(net_a, net_b, shape, tolerance)
-    verdict = "[green]equivalent[/]" if result.equivalent else "[red]not equivalent[/]"
-    console.print(f"{model} vs {model_b}: {verdict} (canonical parameter gap "
-                  f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})")
+    from rich.text import Text
+
+    verdict = ("equivalent", "green") if result.equivalent else ("not equivalent", "red")
+    console.print(Text.assemble(
+        shown(f"{model} vs {model_b}: "), verdict, f" (canonical parameter gap "
+        f"{result.parameter_gap:.3g}, output gap on samples {result.output_gap:.3g})"))
 
 
 @app.command(short_help="Test accuracy against the certified bound across training methods.")
@@ -931,11 +942,12 @@ def frontier(
         config = with_sweep(config, method)
     done = frontier_experiment(
         config, (lambda: default_out("frontier")) if out is None else out,
-        on_progress=lambda text, i, n: console.print(f"[{i}/{n}] {text}"))
+        on_progress=lambda text, i, n: _say(f"[{i}/{n}] {text}"),
+        on_estimate=lambda line: console.print(line, soft_wrap=True))
     for path in done.paths:
-        console.print(f"wrote {path}")
+        _say(f"wrote {path}")
     if done.markdown is not None:
-        console.print(done.markdown)
+        _say(done.markdown)
 
 
 @app.command("identify", short_help="Is a model identifiable from its outputs on random inputs?")
@@ -961,7 +973,7 @@ def identify_command(
         net, shape = load_model(model, input_shape, weights,
                                 model_kwargs=_kwargs(model_kwargs), seed=seed)
         result = identify(net, samples, shape, method=method, seed=seed, scale=scale)
-    console.print(f"{model}: {result!r}\n  {result.symmetry.obstructions!r}\n  {result.rank!r}")
+    _say(f"{model}: {result!r}\n  {result.symmetry.obstructions!r}\n  {result.rank!r}")
 
 
 if __name__ == "__main__":

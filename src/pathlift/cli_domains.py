@@ -98,7 +98,7 @@ DOMAINS: dict[str, Domain] = {
                      "n_in", "n_out", "prune.epochs", "frontier.epochs"], _COUNT),
     "report.epochs": Number(int, 0),
     "rewind_epoch": Number(int, 0),
-    "lengths": Number(int, 1, 64),
+    "lengths": Number(int, 2, 32),  # numbers of factors; numpy's arrays hold <= 32 axes
     "sizes": Number(int, 10),
     "bits": Number(int, 2, 32),
     **dict.fromkeys(["seed", "rescale_seed"], _SEED),

@@ -6,7 +6,8 @@
   own model or data code) prints one line on stderr and exits with status 2;
   ``pathlift --debug`` (or PATHLIFT_DEBUG=1) shows the traceback instead. Every message and
   warning is printed with its control characters escaped (text from a file may hold
-  terminal escape sequences).
+  terminal escape sequences); on standard output, ``new_console`` reads no markup and
+  ``shown`` escapes what a terminal would act on, line by line.
 - Output folders default to ``runs/<command>-<timestamp>`` under the current directory.
 """
 
@@ -29,7 +30,15 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 import pathlift
 from pathlift.cli_domains import constrain
@@ -39,8 +48,9 @@ from pathlift.errors import PathliftError
 # stack of C++ frames before the command's own one-line error); errors still show
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-__all__ = ["INTERRUPTED", "USAGE_EXIT", "default_out", "one_line", "output_folder", "printable",
-           "run", "spread_list_values", "version_callback", "working"]
+__all__ = ["INTERRUPTED", "USAGE_EXIT", "default_out", "new_console", "one_line",
+           "output_folder", "printable", "progress_bar", "run", "shown", "spread_list_values",
+           "version_callback", "working"]
 
 #: Exceptions that are the user's doing: one line and exit status 2 unless --debug.
 USER_ERRORS = (PathliftError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
@@ -222,6 +232,27 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
+def shown(text: object) -> str:
+    """``text`` for standard output: each line ``printable`` (the line breaks kept). The
+    command's console reads no markup (``new_console``), so a name such as ``[red]x[/red]``
+    or ``[bold`` prints as it is written."""
+    return "\n".join(map(printable, str(text).split("\n")))
+
+
+def progress_bar(console: Console, **options: Any) -> Progress:
+    """rich's default progress bar on ``console`` (``options`` as ``Progress`` takes them),
+    its description read as written: rich's own reads it as markup and emoji codes."""
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                    TaskProgressColumn(), TimeRemainingColumn(), console=console, **options)
+
+
+def new_console(width: int | None = None) -> Console:
+    """The command's console on standard output: no markup and no emoji codes read from
+    the text it prints (names come from files and users), ``width`` columns (default: the
+    terminal's, else ``COLUMNS``, else 80)."""
+    return Console(markup=False, emoji=False, width=width)
+
+
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
                       lineno: int, line: str | None = None) -> str:
     """``warnings.formatwarning`` of the command line: where, the category and the message
@@ -334,8 +365,9 @@ def working(console: Console, description: str) -> Iterator[Callable[[str], None
     """A spinner with the elapsed time while a long step runs; yields a function that
     changes the description. Nothing is left on screen afterwards, and nothing at all is
     written when the console is not a terminal (a pipe, a log file)."""
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    columns = (SpinnerColumn(), TextColumn("{task.description}", markup=False),
+               TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True,
                   disable=not console.is_terminal) as progress:
-        task = progress.add_task(description, total=None)
-        yield lambda text: progress.update(task, description=text)
+        task = progress.add_task(shown(description), total=None)
+        yield lambda text: progress.update(task, description=shown(text))

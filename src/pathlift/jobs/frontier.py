@@ -43,6 +43,8 @@ from pathlift.errors import InvalidParameterError
 from pathlift.files import atomic_write, os_errors, read_safetensors, refuse_links, write_text
 from pathlift.jobs.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
 from pathlift.jobs.prune.results import RunFolder
+from pathlift.jobs.sizing import Estimate, training_pace
+from pathlift.memory import check_bytes
 from pathlift.models import mlp, small_cnn
 from pathlift.train.budget import PathNormBudget
 from pathlift.train.path_sgd import PathSGD
@@ -50,7 +52,7 @@ from pathlift.train.penalties import make_penalty
 from pathlift.train.recipes import RECIPES, compact_model, fit, train_recipe
 
 __all__ = ["DEFAULT_SWEEP", "FrontierConfig", "FrontierPoint", "FrontierResult", "FrontierRun",
-           "frontier_experiment", "run_frontier"]
+           "frontier_estimate", "frontier_experiment", "run_frontier"]
 
 # method -> strengths (penalty weight, weight decay, budget B, Path-SGD step size)
 DEFAULT_SWEEP: dict[str, tuple[float, ...]] = {
@@ -419,23 +421,95 @@ def _imp(dataset: str, model_name: str, config: FrontierConfig, cache: dict[tupl
     return points
 
 
-def run_frontier(config: FrontierConfig = FrontierConfig(),
-                 on_progress: Callable[[str, int, int], None] | None = None) -> FrontierResult:
-    """Train and measure every run of ``config`` (on this process or all of torchrun's);
-    the result on every rank."""
-    world = World.current()
+def _runs(config: FrontierConfig) -> list[_Run]:
+    """Every run of ``config`` but the pruning grids (``_imp``), in order; the runs at
+    ``mnist1d_sizes`` only for the methods of the sweep (``--method l1`` adds none)."""
     runs = [_Run(d, m, method, s) for d in config.datasets for m in config.models
             for method, strengths in config.sweep.items() if method != "imp-rewind"
             for s in strengths]
     if "mnist1d" in config.datasets and "mlp" in config.models:
         runs += [_Run("mnist1d", "mlp", method, s, n, config.size_epochs)
                  for n in config.mnist1d_sizes
-                 for method, s in (("none", 0.0), ("budget", config.size_budget))]
+                 for method, s in (("none", 0.0), ("budget", config.size_budget))
+                 if method in config.sweep]
     if "mnist1d" in config.datasets:
         runs += [_Run("mnist1d", m, method, s, n) for n in config.mnist1d_sizes
-                 for m, method, s in config.size_recipes if m in config.models]
+                 for m, method, s in config.size_recipes
+                 if m in config.models and method in config.sweep]
+    return runs
+
+
+#: bytes a generated MNIST-1D sample may take while it is made (40 float64 values, four
+#: copies: the signal, its noise, its shifted form and the tensors kept)
+_MNIST1D_SAMPLE_BYTES = 4 * 40 * 8
+_SHAPES = {"digits": (1, 8, 8), "mnist1d": (1, 40)}
+
+
+def frontier_estimate(config: FrontierConfig, world: World | None = None) -> Estimate:
+    """A lower bound of ``run_frontier``'s time, after refusing its largest MNIST-1D set
+    over the memory limit: every training's epochs x training samples (digits' split;
+    80% of an MNIST-1D set) at the pace of plain SGD steps of its model timed on this
+    machine (``training_pace``; penalties, budgets, Path-SGD and the certificates cost
+    more and come on top), the pruning grids' trainings included, spread over the ranks."""
+    world = world or World.current()
+    unknown = [d for d in config.datasets if d not in _SHAPES]
+    if unknown:
+        raise InvalidParameterError(f"unknown dataset {unknown[0]!r}; choose digits or mnist1d")
+    if "mnist1d" in config.datasets:
+        largest = max((*config.mnist1d_sizes, 5000))
+        check_bytes(largest * _MNIST1D_SAMPLE_BYTES, f"generating MNIST-1D of {largest:,} "
+                    "samples", "use smaller --mnist1d-size values, or ")
+    digits = len(load_digits().train) if "digits" in config.datasets else 0
+
+    def n_train(run: _Run) -> int:
+        return digits if run.dataset == "digits" else int(0.8 * (run.num_samples or 5000))
+
+    trainings: list[tuple[str, str, int, int, int]] = []  # dataset, model, batch, epochs, n
+    for run in _runs(config):
+        recipe = run.method in RECIPES
+        trainings.append((run.dataset, run.model, config.recipe_batch[run.dataset] if recipe
+                          else config.batch_size, run.epochs or (
+                              config.recipe_epochs[run.dataset] if recipe else config.epochs),
+                          n_train(run)))
+    amounts = len(config.sweep.get("imp-rewind", ()))
+    if amounts:  # 2 rounds, rewind to epoch 2, as _imp runs them
+        trainings += [(d, m, config.batch_size, config.epochs + 2 * amounts * (config.epochs
+                                                                              - 2),
+                       n_train(_Run(d, m, "none", 0.0))) for d in config.datasets
+                      for m in config.models]
+    paces = {}
+    if world.main:
+        for dataset, model, batch, _, _ in trainings:
+            if (dataset, model, batch) not in paces:
+                paces[dataset, model, batch] = training_pace(
+                    _model_fn(model, _SHAPES[dataset]), _SHAPES[dataset], batch, 10)
+    paces = world.broadcast(paces if world.main else None)
+    seconds = sum(epochs * n * paces[d, m, b] for d, m, b, epochs, n in trainings)
+    sample_epochs = sum(epochs * n for *_, epochs, n in trainings)
+    return Estimate(f"{len(trainings)} training(s), {sample_epochs:,} sample-epochs",
+                    seconds / world.size, f"at {min(paces.values()) * 1e6:.3g}-"
+                    f"{max(paces.values()) * 1e6:.3g} us a sample (plain SGD steps timed on "
+                    "this machine; regularisers and certificates on top)", at_least=True)
+
+
+def run_frontier(config: FrontierConfig = FrontierConfig(),
+                 on_progress: Callable[[str, int, int], None] | None = None,
+                 on_estimate: Callable[[str], None] | None = None) -> FrontierResult:
+    """Train and measure every run of ``config`` (on this process or all of torchrun's);
+    the result on every rank. Sized first: ``frontier_estimate``, its line given to
+    ``on_estimate`` (on rank 0), refused over the time limit before any training."""
+    world = World.current()
+    estimate = frontier_estimate(config, world)
+    if on_estimate is not None and world.main:
+        on_estimate(estimate.line())
+    estimate.check(f"frontier over {len(config.datasets)} dataset(s) x {len(config.models)} "
+                   f"model(s) x {len(config.sweep)} method(s)", "fewer --dataset, --model, "
+                   "--method or --mnist1d-size values, or fewer --epochs")
+    runs = _runs(config)
     cache: dict[tuple, Digits] = {}
-    total = len(runs) + len(config.datasets) * len(config.models)
+    grids = [(d, m) for d in config.datasets for m in config.models
+             if config.sweep.get("imp-rewind")]  # the pruning grids, when asked for
+    total = len(runs) + len(grids)
     mine = []
     for i, run in enumerate(runs[world.rank::world.size]):
         mine.append(_one(run, config, cache))
@@ -447,13 +521,10 @@ def run_frontier(config: FrontierConfig = FrontierConfig(),
                         f" compression {p.compression_bound:.3f}", i * world.size + 1, total)
     gathered = world.gather(mine)
     points = [gathered[i % world.size][i // world.size] for i in range(len(runs))]
-    done = len(runs)
-    for d in config.datasets:
-        for m in config.models:
-            points += _imp(d, m, config, cache, world)
-            done += 1
-            if on_progress is not None and world.main:
-                on_progress(f"{d} {m} imp-rewind", done, total)
+    for done, (d, m) in enumerate(grids, len(runs) + 1):
+        points += _imp(d, m, config, cache, world)
+        if on_progress is not None and world.main:
+            on_progress(f"{d} {m} imp-rewind", done, total)
     return FrontierResult(tuple(world.broadcast(points if world.main else None)))
 
 
@@ -497,8 +568,8 @@ class FrontierRun:
 
 
 def frontier_experiment(config: FrontierConfig, out: str | Path | Callable[[], Path], *,
-                        on_progress: Callable[[str, int, int], None] | None = None
-                        ) -> FrontierRun:
+                        on_progress: Callable[[str, int, int], None] | None = None,
+                        on_estimate: Callable[[str], None] | None = None) -> FrontierRun:
     """``run_frontier`` under ``launched()`` (all of torchrun's processes, else this one),
     then, on the main process, ``write_frontier`` into ``out`` (a folder, or a callable
     returning one, called once the runs are done). ``pathlift frontier`` in one call.
@@ -506,7 +577,7 @@ def frontier_experiment(config: FrontierConfig, out: str | Path | Callable[[], P
     if not callable(out):
         refuse_links(out, FRONTIER_FILES)
     with launched() as world:
-        result = run_frontier(config, on_progress)
+        result = run_frontier(config, on_progress, on_estimate)
         if not world.main:
             return FrontierRun(result, None, (), None)
         folder = Path(out() if callable(out) else out)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +32,12 @@ from pathlift.jobs.bench.kron import (
     write_csv,
     write_vit_csv,
 )
+from pathlift.jobs.sizing import Estimate, matmul_pace
 from pathlift.kron import (
     ALGORITHMS,
+    LAYOUTS,
     Design,
+    KSPattern,
     benchmark_patterns,
     design,
     machine_description,
@@ -43,7 +45,7 @@ from pathlift.kron import (
 )
 from pathlift.memory import check_bytes, check_seconds, show_seconds, time_limit
 
-__all__ = ["KronBenchResult", "KronBenchRun", "KronDesignRun", "design_estimate",
+__all__ = ["KronBenchResult", "KronBenchRun", "KronDesignRun", "bench_estimate", "design_estimate",
            "run_kron_benchmark", "run_kron_design"]
 
 
@@ -104,8 +106,8 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
                        repeats: int = 5, threads: Sequence[int] | None = None,
                        vit: bool = True, vit_batch: int | None = None,
                        on_pattern: Callable[[int, int, int], None] | None = None,
-                       on_run: Callable[[KronBenchRun], None] | None = None
-                       ) -> KronBenchResult:
+                       on_run: Callable[[KronBenchRun], None] | None = None,
+                       on_estimate: Callable[[str], None] | None = None) -> KronBenchResult:
     """Time the Kronecker-sparse grid (thesis Sec. 5.4-5.5, App. D.2.1) once per thread
     count and write ``out``/kron_<device>_<dtype>_t<threads>.csv, ``.png`` (Figure 5.8)
     and ``_vit.csv`` (Table 5.5).
@@ -129,8 +131,11 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
         on_pattern: called as ``on_pattern(threads, done, total)`` before the first
             pattern of a thread count and after each pattern.
         on_run: called with each thread count's ``KronBenchRun`` once its files are written.
+        on_estimate: sees the estimate's line (``bench_estimate``) before the first timing.
 
-    Keeps freed memory in the process (``steady_allocator``), as a benchmark should.
+    Sized first (no folder made when refused): the largest pattern's tensors against the
+    memory limit, then ``bench_estimate`` against the time limit. Keeps freed memory in
+    the process (``steady_allocator``), as a benchmark should.
 
     Example:
         >>> result = run_kron_benchmark("runs/kron", every=8, threads=[1, 2], vit=False)
@@ -147,15 +152,22 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
                                     f"{max_dense}; raise it")
     batch = batch or thesis_batch(dev)
     algs = tuple(algorithms or ALGORITHMS)
+    counts = list(threads or [torch.get_num_threads()])
+    estimate = bench_estimate(patterns, batch, algs, torch_dtype, dev, repeats, counts)
+    if on_estimate is not None:
+        on_estimate(estimate.line())
+    estimate.check(f"kron-bench over {len(patterns)} patterns x {len(algs)} algorithm(s) x "
+                   f"{len(counts)} thread count(s), batch {batch:,},",
+                   "--every K, a smaller --max-dense, --batch or --repeats, fewer --algorithm "
+                   "or --threads")
     folder = Path(out() if callable(out) else out)
     dev_dtype = f"kron_{dev.type}_{dtype}"
     refuse_links(folder, [f"{dev_dtype}_t{count}{end}"
-                          for count in threads or [torch.get_num_threads()]
-                          for end in (".csv", ".png", "_vit.csv")])
+                          for count in counts for end in (".csv", ".png", "_vit.csv")])
     steady = steady_allocator()
     scope = " (full grid)" if full else f", M*N <= {max_dense}"
     runs = []
-    for count in threads or [torch.get_num_threads()]:
+    for count in counts:
         with _threads(count):
             machine = (f"{machine_description(torch_dtype)}, "
                        f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
@@ -168,6 +180,35 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
         if on_run is not None:
             on_run(run)
     return KronBenchResult(folder, tuple(runs))
+
+
+def bench_estimate(patterns: Sequence[KSPattern], batch: int, algorithms: Sequence[str],
+                   dtype: torch.dtype, device: torch.device, repeats: int,
+                   threads: Sequence[int]) -> Estimate:
+    """A lower bound of ``run_kron_benchmark``'s time, after refusing its largest pattern
+    over the memory limit: each thread count times every pattern ``repeats`` times in both
+    layouts for each algorithm, ``dense`` doing batch x M x N multiply-adds and the others
+    batch x abcd (thesis Sec. 5.1: the non-zeros), at the pace of a dense matmul timed on
+    one thread of this machine times the thread count (``matmul_pace``: perfect scaling;
+    the ViT timings, the preparation and the sparse algorithms' slower pace on top)."""
+    check_count("repeats", repeats)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    big = max(patterns, key=lambda p: p.out_features * p.in_features)
+    check_bytes((big.out_features * big.in_features + len(algorithms) * big.nnz
+                 + 2 * batch * (big.in_features + big.out_features)) * itemsize,
+                f"kron-bench's largest pattern {big.as_tuple()} on a batch of {batch:,}",
+                "use a smaller --max-dense or --batch, or ")
+    madds = repeats * len(LAYOUTS) * batch * sum(
+        p.out_features * p.in_features if a == "dense" else p.nnz
+        for p in patterns for a in algorithms)
+    pace = matmul_pace(dtype, device, threads=1)
+    seconds = sum(madds / (pace if device.type == "cuda" else pace * count)
+                  for count in threads)
+    return Estimate(f"{len(threads) * madds:,} multiply-adds ({len(patterns)} patterns x "
+                    f"{len(algorithms)} algorithm(s) x {len(LAYOUTS)} layouts x {repeats} "
+                    f"repeats x {len(threads)} thread count(s), batch {batch:,})", seconds,
+                    f"at {pace / 1e9:.3g} G multiply-adds/s a thread (a dense matmul timed on "
+                    "this machine; the ViT timings on top)", at_least=True)
 
 
 def _one_count(patterns: Sequence, batch: int, algs: tuple[str, ...], dev: torch.device,
@@ -237,26 +278,13 @@ def _check_design_size(n_in: int, n_out: int, batch: int, dtype: str) -> None:
 #: the files ``run_kron_design`` writes in its folder
 DESIGN_FILES = ("candidates.csv", "predicted_vs_measured.png")
 
-#: side of the matmul timed to know this machine's pace (``design_estimate``)
-_PROBE_SIDE = 256
-
-
 def design_estimate(n_in: int, n_out: int, batch: int, dtype: str, repeats: int) -> str:
     """A lower bound of ``design``'s time, in one line, refused over the time limit
     (``pathlift.memory.check_seconds``): the dense baseline alone is timed at least
     3 x ``repeats`` times (``repeats`` in the first round, twice as many for the
-    finalists), each ``batch`` x ``n_in`` x ``n_out`` multiply-adds, at the pace of a
-    256-square matmul timed now, the fastest of 3 (calibration and the chains come on
-    top)."""
-    torch_dtype = getattr(torch, dtype)
-    a = torch.ones(_PROBE_SIDE, _PROBE_SIDE, dtype=torch_dtype)
-    a @ a  # warm-up, not timed
-    fastest = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        a @ a
-        fastest = min(fastest, time.perf_counter() - start)
-    pace = _PROBE_SIDE**3 / max(fastest, 1e-9)
+    finalists), each ``batch`` x ``n_in`` x ``n_out`` multiply-adds, at this machine's
+    pace (``pathlift.jobs.sizing.matmul_pace``; calibration and the chains come on top)."""
+    pace = matmul_pace(getattr(torch, dtype))
     madds = 3 * repeats * batch * n_in * n_out
     seconds = madds / pace
     check_seconds(seconds, f"kron-design {n_in} {n_out}, its dense baseline alone on a batch "

@@ -15,7 +15,7 @@ from torch import nn
 
 from pathlift.data import load_data, loaders
 from pathlift.data.training import reproducible
-from pathlift.distributed import launched
+from pathlift.distributed import World, launched
 from pathlift.errors import ShapeError
 from pathlift.files import refuse_replacing
 from pathlift.graph import graph_of, writable_copy
@@ -25,6 +25,8 @@ from pathlift.jobs import plots
 from pathlift.jobs.prune.pipeline import SGDTraining, scatter
 from pathlift.jobs.prune.protocol import Method, ProtocolResult, PruneConfig, prune_rewind_retrain
 from pathlift.jobs.prune.results import ResultsFileError, RunFolder
+from pathlift.jobs.sizing import Estimate, training_pace
+from pathlift.memory import check_bytes
 from pathlift.models import model_factory
 from pathlift.prune.methods import layer_sparsity
 from pathlift.prune.scores import prunable_parameters, refuse_parametrized
@@ -65,8 +67,8 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
                      batch_size: int = 64, lr: float = 0.05, spread: str = "data",
                      save_models: bool = False, overwrite: bool = False,
                      output: OutputKey | None = None,
-                     on_progress: Callable[[str, int, int], None] | None = None
-                     ) -> PruneExperiment:
+                     on_progress: Callable[[str, int, int], None] | None = None,
+                     on_estimate: Callable[[str], None] | None = None) -> PruneExperiment:
     """Train ``model`` (a name, import path or checkpoint: ``pathlift.models.model_factory``)
     on ``data`` (``pathlift.data.load_data``), prune it with every method of ``config``,
     rewind and retrain (thesis Sec. 3.5.2, App. E.1), under torchrun on every process.
@@ -82,6 +84,11 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     ``out`` that is not a run folder to resume (no manifest.json) but holds a summary.png
     is refused unless ``overwrite``. A finished
     folder that cannot be written is read back (its summary.png kept as it is).
+
+    Sized before any training (``_sizing``): the seeds' dense networks held in memory
+    against the memory limit, then the trainings left to do (a resumed folder's done runs
+    not counted) against the time limit, the estimate's line given to ``on_estimate``
+    first (on rank 0).
 
     Raises:
         ShapeError: the model's outputs do not match the data's classes (a model returning
@@ -110,13 +117,16 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
             refuse_replacing(out, ("summary.png",), overwrite)  # not a resume: the user's
         train, test = loaders(split, batch_size=batch_size, seed=0)
         training = SGDTraining(train, test, lr)
+        sizing = _sizing(make, split.input_shape, split.num_classes, len(train.dataset),
+                         batch_size, config, world, on_estimate)
         folder = (RunFolder(out(), fresh=True) if callable(out) else RunFolder(out)) \
             if world.main else None
         with reproducible(), _terminate_as_exit():
             result = prune_rewind_retrain(make, split.input_shape, training.train,
                                           training.evaluate, config, spread=spread,
                                           folder=folder, save_models=save_models,
-                                          on_progress=on_progress)
+                                          on_progress=on_progress,
+                                          before_training=sizing)
         if not world.main:
             return PruneExperiment(None, None, None, None, world.size, note)
         trained = make()
@@ -139,6 +149,37 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
         plots.pruning_experiment(result, png, f"{model} on {data}, {len(config.seeds)} "
                                  f"seeds, {world.size} process(es)", scatters)
     return PruneExperiment(result, folder.path, folder.csv, png, world.size, note, sparsity)
+
+
+def _sizing(make: Callable[[], nn.Module], shape: Sequence[int], classes: int, samples: int,
+            batch_size: int, config: PruneConfig, world: World,
+            on_estimate: Callable[[str], None] | None) -> Callable[[int, int], None]:
+    """The protocol's ``before_training``: refuse the seeds' dense networks (trained and
+    rewind weights, and the network each run starts from) over the memory limit, then the
+    ``dense`` trainings and ``runs`` left over the time limit, estimated as their epochs x
+    ``samples`` at the pace of SGD steps of ``make()`` timed on rank 0 now
+    (``training_pace``; scoring and evaluation come on top)."""
+    def size(dense: int, runs: int) -> None:
+        held = sum(t.numel() * t.element_size() for t in make().state_dict().values())
+        check_bytes(3 * len(config.seeds) * held, f"prune's {len(config.seeds):,} seeds' dense "
+                    "networks (trained, rewind and working copies)", "use fewer --seeds, or ")
+        if not dense + runs:
+            return
+        epochs = dense * config.epochs + runs * config.rounds * (config.epochs
+                                                                 - config.rewind_epoch)
+        pace = world.broadcast(training_pace(make, shape, batch_size, classes)
+                               if world.main else None)
+        processes = f" over {world.size} processes" if world.size > 1 else ""
+        estimate = Estimate(
+            f"{dense} dense training(s) and {runs} run(s) of {config.rounds} round(s), "
+            f"{epochs:,} epochs of {samples:,} samples", epochs * samples * pace / world.size,
+            f"at {pace * 1e6:.3g} us a sample (SGD steps of {batch_size} timed on this "
+            f"machine{processes}; scoring and evaluation on top)", at_least=True)
+        if on_estimate is not None and world.main:
+            on_estimate(estimate.line())
+        estimate.check(f"prune's {dense + runs} trainings", "fewer --seeds, --amount values, "
+                       "--method names, --rounds or --epochs")
+    return size
 
 
 @contextmanager

@@ -283,7 +283,9 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
                          *, spread: Spread = "data", folder: RunFolder | None = None,
                          save_models: bool = False,
                          on_progress: Callable[[str, int, int], None] | None = None,
-                         settings: Mapping[str, Any] | None = None) -> ProtocolResult:
+                         settings: Mapping[str, Any] | None = None,
+                         before_training: Callable[[int, int], None] | None = None
+                         ) -> ProtocolResult:
     """The prune-rewind-retrain protocol (thesis Sec. 3.5.2, App. E.1) for every run of
     ``config.grid()``, with your training, on this process or all of torchrun's.
 
@@ -307,6 +309,10 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
             text, the number of these done and their total (progress bars).
         settings: further JSON values that define your results (your dataset's name, your
             optimiser's settings), recorded in the folder's manifest and checked on resume.
+        before_training: called on every rank as ``before_training(dense, runs)`` with the
+            numbers of dense trainings and of runs left to do (a resumed folder's done
+            ones not counted) once the model is checked prunable and before any training:
+            where a caller sizes the work (``pathlift.jobs.sizing``) and may refuse it.
 
     Returns:
         ``ProtocolResult`` with one ``RunRecord`` per run, on every rank.
@@ -330,12 +336,12 @@ def prune_rewind_retrain(model_fn: Callable[[], nn.Module], input_shape: Sequenc
     world, shape = World.current(), as_input_shape(input_shape)
     if folder is None or not world.main:
         return _protocol(model_fn, shape, train, evaluate, config, spread, None, {},
-                         save_models, on_progress, world)
+                         save_models, on_progress, world, before_training)
     with folder:  # closed as failed on an error or an interrupt: its own files removed
         done = folder.open(manifest(model_fn, shape, train, config, spread, world.size,
                                     settings))
         return _protocol(model_fn, shape, train, evaluate, config, spread, folder, done,
-                         save_models, on_progress, world)
+                         save_models, on_progress, world, before_training)
 
 
 def manifest(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], train: Train,
@@ -406,8 +412,8 @@ def _checked_accuracy(world: World, what: str, value: object) -> float:
 def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: Train,
               evaluate: Evaluate, config: PruneConfig, spread: Spread,
               folder: RunFolder | None, done: dict[RunKey, RunRecord], save_models: bool,
-              on_progress: Callable[[str, int, int], None] | None, world: World
-              ) -> ProtocolResult:
+              on_progress: Callable[[str, int, int], None] | None, world: World,
+              before_training: Callable[[int, int], None] | None = None) -> ProtocolResult:
     """``prune_rewind_retrain`` once ``folder`` (rank 0's, None elsewhere) is open."""
     worker = World(device=world.device) if spread == "runs" else world
     methods = {m.name: m for m in config.methods}  # type: ignore[union-attr]
@@ -430,6 +436,8 @@ def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: 
                             if folder is not None and seeds else {})
     dense = {s: d for s, d in saved.items() if d is not None}
     to_train = [s for s in seeds if s not in dense]
+    if before_training is not None:
+        before_training(len(to_train), len(pending))
     tasks = iter(range(1, len(to_train) + len(pending) + 1))
 
     def note(text: str) -> None:

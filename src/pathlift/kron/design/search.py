@@ -48,16 +48,16 @@ def _fit(n_in: int, n_out: int, budget: float, batch: int, dtype: torch.dtype,
                       on_step=step)
     named = named_families(n_in, n_out, max_params)
     found = [*candidates(n_in, n_out, budget, model, lengths, per_length), *named]
+    if not found:  # nothing to refit on (kron-design 8 8 once ended in an internal error)
+        raise InvalidParameterError(
+            f"no chain of {lengths} factors with a dense support product fits "
+            f"{budget:g} of the {n_out} x {n_in} parameters; raise the budget or allow more "
+            "factors (lengths)")
     used = list(dict.fromkeys(p for chain in found for p in chain))
     model = fit_cost_model(time_factors(used, batch, dtype, repeats, step), batch,
                            model.lanes, model.tile, model.bcast, model.wp)
     chains = list(dict.fromkeys([*candidates(n_in, n_out, budget, model, lengths, per_length),
                                  *named]))
-    if not chains:
-        raise InvalidParameterError(
-            f"no chain of {lengths} factors with a dense support product fits "
-            f"{budget:g} of the {n_out} x {n_in} parameters; raise the budget or allow more "
-            "factors (lengths)")
     return model, chains, named
 
 

@@ -25,6 +25,7 @@ from pathlift.kron.pattern import (
     monarch,
     square_dyadic_butterfly,
 )
+from pathlift.memory import check_bytes
 
 __all__ = ["candidates", "check_sizes", "factor_options", "hand_families", "named_families",
            "options_within"]
@@ -129,6 +130,11 @@ def candidates(n_in: int, n_out: int, budget: float, model: CostModel,
             options = _options_for(dims)
             if any(not o for o in options):
                 continue
+            # every combination's option indices (meshgrid's grids, their flat copies and
+            # the stack: 3 int64 a factor), then a few masks and costs over them
+            check_bytes(math.prod(map(len, options)) * (3 * len(options) + 4) * 8,
+                        f"listing the {length}-factor chains of a {n_out} x {n_in} weight",
+                        "use fewer factors (kron-design --factors), or ")
             grids = np.meshgrid(*[np.arange(len(o)) for o in options], indexing="ij")
             index = np.stack([g.reshape(-1) for g in grids], axis=1)
 
