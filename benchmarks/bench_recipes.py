@@ -69,7 +69,8 @@ def main() -> None:
     start = time.thread_time()
     cert = compression_bound(net, split.input_shape, x, y, search=FRONTIER_SEARCH)
     row = {"dataset": args.dataset, "epochs": args.epochs, "model": args.model,
-           "recipe": args.recipe, "strength": args.strength, "validation": args.validation,
+           "recipe": args.recipe, "strength": args.strength, "seed": args.seed,
+           "validation": args.validation,
            "n": len(x),
            "accuracy": float((predictions(net, xe) == ye).double().mean()),
            **cert.summary(), "train_cpu_s": train_s,
