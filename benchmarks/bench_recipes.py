@@ -4,11 +4,13 @@ split (to choose the recipe) or on the full training split (to report it).
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/bench_recipes.py \
         --dataset mnist1d --recipe quantized --strength 2 [--validation] [--out FILE.csv]
 
-MNIST-1D with ``--samples`` signals (default 62,500), 80% for training (n = 50,000), or the
-digits (n = 1,347, the data's seed-0 split). With ``--validation`` the end of the
-training split is held out (``VALIDATION``: 5,000 signals, 300 digits): the network is
-trained and certified on the rest and its accuracy read on the held-out part; the test
-split is not read. Without it: trained and certified on the whole training split,
+MNIST-1D with ``--samples`` signals (default 62,500), 80% for training (n = 50,000), the
+generated 28x28 digit images (``pathlift.data.images``: ``--samples`` images, 80% drawn
+for training, the rest drawn independently for testing), or the digits (n = 1,347, the
+data's seed-0 split). With ``--validation`` the end of the training split is held out
+(``VALIDATION``: 5,000 signals or images, 300 digits): the network is trained and
+certified on the rest and its accuracy read on the held-out part; the test split is not
+read. Without it: trained and certified on the whole training split,
 accuracy on the test split. The certificate's search is the frontier's (the network as
 trained, steps 2..13 below each tensor's largest power of two, one refinement round).
 Prints one row (certificate, its terms, accuracy, CPU seconds of one thread); appends it
@@ -26,6 +28,7 @@ import torch
 from bench_disagreement import append_row
 from pathlift.bounds.compression import compression_bound
 from pathlift.data import load_data
+from pathlift.data.images import load_digit_images
 from pathlift.data.mnist1d import load_mnist1d
 from pathlift.jobs.frontier import FRONTIER_SEARCH
 from pathlift.train.recipes import compact_model, train_recipe
@@ -33,7 +36,7 @@ from pathlift.train.surrogate import predictions
 
 # the held-out part of the training split with --validation (as the recipes of
 # docs/training.md were chosen)
-VALIDATION = {"mnist1d": 5000, "digits": 300}
+VALIDATION = {"mnist1d": 5000, "images": 5000, "digits": 300}
 
 
 def main() -> None:
@@ -50,8 +53,7 @@ def main() -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    split = load_mnist1d(args.samples, 0.8, seed=42) if args.dataset == "mnist1d" else \
-        load_data("digits", seed=0)
+    split = _split(args.dataset, args.samples)
     x, y = split.train.tensors
     if args.validation:
         k = VALIDATION[args.dataset]
@@ -67,7 +69,8 @@ def main() -> None:
     start = time.thread_time()
     cert = compression_bound(net, split.input_shape, x, y, search=FRONTIER_SEARCH)
     row = {"dataset": args.dataset, "epochs": args.epochs, "model": args.model,
-           "recipe": args.recipe, "strength": args.strength, "validation": args.validation,
+           "recipe": args.recipe, "strength": args.strength, "seed": args.seed,
+           "validation": args.validation,
            "n": len(x),
            "accuracy": float((predictions(net, xe) == ye).double().mean()),
            **cert.summary(), "train_cpu_s": train_s,
@@ -76,6 +79,14 @@ def main() -> None:
     print(row)
     if args.out:
         append_row(args.out, row)
+
+
+def _split(dataset: str, samples: int):
+    if dataset == "mnist1d":
+        return load_mnist1d(samples, 0.8, seed=42)
+    if dataset == "images":
+        return load_digit_images(int(0.8 * samples), samples - int(0.8 * samples), seed=0)
+    return load_data("digits", seed=0)
 
 
 if __name__ == "__main__":

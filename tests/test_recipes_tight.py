@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from pathlift.bounds.compression import CompressionSearch, compression_bound, input_scale
 from pathlift.bounds.kl import occam_bound
+from pathlift.data.images import load_digit_images
 from pathlift.errors import InvalidParameterError
 from pathlift.train.quantized import quantize_towards_zero, quantized_forward
 from pathlift.train.recipes import compact_model, train_recipe
@@ -51,16 +52,27 @@ def test_straight_through_gradient_is_the_plain_one():
         assert torch.allclose(g, p.grad, atol=1e-6)
 
 
-def test_quantized_recipe_network_is_its_own_code():
-    """Every parameter lies on its grid after training; the certificate finds Q = theta
-    (d = 0, Q's training error = the network's) and equals the Occam bound of the share of
-    training points with margin <= tau B(x), counted here independently."""
+def _linear_labels() -> tuple[torch.Tensor, torch.Tensor, int]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1200, 1, 8, 8, generator=gen)
-    w = torch.randn(64, 3, generator=gen)
-    y = (x.reshape(len(x), -1) @ w).argmax(1)
+    return x, (x.reshape(len(x), -1) @ torch.randn(64, 3, generator=gen)).argmax(1), 3
+
+
+def _generated_images() -> tuple[torch.Tensor, torch.Tensor, int]:
+    x, y = load_digit_images(n_train=1200, n_test=1, seed=0, size=8).train.tensors
+    return x, y, 10
+
+
+@pytest.mark.parametrize(("kind", "data"), [("mlp-small", _linear_labels),
+                                            ("cnn-small", _generated_images)])
+def test_quantized_recipe_network_is_its_own_code(kind, data):
+    """Every parameter lies on its grid after training; the certificate finds Q = theta
+    (d = 0, Q's training error = the network's) and equals the Occam bound of the share of
+    training points with margin <= tau B(x), counted here independently. Also for a 2-d
+    CNN on the generated digit images (``pathlift.data.images``)."""
+    x, y, classes = data()
     torch.manual_seed(0)
-    net = compact_model("mlp-small", (1, 8, 8), 3)
+    net = compact_model(kind, (1, 8, 8), classes)
     train_recipe(net, x, y, "quantized", 2, 30, 64, 3e-3, 0)
     for p in net.parameters():
         assert torch.equal(quantize_towards_zero(p.detach(), 2), p.detach())

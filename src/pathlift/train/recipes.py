@@ -12,7 +12,8 @@ and the small architectures it is informative on.
 - ``"quantized"`` (strength = the grid offset o, an integer >= 1): the same as
   ``prune-retrain`` at ``BOX_ROBUST_PRUNE``, the retraining quantisation-aware
   (``pathlift.train.quantized``: each tensor on the grid of step 2^(floor(log2 max|w|) - o),
-  straight-through), and the weights set on that grid at the end: the network is its own
+  straight-through, the rate annealed to 0 by a cosine), and the weights set on that grid
+  at the end: the network is its own
   coded network (exact path-metric d = 0) with o + 1 mantissa bits a weight.
 
 Both use Adam (lr ``lr``, then ``lr`` / 3 for the retraining), batches drawn with
@@ -104,8 +105,12 @@ def _adam(model: nn.Module, x: Tensor, y: Tensor, shape: tuple[int, ...], epochs
     def ramp(epoch: int) -> None:
         radius["rho"] = robust * min(1.0, (epoch - done) / max(epochs / 2, 1))
 
-    fit(model, x, y, opt, loss, epochs, batch_size, gen, before_epoch=ramp,
-        on_epoch=on_epoch, first_epoch=done, what="")
+    # the quantisation-aware retraining anneals its rate to 0 (cosine, Loshchilov & Hutter
+    # 2017): the weights settle on their grid points instead of hopping between them
+    anneal = None if offset is None else torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, epochs * math.ceil(len(x) / batch_size)).step
+    fit(model, x, y, opt, loss, epochs, batch_size, gen, after_step=anneal,
+        before_epoch=ramp, on_epoch=on_epoch, first_epoch=done, what="")
 
 
 def fit(model: nn.Module, x: Tensor, y: Tensor, opt: torch.optim.Optimizer,
