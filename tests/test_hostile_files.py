@@ -341,14 +341,14 @@ def test_a_non_utf8_out_resumes_without_a_misleading_message(tmp_path, monkeypat
     before = dense.read_bytes()
     again = prune_experiment("mlp", "digits", config, out)
     assert again.result.runs == first.result.runs and dense.read_bytes() == before
-    # the command resumes it too, and prints the path as its bytes even where stdout is
-    # strict UTF-8 (as in an en_US.UTF-8 locale)
+    # the command resumes it too, and prints the path with its undecodable byte escaped
+    # (as the shell's $'out\xff' writes it) even where stdout is strict UTF-8
     proc = subprocess.run([Path(sys.executable).with_name("pathlift"), "prune", "--model",
                            "mlp", *PRUNE, "--out", b"out\xff"], cwd=tmp_path,
                           capture_output=True, timeout=300,
                           env=os.environ | {"PYTHONIOENCODING": "utf-8:strict"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert b"wrote out\xff/runs.csv" in proc.stdout and b"damaged" not in proc.stderr
+    assert b"wrote out\\xff/runs.csv" in proc.stdout and b"damaged" not in proc.stderr
 
 
 def test_a_failed_start_without_out_leaves_no_folder(tmp_path, monkeypatch):

@@ -228,8 +228,12 @@ def one_line(error: BaseException | str) -> str:
 def printable(text: str) -> str:
     """``text`` with every character a terminal would act on (ESC, BEL, backspace, a
     carriage return, bidirectional overrides, a file name's undecodable bytes) written as
-    its Python escape (``\\x1b``): names and text from a file reach the terminal inert."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    its Python escape (``\\x1b``; an undecodable byte of a name, which ``os.fsdecode``
+    holds as U+DC80-U+DCFF, as the byte: ``\\xff``): names and text from a file reach the
+    terminal inert."""
+    return "".join(c if c.isprintable() else
+                   f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else
+                   ascii(c)[1:-1] for c in text)
 
 
 def shown(text: object) -> str:
