@@ -140,7 +140,8 @@ def _group(
     max_time: Annotated[float | None, typer.Option(
         "--max-time", metavar="SECONDS",
         help="Refuse, before it starts, work sized by your counts (depth, prune, frontier, "
-        "kron-bench, kron-design: seeds, epochs, sizes, repeats, patterns) whose estimate, "
+        "report, kron-bench, kron-design: seeds, epochs, sizes, repeats, patterns) whose "
+        "estimate, "
         "printed first, exceeds SECONDS (inf: no limit) "
         "[default: PATHLIFT_MAX_TIME, else 3600]")] = None,
     timeout: Annotated[float | None, typer.Option(
@@ -359,7 +360,8 @@ def report(
     with output_folder(out, "report") as folder:  # created now: removed if left empty
         result = run_report(folder, model, input_shape, data, epochs, seed, weights=weights,
                             test_fraction=test_fraction, normalize=normalize,
-                            batch_size=batch_size, outputs=output, overwrite=overwrite)
+                            batch_size=batch_size, outputs=output, overwrite=overwrite,
+                            on_estimate=lambda line: console.print(line, soft_wrap=True))
     for note in result.report.notes:
         _say(f"note: {note}")
     rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]
