@@ -360,7 +360,7 @@ def test_a_failed_start_without_out_leaves_no_folder(tmp_path, monkeypatch):
     monkeypatch.setattr("pathlift.jobs.prune.results.write_json", full_disk)
     line = _one_line_error(invoke("prune", "--model", "mlp", *PRUNE))
     assert "disk is full" in line
-    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("args", [("kron-bench", "--every", "0"),
@@ -370,7 +370,7 @@ def test_a_refused_command_line_leaves_no_run_folder(args, tmp_path, monkeypatch
     """kron-bench made runs/kron-bench-TIMESTAMP before its arguments were checked."""
     monkeypatch.chdir(tmp_path)
     _one_line_error(invoke(*args))
-    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_finished_read_only_folder_is_summarised_again(tmp_path, monkeypatch):

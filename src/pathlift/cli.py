@@ -24,8 +24,8 @@ except ImportError as err:  # the library installed without its command line
 from pathlift.cli_support import (
     INTERRUPTED,
     USAGE_EXIT,
-    default_out,
     new_console,
+    new_out,
     output_folder,
     printable,
     progress_bar,
@@ -425,10 +425,11 @@ def prune(
 
     config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
                          epochs, rewind_epoch, rounds, last_layer_factor)
-    with progress_bar(console, disable=os.environ.get("RANK", "0") != "0") as bar:
+    with progress_bar(console, disable=os.environ.get("RANK", "0") != "0") as bar, \
+            new_out(out, "prune") as target:
         task = bar.add_task(shown(f"prune {model} on {data}"), total=None)
         done = prune_experiment(
-            model, data, config, out or (lambda: default_out("prune")), weights=weights,
+            model, data, config, target, weights=weights,
             input_shape=input_shape, test_fraction=test_fraction, normalize=normalize,
             batch_size=batch_size, lr=lr, spread=spread, save_models=save_models,
             overwrite=overwrite, output=output,
@@ -609,7 +610,7 @@ def kron_bench(
 
     from pathlift.jobs.bench import run_kron_benchmark
 
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, new_out(out, "kron-bench") as target:
         tasks: dict[int, Any] = {}
 
         def advance(count: int, done: int, total: int) -> None:
@@ -617,7 +618,7 @@ def kron_bench(
                 tasks[count] = progress.add_task(f"patterns, {count} thread(s)", total=total)
             progress.update(tasks[count], completed=done)
 
-        run_kron_benchmark(out or (lambda: default_out("kron-bench")), device=device, dtype=dtype,
+        run_kron_benchmark(target, device=device, dtype=dtype,
                            full=full, max_dense=max_dense, every=every, batch=batch,
                            algorithms=algorithms, repeats=repeats, threads=threads, vit=vit,
                            vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run,
@@ -691,10 +692,11 @@ def kron_design(
 
     from pathlift.jobs.bench import run_kron_design
 
-    with progress_bar(console, transient=True) as progress:
+    with progress_bar(console, transient=True) as progress, \
+            new_out(out, "kron-design") as target:
         task = progress.add_task("calibrating and timing", total=None)
         result = run_kron_design(
-            n_in, n_out, out or (lambda: default_out("kron-design")), budget=budget,
+            n_in, n_out, target, budget=budget,
             batch=batch, dtype=dtype, lengths=lengths, top_k=top_k, repeats=repeats,
             threads=threads, progress=lambda stage, n: progress.update(
                 task, description=stage, advance=n),
@@ -942,10 +944,10 @@ def frontier(
                             data_cache=data_cache)
     if method:
         config = with_sweep(config, method)
-    done = frontier_experiment(
-        config, (lambda: default_out("frontier")) if out is None else out,
-        on_progress=lambda text, i, n: _say(f"[{i}/{n}] {text}"),
-        on_estimate=lambda line: console.print(line, soft_wrap=True))
+    with new_out(out, "frontier") as target:
+        done = frontier_experiment(
+            config, target, on_progress=lambda text, i, n: _say(f"[{i}/{n}] {text}"),
+            on_estimate=lambda line: console.print(line, soft_wrap=True))
     for path in done.paths:
         _say(f"wrote {path}")
     if done.markdown is not None:
