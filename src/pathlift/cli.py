@@ -24,8 +24,8 @@ except ImportError as err:  # the library installed without its command line
 from pathlift.cli_support import (
     INTERRUPTED,
     USAGE_EXIT,
-    default_out,
     new_console,
+    new_out,
     output_folder,
     printable,
     progress_bar,
@@ -140,7 +140,8 @@ def _group(
     max_time: Annotated[float | None, typer.Option(
         "--max-time", metavar="SECONDS",
         help="Refuse, before it starts, work sized by your counts (depth, prune, frontier, "
-        "kron-bench, kron-design: seeds, epochs, sizes, repeats, patterns) whose estimate, "
+        "report, kron-bench, kron-design: seeds, epochs, sizes, repeats, patterns) whose "
+        "estimate, "
         "printed first, exceeds SECONDS (inf: no limit) "
         "[default: PATHLIFT_MAX_TIME, else 3600]")] = None,
     timeout: Annotated[float | None, typer.Option(
@@ -359,7 +360,8 @@ def report(
     with output_folder(out, "report") as folder:  # created now: removed if left empty
         result = run_report(folder, model, input_shape, data, epochs, seed, weights=weights,
                             test_fraction=test_fraction, normalize=normalize,
-                            batch_size=batch_size, outputs=output, overwrite=overwrite)
+                            batch_size=batch_size, outputs=output, overwrite=overwrite,
+                            on_estimate=lambda line: console.print(line, soft_wrap=True))
     for note in result.report.notes:
         _say(f"note: {note}")
     rows = [[f"log10 ||Phi||_{q:g}", f"{v:.3f}"] for q, v in result.path_norm_log10.items()]
@@ -423,10 +425,11 @@ def prune(
 
     config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
                          epochs, rewind_epoch, rounds, last_layer_factor)
-    with progress_bar(console, disable=os.environ.get("RANK", "0") != "0") as bar:
+    with progress_bar(console, disable=os.environ.get("RANK", "0") != "0") as bar, \
+            new_out(out, "prune") as target:
         task = bar.add_task(shown(f"prune {model} on {data}"), total=None)
         done = prune_experiment(
-            model, data, config, out or (lambda: default_out("prune")), weights=weights,
+            model, data, config, target, weights=weights,
             input_shape=input_shape, test_fraction=test_fraction, normalize=normalize,
             batch_size=batch_size, lr=lr, spread=spread, save_models=save_models,
             overwrite=overwrite, output=output,
@@ -607,7 +610,7 @@ def kron_bench(
 
     from pathlift.jobs.bench import run_kron_benchmark
 
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, new_out(out, "kron-bench") as target:
         tasks: dict[int, Any] = {}
 
         def advance(count: int, done: int, total: int) -> None:
@@ -615,7 +618,7 @@ def kron_bench(
                 tasks[count] = progress.add_task(f"patterns, {count} thread(s)", total=total)
             progress.update(tasks[count], completed=done)
 
-        run_kron_benchmark(out or (lambda: default_out("kron-bench")), device=device, dtype=dtype,
+        run_kron_benchmark(target, device=device, dtype=dtype,
                            full=full, max_dense=max_dense, every=every, batch=batch,
                            algorithms=algorithms, repeats=repeats, threads=threads, vit=vit,
                            vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run,
@@ -689,10 +692,11 @@ def kron_design(
 
     from pathlift.jobs.bench import run_kron_design
 
-    with progress_bar(console, transient=True) as progress:
+    with progress_bar(console, transient=True) as progress, \
+            new_out(out, "kron-design") as target:
         task = progress.add_task("calibrating and timing", total=None)
         result = run_kron_design(
-            n_in, n_out, out or (lambda: default_out("kron-design")), budget=budget,
+            n_in, n_out, target, budget=budget,
             batch=batch, dtype=dtype, lengths=lengths, top_k=top_k, repeats=repeats,
             threads=threads, progress=lambda stage, n: progress.update(
                 task, description=stage, advance=n),
@@ -940,10 +944,10 @@ def frontier(
                             data_cache=data_cache)
     if method:
         config = with_sweep(config, method)
-    done = frontier_experiment(
-        config, (lambda: default_out("frontier")) if out is None else out,
-        on_progress=lambda text, i, n: _say(f"[{i}/{n}] {text}"),
-        on_estimate=lambda line: console.print(line, soft_wrap=True))
+    with new_out(out, "frontier") as target:
+        done = frontier_experiment(
+            config, target, on_progress=lambda text, i, n: _say(f"[{i}/{n}] {text}"),
+            on_estimate=lambda line: console.print(line, soft_wrap=True))
     for path in done.paths:
         _say(f"wrote {path}")
     if done.markdown is not None:

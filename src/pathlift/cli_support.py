@@ -48,9 +48,12 @@ from pathlift.errors import PathliftError
 # stack of C++ frames before the command's own one-line error); errors still show
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-__all__ = ["INTERRUPTED", "USAGE_EXIT", "default_out", "new_console", "one_line",
-           "output_folder", "printable", "progress_bar", "run", "shown", "spread_list_values",
-           "version_callback", "working"]
+__all__ = ["INTERRUPTED", "RUNS", "USAGE_EXIT", "default_out", "new_console", "new_out",
+           "one_line", "output_folder", "printable", "progress_bar", "run", "shown",
+           "spread_list_values", "version_callback", "working"]
+
+#: where commands that write files make their default folder (``default_out``)
+RUNS = Path("runs")
 
 #: Exceptions that are the user's doing: one line and exit status 2 unless --debug.
 USER_ERRORS = (PathliftError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
@@ -331,10 +334,15 @@ def version_callback(show: bool) -> None:
     raise typer.Exit()
 
 
-def default_out(command: str) -> Path:
+def default_out(command: str, made: list[Path] | None = None) -> Path:
     """A new folder ``runs/<command>-<YYYYmmdd-HHMMSS>[-n]`` under the current directory
-    (never the source tree's committed results), created here."""
-    stem = Path("runs") / f"{command}-{datetime.now():%Y%m%d-%H%M%S}"
+    (never the source tree's committed results), created here; ``runs`` is appended to
+    ``made`` when this call created it too."""
+    stem = RUNS / f"{command}-{datetime.now():%Y%m%d-%H%M%S}"
+    with contextlib.suppress(FileExistsError):
+        RUNS.mkdir()
+        if made is not None:
+            made.append(RUNS)
     path, n = stem, 1
     while True:
         try:
@@ -347,21 +355,42 @@ def default_out(command: str) -> Path:
 
 
 @contextmanager
-def output_folder(out: str | None, command: str) -> Iterator[Path]:
-    """``out``, else a new ``default_out(command)`` folder that is removed again when the
-    block fails or is interrupted and the folder is still empty, so that a failed run
-    leaves no empty ``runs/COMMAND-TIMESTAMP`` behind. A folder the user named, and one
-    holding anything, is never removed."""
+def new_out(out: str | None, command: str) -> Iterator[str | Callable[[], Path]]:
+    """``out`` as given, else a callable making a new ``default_out(command)`` folder (a
+    command calls it once its input is checked, and removes that folder again when it
+    fails before writing anything). On leaving the block, a ``runs`` folder that the
+    callable created is removed again when it is empty (``rmdir``): a refused or
+    interrupted run leaves no folder it made, never removes one that existed."""
     if out is not None:
-        yield Path(out)
+        yield out
         return
-    path = default_out(command)
+    made: list[Path] = []
     try:
-        yield path
-    except BaseException:
-        with contextlib.suppress(OSError):
-            path.rmdir()  # fails, and so removes nothing, unless the folder is empty
-        raise
+        yield lambda: default_out(command, made)
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # fails, and so removes nothing, unless the folder is empty
+
+
+@contextmanager
+def output_folder(out: str | None, command: str) -> Iterator[Path]:
+    """``out``, else a new ``default_out(command)`` folder created now that is removed
+    again when the block fails or is interrupted and the folder is still empty (and
+    ``runs`` with it, as ``new_out``), so that a failed run leaves no empty
+    ``runs/COMMAND-TIMESTAMP`` behind. A folder the user named, and one holding anything,
+    is never removed."""
+    with new_out(out, command) as target:
+        if not callable(target):
+            yield Path(target)
+            return
+        path = target()
+        try:
+            yield path
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise
 
 
 @contextmanager

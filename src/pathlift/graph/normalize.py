@@ -16,6 +16,11 @@ from pathlift.graph.factors import apply_, incoming_norms, refuse_shared_paramet
 from pathlift.graph.layer_graph import LayerGraph
 
 
+class FactorRangeError(PrecisionError):
+    """Alg. 3.2.1 at this q would need a factor lambda_v, or give a weight times it, beyond
+    the dtype's range (a small q: ||x||_q grows like (nonzero entries)^(1/q) as q -> 0)."""
+
+
 @dataclass(frozen=True)
 class Normalized:
     """The normalised copy, the number of input-dead neuron groups and of tied groups
@@ -47,7 +52,9 @@ def normalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None =
 
     Raises:
         InvalidParameterError for a bad q; UnsupportedModelError as ``trace``, or for two
-        layers sharing one parameter tensor.
+        layers sharing one parameter tensor; FactorRangeError (a PrecisionError) when a
+        factor, or a weight times it, leaves the dtype's range (a small q); PrecisionError
+        when a norm is too small to divide by.
 
     Example::
 
@@ -88,6 +95,12 @@ def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
     dead = 0
     for producer, groups in _batches(cmap):
         lam = _group_norms(out, cmap, producer, groups, q)[groups]
+        if not bool(torch.isfinite(lam).all()):  # a tiny q: (sum |theta|^q)^(1/q) overflows
+            raise FactorRangeError(
+                f"at q = {q:g}, layer '{producer.name}' has a neuron whose incoming weights' "
+                "q-norm (sum |theta|^q)^(1/q) exceeds float64's largest value (1.8e308): as q "
+                "-> 0 it grows like (number of nonzero weights)^(1/q), so Alg. 3.2.1 has no "
+                "finite factor to divide by; use a larger q (1 or 2 as usual)")
         if power_of_two:
             lam = torch.where(lam > 0, torch.exp2(torch.round(torch.log2(lam))), lam)
         dead += int((lam == 0).sum())
@@ -107,9 +120,25 @@ def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
         for p in cmap.producers:
             if p.name in touched:
                 apply_(out.get_submodule(p.name), p, grow, shrink)
+                _refuse_overflow(out.get_submodule(p.name), p.name, producer.name, lam, q)
     tied = sum(sum(idx.numel() for _, idx in m) > 1 for m in members.values())
     cmap.graph.bind(out)
     return Normalized(out, q, dead, tied)
+
+
+def _refuse_overflow(module: nn.Module, name: str, producer: str, lam: torch.Tensor,
+                     q: float) -> None:
+    """FactorRangeError when rescaling by the q-norms ``lam`` of ``producer``'s neurons left a
+    weight of layer ``name`` beyond its dtype's range (its outgoing weights times lambda_v,
+    Alg. 3.2.1): the cause is the norms at this q, not the model's weights."""
+    for key, t in module.named_parameters(recurse=False):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise FactorRangeError(
+                f"at q = {q:g}, the q-norms of layer '{producer}''s neurons reach "
+                f"{float(lam.max()):.3g}, and layer '{name}''s {key} times them exceeds "
+                f"{t.dtype}'s largest value ({torch.finfo(t.dtype).max:.3g}); Alg. 3.2.1 "
+                "cannot normalise exactly: use a larger q (1 or 2 as usual), or a float64 "
+                "copy of the model")
 
 
 def _group_norms(model: nn.Module, cmap: ChannelMap, producer: Producer, groups: torch.Tensor,

@@ -15,7 +15,7 @@ from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import copy_model
 from pathlift.graph.input_shape import InputShape, shape_used
-from pathlift.graph.normalize import normalize
+from pathlift.graph.normalize import FactorRangeError, normalize
 from pathlift.graph.sharded import ShardedAbsPow, is_sharded_graph
 from pathlift.logspace import LN10, format_log10, power10
 
@@ -97,12 +97,13 @@ def _pass(graph: LayerGraph, q: float, dtype: torch.dtype, walker: type[AbsPowIn
     source = graph
     if normalised:
         wide = copy_model(graph.model).to(torch.float64)
-        normalised_model = normalize(graph.bind(wide), None, q)  # kept alive: graphs are weak
-        if all(bool(p.isfinite().all()) for p in normalised_model.parameters()):
-            graph = graph_of(normalised_model, graph.input_shape)
-        # else Alg. 3.2.1 moved every hidden neuron's scale into the output layer, beyond
-        # float64 (weights near 1e200 in two layers): the pass runs on the parameters as
-        # they are, each layer divided by its largest entry, exact unless |w/u|^q underflows
+        try:
+            normalised_model = normalize(graph.bind(wide), None, q)  # kept alive: graphs
+            graph = graph_of(normalised_model, graph.input_shape)   # are weak
+        except FactorRangeError:
+            pass  # Alg. 3.2.1 would move every hidden neuron's scale into the output layer,
+        # beyond float64 (weights near 1e200 in two layers): the pass runs on the parameters
+        # as they are, each layer divided by its largest entry, exact unless |w/u|^q underflows
     with torch.no_grad():
         log_o = output_logs(walker(graph, q, dtype, unit_weights=unit_weights).run_all_ones())
     check_finite(source, log_o, f"||Phi^(->v)||_q^q at q = {q:g}")

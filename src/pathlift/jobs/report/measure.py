@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +34,15 @@ from pathlift.graph import copy_model, eval_mode, graph_of, writable_copy
 from pathlift.graph.outputs import classifier_output
 from pathlift.graph.structure import training_mode_ops
 from pathlift.jobs.prune.pipeline import data_digest
-from pathlift.jobs.report.certificate import certified_network
+from pathlift.jobs.report.certificate import REPORT_RECIPE, certified_network, surrogate_epochs
+from pathlift.jobs.sizing import Estimate, matmul_pace, training_pace
 from pathlift.lift import AverageCasePathNorm, average_case_path_norm, path_norm
+from pathlift.memory import check_bytes
 from pathlift.prune import prune_model
 from pathlift.track import PathNormTracker
+from pathlift.train.recipes import compact_model
 
-__all__ = ["DEFAULT_EPOCHS", "QS", "Report", "measure_report"]
+__all__ = ["DEFAULT_EPOCHS", "QS", "Report", "measure_report", "report_estimate"]
 
 QS = (1.0, 2.0, 4.0)
 DEFAULT_EPOCHS = 30
@@ -151,9 +154,14 @@ class _Evaluation:
 def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | None = None,
                    *, epochs: int = 0, title: str = "model", data_name: str | None = None,
                    seed: int = 0, samples: int = 512, batch_size: int = 64,
-                   progress: bool = False) -> tuple[Report, nn.Module]:
+                   progress: bool = False, on_estimate: Callable[[str], None] | None = None,
+                   ) -> tuple[Report, nn.Module]:
     """Measure ``model`` (a copy, trained ``epochs`` epochs on ``data`` first when > 0):
     returns the ``Report`` and the measured model. ``model`` itself is not modified.
+
+    Sized before any training (``report_estimate``): refused over the memory limit, then
+    its estimate's line given to ``on_estimate`` and refused over the time limit
+    (``WorkLimitError``, ``MemoryLimitError``).
 
     Without ``data`` only the data-free sections are measured. The model is measured in
     eval mode (BatchNorm as its affine map, Def. 2.2.2), which ``Report.notes`` says when it
@@ -172,6 +180,11 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
     if data is not None:  # refused before training
         with eval_mode(model):
             classifier_output(graph_of(model, shape), data.num_classes)
+    estimate = report_estimate(model, shape, data, epochs, batch_size)
+    if on_estimate is not None:
+        on_estimate(estimate.line())
+    estimate.check(f"the report's {epochs:,} epochs of training and its certified network's "
+                   "recipe", "fewer --epochs, a smaller --model or --data, ")
     net = copy_model(model)
     torch.manual_seed(seed)
     train, test = loaders(data, batch_size=batch_size, seed=seed) if data else (None, None)
@@ -204,6 +217,37 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
     return Report(**common, bounds=bounds, average_case=average, pruning=pruning,
                   compression=compression, certified=certified,
                   seconds=time.perf_counter() - start), net
+
+
+def report_estimate(model: nn.Module, shape: tuple[int, ...], data: Split | None, epochs: int,
+                    batch_size: int) -> Estimate:
+    """``measure_report``'s work sized before it starts, after refusing the copies of
+    ``model`` it holds (the trained copy, its gradients and momentum, a pruned copy) over the
+    memory limit: a lower bound of its time, ``epochs`` x the training samples at the pace
+    of SGD steps of ``model`` timed on this machine (``training_pace``), and with data the
+    certified network's recipe (``REPORT_RECIPE``: ``surrogate_epochs(n)`` and half as many
+    epochs of its compact network) at its own pace; without data, the path-norm passes
+    (one a q, ``QS``) at this machine's float64 multiply-add pace (``matmul_pace``).
+    Measuring (bounds, pruning levels, certificates) comes on top."""
+    held = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    check_bytes(5 * held, "the report's copies of the model (trained, gradients, momentum, "
+                "pruned)", "use a smaller --model, or ")
+    if data is None:
+        params = sum(p.numel() for p in model.parameters())
+        pace = matmul_pace(torch.float64, threads=1)
+        return Estimate(f"no training, {len(QS)} path-norm passes over {params:,} weights",
+                        len(QS) * params / pace, f"at {pace / 1e9:.3g} G multiply-adds a "
+                        "second (timed on this machine; tracing and constants on top)",
+                        at_least=True)
+    n, classes = len(data.train), data.num_classes
+    kind = REPORT_RECIPE[0]
+    recipe = surrogate_epochs(n) + max(surrogate_epochs(n) // 2, 1)
+    own = training_pace(lambda: copy_model(model), shape, batch_size, classes) if epochs else 0.0
+    theirs = training_pace(lambda: compact_model(kind, shape, classes), shape, 64, classes)
+    return Estimate(f"{epochs:,} epoch(s) of training and {recipe} of the certified network "
+                    f"({kind}), on {n:,} samples", n * (epochs * own + recipe * theirs),
+                    f"at {own * 1e6:.3g} and {theirs * 1e6:.3g} us a sample (SGD steps timed on "
+                    "this machine; bounds, pruning and certificates on top)", at_least=True)
 
 
 def _train(net: nn.Module, shape: tuple[int, ...], train: Any, test: Any, epochs: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +86,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
                progress: bool = True, *, weights: str | None = None,
                test_fraction: float = 0.25, normalize: str = "none",
                batch_size: int = 64, outputs: OutputKey | None = None,
-               overwrite: bool = False) -> ReportResult:
+               overwrite: bool = False,
+               on_estimate: Callable[[str], None] | None = None) -> ReportResult:
     """Measure a model, then write ``out_dir``/report.md, report.html, report.json and PNGs.
 
     Args:
@@ -103,6 +104,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
             measured.
         overwrite: replace the files of ``REPORT_FILES`` already in ``out_dir``; without
             it such a folder is refused (``OutputExistsError``) before anything is measured.
+        on_estimate: given the line of the work's estimate before any training
+            (``measure_report``; refused over the time or memory limit).
 
     Runs torch single-threaded and deterministic (``pathlift.data.training.reproducible``,
     restored afterwards), and the caller's global RNG state is restored too.
@@ -132,7 +135,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         net = select_output(net, outputs, shape)
         report, measured = measure_report(
             net, shape, data, epochs=epochs or 0, title=title, data_name=data_name, seed=seed,
-            samples=samples, batch_size=batch_size, progress=progress)
+            samples=samples, batch_size=batch_size, progress=progress,
+            on_estimate=on_estimate)
     out = Path(out_dir)
     markdown, html, plots, total = render_report(report, out, started)
     report = dataclasses.replace(report, provenance=dataclasses.replace(
