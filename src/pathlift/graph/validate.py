@@ -165,6 +165,18 @@ class _Validate(fx.Interpreter):
         self.clone, self.recorder = clone, recorder
         self.problems = list(problems)
 
+    def run(self, example: Tensor) -> Any:
+        """fx's ``run`` over the graph's nodes in order, without its progress bar: tqdm
+        takes a lock shared by every process forked after it was made, which a sibling
+        killed while holding it leaves held (a run killed mid-way, then resumed by a fork
+        of the same parent, would wait forever)."""
+        self.args_iter = iter((example,))
+        for node in self.graph.nodes:
+            self.env[node] = self.run_node(node)
+            if node.op == "output":
+                return self.graph.process_outputs(self.env[node])
+        return None
+
     def call_module(self, target, args, kwargs):
         return _without_hooks(self.submodules[target], args, kwargs)
 
