@@ -109,7 +109,7 @@ def test_ctrl_c_inside_prune_stops_within_a_second_and_the_run_resumes(tmp_path)
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "seed 0's dense training never ended"
         time.sleep(0.05)
-    time.sleep(0.5)  # into seed 1's dense training
+    time.sleep(0.05)  # into seed 1's dense training (on a quiet machine it may end first)
     seconds, err = _interrupt(process)
     _stopped_in_one_line(process, seconds, err)
     assert all(path.read_bytes() == data for path, data in user.items())
@@ -118,8 +118,9 @@ def test_ctrl_c_inside_prune_stops_within_a_second_and_the_run_resumes(tmp_path)
     # time limit below its estimate shows what is left without training it
     again = invoke("--max-time", "1e-6", *PRUNE, "--epochs", "40", "--out", str(out))
     line = next(line for line in again.stdout.splitlines() if line.startswith("estimate:"))
-    assert line.startswith("estimate: 1 dense training(s) and 4 run(s) of 1 round(s), "
-                           f"{40 + 4 * 38:,} epochs"), line
+    left = int(not (out / "dense" / "seed1-trained.safetensors").exists())
+    assert line.startswith(f"estimate: {left} dense training(s) and 4 run(s) of 1 round(s), "
+                           f"{40 * left + 4 * 38:,} epochs"), line
     assert again.exit_code == 2 and "more than the time limit" in again.stderr, again.output
     assert dense.read_bytes() == saved  # kept by the refused call too
     assert all(path.read_bytes() == data for path, data in user.items())
