@@ -231,21 +231,23 @@ def test_a_float32_rescaling_beyond_the_recorded_scales_is_recorded_anew_and_exa
     assert float(differentiable_path_norm(model, shape, 2.0)) == pytest.approx(exact, rel=1e-5)
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_path_sgd_steps_with_replayed_scales_follow_the_walked_formula(momentum: float) -> None:
-    """Three PathSGD steps against p <- p - lr * buf, buf <- momentum * buf + grad / gamma,
-    with gamma from the walked pass (a LayerGraph) on a copy of the model."""
-    model, shape = _model("residual_cnn")
-    twin = copy.deepcopy(model)
+def _path_sgd_follows_the_walked_formula(model: nn.Module, twin: nn.Module,
+                                         shape: tuple[int, ...], steps: int,
+                                         momentum: float = 0.0, check=None) -> None:
+    """``steps`` PathSGD steps on ``model`` against p <- p - lr * buf, buf <- momentum * buf
+    + grad / gamma (0 where gamma = 0), gamma from the walked pass (a LayerGraph) on
+    ``twin``, a model with the same weights; ``check(gammas)`` after each walked pass."""
     graph = graph_of(twin, shape, as_eval=True)
     x, y = torch.randn(4, *shape, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
     opt, lr, buffers = PathSGD(model, shape, lr=1e-3, momentum=momentum), 1e-3, {}
-    for _ in range(3):
+    for _ in range(steps):
         for net in (model, twin):
             net.zero_grad()
             F.cross_entropy(net(x), y).backward()
         opt.step()
         gammas = magnitude_gradients(graph, q=2.0)
+        if check is not None:
+            check(gammas)
         with torch.no_grad():
             for p in twin.parameters():
                 gamma = gammas.mantissas[p] * math.exp(gammas.log_scale)
@@ -254,6 +256,13 @@ def test_path_sgd_steps_with_replayed_scales_follow_the_walked_formula(momentum:
                 p.sub_(lr * buffers[p])
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_path_sgd_steps_with_replayed_scales_follow_the_walked_formula(momentum: float) -> None:
+    """Three PathSGD steps against the walked formula on a copy of the model."""
+    model, shape = _model("residual_cnn")
+    _path_sgd_follows_the_walked_formula(model, copy.deepcopy(model), shape, 3, momentum)
 
 
 def test_the_tracker_replays_its_passes_and_equals_path_norm() -> None:
@@ -397,22 +406,11 @@ def test_path_sgd_on_a_pruned_network_with_a_dead_neuron_follows_the_walked_form
         return model, shape
 
     (model, shape), (twin, _) = pruned(), pruned()
-    graph = graph_of(twin, shape, as_eval=True)
-    x, y = torch.randn(4, *shape, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
-    opt, lr = PathSGD(model, shape, lr=1e-3), 1e-3
-    for _ in range(2):
-        for net in (model, twin):
-            net.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-        opt.step()
-        gammas = magnitude_gradients(graph, q=2.0)
-        assert bool((gammas.mantissas[twin[3].weight][:, 0] == 0).all())  # the dead neuron
-        with torch.no_grad():
-            for p in twin.parameters():
-                gamma = gammas.mantissas[p] * math.exp(gammas.log_scale)
-                p.sub_(lr * torch.where(gamma > 0, p.grad / gamma, 0.0))
-    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+
+    def dead(gammas) -> None:
+        assert bool((gammas.mantissas[twin[3].weight][:, 0] == 0).all())
+
+    _path_sgd_follows_the_walked_formula(model, twin, shape, 2, check=dead)
 
 
 class _Unused(nn.Module):
