@@ -70,6 +70,30 @@ def test_butterfly_layer_from_dense():
     assert layer.bias is None
 
 
+@pytest.mark.parametrize("chain", [monarch(256, 256, 16), square_dyadic_butterfly(256)],
+                         ids=["monarch", "butterfly8"])
+def test_a_fresh_chain_starts_at_the_output_scale_of_a_fresh_linear(chain):
+    """The product of a fresh KSLinear's factors maps N(0, 1) inputs to outputs of variance
+    1/3, as nn.Linear's default init does, however many factors (App. D.2.1's bound alone
+    gives 3^-L: 1.5e-4 for the 8-factor butterfly)."""
+    torch.manual_seed(0)
+    x = torch.randn(4096, 256, dtype=torch.float64)
+    variances = []
+    for _ in range(8):
+        layer = KSLinear(chain, bias=False, dtype=torch.float64, algorithm="bmm")
+        with torch.no_grad():
+            variances.append(float(layer(x).var()))
+    with torch.no_grad():
+        dense = float(nn.Linear(256, 256, bias=False, dtype=torch.float64)(x).var())
+    assert sum(variances) / len(variances) == pytest.approx(1 / 3, rel=0.15)
+    assert dense == pytest.approx(1 / 3, rel=0.15)
+
+
+def test_random_factor_refuses_a_depth_below_one():
+    with pytest.raises(InvalidParameterError, match="depth"):
+        random_factor(KSPattern(1, 2, 2, 1), depth=0)
+
+
 def test_cached_operands_follow_in_place_updates():
     layer = KSLinear(monarch(8, 8, 2), bias=False, algorithm="dense")
     x = torch.randn(4, 8)

@@ -69,9 +69,18 @@ def from_dense(matrix: torch.Tensor, pattern: KSPattern, atol: float = 0.0) -> t
 
 def random_factor(pattern: KSPattern, dtype: torch.dtype = torch.float32,
                   device: torch.device | str | None = None,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """Entries i.i.d. uniform in [-1/sqrt(c), 1/sqrt(c)] (thesis App. D.2.1, Dao et al. 2022)."""
-    bound = 1.0 / math.sqrt(pattern.c)
+                  generator: torch.Generator | None = None, depth: int = 1) -> torch.Tensor:
+    """Entries i.i.d. uniform in [-1/sqrt(c), 1/sqrt(c)] (thesis App. D.2.1, Dao et al. 2022)
+    for ``depth`` 1, the benchmarks' matrices.
+
+    A factor of a chain of ``depth`` L > 1 is drawn with bound 3^((L-1)/(2L)) / sqrt(c), so
+    that the product K_1 ⋯ K_L maps an input of variance v to outputs of variance v/3, as
+    one ``nn.Linear`` at its default init does: with D.2.1's bound each factor divides the
+    variance by 3, and a chain of 8 butterfly factors starts 3^7 times too small to train.
+    """
+    if depth < 1:
+        raise InvalidParameterError(f"depth must be at least 1, got {depth}")
+    bound = 3.0 ** ((depth - 1) / (2 * depth)) / math.sqrt(pattern.c)
     w = torch.rand(pattern.as_tuple(), dtype=dtype, device=device, generator=generator)
     return (2 * w - 1) * bound
 

@@ -93,7 +93,9 @@ def chain_from_tensor(chain: torch.Tensor) -> tuple[KSPattern, ...]:
 class KSLinear(nn.Module):
     """y = x (K_1 ⋯ K_L)^T + bias for inputs (..., N), N = a_L c_L d_L, outputs (..., M),
     M = a_1 b_1 d_1. Factors are parameters of shape (a, b, c, d), initialised uniformly in
-    [-1/sqrt(c), 1/sqrt(c)] (thesis App. D.2.1).
+    [-1/sqrt(c), 1/sqrt(c)] (thesis App. D.2.1) times 3^((L-1)/(2L)) for a chain of L
+    factors, so that the product starts at the output variance of an ``nn.Linear``
+    (``random_factor``).
 
     The chain is part of the module's state: the int64 buffer ``chain`` (L, 4) is in its
     state_dict and every checkpoint, so ``pathlift.kron.load_state`` rebuilds the layer
@@ -122,7 +124,8 @@ class KSLinear(nn.Module):
         dtype = dtype or torch.get_default_dtype()
         self.register_buffer("chain", chain_tensor(self.patterns).to(device))
         self.factors = nn.ParameterList(
-            nn.Parameter(random_factor(p, dtype, device)) for p in self.patterns)
+            nn.Parameter(random_factor(p, dtype, device, depth=len(self.patterns)))
+            for p in self.patterns)
         if bias:
             bound = 1.0 / math.sqrt(self.in_features)
             init = torch.empty(self.out_features, dtype=dtype, device=device).uniform_(-bound,
