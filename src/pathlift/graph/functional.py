@@ -264,8 +264,12 @@ def _explained(node: fx.Node, live: set[fx.Node]) -> set[str]:
     """Mark what ``node`` reads that is computed from parameters alone as explained by
     its refusal (``COMPUTED``); the module tensors it reads."""
     reads, todo = set(), [n for n in node.all_input_nodes if n not in live]
+    seen: set[fx.Node] = set()
     while todo:
         n = todo.pop()
+        if n in seen:  # shared sub-expressions: each node once, not once per path
+            continue
+        seen.add(n)
         n.meta[COMPUTED] = True
         if n.op == "get_attr":
             reads.add(str(n.target))

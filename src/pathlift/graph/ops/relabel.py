@@ -187,15 +187,26 @@ register(_ADD, functions=[operator.add, operator.iadd, torch.add, operator.sub, 
 
 def _module_tensors(node: Any) -> list[str] | None:
     """The module tensors (``get_attr`` targets) a node is computed from alone (``self.gamma``,
-    ``self.gamma[:, None, None]``), or None when it reads anything else."""
+    ``self.gamma[:, None, None]``), or None when it reads anything else. Each node is visited
+    once: a tensor computed through shared sub-expressions (DaViT's position tables) has
+    exponentially many paths back to its sources."""
     if not isinstance(node, fx.Node):
         return None
-    if node.op == "get_attr":
-        return [str(node.target)]
-    if node.op not in ("call_function", "call_method") or not node.all_input_nodes:
-        return None
-    found = [_module_tensors(n) for n in node.all_input_nodes]
-    return None if any(f is None for f in found) else [t for f in found for t in f]
+    found: set[str] = set()
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "get_attr":
+            found.add(str(n.target))
+        elif n.op in ("call_function", "call_method") and n.all_input_nodes:
+            stack.extend(n.all_input_nodes)
+        else:
+            return None
+    return sorted(found)
 
 
 def _read_with_tensor(what: str) -> Any:
