@@ -203,6 +203,13 @@ def representatives() -> list[str]:
     return sorted(seen.values())
 
 
+def _why(v: Verdict) -> str:
+    """A refusal naming no op, in a few words: no input size tried fits, not built..."""
+    if v.reason.startswith("no input"):
+        return f"needs an input side other than {', '.join(map(str, SIZES))}"
+    return v.status.replace("_", " ")
+
+
 def table(verdicts: list[Verdict]) -> str:
     """The docs table: per timm family, the models measured and those refused, and why."""
     by_family: dict[str, list[Verdict]] = {}
@@ -215,7 +222,7 @@ def table(verdicts: list[Verdict]) -> str:
         measured = ", ".join(f"`{v.name}`" for v in vs if v.status == "measured") or "-"
         refused = [v for v in vs if v.status != "measured"]
         why = sorted({op for v in refused for op in v.ops} |
-                     {v.status.replace("_", " ") for v in refused if not v.ops})
+                     {_why(v) for v in refused if not v.ops})
         rows.append(f"| {fam} | {measured} | "
                     f"{', '.join(f'`{v.name}`' for v in refused) or '-'} | "
                     f"{', '.join(why) or '-'} |")
