@@ -97,7 +97,7 @@ def _check(model: nn.Module, shape: tuple[int, ...], q: float = 1.0) -> None:
 
 
 def _tapes(model: nn.Module) -> list:
-    return [tape for _, tape in _PLANS.get(model, {}).values()]
+    return [tape for _, tape, _ in _PLANS.get(model, {}).values()]
 
 
 def _step_(model: nn.Module, seed: int, size: float = 1e-2) -> None:
