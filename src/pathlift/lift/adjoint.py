@@ -50,8 +50,8 @@ def _arg(args: Sequence[Any], kwargs: dict[str, Any], i: int, name: str,
     return args[i] if len(args) > i else kwargs.get(name, default)
 
 
-def _pair(value: Any) -> list[int]:
-    return [int(value)] * 2 if isinstance(value, int) else [int(v) for v in value]
+def _pair(value: Any, n: int = 2) -> list[int]:
+    return [int(value)] * n if isinstance(value, int) else [int(v) for v in value]
 
 
 def _add(args, kwargs, out, grad, wants):
@@ -138,20 +138,27 @@ def _linear(args, kwargs, out, grad, wants):
     return found
 
 
-def _conv2d(args, kwargs, out, grad, wants):
-    """The adjoint of a convolution: ``convolution_backward`` (conv_transpose for the
-    input, the correlation of input and gradient for the kernel)."""
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    x, w, b, stride, padding, dilation, groups = (
-        _arg(args, kwargs, i, n, d) for i, (n, d) in enumerate(zip(names, (
-            None, None, None, 1, 0, 1, 1), strict=True)))
-    if isinstance(padding, str):
-        raise UncoveredError  # "same"/"valid": torch computes the padding itself
-    mask = [id(x) in wants, id(w) in wants, b is not None and id(b) in wants]
-    gx, gw, gb = _aten.convolution_backward(
-        grad, x, w, None if b is None else list(b.shape), _pair(stride), _pair(padding),
-        _pair(dilation), False, [0, 0], groups, mask)
-    return [(t, g) for t, g, m in zip((x, w, b), (gx, gw, gb), mask, strict=True) if m]
+def _conv(dims: int, transposed: bool) -> Rule:
+    """The adjoint of a convolution (``conv{dims}d``) or of its transpose
+    (``conv_transpose{dims}d``): ``convolution_backward``, the transposed convolution
+    for the input and the correlation of input and gradient for the kernel."""
+    names = ("input", "weight", "bias", "stride", "padding") + (
+        ("output_padding", "groups", "dilation") if transposed else ("dilation", "groups"))
+    defaults = (None, None, None, 1, 0) + ((0, 1, 1) if transposed else (1, 1))
+
+    def rule(args, kwargs, out, grad, wants):
+        a = {n: _arg(args, kwargs, i, n, d)
+             for i, (n, d) in enumerate(zip(names, defaults, strict=True))}
+        if isinstance(a["padding"], str):
+            raise UncoveredError  # "same"/"valid": torch works the padding out itself
+        x, w, b = a["input"], a["weight"], a["bias"]
+        mask = [id(x) in wants, id(w) in wants, id(b) in wants]
+        found = _aten.convolution_backward(
+            grad, x, w, None if b is None else list(b.shape), _pair(a["stride"], dims),
+            _pair(a["padding"], dims), _pair(a["dilation"], dims), transposed,
+            _pair(a.get("output_padding", 0), dims), a["groups"], mask)
+        return [(t, g) for t, g, m in zip((x, w, b), found, mask, strict=True) if m]
+    return rule
 
 
 def _avg_pool2d(args, kwargs, out, grad, wants):
@@ -191,7 +198,9 @@ for _names, _rule in (
         (("div",), _div), (("addcmul",), _addcmul), (("sum",), _sum),
         (("reshape", "view", "flatten", "squeeze", "unsqueeze"), _reshaped),
         (("to", "double", "float", "type_as", "contiguous"), _cast), (("cat",), _cat),
-        (("linear",), _linear), (("conv2d",), _conv2d), (("avg_pool2d",), _avg_pool2d),
+        (("linear",), _linear), (("conv1d",), _conv(1, False)), (("conv2d",), _conv(2, False)),
+        (("conv_transpose1d",), _conv(1, True)), (("conv_transpose2d",), _conv(2, True)),
+        (("avg_pool2d",), _avg_pool2d),
         (("adaptive_avg_pool2d",), _adaptive_avg_pool2d), (("pad",), _pad),
         (("detach",), _none)):
     for _name in _names:

@@ -396,7 +396,9 @@ def _op(func: Callable[..., Any], template: list[Any], spec: Any,
     if not call_kwargs and len(call_args) == 1 and type(call_args[0]) is list \
             and len(refs) == len(template):  # a foreach call on a list of tensors
         return _Op(func, (), {}, tuple(refs), _LIST, out)
-    if len(call_args) + len(call_kwargs) == len(template):  # no containers
+    if len(call_args) + len(call_kwargs) == len(template) and not any(
+            isinstance(a, (list, tuple, dict)) for a in (*call_args, *call_kwargs.values())):
+        # no containers (a list of one tensor, cat([x], 1), flattens to as many leaves)
         names = list(call_kwargs)
         placed = tuple((i if i < len(call_args) else names[i - len(call_args)], slot)
                        for i, slot in refs)
