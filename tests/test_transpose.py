@@ -28,7 +28,15 @@ from pathlift.lift.replay import _PLANS
 from pathlift.lift.transpose import Transposed
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
-from user_zoo import bn_cnn, densenet_bc, inception, logits_and_features, randomise_batchnorm_, unet
+from user_zoo import (
+    bn_cnn,
+    densenet_bc,
+    inception,
+    logits_and_features,
+    randomise_batchnorm_,
+    signal_cnn,
+    unet,
+)
 
 
 class FunctionalNet(nn.Module):
@@ -57,7 +65,9 @@ NETS = {"mlp": (lambda: mlp(64, (16, 8), 5), (1, 8, 8)),
         "two outputs": (lambda: randomise_batchnorm_(logits_and_features()), (3, 8, 8)),
         "densenet_bc": (lambda: randomise_batchnorm_(densenet_bc()), (3, 16, 16)),
         "inception": (lambda: randomise_batchnorm_(inception()), (3, 16, 16)),
-        "unet": (unet, (3, 16, 16))}
+        "unet": (unet, (3, 16, 16)),
+        "signal_cnn (conv1d, BatchNorm1d)": (lambda: randomise_batchnorm_(signal_cnn()),
+                                             (2, 64))}
 
 
 def _model(name: str) -> tuple[nn.Module, tuple[int, ...]]:

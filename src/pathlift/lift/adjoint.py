@@ -110,11 +110,6 @@ def _reshaped(args, kwargs, out, grad, wants):
     return [(x, grad.reshape(x.shape))] if id(x) in wants else []
 
 
-def _cast(args, kwargs, out, grad, wants):
-    x = args[0]
-    return [(x, grad.to(x.dtype))] if id(x) in wants else []
-
-
 def _cat(args, kwargs, out, grad, wants):
     tensors, dim = args[0], _arg(args, kwargs, 1, "dim", 0)
     parts = grad.split([t.shape[dim] for t in tensors], dim)
@@ -179,6 +174,15 @@ def _adaptive_avg_pool2d(args, kwargs, out, grad, wants):
     return [(x, _aten._adaptive_avg_pool2d_backward(grad, x))] if id(x) in wants else []
 
 
+def _adaptive_avg_pool1d(args, kwargs, out, grad, wants):
+    """The 1-d pool as torch computes it: the 2-d pool over a unit height."""
+    x = args[0]
+    if id(x) not in wants:
+        return []
+    return [(x, _aten._adaptive_avg_pool2d_backward(grad.unsqueeze(-2), x.unsqueeze(-2))
+             .squeeze(-2))]
+
+
 def _pad(args, kwargs, out, grad, wants):
     """Constant padding: its adjoint crops (a negative padding)."""
     x, pad = args[0], _arg(args, kwargs, 1, "pad")
@@ -187,22 +191,18 @@ def _pad(args, kwargs, out, grad, wants):
     return [(x, F.pad(grad, [-p for p in pad]))] if id(x) in wants else []
 
 
-def _none(args, kwargs, out, grad, wants):
-    return []  # detach: no gradient flows back
-
-
 _TENSOR = torch.Tensor
 ADJOINTS: dict[Any, Rule] = {}
 for _names, _rule in (
         (("add",), _add), (("mul",), _mul),
         (("div",), _div), (("addcmul",), _addcmul), (("sum",), _sum),
         (("reshape", "view", "flatten", "squeeze", "unsqueeze"), _reshaped),
-        (("to", "double", "float", "type_as", "contiguous"), _cast), (("cat",), _cat),
+        (("cat",), _cat),
         (("linear",), _linear), (("conv1d",), _conv(1, False)), (("conv2d",), _conv(2, False)),
-        (("conv_transpose1d",), _conv(1, True)), (("conv_transpose2d",), _conv(2, True)),
+        (("conv_transpose2d",), _conv(2, True)),
         (("avg_pool2d",), _avg_pool2d),
-        (("adaptive_avg_pool2d",), _adaptive_avg_pool2d), (("pad",), _pad),
-        (("detach",), _none)):
+        (("adaptive_avg_pool1d",), _adaptive_avg_pool1d),
+        (("adaptive_avg_pool2d",), _adaptive_avg_pool2d), (("pad",), _pad)):
     for _name in _names:
         for _owner in (torch, _TENSOR, F, torch._C._nn):
             _func = getattr(_owner, _name, None)

@@ -50,13 +50,13 @@ class Transposed:
             carried = tuple(sorted({slot for _, slot in refs if slot in live}))
             rule = adjoint_of(func) if carried else None
             name = getattr(func, "__name__", "")
-            if name in _MARKS:  # gives its argument back, values unchanged
+            if name in _MARKS or (carried and name == "detach"):  # flags; a gradient stop
                 steps.append((None, ()))
                 continue
             if carried and (rule is None or name.endswith("_")):
                 return None  # no adjoint, or an in-place update of a carried tensor
             steps.append((rule, carried))
-            if carried and name != "detach":
+            if carried:
                 live.update([outs] if type(outs) is int else [s for s in outs if s is not None])
         if target not in live:
             return None
