@@ -138,10 +138,12 @@ def _transposed(tape: Tape, out: tuple) -> Transposed | None:
     """The transpose of a tape whose result ``out`` is a tuple of single leaves ending
     with (total, [leaves])."""
     slots = tape.result_slots()
-    sources, target = slots[len(out) - 1:], slots[len(out) - 2]
-    if len(slots) != len(out) - 1 + len(out[-1]) or target is None or None in sources:
+    sources = [s for s in slots[len(out) - 1:] if s is not None]
+    target = slots[len(out) - 2]
+    if len(slots) != len(out) - 1 + len(out[-1]) or target is None \
+            or len(sources) != len(out[-1]):
         return None
-    return Transposed.plan(tape, sources, target)  # type: ignore[arg-type]
+    return Transposed.plan(tape, sources, target)
 
 
 def replayed_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None,

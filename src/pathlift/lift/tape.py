@@ -374,12 +374,7 @@ def _foreach_call(name: str, group: list[_Call]) -> _Call:
 # Batched while the parameters fit a core's cache (~4 MB of float32): |W| made long before
 # its layer runs would be read back from memory (ResNet-18's 11M weights)
 _FOREACH_NUMBERS = 2 ** 20
-def _foreach_square(tensors: list[Tensor]) -> list[Tensor]:
-    """[x_i * x_i]: the batched p*p (q = 2)."""
-    return torch._foreach_mul(tensors, tensors)
-
-
-_FOREACH = {"abs": torch._foreach_abs, "square": _foreach_square}
+_FOREACH = {"abs": torch._foreach_abs, "square": lambda ts: torch._foreach_mul(ts, ts)}
 
 
 def _peak(t: Tensor) -> float:
