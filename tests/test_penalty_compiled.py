@@ -29,7 +29,7 @@ from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
 from pathlift.track import PathNormTracker
 from pathlift.train import PathNormPenalty, PathSGD
-from user_zoo import bn_cnn, logits_and_features, randomise_batchnorm_
+from user_zoo import bn_cnn, densenet_bc, logits_and_features, randomise_batchnorm_
 
 
 class AvgPoolNet(nn.Module):
@@ -97,7 +97,7 @@ def _check(model: nn.Module, shape: tuple[int, ...], q: float = 1.0) -> None:
 
 
 def _tapes(model: nn.Module) -> list:
-    return [tape for _, tape in _PLANS.get(model, {}).values()]
+    return [tape for _, tape, _ in _PLANS.get(model, {}).values()]
 
 
 def _step_(model: nn.Module, seed: int, size: float = 1e-2) -> None:
@@ -122,6 +122,18 @@ def test_the_replayed_penalty_and_gradient_equal_the_walked_ones(name: str, q: f
     expected = path_norm(model, shape, q=q).log10 * math.log(10)
     assert float(differentiable_path_norm(model, shape, q)) == pytest.approx(expected,
                                                                              rel=1e-12)
+
+
+def test_a_concat_of_one_tensor_replays() -> None:
+    """DenseNet-BC's first dense layer concatenates a list of one tensor along dim 1
+    (``torch.cat([x], 1)``, an fx immutable_list): the replay passes the list, not the
+    tensor (it raised a TypeError at the second call), and equals the walked pass."""
+    torch.manual_seed(0)
+    model, shape = randomise_batchnorm_(densenet_bc()).double().eval(), (3, 16, 16)
+    for seed in range(3):
+        _check(model, shape)
+        _step_(model, seed)
+    assert len(_tapes(model)) == 1
 
 
 @pytest.mark.parametrize("name", ["mlp", "residual_cnn", "bn_cnn (BatchNorm eval)"])

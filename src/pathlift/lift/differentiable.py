@@ -12,7 +12,9 @@ beyond float64. With ``leaves=True`` the pass instead takes fresh leaves A = |W|
 per layer) and ``magnitude_gradients`` maps dM/dA back to the parameters.
 
 Both passes are recorded once per model, input shape and setting as plain tensor code
-and replayed at each training step without walking the graph (``pathlift.lift.replay``:
+and replayed at each training step without walking the graph, the gradients of the
+leaves' pass by its transpose without autograd (``pathlift.lift.transpose``) where it
+covers the pass (``pathlift.lift.replay``:
 a parameter replaced, pruned or parametrized, a dtype, device or sharding changed, a
 module swapped or flipped, or peaks that drift out of the recorded scales record them
 again; sharded (FSDP2) and FSDP1 models are walked at each call).
@@ -38,7 +40,7 @@ from pathlift.graph.boundary import is_fsdp1
 from pathlift.graph.ops import Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import COUNTING_Q, check_finite, log_outputs, log_r_norm
-from pathlift.lift.replay import replayed
+from pathlift.lift.replay import replayed, replayed_gradients
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
            "magnitude_gradients"]
@@ -259,11 +261,11 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
                 "implemented; differentiable_path_norm and path_magnitude_scores are")
         return _leaf_pass(graph, q, dtype or graph.dtype)
 
-    with torch.enable_grad():
-        layers, total, leaves = replayed(model, input_shape, ("gamma", q, dtype), record, _graph)
+    (layers, total, leaves), grads = replayed_gradients(model, input_shape, ("gamma", q, dtype),
+                                                        record, _graph)
     if not math.isfinite(float(total.detach())):
         _refuse_non_finite(layers.graph, float(total.detach()), q, dtype)
-    found = _gradients(layers, total, leaves)
+    found = _gradients(layers, leaves, grads)
     if layers.rescaled:  # scales beyond the float range: zeros may be flushed values
         refuse_flushed(layers.graph, {name: [(g, None) for g in pair]
                                       for name, pair in found.items()}, "magnitude gradients")
@@ -313,11 +315,11 @@ def _leaf_pass(graph: LayerGraph, q: float, dtype: torch.dtype
     return _Layers(graph, walker, top, q), total, leaves
 
 
-def _gradients(layers: _Layers, total: Tensor, leaves: list[Tensor]
+def _gradients(layers: _Layers, leaves: list[Tensor], grads: list[Tensor | None]
                ) -> dict[str, tuple[Tensor, Tensor | None]]:
-    """For each layer d(sum_v o_v)/d|W|^q and d/d|b|^q at scale e^(top + shift)."""
-    grads = iter(torch.autograd.grad(total, leaves, allow_unused=True))
-    leaf = iter(leaves)
+    """For each layer d(sum_v o_v)/d|W|^q and d/d|b|^q at scale e^(top + shift), from
+    d(sum_v o_v)/d leaf for each leaf (None: zero)."""
+    grads, leaf = iter(grads), iter(leaves)
     found = {}
     for (name, _, _, _, gains), biased in zip(layers.layers, layers.biased, strict=True):
         pair = []
@@ -348,7 +350,8 @@ def refuse_flushed(graph: LayerGraph,
     if not any(bool(z.any()) for pairs in zero.values() for z in pairs if z is not None):
         return
     with torch.enable_grad():
-        live = _gradients(*_leaf_pass(graph, COUNTING_Q, torch.float64))
+        counted, total, leaves = _leaf_pass(graph, COUNTING_Q, torch.float64)
+        live = _gradients(counted, leaves, torch.autograd.grad(total, leaves, allow_unused=True))
     for name, pairs in zero.items():
         if name in live and any(z is not None and g is not None and bool((z & (g > 0)).any())
                                 for z, g in zip(pairs, live[name], strict=True)):

@@ -19,14 +19,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from pathlift.graph import LayerGraph, unwrap
 from pathlift.graph.boundary import is_fsdp1
 from pathlift.graph.sharded import is_sharded_graph
 from pathlift.lift.tape import Tape
+from pathlift.lift.transpose import Transposed
 
-__all__ = ["Watch", "replayed"]
+__all__ = ["Watch", "replayed", "replayed_gradients"]
 
 T = TypeVar("T")
 
@@ -91,20 +92,25 @@ def _same(now: Any, was: tuple) -> bool:
 
 _MISSING = object()
 
-# Per model: (what, input shape) -> (the model's watch, its tape or None: walk each time)
-_PLANS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[Watch, Tape | None]]] = \
+# Per model: (what, input shape) -> (the model's watch, its tape or None: walk each time,
+# the tape's transpose for ``replayed_gradients`` or None: autograd's)
+_PLANS: weakref.WeakKeyDictionary[
+    nn.Module, dict[tuple, tuple[Watch, Tape | None, Transposed | None]]] = \
     weakref.WeakKeyDictionary()
 
 
 def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, what: tuple,
              run: Callable[[LayerGraph], T],
-             graph_of: Callable[[Any, Sequence[int] | None], LayerGraph]) -> T:
+             graph_of: Callable[[Any, Sequence[int] | None], LayerGraph],
+             gradient: bool = False) -> T:
     """``run(graph_of(model, input_shape))``: a pass of the graph, recorded at the first
     call for ``model``, ``input_shape`` and ``what`` and replayed while the model's
     ``Watch`` holds and the tape's scales fit (recorded again else). Recorded in autograd
     whatever the caller's mode (a pass under ``no_grad`` writes into shared buffers),
     replayed in the caller's. A ``LayerGraph``, an unknown shape, FSDP1 and sharded
-    models are walked at each call."""
+    models are walked at each call. ``gradient``: ``run`` gives a tuple ending with a
+    0-dim tensor and the list of leaves it was computed from, whose gradient
+    ``replayed_gradients`` takes by the tape's transpose where it covers the tape."""
     if isinstance(model, LayerGraph) or input_shape is None:
         graph = graph_of(model, input_shape)
         with torch.enable_grad():
@@ -121,8 +127,40 @@ def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, w
     watch = Watch(net)
     with torch.enable_grad():
         if is_fsdp1(model) or is_sharded_graph(graph):
-            plans[where] = (watch, None)
+            plans[where] = (watch, None, None)
             return run(graph)
         out, tape = Tape.record(lambda: run(graph), net)
-    plans[where] = (watch, tape)
+    plans[where] = (watch, tape, _transposed(tape, out) if gradient and tape else None)
     return out
+
+
+def _transposed(tape: Tape, out: tuple) -> Transposed | None:
+    """The transpose of a tape whose result ``out`` is a tuple of single leaves ending
+    with (total, [leaves])."""
+    slots = tape.result_slots()
+    sources = [s for s in slots[len(out) - 1:] if s is not None]
+    target = slots[len(out) - 2]
+    if len(slots) != len(out) - 1 + len(out[-1]) or target is None \
+            or len(sources) != len(out[-1]):
+        return None
+    return Transposed.plan(tape, sources, target)
+
+
+def replayed_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None,
+                       what: tuple, run: Callable[[LayerGraph], tuple],
+                       graph_of: Callable[[Any, Sequence[int] | None], LayerGraph]
+                       ) -> tuple[tuple, list[Tensor | None]]:
+    """``(result, grads)``: ``result`` as ``replayed(..., gradient=True)`` gives it (a
+    tuple ending with a 0-dim ``total`` and a list of ``leaves``) and d total / d leaf
+    for each leaf (None where none flows): by the tape's transpose without autograd
+    (``pathlift.lift.transpose``) where it covers the recorded pass, else by autograd."""
+    if not isinstance(model, LayerGraph) and input_shape is not None:
+        known = _PLANS.get(unwrap(model), {}).get((*what, tuple(input_shape)))
+        if known is not None and known[2] is not None and known[0].unchanged():
+            got = known[2].gradients()
+            if got is not None:
+                return got
+    with torch.enable_grad():
+        result = replayed(model, input_shape, what, run, graph_of, gradient=True)
+        total, leaves = result[-2], result[-1]
+        return result, list(torch.autograd.grad(total, leaves, allow_unused=True))

@@ -129,6 +129,13 @@ class Tape(Generic[T]):
 
     def replay(self) -> T | None:
         """The recorded pass on the current parameters, or None to record it again."""
+        env = self.run()
+        return self.result_of(env) if self.in_range(env) else None
+
+    def run(self, calls: list[tuple[Any, Any, Any]] | None = None) -> list[Any]:
+        """The recorded calls on the current parameters: every slot's value (those no
+        later call reads freed, unless ``calls`` is given: then each call's arguments,
+        keyword arguments and output are appended to it and every slot is kept)."""
         env: list[Any] = [None] * self.slots
         for i, (table, key) in enumerate(self.inputs):
             env[i] = table[key]
@@ -143,15 +150,14 @@ class Tape(Generic[T]):
                         args[where] = env[slot]
                     else:
                         kwargs = {**kwargs, where: env[slot]}
-                out = func(*args, **kwargs)
             elif nested is _LIST:
-                out = func([env[slot] for _, slot in refs])
+                args, kwargs = ([env[slot] for _, slot in refs],), {}
             else:
                 flat = list(args)
                 for where, slot in refs:
                     flat[where] = env[slot]
-                call_args, call_kwargs = tree_unflatten(flat, nested)
-                out = func(*call_args, **call_kwargs)
+                args, kwargs = tree_unflatten(flat, nested)
+            out = func(*args, **kwargs)
             if type(outs) is int:
                 env[outs] = out
             else:
@@ -160,17 +166,26 @@ class Tape(Generic[T]):
                 for slot, value in zip(outs, flat, strict=True):
                     if slot is not None:
                         env[slot] = value
+            if calls is not None:
+                calls.append((args, kwargs, out))
+                continue
             for slot in done:  # what no later call reads: freed as the walk frees it
                 env[slot] = None
-        if not self._in_range(env):
-            return None
+        return env
+
+    def result_of(self, env: list[Any]) -> T:
+        """The pass's result from the slots of a run."""
         leaves, spec = self.result
         if spec.is_leaf():
             return env[leaves[0].index] if isinstance(leaves[0], _Slot) else leaves[0]
         return tree_unflatten([env[v.index] if isinstance(v, _Slot) else v for v in leaves],
                               spec)
 
-    def _in_range(self, env: list[Any]) -> bool:
+    def result_slots(self) -> list[int | None]:
+        """The slot of each leaf of the result, flattened (None: a constant)."""
+        return [v.index if isinstance(v, _Slot) else None for v in self.result[0]]
+
+    def in_range(self, env: list[Any]) -> bool:
         """Whether every read peak is within 2^(+-DRIFT) of its recorded one (zero and
         non-finite peaks must stay so): one batched max |t| and one read."""
         if not self.peaks:
@@ -376,7 +391,9 @@ def _op(func: Callable[..., Any], template: list[Any], spec: Any,
     if not call_kwargs and len(call_args) == 1 and type(call_args[0]) is list \
             and len(refs) == len(template):  # a foreach call on a list of tensors
         return _Op(func, (), {}, tuple(refs), _LIST, out)
-    if len(call_args) + len(call_kwargs) == len(template):  # no containers
+    if len(call_args) + len(call_kwargs) == len(template) and not any(
+            isinstance(a, (list, tuple, dict)) for a in (*call_args, *call_kwargs.values())):
+        # no containers (a list of one tensor, cat([x], 1), flattens to as many leaves)
         names = list(call_kwargs)
         placed = tuple((i if i < len(call_args) else names[i - len(call_args)], slot)
                        for i, slot in refs)
