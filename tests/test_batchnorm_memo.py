@@ -146,3 +146,39 @@ def test_inference_mode_and_the_differentiable_fold_are_never_kept():
     live[0].sum().backward()
     torch.testing.assert_close(model.bn.weight.grad.double(),
                                1 / torch.sqrt(model.bn.running_var.double() + model.bn.eps))
+
+
+class FusedBNReLU(nn.BatchNorm2d):
+    """timm's way: a BatchNorm2d subclass whose forward calls F.batch_norm on its own
+    tensors, then its activation."""
+
+    def forward(self, x):
+        return F.relu(F.batch_norm(x, self.running_mean, self.running_var, self.weight,
+                                   self.bias, False, 0.0, self.eps))
+
+
+class FusedNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1, bias=False)
+        self.bn = FusedBNReLU(3)
+        self.head = nn.Linear(3 * 9, 2)
+
+    def forward(self, x):
+        return self.head(self.bn(self.conv(x)).flatten(1))
+
+
+@pytest.mark.parametrize("update", [_scale_var, _shift_mean, _scale_weight, _eps],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_functional_batchnorm_reading_its_own_tensors_is_measured_after_each_update(update):
+    torch.manual_seed(3)
+    model = FusedNet().eval()
+    with torch.no_grad():
+        model.bn.running_var.uniform_(0.5, 2.0)
+        model.bn.running_mean.normal_()
+    for _ in range(2):  # measured, updated, measured again: never the kept fold
+        for q in (1.0, 2.0):
+            expected = NeuronDAG.from_module(model, SHAPE).path_norm_log10(q)
+            assert path_norm(model, SHAPE, q=q).log10 == pytest.approx(expected, abs=1e-12)
+        with torch.no_grad():
+            update(model)
