@@ -130,3 +130,17 @@ def test_a_factory_takes_them_over_the_datas_number_of_classes():
     assert [m.weight.shape for m in net if isinstance(m, nn.Linear)] == [(4, 6), (3, 4)]
     net = model_factory("mlp", num_classes=3, model_kwargs={"num_classes": 5})()
     assert net[-1].out_features == 5  # the user's word over the data's
+
+
+def test_a_prune_folder_resumes_only_with_the_same_arguments(spec, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [a.format(spec=spec, out=tmp_path / "out") for a in TRAINING["prune"]]
+    args += ["--method", "magnitude-global"]
+    first = invoke(*args, "--model-kwargs", '{"width": 3, "num_classes": 10}')
+    assert first.exit_code == 0, first.output
+    runs = (tmp_path / "out" / "runs.csv").read_bytes()
+    other = invoke(*args, "--model-kwargs", '{"width": 3, "num_classes": 10, "refuse": 9}')
+    assert other.exit_code == 2 and "model_kwargs" in other.output, other.output
+    assert (tmp_path / "out" / "runs.csv").read_bytes() == runs
+    again = invoke(*args, "--model-kwargs", '{"width": 3, "num_classes": 10}')
+    assert again.exit_code == 0, again.output
