@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from pathlift.bounds import (
     architecture_constants,
     certified_error,
+    generalization_bounds,
     lipschitz_bounds,
     lipschitz_input,
     lipschitz_params,
@@ -32,6 +33,7 @@ from pathlift.lift import layer_norm_product, path_metric, path_norm, path_norms
 from pathlift.models import default_input_shape, get_model, load_model, load_model_pair
 from pathlift.prune import magnitude_scores, path_magnitude_scores
 from pathlift.quant import lfcn_constants, quantize
+from pathlift.summary import summary
 from pathlift.symmetry import (
     adversarial_rescale,
     analyse,
@@ -79,6 +81,18 @@ def _perturbed(model: nn.Module) -> nn.Module:
     return other
 
 
+def _bounds(model: nn.Module, shape: tuple[int, ...] | None):
+    """``generalization_bounds`` on inputs of ``shape`` (the declared one for None) labelled
+    by the model itself (every training margin positive)."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(64, *(shape or DECLARED), generator=generator)
+    with torch.no_grad():
+        logits = model(x)
+    y = torch.arange(64) % 2 if logits.argmax(1).unique().numel() < 2 else logits.argmax(1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    return generalization_bounds(model, shape, loader, loader)
+
+
 #: every public entry point whose input_shape defaults to None, as (model, shape) -> result
 ENTRY_POINTS = {
     "path_norm": lambda m, s: path_norm(m, s),
@@ -112,6 +126,8 @@ ENTRY_POINTS = {
     "symmetry_dimension": lambda m, s: symmetry_dimension(m, s, domain=32),
     "differentiable_path_norm": lambda m, s: differentiable_path_norm(m, s),
     "magnitude_gradients": lambda m, s: magnitude_gradients(m, s),
+    "summary": lambda m, s: summary(m, s),
+    "generalization_bounds": _bounds,
 }
 
 

@@ -68,9 +68,9 @@ Weights = Annotated[str | None, typer.Option(
 WeightsB = Annotated[str | None, typer.Option(
     "--weights-b", help="state_dict file for MODEL_B")]
 ModelKwargs = Annotated[str | None, typer.Option(
-    "--model-kwargs", metavar="JSON", help="constructor arguments of a MODEL given by name, "
-    "a JSON object of plain literals, e.g. '{\"num_classes\": 10, \"drop_rate\": 0.0}' "
-    "for timm:NAME (a checkpoint holds its own)")]
+    "--model-kwargs", metavar="JSON", help="constructor arguments of each model given by "
+    "name, a JSON object of plain literals, e.g. '{\"num_classes\": 10, \"drop_rate\": "
+    "0.0}' for timm:NAME (a checkpoint holds its own)")]
 Seed = Annotated[int, typer.Option(
     "--seed", help="seed of the random initialisation of a model given by name, and of the "
     "data's train/test split")]
@@ -341,6 +341,7 @@ def report(
     data: Data = None,
     input_shape: InputShape = None,
     weights: Weights = None,
+    model_kwargs: ModelKwargs = None,
     out: Out = None,
     epochs: Annotated[int | None, typer.Option(
         "--epochs", help="training epochs before measuring (default 30 for the default "
@@ -361,6 +362,7 @@ def report(
         result = run_report(folder, model, input_shape, data, epochs, seed, weights=weights,
                             test_fraction=test_fraction, normalize=normalize,
                             batch_size=batch_size, outputs=output, overwrite=overwrite,
+                            model_kwargs=_kwargs(model_kwargs),
                             on_estimate=lambda line: console.print(line, soft_wrap=True))
     for note in result.report.notes:
         _say(f"note: {note}")
@@ -382,6 +384,7 @@ def prune(
     weights: Annotated[str | None, typer.Option(
         "--weights", help="state_dict file for MODEL: every run starts from these weights")
     ] = None,
+    model_kwargs: ModelKwargs = None,
     input_shape: InputShape = None,
     amount: Annotated[list[float], typer.Option(
         "--amount", metavar="<float>...", help="fractions of the prunable weights pruned "
@@ -432,7 +435,7 @@ def prune(
             model, data, config, target, weights=weights,
             input_shape=input_shape, test_fraction=test_fraction, normalize=normalize,
             batch_size=batch_size, lr=lr, spread=spread, save_models=save_models,
-            overwrite=overwrite, output=output,
+            overwrite=overwrite, output=output, model_kwargs=_kwargs(model_kwargs),
             on_progress=lambda text, n, total: bar.update(task, completed=n, total=total,
                                                           description=shown(text)),
             on_estimate=lambda line: bar.console.print(line, soft_wrap=True))
@@ -808,6 +811,7 @@ def metric(
     input_shape: InputShape = None,
     weights: Weights = None,
     weights_b: WeightsB = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
 ) -> None:
     """l1 path-metric ||Phi(A) - Phi(B)||_1 of two models.
@@ -820,7 +824,7 @@ def metric(
 
     with working(console, f"path-metric between {model} and {model_b}"):
         net_a, net_b, shape = load_model_pair(model, model_b, input_shape, weights, weights_b,
-                                              seed=seed)
+                                              seed=seed, model_kwargs=_kwargs(model_kwargs))
         d = path_metric(net_a, net_b, shape)
     console.print(_table(
         f"path-metric between {model} and {model_b}, input {shape.described()}",
@@ -857,7 +861,8 @@ def lipschitz(
     with working(console, f"Lipschitz bounds of {model}"):
         if other:
             net, net_b, shape = load_model_pair(model, other, input_shape, weights,
-                                                other_weights, seed=seed)
+                                                other_weights, seed=seed,
+                                                model_kwargs=_kwargs(model_kwargs))
         else:
             (net, shape), net_b = load_model(model, input_shape, weights,
                                              model_kwargs=_kwargs(model_kwargs), seed=seed), None
@@ -882,6 +887,7 @@ def equivalent_command(
     input_shape: InputShape = None,
     weights: Weights = None,
     weights_b: WeightsB = None,
+    model_kwargs: ModelKwargs = None,
     seed: Seed = 0,
     tolerance: Annotated[float | None, typer.Option(
         "--tolerance", help="relative parameter tolerance [default: 1e-6, 4 units in the "
@@ -897,7 +903,7 @@ def equivalent_command(
 
     with working(console, f"comparing the canonical forms of {model} and {model_b}"):
         net_a, net_b, shape = load_model_pair(model, model_b, input_shape, weights, weights_b,
-                                              seed=seed)
+                                              seed=seed, model_kwargs=_kwargs(model_kwargs))
         result = equivalent(net_a, net_b, shape, tolerance)
     from rich.text import Text
 

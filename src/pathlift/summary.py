@@ -11,6 +11,7 @@ from torch import nn
 from pathlift.bounds import ArchitectureConstants, architecture_constants, lipschitz_input
 from pathlift.errors import UnsupportedModelError, summarise
 from pathlift.graph import eval_mode, graph_of, unwrap
+from pathlift.graph.input_shape import InputShape, resolve_input_shape
 from pathlift.lift import path_norms
 
 __all__ = ["Summary", "summary"]
@@ -25,11 +26,13 @@ class Summary:
     ``parameters`` is then None. ``path_norm_log10`` maps q to log10 ||Phi||_q (Thm 3.1.1);
     ``lipschitz_log10`` is log10 ||Phi||_{1,1}, the Lipschitz constant in the input from
     l_inf to l_1 (Thm 3.3.1), and ``layer_product_log10`` the product of layer norms
-    Pi_{1,1} it never exceeds (Thm 3.3.2; None for residual sums).
+    Pi_{1,1} it never exceeds (Thm 3.3.2; None for residual sums). ``input_shape`` is the
+    shape it was computed at, ``input_shape.source`` where that came from (given, or the
+    model's own declaration: never a guess).
     """
 
     model: str
-    input_shape: tuple[int, ...]
+    input_shape: InputShape
     parameters: int
     constants: ArchitectureConstants | None
     path_norm_log10: dict[float, float] | None
@@ -51,20 +54,21 @@ class Summary:
                 f"{self.path_norm_log10[1.0]:.3f}, log10 Lipschitz(x)={self.lipschitz_log10:.3f})")
 
 
-def summary(model: nn.Module, input_shape: Sequence[int], qs: Sequence[float] = (1.0, 2.0, 4.0),
-            name: str | None = None) -> Summary:
+def summary(model: nn.Module, input_shape: Sequence[int] | None = None,
+            qs: Sequence[float] = (1.0, 2.0, 4.0), name: str | None = None) -> Summary:
     """Constants (Thm 4.4.1), path-norms ||Phi||_q (Thm 3.1.1) and the Lipschitz bound in the
     input (Thm 3.3.1) of ``model``, or the operations that keep it outside the ReLU DAG
     model (Def. 2.2.2) instead of an error.
 
     The model is measured in eval mode (BatchNorm as its affine map, Def. 2.2.2) and its
-    flags are restored; it is not modified.
+    flags are restored; it is not modified. ``input_shape`` None takes the one the model
+    declares (``pathlift.graph.input_shape``), else raises ShapeError.
 
     Example:
         >>> summary(small_cnn(), (1, 8, 8))
     """
     net = unwrap(model)
-    shape = tuple(int(s) for s in input_shape)
+    shape = resolve_input_shape(net, input_shape)
     label = name or type(net).__name__
     count = sum(p.numel() for p in net.parameters())
     with eval_mode(net):

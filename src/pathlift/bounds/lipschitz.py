@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
 from pathlift.errors import UnsupportedModelError, check_number
 from pathlift.graph import LayerGraph, graph_of
+from pathlift.graph.input_shape import InputShape, shape_used
 from pathlift.graph.structure import lfcn_layers
 from pathlift.lift.layer_norm import LayerNormProduct, layer_norm_product
 from pathlift.lift.path_metric import PathMetric, path_metric
@@ -28,10 +29,13 @@ from pathlift.logspace import power10
 @dataclass(frozen=True)
 class InputLipschitz:
     """Lipschitz constant of x -> R_theta(x) from ||.||_inf to ||.||_r (Thm 3.3.1), and the
-    product of layer norms Pi_{1,r} for comparison (None when not implemented)."""
+    product of layer norms Pi_{1,r} for comparison (None when not implemented), at
+    ``input_shape`` (its ``source`` says where it came from: given, or the model's own
+    declaration; never a guess)."""
 
     path_norm: PathNorm
     layer_product: LayerNormProduct | None
+    input_shape: InputShape | None = field(default=None, repr=False, compare=False)
 
     @property
     def log10(self) -> float:
@@ -46,7 +50,8 @@ def lipschitz_input(model: nn.Module | LayerGraph, input_shape: Sequence[int] | 
         product = layer_norm_product(graph, None, 1.0, r)
     except UnsupportedModelError:
         product = None
-    return InputLipschitz(path_norm(graph, None, 1.0, r), product)
+    return InputLipschitz(path_norm(graph, None, 1.0, r), product,
+                          shape_used(graph.input_shape, input_shape))
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,8 @@ class ParameterLipschitz:
     there (thesis Figure 3.4) and no bound is given (``log10`` is nan). Otherwise ``log10``
     bounds it with the exact path-metric, or with the upper end of its certified interval.
     ``lfcn_log10`` is the classical bound (eq. 3.7), for bias-free layered Linear/ReLU
-    networks only (None otherwise); it holds without sign condition.
+    networks only (None otherwise); it holds without sign condition. ``input_shape``: the
+    shape both models were traced at, with its ``source``.
     """
 
     applies: bool
@@ -66,6 +72,7 @@ class ParameterLipschitz:
     x_inf: float
     lfcn_log10: float | None
     reason: str
+    input_shape: InputShape | None = field(default=None, repr=False, compare=False)
 
     @property
     def value(self) -> float:
@@ -81,15 +88,17 @@ def lipschitz_params(model_a: nn.Module | LayerGraph, model_b: nn.Module | Layer
     graph_b = graph_of(model_b, graph_a.input_shape)
     metric = path_metric(graph_a, graph_b)
     lfcn = _lfcn_bound_log10(graph_a, graph_b, x_inf)
+    shape = shape_used(graph_a.input_shape, input_shape)
     if not metric.same_signs:
         return ParameterLipschitz(
             False, math.nan, metric, x_inf, lfcn,
             "some theta_i theta'_i < 0: outside the assumptions of Thm 3.4.1 / Cor. 3.4.1 "
             "(thesis Figure 3.4 gives R_theta = ReLU(x), R_theta' = -ReLU(-x) with "
-            "Phi(theta) = Phi(theta')); no path-metric bound")
+            "Phi(theta) = Phi(theta')); no path-metric bound", shape)
     bound = math.log10(max(x_inf, 1.0)) + metric.upper_log10
     how = "exact path-metric" if metric.exact else "upper end of the path-metric interval"
-    return ParameterLipschitz(True, bound, metric, x_inf, lfcn, f"Cor. 3.4.1 with the {how}")
+    return ParameterLipschitz(True, bound, metric, x_inf, lfcn, f"Cor. 3.4.1 with the {how}",
+                              shape)
 
 
 @dataclass(frozen=True, repr=False)
@@ -99,6 +108,11 @@ class LipschitzBounds:
 
     input: InputLipschitz
     params: ParameterLipschitz | None
+
+    @property
+    def input_shape(self) -> InputShape | None:
+        """The shape both bounds were computed at, with its ``source``."""
+        return self.input.input_shape
 
     def __repr__(self) -> str:
         text = f"LipschitzBounds(in x: log10 {self.input.log10:.6f}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ from pathlift.bounds.union import (
 )
 from pathlift.graph import eval_mode, graph_of, unwrap
 from pathlift.graph.boundary import model_input
+from pathlift.graph.input_shape import InputShape, resolve_input_shape
 from pathlift.graph.outputs import OutputKey, classifier_output, select_output
 from pathlift.lift import path_norm
 
@@ -75,6 +76,8 @@ class GeneralizationBounds:
     The certificates valid as stated are ``top1_union`` (Thm 4.1.2 + 4.4.1, union over
     radii and margins fixed in advance) and ``cross_entropy_union`` (the expected
     cross-entropy clipped at 10 nats, union over radii), ``pathlift.bounds.union``.
+    ``input_shape``: the shape the network was measured at, ``input_shape.source`` where
+    that came from (given, or the model's own declaration: never a guess).
     """
 
     n_train: int
@@ -89,6 +92,7 @@ class GeneralizationBounds:
     test_margins: tuple[float, ...]
     top1_union: UnionMarginBound
     cross_entropy_union: UnionGapBound
+    input_shape: InputShape | None = field(default=None, compare=False)
 
     @property
     def orders_above_measured(self) -> tuple[float, ...]:
@@ -132,8 +136,8 @@ def _classes(*loaders: DataLoader) -> int:
     return 1 + max(int(y.max()) for loader in loaders for _, y in loader)
 
 
-def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: DataLoader,
-                          test: DataLoader, outputs: OutputKey | None = None
+def generalization_bounds(model: nn.Module, input_shape: Sequence[int] | None,
+                          train: DataLoader, test: DataLoader, outputs: OutputKey | None = None
                           ) -> GeneralizationBounds:
     """The bounds of thesis Thm 4.4.1, 4.3.1 (and Thm C.2.2) on the expected cross-entropy
     gap (Thm 4.1.1) and of Thm 4.1.2 on the top-1 error, for ``model`` trained on
@@ -142,8 +146,10 @@ def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: D
     sigma and n come from ``train`` (the sample S the bounds are about); r = ||Phi||_1 from
     the trained parameters. The model is measured in eval mode (BatchNorm as its affine
     map, Dropout as the identity: Def. 2.2.2) and its flags are restored; it is not
-    modified. A model returning several tensors (a tuple, list or dict) is bounded on the
-    one ``outputs`` names (a position or a key: the sub-network of the paths ending there,
+    modified. ``input_shape`` None takes the one the model declares
+    (``pathlift.graph.input_shape``), else raises ShapeError. A model returning several
+    tensors (a tuple, list or dict) is bounded on the one ``outputs`` names (a position or
+    a key: the sub-network of the paths ending there,
     ``pathlift.graph.outputs.select_output``), which must hold one logit per class.
 
     Raises:
@@ -157,9 +163,10 @@ def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: D
         >>> result = generalization_bounds(net, (1, 8, 8), train_loader, test_loader)
         >>> result.cross_entropy_log10[0], result.measured.cross_entropy_gap
     """
-    net = select_output(unwrap(model), outputs, tuple(input_shape))
+    shape = resolve_input_shape(unwrap(model), input_shape)
+    net = select_output(unwrap(model), outputs, shape)
     with eval_mode(net):
-        graph = graph_of(net, input_shape)
+        graph = graph_of(net, shape)
         classifier_output(graph, _classes(train, test))
         constants = architecture_constants(graph)
         l1 = path_norm(graph).log10
@@ -178,4 +185,4 @@ def generalization_bounds(model: nn.Module, input_shape: Sequence[int], train: D
         tuple(cross_entropy_gap_log10(b, sigma.n) for b in bounds), top1,
         Measured(train_loss, test_loss, train_acc, test_acc),
         tuple(train_m.tolist()), tuple(test_m.tolist()), union_margin_bound(bounds[0], train_m),
-        union_gap_bound(bounds[0], sigma.n))
+        union_gap_bound(bounds[0], sigma.n), shape)

@@ -188,23 +188,33 @@ def load_model(spec: str | os.PathLike[str], input_shape: Sequence[int] | None =
 
 def load_model_pair(spec_a: str, spec_b: str, input_shape: Sequence[int] | None = None,
                     weights_a: str | None = None, weights_b: str | None = None, *,
-                    seed: int | None = None) -> tuple[nn.Module, nn.Module, tuple[int, ...]]:
-    """Two models (``load_model`` each) and their common input shape.
+                    seed: int | None = None, model_kwargs: Mapping[str, Any] | None = None
+                    ) -> tuple[nn.Module, nn.Module, tuple[int, ...]]:
+    """Two models (``load_model`` each) and their common input shape. ``model_kwargs`` are
+    the constructor arguments of each of the two given by name (a checkpoint file holds
+    its own).
 
     Raises:
         ShapeError: they come with different input shapes and ``input_shape`` does not
             choose one.
+        InvalidParameterError: ``model_kwargs`` and two checkpoint files.
     """
-    net_a, shape = load_model(spec_a, input_shape, weights_a, seed=seed)
-    net_b, shape_b = load_model(spec_b, input_shape, weights_b, seed=seed)
+    if model_kwargs and _is_path(spec_a) and _is_path(spec_b):
+        raise InvalidParameterError(
+            f"'{spec_a}' and '{spec_b}' are checkpoints, which hold their own constructor "
+            "arguments; give model arguments with a model name")
+    net_a, shape = load_model(spec_a, input_shape, weights_a, seed=seed,
+                              model_kwargs=None if _is_path(spec_a) else model_kwargs)
+    net_b, shape_b = load_model(spec_b, input_shape, weights_b, seed=seed,
+                                model_kwargs=None if _is_path(spec_b) else model_kwargs)
     if shape != shape_b:
         raise ShapeError(f"{spec_a} has input shape {shape} and {spec_b} has {shape_b} (stored "
                          "in a checkpoint, or an architecture's default): give --input-shape")
     return net_a, net_b, shape
 
 
-def model_factory(spec: str, num_classes: int | None = None, weights: str | None = None
-                  ) -> Callable[[], nn.Module]:
+def model_factory(spec: str, num_classes: int | None = None, weights: str | None = None,
+                  model_kwargs: Mapping[str, Any] | None = None) -> Callable[[], nn.Module]:
     """A callable building a fresh model from ``spec``.
 
     - a model name (``pathlift models``, ``module:callable``, ``path/to/file.py:callable``;
@@ -212,6 +222,9 @@ def model_factory(spec: str, num_classes: int | None = None, weights: str | None
       each call, with ``num_classes`` when a reference constructor takes that argument;
     - a checkpoint file, or a name with ``weights``: each call returns a copy of those
       weights (``load_model``, its trust rule included), so every run starts from them.
+
+    ``model_kwargs``: constructor arguments of a model given by name (over ``num_classes``;
+    a checkpoint file holds its own).
 
     Raises:
         InvalidParameterError: unknown name, module or attribute, or a factory that does
@@ -225,12 +238,13 @@ def model_factory(spec: str, num_classes: int | None = None, weights: str | None
         make = model_factory("examples.nets:tiny_cnn")
     """
     if weights is not None or _is_path(spec):
-        template, _ = load_model(spec, None, weights)
+        template, _ = load_model(spec, None, weights, model_kwargs=model_kwargs)
         return lambda: copy_model(template)
     constructor = REFERENCE_MODELS[spec].constructor if spec in REFERENCE_MODELS else None
     takes = "num_classes" in inspect.signature(constructor).parameters if constructor \
         else not is_import_path(spec)  # torchvision's and timm's constructors take num_classes
     kwargs = {"num_classes": num_classes} if num_classes is not None and takes else {}
+    kwargs.update(model_kwargs or {})
     check_model_size(spec, kwargs)  # an unknown name or a huge model fails here
     return functools.partial(get_model, spec, **kwargs)
 

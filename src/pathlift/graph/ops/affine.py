@@ -494,8 +494,43 @@ def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | N
     ``dtype`` (default: the buffers' dtype) is the precision of the fold: folding float32
     statistics in float32 loses ~1e-7 relative, more than a float64 path-norm tolerates.
     ``detach=False`` keeps the autograd history of weight and bias (the statistics are
-    constants either way).
+    constants either way). A detached fold is kept per module and dtype until one of the
+    module's tensors, its ``eps`` or the fold itself changes (a |theta|^q pass asks for it
+    up to three times per BatchNorm: units, gain, bias).
     """
+    dtype = dtype or bn.running_var.dtype
+    state = _tensor_state(bn) if detach else None
+    kept = _FOLDS.get(bn)
+    if kept is None or state is None or kept[1] != bn.eps or not _same(kept[0], state):
+        kept = (state, bn.eps, {})
+        if state is not None:
+            _FOLDS[bn] = kept
+    fold = kept[2].get(dtype)
+    if fold is None or _versions(fold[:2]) != fold[2]:
+        a, c = _fold(bn, dtype, detach)
+        fold = (a, c, _versions((a, c)))
+        if fold[2] is not None:  # an inference tensor keeps no version: never kept
+            kept[2][dtype] = fold
+    return fold[0], fold[1]
+
+
+# An eval BatchNorm's detached folds (a, c, their versions) by dtype, with the state of its
+# tensors and its eps they were computed from (``batchnorm_affine``).
+_FOLDS: weakref.WeakKeyDictionary[nn.Module, tuple[list[tuple], float, dict]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _versions(tensors: Sequence[Tensor]) -> tuple[int, ...] | None:
+    """The version of each tensor (an in-place write changes it); None for inference
+    tensors, which keep none."""
+    try:
+        return tuple(t._version for t in tensors)
+    except RuntimeError:
+        return None
+
+
+def _fold(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype, detach: bool
+          ) -> tuple[Tensor, Tensor]:
     a = torch.add(bn.running_var.detach().to(dtype), bn.eps).rsqrt_()
     weight, bias = param(bn, "weight", detach), param(bn, "bias", detach)
     if weight is not None:  # in place where no autograd history is kept

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -67,11 +68,14 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
                      batch_size: int = 64, lr: float = 0.05, spread: str = "data",
                      save_models: bool = False, overwrite: bool = False,
                      output: OutputKey | None = None,
+                     model_kwargs: Mapping[str, Any] | None = None,
                      on_progress: Callable[[str, int, int], None] | None = None,
                      on_estimate: Callable[[str], None] | None = None) -> PruneExperiment:
     """Train ``model`` (a name, import path or checkpoint: ``pathlift.models.model_factory``)
     on ``data`` (``pathlift.data.load_data``), prune it with every method of ``config``,
     rewind and retrain (thesis Sec. 3.5.2, App. E.1), under torchrun on every process.
+    ``model_kwargs``: constructor arguments of a model given by name (recorded in the
+    folder's manifest: a resumed run must share them).
 
     Rank 0 writes ``out``/runs.csv (resumed when it holds runs of the same settings), the
     dense weights and ``out``/summary.png (accuracy against the pruning level, the
@@ -101,7 +105,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     with launched() as world:
         split = load_data(data, input_shape=input_shape, test_fraction=test_fraction,
                           normalize=normalize)
-        make = _selected(model_factory(model, split.num_classes, weights), output,
+        make = _selected(model_factory(model, split.num_classes, weights, model_kwargs), output,
                          split.input_shape)
         probe = make().eval()  # a fresh copy: the protocol scores in eval mode too
         graph = graph_of(probe, split.input_shape)
@@ -126,7 +130,9 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
                                           training.evaluate, config, spread=spread,
                                           folder=folder, save_models=save_models,
                                           on_progress=on_progress,
-                                          before_training=sizing)
+                                          before_training=sizing,
+                                          settings={"model_kwargs": dict(model_kwargs)}
+                                          if model_kwargs else None)
         if not world.main:
             return PruneExperiment(None, None, None, None, world.size, note)
         trained = make()

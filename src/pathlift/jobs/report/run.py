@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -86,7 +87,7 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
                progress: bool = True, *, weights: str | None = None,
                test_fraction: float = 0.25, normalize: str = "none",
                batch_size: int = 64, outputs: OutputKey | None = None,
-               overwrite: bool = False,
+               overwrite: bool = False, model_kwargs: Mapping[str, Any] | None = None,
                on_estimate: Callable[[str], None] | None = None) -> ReportResult:
     """Measure a model, then write ``out_dir``/report.md, report.html, report.json and PNGs.
 
@@ -102,6 +103,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
         outputs: for a model returning several tensors, the one holding the class logits
             (a position or a key, ``pathlift.graph.outputs.select_output``): trained on and
             measured.
+        model_kwargs: constructor arguments of a model given by name (a checkpoint file
+            holds its own).
         overwrite: replace the files of ``REPORT_FILES`` already in ``out_dir``; without
             it such a folder is refused (``OutputExistsError``) before anything is measured.
         on_estimate: given the line of the work's estimate before any training
@@ -130,7 +133,7 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
                                                               "digits")
             epochs = DEFAULT_EPOCHS if epochs is None else epochs
         else:
-            net, shape = _model(model, input_shape, weights, data)
+            net, shape = _model(model, input_shape, weights, data, model_kwargs)
             title = type(model).__name__ if isinstance(model, nn.Module) else str(model)
         net = select_output(net, outputs, shape)
         report, measured = measure_report(
@@ -146,7 +149,8 @@ def run_report(out_dir: str | Path = "report", model: str | nn.Module | None = N
 
 
 def _model(model: str | nn.Module, input_shape: Sequence[int] | None, weights: str | None,
-           data: Split | None) -> tuple[nn.Module, tuple[int, ...]]:
+           data: Split | None, model_kwargs: Mapping[str, Any] | None = None
+           ) -> tuple[nn.Module, tuple[int, ...]]:
     """The model and its input shape: given, else the checkpoint's, else the data's, else
     the architecture's (``load_model``'s order)."""
     shape = None if input_shape is None else tuple(input_shape)
@@ -155,4 +159,5 @@ def _model(model: str | nn.Module, input_shape: Sequence[int] | None, weights: s
         if shape is None:
             raise ShapeError("give input_shape (or data) with an nn.Module")
         return model, shape
-    return load_model(model, shape, weights, data_shape=data.input_shape if data else None)
+    return load_model(model, shape, weights, data_shape=data.input_shape if data else None,
+                      model_kwargs=model_kwargs)
