@@ -1,0 +1,236 @@
+"""Functional layers over tensors under any name, as users write them (``F.linear(x,
+self.w, self.b)``, ``F.conv2d(x, self.kernel, self.offset)``, ``einsum`` over ``self.W``,
+one module's tensor read by two calls): the op of the module form, each tensor known by
+its own state_dict key (pathlift.graph.functional). Every number is checked against path
+enumeration or autograd; pruning, rescaling, normalisation, quantisation and a
+safetensors checkpoint reach ``fc.w``, never a made-up ``fc.weight``; the caller's model
+is never touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from activation_checks import (
+    assert_norms_equal_enumeration,
+    assert_rescaling_keeps_function_and_norms,
+    randomised,
+)
+from pathlift.errors import UnsupportedModelError
+from pathlift.graph import copy_model, trace
+from pathlift.graph.boundary import structure_key
+from pathlift.lift import path_norm
+from pathlift.lift.differentiable import differentiable_path_norm
+from pathlift.models.checkpoints import load_weights, read_checkpoint, save_checkpoint
+from pathlift.prune import magnitude_scores, path_magnitude_scores, prune_model
+from pathlift.quant import quantize
+from pathlift.symmetry import normalize, random_rescale
+from pathlift.testing.neurons import NeuronDAG
+
+SHAPE = (1, 4, 4)
+
+
+class Dense(nn.Module):
+    def __init__(self, i: int, o: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(o, i))
+        self.b = nn.Parameter(torch.empty(o))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.w, self.b)
+
+
+class Kernel(nn.Module):
+    def __init__(self, i: int, o: int):
+        super().__init__()
+        self.kernel = nn.Parameter(torch.empty(o, i, 3, 3))
+        self.offset = nn.Parameter(torch.empty(o))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv2d(x, self.kernel, self.offset, padding=1)
+
+
+class Ein(nn.Module):
+    def __init__(self, i: int, o: int):
+        super().__init__()
+        self.W = nn.Parameter(torch.empty(o, i))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.einsum("bi,oi->bo", x, self.W)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = Kernel(1, 2), Dense(8, 5)
+        self.mix, self.out = Ein(5, 4), Dense(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1)
+        return self.out(torch.relu(self.mix(torch.relu(self.fc(h)))))
+
+
+KEYS = {"conv.kernel", "conv.offset", "fc.w", "fc.b", "mix.W", "out.w", "out.b"}
+
+
+@pytest.fixture
+def net() -> Net:
+    return randomised(Net(), seed=1)
+
+
+def test_path_norms_equal_enumeration_and_layers_are_module_forms(net):
+    assert_norms_equal_enumeration(net, SHAPE)
+    assert [type(m).__name__ for _, m in trace(net, SHAPE).layers()] == [
+        "FunctionalConv2d", "FunctionalLinear", "FunctionalLinear", "FunctionalLinear"]
+
+
+def test_scores_keyed_by_the_modules_own_names_equal_autograd(net):
+    scores = path_magnitude_scores(net, SHAPE, include_biases=True)
+    assert set(scores.tensors) == KEYS - {"mix.b"}
+    assert set(magnitude_scores(net, SHAPE).tensors) == {"conv.kernel", "fc.w", "mix.W",
+                                                          "out.w"}
+    copy = copy_model(net)
+    log_norm = differentiable_path_norm(copy, SHAPE, q=1.0)  # ln ||Phi||_1
+    log_norm.backward()
+    for key, p in copy.named_parameters():  # theta_i d||Phi||_1/d theta_i (Sec. 3.5.1)
+        expected = (p * p.grad).detach() * log_norm.exp() / 10 ** scores.log10_scale
+        torch.testing.assert_close(scores.tensors[key], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_pruning_masks_land_on_the_owner_under_its_names(net, tmp_path: Path):
+    pruned = copy_model(net)
+    prune_model(pruned, SHAPE, 0.5)
+    for owner, name in (("conv", "kernel"), ("fc", "w"), ("mix", "W"), ("out", "w")):
+        module = pruned.get_submodule(owner)
+        assert hasattr(module, f"{name}_orig") and hasattr(module, f"{name}_mask")
+        assert not hasattr(module, "weight") and not hasattr(module, "weight_mask")
+    zeros = sum(int((m == 0).sum()) for k, m in pruned.state_dict().items()
+                if k.endswith("_mask"))
+    assert zeros > 0
+    # the same weights written in place of the masks: an independent pruned network
+    plain = copy_model(net)
+    with torch.no_grad():
+        for key, m in pruned.state_dict().items():
+            if key.endswith("_mask"):
+                plain.get_parameter(key.removesuffix("_mask")).mul_(m)
+    x = torch.randn(3, *SHAPE, dtype=torch.float64)
+    torch.testing.assert_close(pruned(x), plain(x), rtol=0, atol=1e-12)
+    assert path_norm(pruned, SHAPE).log10 == pytest.approx(
+        NeuronDAG.from_module(plain, SHAPE).path_norm_log10(1.0, 1.0), abs=1e-12)
+    # a safetensors checkpoint of the pruned model loads back, masks re-attached
+    path = save_checkpoint(pruned, tmp_path / "net.safetensors", f"{__file__}:Net")
+    loaded = load_weights(Net().double().eval(), read_checkpoint(path).state_dict)
+    assert hasattr(loaded.fc, "w_mask") and torch.equal(loaded.fc.w_mask, pruned.fc.w_mask)
+    torch.testing.assert_close(loaded(x), pruned(x), rtol=0, atol=0)
+    assert path_norm(loaded, SHAPE).log10 == path_norm(pruned, SHAPE).log10
+
+
+def test_rescaling_and_normalisation_change_the_modules_tensors(net):
+    assert_rescaling_keeps_function_and_norms(net, SHAPE, lambda m: m.fc.w)
+    rescaled = random_rescale(net, seed=5, input_shape=SHAPE)
+    for key in ("conv.kernel", "conv.offset", "mix.W"):
+        assert not torch.equal(rescaled.get_parameter(key), net.get_parameter(key))
+
+
+def test_quantisation_rounds_the_modules_tensors(net):
+    quantized = quantize(net, SHAPE, bits=4)
+    assert set(quantized.codes) == KEYS
+    for key, code in quantized.codes.items():
+        torch.testing.assert_close(quantized.model.get_parameter(key), code.dequantize(),
+                                   rtol=0, atol=0)
+        assert not torch.equal(quantized.model.get_parameter(key), net.get_parameter(key))
+
+
+def test_the_callers_model_is_never_touched(net):
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    key = structure_key(net)
+    path_magnitude_scores(net, SHAPE, include_biases=True)
+    random_rescale(net, seed=2, input_shape=SHAPE)
+    normalize(net, SHAPE)
+    quantize(net, SHAPE, bits=4)
+    prune_model(copy_model(net), SHAPE, 0.3)
+    assert structure_key(net) == key
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+
+
+class Twice(nn.Module):
+    """One module's tensor read by two calls: a layer called twice (shared weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(4, 4))
+        self.b = nn.Parameter(torch.empty(4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(torch.relu(F.linear(x, self.w, self.b)), self.w, self.b)
+
+
+def test_a_tensor_read_by_two_calls_is_one_shared_layer():
+    net = randomised(nn.Sequential(Dense(4, 4), nn.ReLU(), Twice(), nn.ReLU(),
+                                   nn.Linear(4, 2)), seed=3)
+    assert_norms_equal_enumeration(net, (4,))
+    assert_rescaling_keeps_function_and_norms(net, (4,), lambda m: m[2].w)
+
+
+class _Hidden(nn.Module):
+    """Holds a ``weight`` (a scale of its own) that its functional layer does not read."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 4))
+        self.weight = nn.Parameter(torch.randn(3))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.w)
+
+
+class _Swapped(nn.Module):
+    """Its weight named ``bias`` and its bias named ``weight``."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.empty(3, 4))
+        self.weight = nn.Parameter(torch.empty(3))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.bias, self.weight)
+
+
+def test_swapped_names_are_read_by_role():
+    net = randomised(nn.Sequential(_Swapped(), nn.ReLU(), Dense(3, 2)), seed=4)
+    assert_norms_equal_enumeration(net, (4,))
+    assert set(path_magnitude_scores(net, (4,), include_biases=True).tensors) == {
+        "0.bias", "0.weight", "2.w", "2.b"}
+    assert_rescaling_keeps_function_and_norms(net, (4,), lambda m: m[0].bias)
+
+
+def test_a_hidden_role_name_is_refused_in_one_line():
+    with pytest.raises(UnsupportedModelError) as info:
+        path_norm(nn.Sequential(_Hidden()).eval(), (4,))
+    assert "module '0' also holds a tensor named weight" in str(info.value)
+    assert len(info.value.problems) == 1
+
+
+class _Beit(nn.Module):
+    """timm's BEiT attention input: a bias concatenated from q_bias, zeros and v_bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(4, 6, bias=False)
+        self.q_bias, self.v_bias = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2))
+        self.register_buffer("k_bias", torch.zeros(2), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+        return F.linear(x, self.qkv.weight, bias)
+
+
+def test_a_bias_concatenated_from_several_tensors_is_refused_saying_so():
+    with pytest.raises(UnsupportedModelError) as info:
+        path_norm(nn.Sequential(_Beit(), nn.ReLU(), nn.Linear(6, 2)).eval(), (4,))
+    assert "its bias is computed in forward from 0.k_bias, 0.q_bias, 0.v_bias" in str(
+        info.value) and len(info.value.problems) == 1
