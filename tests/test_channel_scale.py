@@ -7,9 +7,13 @@ reach ``s.gamma``."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from activation_checks import (
@@ -185,8 +189,12 @@ def test_pruning_reaches_gamma(mlp):
         NeuronDAG.from_module(plain, (4,)).path_norm_log10(1.0, 1.0), abs=1e-12)
 
 
-def test_quantisation_rounds_gamma(conv):
+def test_quantisation_rounds_gamma_and_the_callers_model_is_untouched(conv):
+    before = {k: v.clone() for k, v in conv.state_dict().items()}
     quantized = quantize(conv, SHAPE, bits=4)
+    normalize(conv, SHAPE)
+    assert set(conv.state_dict()) == set(before)
+    assert all(torch.equal(v, before[k]) for k, v in conv.state_dict().items())
     for key in ("block.gamma", "shift.beta", "fixed.scale"):
         value = quantized.model.get_parameter(key) if key != "fixed.scale" \
             else quantized.model.get_buffer(key)
@@ -229,3 +237,27 @@ def test_refused_in_one_line(layer, shape, words):
     with pytest.raises(UnsupportedModelError) as info:
         path_norm(nn.Sequential(layer).eval(), shape)
     assert words in str(info.value) and len(info.value.problems) == 1
+
+
+_SCALES = st.lists(st.floats(-8.0, 8.0).filter(lambda v: abs(v) > 1e-3), min_size=6,
+                   max_size=6)
+_FACTORS = st.lists(st.floats(1 / 64, 64.0), min_size=6, max_size=6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(gamma=_SCALES, lam=_FACTORS, seed=st.integers(0, 2**16))
+def test_gamma_rescaling_invariance_and_the_lipschitz_bound(gamma, lam, seed):
+    """Def. 2.4.1: moving factors lam through gamma keeps R and ||Phi||_{1,inf}; Thm
+    3.3.1: |R(x) - R(x')|_inf <= ||Phi||_{1,inf} |x - x'|_inf on sampled inputs."""
+    net = randomised(Mlp(), seed=seed % 7)
+    with torch.no_grad():
+        net.s.gamma.copy_(torch.tensor(gamma, dtype=torch.float64))
+    out = rescale(net, {"a": torch.tensor(lam, dtype=torch.float64), "s": 1.0}, (4,))
+    norm = path_norm(net, (4,), q=1.0, r=math.inf)
+    assert path_norm(out, (4,), q=1.0, r=math.inf).log10 == pytest.approx(norm.log10,
+                                                                        abs=1e-12)
+    g = torch.Generator().manual_seed(seed)
+    x, y = (torch.randn(8, 4, dtype=torch.float64, generator=g) for _ in range(2))
+    torch.testing.assert_close(out(x), net(x), rtol=1e-12, atol=1e-12)
+    gap = (net(x) - net(y)).abs().amax(dim=1)
+    assert bool((gap <= norm.value * (x - y).abs().amax(dim=1) * (1 + 1e-12)).all())

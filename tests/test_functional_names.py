@@ -234,3 +234,34 @@ def test_a_bias_concatenated_from_several_tensors_is_refused_saying_so():
         path_norm(nn.Sequential(_Beit(), nn.ReLU(), nn.Linear(6, 2)).eval(), (4,))
     assert "its bias is computed in forward from 0.k_bias, 0.q_bias, 0.v_bias" in str(
         info.value) and len(info.value.problems) == 1
+
+
+class _Norm(nn.Module):
+    """A user's own eval BatchNorm over tensors of its own names, with BatchNorm's
+    settings as attributes (which quantisation rewrites: eps)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.num_features, self.eps, self.affine = c, 1e-3, True
+        self.register_buffer("mu", torch.zeros(c))
+        self.register_buffer("var", torch.ones(c))
+        self.g, self.b = nn.Parameter(torch.ones(c)), nn.Parameter(torch.zeros(c))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.batch_norm(x, self.mu, self.var, self.g, self.b, False, 0.1, self.eps)
+
+
+def test_quantising_a_renamed_batch_norm_reaches_its_settings():
+    net = randomised(nn.Sequential(nn.Linear(3, 4), _Norm(4), nn.ReLU(), nn.Linear(4, 2)),
+                     seed=6)
+    with torch.no_grad():
+        net[1].mu.uniform_(-1, 1)
+        net[1].var.uniform_(0.5, 2)
+    assert_norms_equal_enumeration(net, (3,))
+    quantized = quantize(net, (3,), bits=4)
+    a, c = (quantized.codes[k].dequantize() for k in ("1.g", "1.b"))
+    model = quantized.model
+    assert model[1].eps == 0.0 and net[1].eps == 1e-3
+    x = torch.randn(5, 3, dtype=torch.float64)
+    h = model[0](x) * a + c  # x * Q(a) + Q(c) exactly, by hand
+    torch.testing.assert_close(model(x), model[3](torch.relu(h)), rtol=0, atol=1e-12)

@@ -103,6 +103,7 @@ class FunctionalCall:
     derived: dict[str, Derivation] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)
     reads: frozenset[str] = frozenset()  # the module's names of every tensor it reads
+    checked: frozenset[str] = frozenset()  # settings the module holds too (Lowered.checked)
 
     def run(self, view: nn.Module, x: Tensor) -> Any:
         """The original call on ``x`` with the view's tensors, as the module's forward
@@ -193,15 +194,21 @@ def _derived(role: str) -> property:
 
 
 def _view_class(form: type, derived: tuple[str, ...] = ()) -> type:
-    """``form`` whose forward is the lowered call and whose ``derived`` tensors are
-    computed (one class per form and roles)."""
+    """``form`` whose forward is the lowered call, whose ``derived`` tensors are computed
+    (one class per form and roles) and whose settings that its module holds too are
+    written to the module as well (quantising an eval BatchNorm sets eps to 0)."""
     key = (form, derived)
     if key not in _VIEW_CLASSES:
         def forward(self: nn.Module, x: Tensor) -> Any:
             return self.pathlift_call.run(self, x)
+
+        def set_attr(self: nn.Module, name: str, value: Any) -> None:
+            if name in self.pathlift_call.checked:  # the module's own setting: it reads it
+                setattr(self.pathlift_owner, name, value)
+            form.__setattr__(self, name, value)
         _VIEW_CLASSES[key] = type(
             f"Functional{form.__name__}", (form,),
-            {"forward": forward, "__module__": __name__,
+            {"forward": forward, "__setattr__": set_attr, "__module__": __name__,
              **{role: _derived(role) for role in derived}})
     return _VIEW_CLASSES[key]
 
@@ -218,7 +225,7 @@ def functional_view(owner: nn.Module, call: FunctionalCall) -> nn.Module:
     state = view.__dict__
     state.update(vars(owner))
     state.update(call.settings)
-    state["pathlift_call"] = call
+    state["pathlift_call"], state["pathlift_owner"] = call, owner
     state["_modules"] = {}
     for table in ("_parameters", "_buffers"):
         own = getattr(owner, table)
@@ -453,7 +460,8 @@ def _replace(graph: fx.Graph, node: fx.Node, found: Lowered, owner: str,
         {r for d in derived.values() for r in d.reads})) if derived else found.handler
     reads = frozenset(name.rpartition(".")[2] for name in _tensors(found, derived))
     call = FunctionalCall(handler, found.form, found.settings, node.target,
-                          tuple(args), dict(kwargs), derived, _renames(found), reads)
+                          tuple(args), dict(kwargs), derived, _renames(found), reads,
+                          frozenset(found.checked))
     with graph.inserting_before(node):
         new = graph.call_module(owner, (x,))
     new.meta[LOWERED] = call
