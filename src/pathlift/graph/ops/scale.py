@@ -24,6 +24,7 @@ from torch import Tensor, fx, nn
 from pathlift.graph.boundary import param, stored
 from pathlift.graph.ops.affine import (
     AffineHandler,
+    BatchNormHandler,
     Workspace,
     _operand,
     _scale_,
@@ -128,12 +129,9 @@ class ChannelAffineHandler(AffineHandler):
         """A scale's neurons are its own; a free bias follows its input's channels."""
         return param(module, "weight") is not None
 
-    def entry_channels(self, module: nn.Module) -> tuple[Tensor, Tensor]:
-        channels = torch.arange(module.num_features)
-        return channels, channels
-
-    def in_channels(self, module: nn.Module) -> int:
-        return module.num_features
+    # neuron c reads input channel c only: eval BatchNorm's layout (``num_features``)
+    entry_channels = BatchNormHandler.entry_channels
+    in_channels = BatchNormHandler.in_channels
 
     def incoming_rows(self, module: nn.Module) -> Tensor:
         weight, bias = self.pair(module)
