@@ -226,12 +226,20 @@ class _Rows(nn.Module):
         return x * self.g[:, None]
 
 
+class _Early(Block):
+    """The scale reshaped before the conv it scales runs."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.gamma.view(1, -1, 1, 1) * self.conv(x)
+
+
 @pytest.mark.parametrize(("layer", "shape", "words"), [
     (_Square(), (4,), "not one entry per channel"),
     (_Computed(4), (4,), "a tensor computed in forward"),
     (_Rows(), (1, 4, 4), "scales or shifts dim 2"),
     (LayerScale(2), (4,), "2 entries broadcast over 4 channels"),
     (_Indexed(2), (2, 3, 3), "torch.fx made a constant"),
+    (_Early(2), (2, 3, 3), "reshaped before the activation it scales is computed"),
 ])
 def test_refused_in_one_line(layer, shape, words):
     with pytest.raises(UnsupportedModelError) as info:

@@ -214,6 +214,11 @@ def _reader(role: str) -> Callable[[fx.Node, Callable[[fx.Node], Any]], Lowered 
             return (f"{what} a tensor that torch.fx made a constant (a buffer indexed or "
                     "reshaped in forward, self.scale[:, None, None]); read the buffer as it "
                     "is (store it reshaped), or make it a parameter")
+        order = {n: i for i, n in enumerate(node.graph.nodes)}
+        if t.op != "get_attr" and order[t] < order[x]:  # eager reshapes, then computes x
+            return (f"{what} a module tensor reshaped before the activation it scales is "
+                    "computed (self.gamma.view(1, -1, 1, 1) * self.conv(x)), an order the "
+                    "layer cannot keep; write self.conv(x) * self.gamma.view(1, -1, 1, 1)")
         operand, read_as = _channel_operand(t, role), value(t)
         if operand is None:
             return (f"{what} a tensor computed in forward from the module's tensors outside "
