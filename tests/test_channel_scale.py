@@ -27,7 +27,7 @@ from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.prune import path_magnitude_scores, prune_model
 from pathlift.quant import quantize
-from pathlift.symmetry import normalize, rescale
+from pathlift.symmetry import conserved_quantities, normalize, rescale
 from pathlift.testing.neurons import NeuronDAG
 
 
@@ -269,3 +269,13 @@ def test_gamma_rescaling_invariance_and_the_lipschitz_bound(gamma, lam, seed):
     torch.testing.assert_close(out(x), net(x), rtol=1e-12, atol=1e-12)
     gap = (net(x) - net(y)).abs().amax(dim=1)
     assert bool((gap <= norm.value * (x - y).abs().amax(dim=1) * (1 + 1e-12)).all())
+
+
+def test_conserved_quantities_of_the_scales_neurons(mlp):
+    """Sec. 7.1.2: ||theta^{->v}||^2 - ||theta^{v->}||^2 of the scale's neurons v is
+    gamma_v^2 minus the squared column v of the next layer (a's neurons, read by a
+    diagonal op, are left out as BatchNorm's inputs are)."""
+    found = conserved_quantities(mlp, (4,))
+    by_hand = mlp.s.gamma.detach() ** 2 - mlp.b.weight.detach().pow(2).sum(0)
+    torch.testing.assert_close((found.incoming - found.outgoing).sort().values,
+                               by_hand.sort().values, rtol=1e-12, atol=1e-15)

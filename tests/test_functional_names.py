@@ -28,7 +28,13 @@ from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models.checkpoints import load_weights, read_checkpoint, save_checkpoint
 from pathlift.prune import magnitude_scores, path_magnitude_scores, prune_model
 from pathlift.quant import quantize
-from pathlift.symmetry import normalize, random_rescale
+from pathlift.symmetry import (
+    conserved_quantities,
+    equivalent,
+    normalize,
+    permute,
+    random_rescale,
+)
 from pathlift.testing.neurons import NeuronDAG
 
 SHAPE = (1, 4, 4)
@@ -265,3 +271,41 @@ def test_quantising_a_renamed_batch_norm_reaches_its_settings():
     x = torch.randn(5, 3, dtype=torch.float64)
     h = model[0](x) * a + c  # x * Q(a) + Q(c) exactly, by hand
     torch.testing.assert_close(model(x), model[3](torch.relu(h)), rtol=0, atol=1e-12)
+
+
+class Twin(nn.Module):
+    """``Net`` written with modules: the same function under nn's names."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(1, 2, 3, padding=1), nn.Linear(8, 5)
+        self.mix, self.out = nn.Linear(5, 4, bias=False), nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1)
+        return self.out(torch.relu(self.mix(torch.relu(self.fc(h)))))
+
+
+_NN_NAMES = {"kernel": "weight", "offset": "bias", "w": "weight", "b": "bias", "W": "weight"}
+
+
+def _twin(net: Net) -> Twin:
+    twin = Twin().double().eval()
+    twin.load_state_dict({k.rpartition(".")[0] + "." + _NN_NAMES[k.rpartition(".")[2]]: v
+                          for k, v in net.state_dict().items()})
+    return twin
+
+
+def test_permutations_and_conserved_quantities_reach_the_modules_tensors(net):
+    permuted = permute(net, {"fc": [4, 2, 0, 1, 3]}, SHAPE)
+    torch.testing.assert_close(permuted.fc.w, net.fc.w[[4, 2, 0, 1, 3]], rtol=0, atol=0)
+    torch.testing.assert_close(permuted.mix.W, net.mix.W[:, [4, 2, 0, 1, 3]], rtol=0, atol=0)
+    x = torch.randn(3, *SHAPE, dtype=torch.float64)
+    torch.testing.assert_close(permuted(x), net(x), rtol=0, atol=1e-12)
+    rescaled = random_rescale(permuted, seed=4, input_shape=SHAPE)
+    assert equivalent(net, rescaled, SHAPE).equivalent
+    twin = _twin(net)
+    torch.testing.assert_close(twin(x), net(x), rtol=0, atol=1e-12)
+    mine, theirs = conserved_quantities(net, SHAPE), conserved_quantities(twin, SHAPE)
+    torch.testing.assert_close(mine.incoming, theirs.incoming, rtol=1e-12, atol=0)
+    torch.testing.assert_close(mine.outgoing, theirs.outgoing, rtol=1e-12, atol=0)
