@@ -29,8 +29,10 @@ from pathlift.models.checkpoints import load_weights, read_checkpoint, save_chec
 from pathlift.prune import magnitude_scores, path_magnitude_scores, prune_model
 from pathlift.quant import quantize
 from pathlift.symmetry import (
+    adversarial_rescale,
     conserved_quantities,
     equivalent,
+    magnitude_prune,
     normalize,
     permute,
     random_rescale,
@@ -309,3 +311,23 @@ def test_permutations_and_conserved_quantities_reach_the_modules_tensors(net):
     mine, theirs = conserved_quantities(net, SHAPE), conserved_quantities(twin, SHAPE)
     torch.testing.assert_close(mine.incoming, theirs.incoming, rtol=1e-12, atol=0)
     torch.testing.assert_close(mine.outgoing, theirs.outgoing, rtol=1e-12, atol=0)
+
+
+def test_magnitude_pruning_and_adversarial_rescaling_reach_the_modules_tensors(net):
+    twin = _twin(net)
+    pruned, twin_pruned = magnitude_prune(net, 0.5, SHAPE), magnitude_prune(twin, 0.5, SHAPE)
+    assert int((pruned.fc.w == 0).sum()) > 0
+    for key, value in pruned.state_dict().items():  # the same zeros as the module form's
+        owner, _, leaf = key.rpartition(".")
+        torch.testing.assert_close(value, twin_pruned.get_parameter(
+            f"{owner}.{_NN_NAMES[leaf]}"), rtol=0, atol=0)
+    x = torch.randn(3, *SHAPE, dtype=torch.float64)
+    adversarial = adversarial_rescale(net, 0.5, input_shape=SHAPE)
+    twin_adversarial = adversarial_rescale(twin, 0.5, input_shape=SHAPE)
+    assert not all(torch.equal(v, net.state_dict()[k])
+                   for k, v in adversarial.state_dict().items())
+    for key, value in adversarial.state_dict().items():  # the module form's factors
+        owner, _, leaf = key.rpartition(".")
+        torch.testing.assert_close(value, twin_adversarial.get_parameter(
+            f"{owner}.{_NN_NAMES[leaf]}"), rtol=1e-12, atol=0)
+    torch.testing.assert_close(adversarial(x), net(x), rtol=1e-10, atol=1e-10)
