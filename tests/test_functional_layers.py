@@ -25,7 +25,7 @@ from pathlift.graph import copy_model, trace
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models.checkpoints import load_weights
-from pathlift.prune import path_magnitude_scores, prune_model
+from pathlift.prune import channel_path_magnitude, path_magnitude_scores, prune_model
 from pathlift.quant import quantize
 from pathlift.testing.neurons import NeuronDAG
 
@@ -327,3 +327,15 @@ def test_timms_own_norm_act_layers_equal_their_module_form():
         assert path_norm(net, (1, 4, 4), q=q, r=r).log10 == pytest.approx(
             path_norm(twin, (1, 4, 4), q=q, r=r).log10, abs=1e-12)
     assert_rescaling_keeps_function_and_norms(net, (1, 4, 4), lambda m: m[1].conv.weight)
+
+
+def test_structured_pruning_masks_the_modules_own_tensors(net):
+    """``channel_path_magnitude`` prunes each layer's module under its own name (it
+    pruned the functional view before: the module lost its `weight` and its forward
+    raised AttributeError)."""
+    pruned, twin = copy_model(net), _twin(net)
+    channel_path_magnitude(pruned, SHAPE, 0.5)
+    channel_path_magnitude(twin, SHAPE, 0.5)
+    assert hasattr(pruned.fc1, "weight_mask") and hasattr(pruned.conv, "weight_mask")
+    x = torch.randn(3, *SHAPE, dtype=torch.float64)
+    torch.testing.assert_close(pruned(x), twin(x), rtol=0, atol=1e-12)

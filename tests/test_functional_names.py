@@ -26,7 +26,13 @@ from pathlift.graph.boundary import structure_key
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models.checkpoints import load_weights, read_checkpoint, save_checkpoint
-from pathlift.prune import magnitude_scores, path_magnitude_scores, prune_model
+from pathlift.prune import (
+    channel_path_magnitude,
+    channel_scores,
+    magnitude_scores,
+    path_magnitude_scores,
+    prune_model,
+)
 from pathlift.quant import quantize
 from pathlift.symmetry import (
     adversarial_rescale,
@@ -331,3 +337,18 @@ def test_magnitude_pruning_and_adversarial_rescaling_reach_the_modules_tensors(n
         torch.testing.assert_close(value, twin_adversarial.get_parameter(
             f"{owner}.{_NN_NAMES[leaf]}"), rtol=1e-12, atol=0)
     torch.testing.assert_close(adversarial(x), net(x), rtol=1e-10, atol=1e-10)
+
+
+def test_structured_pruning_masks_whole_channels_of_the_modules_tensors(net):
+    pruned, twin = copy_model(net), _twin(net)
+    scores = channel_path_magnitude(pruned, SHAPE, 0.5)
+    channel_path_magnitude(twin, SHAPE, 0.5)
+    assert set(channel_scores(scores)) == {"conv", "fc", "mix", "out"}
+    for owner, name in (("conv", "kernel"), ("fc", "w"), ("mix", "W")):
+        mask = pruned.get_buffer(f"{owner}.{name}_mask")
+        rows = mask.reshape(mask.shape[0], -1)
+        assert bool(((rows == 0).all(1) | (rows == 1).all(1)).all()) and bool((rows == 0).any())
+        torch.testing.assert_close(mask, twin.get_buffer(f"{owner}.weight_mask"), rtol=0, atol=0)
+    assert not hasattr(pruned.out, "w_mask")  # the output layer keeps its neurons
+    x = torch.randn(3, *SHAPE, dtype=torch.float64)
+    torch.testing.assert_close(pruned(x), twin(x), rtol=0, atol=1e-12)
