@@ -20,6 +20,7 @@ from activation_checks import (
     assert_rescaling_keeps_function_and_norms,
     randomised,
 )
+from pathlift.bounds.code import quantized_tensors
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import copy_model, trace
 from pathlift.graph.boundary import structure_key
@@ -352,3 +353,10 @@ def test_structured_pruning_masks_whole_channels_of_the_modules_tensors(net):
     assert not hasattr(pruned.out, "w_mask")  # the output layer keeps its neurons
     x = torch.randn(3, *SHAPE, dtype=torch.float64)
     torch.testing.assert_close(pruned(x), twin(x), rtol=0, atol=1e-12)
+
+
+def test_the_compression_codes_tensors_are_the_modules_own(net):
+    found = quantized_tensors(trace(net, SHAPE))
+    assert [name for name, *_ in found] == list(quantize(net, SHAPE, bits=4).codes)
+    for name, _, _, value in found:
+        torch.testing.assert_close(value, net.get_parameter(name), rtol=0, atol=0)
