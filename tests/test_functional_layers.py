@@ -25,7 +25,7 @@ from pathlift.graph import copy_model, trace
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.models.checkpoints import load_weights
-from pathlift.prune import path_magnitude_scores, prune_model
+from pathlift.prune import channel_path_magnitude, path_magnitude_scores, prune_model
 from pathlift.quant import quantize
 from pathlift.testing.neurons import NeuronDAG
 
@@ -259,10 +259,20 @@ class _Scaled(nn.Module):
         return self.conv(x) * self.gamma[:, None, None]
 
 
+class _PerEntry(_Scaled):
+    """A scale of every entry of the map: not per-channel."""
+
+    def __init__(self):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.ones(3, 3, 3))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(x) * self.gamma
+
+
 @pytest.mark.parametrize(("model", "shape", "words"), [
-    (nn.Sequential(_Scaled()), (2, 3, 3), "scales by the module's tensor 0.gamma"),
+    (nn.Sequential(_PerEntry()), (2, 3, 3), "not one entry per channel"),
     (_Root(), (4,), "not the model's root"),
-    (_Renamed(), (4,), "reads 'fc.w' as its weight"),
     (nn.Sequential(_Groups(4, 4, 3)), (4, 5, 5), "groups=2 but module '0' holds groups=1"),
     (nn.Sequential(_Training(3)), (3, 4, 4), "batch statistics"),
 ])
@@ -272,6 +282,22 @@ def test_refused_in_one_line_naming_the_tensors(model, shape, words):
     message = str(info.value)
     assert words in message and len(info.value.problems) == 1
     assert "multiplies activations" not in message and "broadcasting" not in message
+
+
+def test_a_per_channel_scale_is_measured_not_refused():
+    """``self.conv(x) * self.gamma[:, None, None]`` (refused before as "scales by the
+    module's tensor 0.gamma outside any layer"): identity neurons with one incoming weight
+    (pathlift.graph.ops.scale; more in tests/test_channel_scale.py)."""
+    net = randomised(nn.Sequential(_Scaled()), seed=3)
+    assert_norms_equal_enumeration(net, (2, 3, 3))
+
+
+def test_a_weight_under_another_name_is_measured_not_refused():
+    """``x @ self.fc.w.T`` (refused before as "name the module's tensors as the module
+    form does"): nn.Linear's op over ``fc.w``, scored by that key."""
+    net = randomised(_Renamed(), seed=2)
+    assert_norms_equal_enumeration(net, (4,))
+    assert set(path_magnitude_scores(net, (4,)).tensors) == {"fc.w"}
 
 
 def _module_form(model: nn.Module) -> nn.Module:
@@ -301,3 +327,15 @@ def test_timms_own_norm_act_layers_equal_their_module_form():
         assert path_norm(net, (1, 4, 4), q=q, r=r).log10 == pytest.approx(
             path_norm(twin, (1, 4, 4), q=q, r=r).log10, abs=1e-12)
     assert_rescaling_keeps_function_and_norms(net, (1, 4, 4), lambda m: m[1].conv.weight)
+
+
+def test_structured_pruning_masks_the_modules_own_tensors(net):
+    """``channel_path_magnitude`` prunes each layer's module under its own name (it
+    pruned the functional view before: the module lost its `weight` and its forward
+    raised AttributeError)."""
+    pruned, twin = copy_model(net), _twin(net)
+    channel_path_magnitude(pruned, SHAPE, 0.5)
+    channel_path_magnitude(twin, SHAPE, 0.5)
+    assert hasattr(pruned.fc1, "weight_mask") and hasattr(pruned.conv, "weight_mask")
+    x = torch.randn(3, *SHAPE, dtype=torch.float64)
+    torch.testing.assert_close(pruned(x), twin(x), rtol=0, atol=1e-12)

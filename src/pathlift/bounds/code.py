@@ -52,6 +52,7 @@ from pathlift.bounds.bitcode import (
 )
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of
+from pathlift.graph.functional import LOWERED, layer_in, tensor_name
 
 __all__ = ["Architecture", "CodeLength", "CodedNetwork", "Encoded", "architecture_of",
            "constants_of", "decode", "encode", "estimated_length", "quantized_tensors"]
@@ -86,9 +87,9 @@ def quantized_tensors(graph: LayerGraph, model: nn.Module | None = None
         if node.target in seen:
             continue
         seen.add(node.target)
-        module = model.get_submodule(node.target)
+        module = layer_in(model, node.target, node.meta.get(LOWERED))
         for pname, value, _ in graph.handler(node).quantizable(module):
-            out.append((f"{node.target}.{pname}", module, pname, value))
+            out.append((f"{node.target}.{tensor_name(node, pname)}", module, pname, value))
     return out
 
 

@@ -31,6 +31,7 @@ from torch import Tensor, fx, nn
 from torch.utils._pytree import tree_leaves
 
 from pathlift.graph.boundary import output_leaves
+from pathlift.graph.functional import LOWERED, FunctionalCall, layer_in
 from pathlift.graph.layer_graph import LayerGraph
 from pathlift.graph.ops import Activation, AffineHandler, Call, FixedLinear, Handler
 from pathlift.graph.trace import graph_of
@@ -60,7 +61,8 @@ class Producer:
     ``neurons[c]`` is the id of output channel c and ``inputs[i]`` the id feeding input
     channel (or Linear feature) i at its first call; id 0 is the network input. A layer
     without neurons of its own (BatchNorm without affine parameters) has ``neurons`` is
-    ``inputs``. ``handler`` knows its weight layout (``pathlift.graph.ops``).
+    ``inputs``. ``handler`` knows its weight layout (``pathlift.graph.ops``); ``call`` is
+    the ``FunctionalCall`` of a functional layer (``pathlift.graph.functional``), else None.
     """
 
     name: str
@@ -68,6 +70,12 @@ class Producer:
     neurons: Tensor
     inputs: Tensor
     groups: int = 1
+    call: FunctionalCall | None = None
+
+    def module_in(self, model: nn.Module) -> nn.Module:
+        """The module this layer computes with in ``model`` (the analysed model or a copy),
+        as its handler reads and writes it (``pathlift.graph.functional.layer_in``)."""
+        return layer_in(model, self.name, self.call)
 
     @property
     def passthrough(self) -> bool:
@@ -255,7 +263,7 @@ class _Labeller(OpWalker):
             neurons = self.uf.new(self._out_shape(n)[dim])
         if first is None:
             self.producers[n.target] = Producer(n.target, handler, neurons, inputs,
-                                                handler.groups(module))
+                                                handler.groups(module), n.meta.get(LOWERED))
         shape = self._out_shape(n)
         view = [1] * len(shape)
         view[dim] = -1

@@ -49,9 +49,9 @@ def apply_(module: nn.Module, p: Producer, grow: Tensor, shrink: Tensor) -> None
 
 def apply_all_(model: nn.Module, producers: Iterable[Producer], grow: Tensor,
                shrink: Tensor) -> None:
-    """``apply_`` on every producer, the modules looked up by name in ``model``."""
+    """``apply_`` on every producer, its module looked up in ``model`` (``module_in``)."""
     for p in producers:
-        apply_(model.get_submodule(p.name), p, grow, shrink)
+        apply_(p.module_in(model), p, grow, shrink)
 
 
 def incoming_norms(module: nn.Module, p: Producer, q: float) -> Tensor:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +91,8 @@ class FunctionalCall:
     """What a lowered node runs: ``target`` (a function, or a method name) with ``args``
     and ``kwargs`` in which ``INPUT`` stands for the activation and an ``Operand`` for a
     tensor of the view; ``form`` and ``settings`` make the view (``functional_view``);
-    ``derived`` the operands the module computes in forward, by role."""
+    ``derived`` the operands the module computes in forward, by role; ``names`` the
+    module's own name of each role it holds under another (``{"weight": "w"}``)."""
 
     handler: Handler
     form: type
@@ -100,22 +101,84 @@ class FunctionalCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     derived: dict[str, Derivation] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+    reads: frozenset[str] = frozenset()  # the module's names of every tensor it reads
+    checked: frozenset[str] = frozenset()  # settings the module holds too (Lowered.checked)
 
     def run(self, view: nn.Module, x: Tensor) -> Any:
         """The original call on ``x`` with the view's tensors, as the module's forward
         reads them (under torch.nn.utils.prune, what its pre-hook, run by the view's
-        ``__call__``, has just computed)."""
+        ``__call__``, has just computed, under the module's own name)."""
         def fill(a: Any) -> Any:
             if a is INPUT:
                 return x
             if isinstance(a, Operand):
-                return a.read(getattr(view, a.role))
+                own = vars(view).get(self.names.get(a.role, ""))  # pruned, by _Masking
+                return a.read(getattr(view, a.role) if own is None else own)
             return a
         args = fx.node.map_aggregate(self.args, fill)
         kwargs = fx.node.map_aggregate(self.kwargs, fill)
         if isinstance(self.target, str):
             return getattr(args[0], self.target)(*args[1:], **kwargs)
         return self.target(*args, **kwargs)
+
+
+_SUFFIXES = ("", "_orig", "_mask")  # a tensor, and torch.nn.utils.prune's two for it
+
+
+class RenamedTable(MutableMapping):
+    """A module's parameter or buffer table as its functional layer reads it: only the
+    tensors the call reads (``reads``, the module's names: a ``bias`` it does not pass is
+    no bias of the layer), under the module form's names: ``names`` maps a role
+    (``weight``) to the module's own name (``w``), also under torch.nn.utils.prune's
+    suffixes (``weight_orig`` is ``w_orig``). A role is looked up first (so that names may
+    swap: ``F.linear(x, self.bias, self.weight)``); a new key is the table's."""
+
+    def __init__(self, table: dict[str, Any], names: dict[str, str], reads: frozenset[str]):
+        self.table = table
+        self.own = {role + s: name + s for role, name in names.items() for s in _SUFFIXES}
+        self.role = {name: role for role, name in self.own.items()}
+        self.reads = {name + s for name in reads for s in _SUFFIXES}
+
+    def _key(self, key: str) -> str:
+        if key in self.own:
+            return self.own[key]
+        if key in self.reads:
+            return key
+        raise KeyError(key)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.table[self._key(key)]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.table[self.own.get(key, key)] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.table[self._key(key)]
+
+    def __iter__(self) -> Iterator[str]:
+        return (self.role.get(k, k) for k in list(self.table)
+                if k in self.role or k in self.reads)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def tensor_name(node: fx.Node, role: str) -> str:
+    """The name under which the module that a layer node computes with holds the tensor
+    ``role`` (``weight``, ``bias``): its state_dict leaf, where torch.nn.utils.prune puts
+    its mask (``w`` of ``F.linear(x, self.w)``; ``role`` itself for a module layer)."""
+    call = node.meta.get(LOWERED)
+    return role if call is None else call.names.get(role, role)
+
+
+def layer_in(model: nn.Module, target: str, call: FunctionalCall | None) -> nn.Module:
+    """The module a layer ``target`` computes with in ``model`` (the traced model or a
+    copy of it), as its handler reads and writes it: the module itself, or for a lowered
+    functional layer (``call``) holding its tensors under other names its view as the
+    module form, sharing its tensors."""
+    module = model.get_submodule(target)
+    return module if call is None or not call.names else functional_view(module, call)
 
 
 _VIEW_CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}
@@ -131,39 +194,69 @@ def _derived(role: str) -> property:
 
 
 def _view_class(form: type, derived: tuple[str, ...] = ()) -> type:
-    """``form`` whose forward is the lowered call and whose ``derived`` tensors are
-    computed (one class per form and roles)."""
+    """``form`` whose forward is the lowered call, whose ``derived`` tensors are computed
+    (one class per form and roles) and whose settings that its module holds too are
+    written to the module as well (quantising an eval BatchNorm sets eps to 0)."""
     key = (form, derived)
     if key not in _VIEW_CLASSES:
         def forward(self: nn.Module, x: Tensor) -> Any:
             return self.pathlift_call.run(self, x)
+
+        def set_attr(self: nn.Module, name: str, value: Any) -> None:
+            if name in self.pathlift_call.checked:  # the module's own setting: it reads it
+                setattr(self.pathlift_owner, name, value)
+            form.__setattr__(self, name, value)
         _VIEW_CLASSES[key] = type(
             f"Functional{form.__name__}", (form,),
-            {"forward": forward, "__module__": __name__,
+            {"forward": forward, "__setattr__": set_attr, "__module__": __name__,
              **{role: _derived(role) for role in derived}})
     return _VIEW_CLASSES[key]
 
 
 def functional_view(owner: nn.Module, call: FunctionalCall) -> nn.Module:
     """``owner`` seen as ``call.form``: an instance of (a subclass of) the module form that
-    shares ``owner``'s parameter and buffer tables (its tensors, pruning masks
-    included), with the call's settings, no submodules and only the owner's pruning
-    pre-hooks (but those of a tensor it computes, which reads the pruned tensor itself);
-    its forward runs the original call. ``owner`` is not touched."""
+    shares ``owner``'s parameter and buffer tables (its tensors, pruning masks included;
+    only those the call reads, under the form's names: ``RenamedTable``, when ``owner``
+    holds others or names them otherwise), with the call's settings, no submodules and
+    only the owner's pruning pre-hooks (but those of a tensor it computes, which reads the
+    pruned tensor itself; ``_Masking`` those of a tensor held under another name); its
+    forward runs the original call. ``owner`` is not touched."""
     view = object.__new__(_view_class(call.form, tuple(sorted(call.derived))))
     state = view.__dict__
     state.update(vars(owner))
     state.update(call.settings)
-    state["pathlift_call"] = call
+    state["pathlift_call"], state["pathlift_owner"] = call, owner
     state["_modules"] = {}
+    for table in ("_parameters", "_buffers"):
+        own = getattr(owner, table)
+        if call.names or any(k.removesuffix("_orig").removesuffix("_mask") not in call.reads
+                             for k in own):
+            state[table] = RenamedTable(own, call.names, call.reads)
     for table in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                   "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                   "_backward_pre_hooks", "_backward_hooks"):
         state[table] = OrderedDict()
+    renamed = set(call.names.values())
     state["_forward_pre_hooks"].update(
-        (k, h) for k, h in owner._forward_pre_hooks.items()
+        (k, _Masking(owner, h) if h._tensor_name in renamed else h)
+        for k, h in owner._forward_pre_hooks.items()
         if isinstance(h, prune.BasePruningMethod) and h._tensor_name not in call.derived)
     return view
+
+
+class _Masking(prune.BasePruningMethod):
+    """torch.nn.utils.prune's pre-hook ``method`` for a view whose tensor ``owner`` holds
+    under another name: the pruned tensor computed as the hook computes it on ``owner``
+    (whose tables the view shares), left on the view under that name."""
+
+    def __init__(self, owner: nn.Module, method: prune.BasePruningMethod):
+        self.owner, self.method, self._tensor_name = owner, method, method._tensor_name
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        return self.method.compute_mask(t, default_mask)
+
+    def __call__(self, view: nn.Module, inputs: Any) -> None:
+        view.__dict__[self._tensor_name] = self.method.apply_mask(self.owner)
 
 
 def lower_calls(graph: fx.Graph, root: nn.Module) -> None:
@@ -198,7 +291,8 @@ def lower_calls(graph: fx.Graph, root: nn.Module) -> None:
         tensors = _tensors(found, derived) if isinstance(found, Lowered) else ()
         if reason is None and lowered.get(owner, tensors) != tensors:
             reason = (f"module '{owner}' calls several functional layers; pathlift needs "
-                      "one module per layer (its weight and bias as `weight` and `bias`)")
+                      "one module per layer: move each layer's tensors into a module of "
+                      "their own")
         if reason is not None:
             node.meta[REFUSED] = reason
             _explained(node, live)
@@ -314,7 +408,8 @@ def _path(node: fx.Node) -> str:
 def _owner(found: Lowered, root: nn.Module, derived: dict[str, Derivation | str]
            ) -> tuple[str, str | None]:
     """(the path of the module holding the call's tensors, why it cannot be its layer);
-    ``derived``: the tensors the call reads as computed in forward, by role."""
+    ``derived``: the tensors the call reads as computed in forward, by role. The module
+    may hold them under any names (``_renames``)."""
     names = {m.role: _path(n) for n, m in found.marks.items()
              if m is not INPUT and not m.derived}
     reads = {r for d in derived.values() if not isinstance(d, str) for r in d.reads}
@@ -324,16 +419,21 @@ def _owner(found: Lowered, root: nn.Module, derived: dict[str, Derivation | str]
     if bad:
         return "", f"{what}: {'; '.join(bad)}; use a layer holding the effective weight"
     if len(owners) != 1 or "" in owners:
-        return "", (f"{what}: pathlift measures a functional layer whose tensors belong to "
-                    "one submodule (not the model's root), as its `weight` and `bias`; move "
-                    "them into a module of their own, or use the module form")
+        made = "".join(f"its {role} is computed in forward from {', '.join(d.reads)} (such "
+                       "as timm's BEiT concatenation of q_bias and v_bias); " for role, d in
+                       derived.items() if not isinstance(d, str) and len(d.reads) > 1)
+        return "", (f"{what}: {made}pathlift measures a functional layer whose tensors "
+                    "belong to one submodule (not the model's root); move them into a module "
+                    "of their own, or use the module form")
     owner = owners.pop()
-    wrong = sorted(f"'{name}' as its {role}" for role, name in names.items()
-                   if name != f"{owner}.{role}")
-    if wrong:
-        return owner, (f"{what} reads {', '.join(wrong)}; name the module's tensors as the "
-                       f"module form does ({', '.join(names)}), or use the module form")
     module = root.get_submodule(owner)
+    renames = _renames(found)
+    hidden = sorted(role for role in renames if role not in renames.values()
+                    and (role in module._parameters or role in module._buffers))
+    if hidden:
+        return owner, (f"{what}: module '{owner}' also holds a tensor named "
+                       f"{', '.join(hidden)} that the call does not read as its "
+                       f"{', '.join(hidden)}; rename it")
     for key, default in found.checked.items():
         own = getattr(module, key, default)
         if own != found.settings[key]:
@@ -341,6 +441,13 @@ def _owner(found: Lowered, root: nn.Module, derived: dict[str, Derivation | str]
                            f"module '{owner}' holds {key}={own!r}, which pathlift reads "
                            "when it rescales or quantises it; make them agree")
     return owner, None
+
+
+def _renames(found: Lowered) -> dict[str, str]:
+    """The call's roles its module holds under another name: ``{"weight": "w"}``."""
+    names = {m.role: _path(n).rpartition(".")[2] for n, m in found.marks.items()
+             if m is not INPUT and not m.derived}
+    return {role: name for role, name in names.items() if name != role}
 
 
 def _replace(graph: fx.Graph, node: fx.Node, found: Lowered, owner: str,
@@ -355,8 +462,10 @@ def _replace(graph: fx.Graph, node: fx.Node, found: Lowered, owner: str,
     kwargs = fx.node.map_arg(node.kwargs, lambda n: marks.get(n, n))
     handler = derived_layer(found.handler, owner, sorted(
         {r for d in derived.values() for r in d.reads})) if derived else found.handler
+    reads = frozenset(name.rpartition(".")[2] for name in _tensors(found, derived))
     call = FunctionalCall(handler, found.form, found.settings, node.target,
-                          tuple(args), dict(kwargs), derived)
+                          tuple(args), dict(kwargs), derived, _renames(found), reads,
+                          frozenset(found.checked))
     with graph.inserting_before(node):
         new = graph.call_module(owner, (x,))
     new.meta[LOWERED] = call

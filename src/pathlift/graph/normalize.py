@@ -119,7 +119,7 @@ def normalize_report(model: nn.Module | LayerGraph, input_shape: Sequence[int] |
         grow, shrink = group_grow[cmap.group], group_shrink[cmap.group]
         for p in cmap.producers:
             if p.name in touched:
-                apply_(out.get_submodule(p.name), p, grow, shrink)
+                apply_(p.module_in(out), p, grow, shrink)
                 _refuse_overflow(out.get_submodule(p.name), p.name, producer.name, lam, q)
     tied = sum(sum(idx.numel() for _, idx in m) > 1 for m in members.values())
     cmap.graph.bind(out)
@@ -149,7 +149,7 @@ def _group_norms(model: nn.Module, cmap: ChannelMap, producer: Producer, groups:
     lam = torch.zeros(cmap.num_groups, dtype=torch.float64)
     gp = cmap.group[producer.neurons]
     mask = in_batch[gp]
-    norms = incoming_norms(model.get_submodule(producer.name), producer, q)
+    norms = incoming_norms(producer.module_in(model), producer, q)
     return lam.scatter_reduce_(0, gp[mask], norms[mask], "amax")
 
 

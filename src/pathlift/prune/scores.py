@@ -27,6 +27,7 @@ from pathlift.errors import InvalidParameterError, UnsupportedModelError
 from pathlift.graph import LayerGraph, graph_of, param
 from pathlift.graph.boundary import is_dtensor, local, sharded_parameters
 from pathlift.graph.collectives import all_max, all_objects
+from pathlift.graph.functional import tensor_name
 from pathlift.graph.input_shape import InputShape, shape_used
 from pathlift.graph.ops.base import reading_once, refuse_unwritable
 from pathlift.graph.sharded import ShardedLayers, as_shard_of, is_sharded_graph
@@ -174,15 +175,26 @@ def prunable_parameters(graph: LayerGraph, include_biases: bool = False
     weights (and biases) of the layers whose handler says they are scored (Linear, Conv,
     ConvTranspose; not BatchNorm, see the module docstring) and PReLU slopes, once per
     layer."""
+    return [(m, module, p) for m, module, p, _ in _prunable(graph, include_biases)]
+
+
+def _prunable(graph: LayerGraph, include_biases: bool
+              ) -> list[tuple[str, nn.Module, str, str]]:
+    """``prunable_parameters`` with the role of each (``weight``, ``bias``): the module
+    may hold it under another name (``F.linear(x, self.w)``: ``tensor_name``)."""
     entries, seen = [], set()
     for node in graph.parametric_nodes():
         handler, module = graph.handler(node), graph.stored_in(node)
         if not handler.scored or node.target in seen:
             continue
         seen.add(node.target)
-        entries.append((node.target, module, "weight"))
-        if include_biases and getattr(module, "bias", None) is not None:  # read nothing
-            entries.append((node.target, module, "bias"))
+        for role in ("weight", "bias") if include_biases else ("weight",):
+            name = tensor_name(node, role)  # a parameter (a buffer is a constant)
+            own = module._parameters
+            if own.get(name) is not None or own.get(name + "_orig") is not None or (
+                    role == "weight" and name not in module._buffers
+                    and getattr(module, name, None) is not None):
+                entries.append((node.target, module, name, role))
     return entries
 
 
@@ -257,13 +269,14 @@ def path_magnitude_scores(model: nn.Module | LayerGraph, input_shape: Sequence[i
         scores.tensors["layer1.0.conv1.weight"]   # mantissas; x 10**scores.log10_scale
     """
     graph = graph_of(model, input_shape)
-    entries = prunable_parameters(graph, include_biases)
+    roles = _prunable(graph, include_biases)
+    entries = [(m, module, p) for m, module, p, _ in roles]
     with reading_once():  # the values' check and the pass's units read each weight once
         graph.check_values()
-        found = path_magnitudes(graph, [m for m, _, p in entries if p == "weight"],
-                                [m for m, _, p in entries if p == "bias"], dtype)
-    tensors = {f"{m}.{p}": (found.weights if p == "weight" else found.biases)[m]
-               for m, _, p in entries}
+        found = path_magnitudes(graph, [m for m, _, _, r in roles if r == "weight"],
+                                [m for m, _, _, r in roles if r == "bias"], dtype)
+    tensors = {f"{m}.{p}": (found.weights if r == "weight" else found.biases)[m]
+               for m, _, p, r in roles}
     if is_sharded_graph(graph):
         tensors = _placed(graph, entries, tensors)
     return Scores("path-magnitude", tensors, found.log_scale / LN10, _channel_dims(graph),
@@ -284,4 +297,5 @@ def _placed(graph: LayerGraph, entries: list[tuple[str, nn.Module, str]],
 
 
 def _channel_dims(graph: LayerGraph) -> dict[str, int]:
-    return {f"{n.target}.weight": graph.handler(n).out_dim for n in graph.affine_nodes()}
+    return {f"{n.target}.{tensor_name(n, 'weight')}": graph.handler(n).out_dim
+            for n in graph.affine_nodes()}

@@ -18,7 +18,12 @@ from torch.nn.utils import prune
 
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of
-from pathlift.prune.scores import Scores, path_magnitude_scores, refuse_parametrized
+from pathlift.prune.scores import (
+    Scores,
+    path_magnitude_scores,
+    prunable_parameters,
+    refuse_parametrized,
+)
 
 
 def channel_scores(scores: Scores) -> dict[str, Tensor]:
@@ -27,10 +32,10 @@ def channel_scores(scores: Scores) -> dict[str, Tensor]:
     up to the common factor ``10**scores.log10_scale``. Output channels are along
     ``scores.channel_dims`` (dim 0 of Linear/Conv weights, dim 1 of ConvTranspose)."""
     out: dict[str, Tensor] = {}
-    for name, t in scores.tensors.items():
-        layer, p = name.rsplit(".", 1)
-        dim = scores.channel_dims.get(name, 0)
-        sums = t.movedim(dim, 0).reshape(t.shape[dim], -1).sum(1) if p == "weight" else t
+    for name, t in scores.tensors.items():  # a weight has channel dims (any leaf name)
+        layer = name.rsplit(".", 1)[0]
+        dim = scores.channel_dims.get(name)
+        sums = t if dim is None else t.movedim(dim, 0).reshape(t.shape[dim], -1).sum(1)
         out[layer] = out.get(layer, 0) + sums
     return out
 
@@ -45,11 +50,10 @@ def channel_path_magnitude(model: nn.Module | LayerGraph, input_shape: Sequence[
         raise InvalidParameterError(f"amount must be a fraction in [0, 1), got {amount}")
     graph = graph_of(model, input_shape)
     scores = path_magnitude_scores(graph)
-    layers = [name for name in scores.tensors if name in scores.channel_dims]  # not slopes
-    refuse_parametrized([(layer, graph.module.get_submodule(layer), "weight")
-                         for layer in (name.rsplit(".", 1)[0] for name in layers[:-1])], graph)
-    for name in layers[:-1]:  # output neurons of the network are never removed
-        prune.ln_structured(graph.module.get_submodule(name.rsplit(".", 1)[0]), "weight",
-                            amount, n=1, dim=scores.channel_dims[name],
-                            importance_scores=scores.tensors[name])
+    targets = [(m, module, p) for m, module, p in prunable_parameters(graph)
+               if f"{m}.{p}" in scores.channel_dims][:-1]  # not slopes, nor the outputs
+    refuse_parametrized(targets, graph)
+    for m, module, p in targets:  # on the module holding the weight, under its name
+        prune.ln_structured(module, p, amount, n=1, dim=scores.channel_dims[f"{m}.{p}"],
+                            importance_scores=scores.tensors[f"{m}.{p}"])
     return scores

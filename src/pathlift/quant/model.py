@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import LayerGraph, graph_of, writable_copy
+from pathlift.graph.functional import LOWERED, layer_in, tensor_name
 from pathlift.quant.uniform import QuantizedTensor, Rounding, as_rounding, quantize_tensor
 
 
@@ -92,10 +93,10 @@ def quantize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
                 continue
             seen.add(node.target)
             handler: QuantizableOp = graph.handler(node)
-            module = copied.get_submodule(node.target)
+            module = layer_in(copied, node.target, node.meta.get(LOWERED))
             values = {}
             for pname, value, channel_dim in handler.quantizable(module):
-                name = f"{node.target}.{pname}"
+                name = f"{node.target}.{tensor_name(node, pname)}"
                 try:
                     eta = step[name] if isinstance(step, Mapping) else step
                     q = quantize_tensor(value, bits=bits, step=eta, rounding=rounding,

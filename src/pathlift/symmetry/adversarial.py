@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from pathlift.graph import LayerGraph, param, writable_copy
 from pathlift.graph.boundary import assign_
-from pathlift.graph.channels import ChannelMap, analyse
+from pathlift.graph.channels import ChannelMap, Producer, analyse
 from pathlift.graph.factors import apply_all_, refuse_shared_parameters
 from pathlift.graph.ops.base import refuse_unwritable
 from pathlift.lift.path_gradient import path_magnitudes
@@ -28,18 +28,19 @@ from pathlift.lift.path_norm import path_norm
 from pathlift.symmetry.rescale import diagonal_only, factors_from_groups
 
 
-def _scored(cmap: ChannelMap) -> list[str]:
+def _scored(cmap: ChannelMap) -> list[Producer]:
     """Layers whose weights are coordinates pruning may zero (Linear, Conv, ...)."""
-    return [p.name for p in cmap.producers if p.handler.scored]
+    return [p for p in cmap.producers if p.handler.scored]
 
 
 def _path_costs(cmap: ChannelMap) -> dict[str, tuple[Tensor, Tensor | None]]:
     """theta_i d||Phi||_1/d theta_i of every weight and bias of every scored layer, up to
     one common positive factor (one |theta| pass and its backward, Sec. 3.5); the caller's
     parameters and gradients are untouched."""
-    layers = _scored(cmap)
+    scored = _scored(cmap)
     model = cmap.graph.model
-    with_bias = [name for name in layers if param(model.get_submodule(name), "bias") is not None]
+    layers = [p.name for p in scored]
+    with_bias = [p.name for p in scored if param(p.module_in(model), "bias") is not None]
     found = path_magnitudes(cmap.graph, layers, with_bias)
     return {name: (found.weights[name], found.biases.get(name)) for name in layers}
 
@@ -55,7 +56,7 @@ def _directions(cmap: ChannelMap, costs) -> Tensor:
         w, b = costs[p.name]
         per_entry = w.reshape(w.shape[0], w.shape[1], -1).sum(2)
         rows, cols = (i.expand(per_entry.shape) for i in
-                      p.handler.entry_channels(model.get_submodule(p.name)))
+                      p.handler.entry_channels(p.module_in(model)))
         incoming.index_add_(0, cmap.group[p.neurons][rows].flatten(), per_entry.flatten())
         outgoing.index_add_(0, cmap.group[p.inputs][cols].flatten(), per_entry.flatten())
         if b is not None:
@@ -76,9 +77,9 @@ def magnitude_prune(model: nn.Module | LayerGraph, amount: float,
     return out
 
 
-def _magnitude_prune_(model: nn.Module, layers: Sequence[str], amount: float) -> None:
-    """``magnitude_prune`` of the named layers, in place."""
-    modules = [model.get_submodule(name) for name in layers]
+def _magnitude_prune_(model: nn.Module, layers: Sequence[Producer], amount: float) -> None:
+    """``magnitude_prune`` of these layers, in place."""
+    modules = [p.module_in(model) for p in layers]
     weights = [param(m, "weight") for m in modules]
     flat = torch.cat([w.abs().flatten().double() for w in weights])
     k = int(amount * flat.numel())

@@ -52,13 +52,14 @@ def conserved_quantities(model: nn.Module | LayerGraph,
     excluded = torch.zeros(cmap.num_groups, dtype=torch.bool)
     excluded[0] = True
     for p in cmap.producers:
-        module = model.get_submodule(p.name)
+        module = p.module_in(model)
         out_groups, in_groups = cmap.group[p.neurons], cmap.group[p.inputs]
         if p.diagonal:
             excluded[in_groups] = True
             if p.passthrough:
                 continue
-            rows = torch.stack([stored(module, "weight"), stored(module, "bias")], 1)
+            rows = torch.stack([t for t in (stored(module, "weight"), stored(module, "bias"))
+                                if t is not None], 1)  # a per-channel scale has no bias
             incoming.index_add_(0, out_groups, rows.detach().double().pow(2).sum(1))
             continue
         weight = stored(module, "weight").detach().double()

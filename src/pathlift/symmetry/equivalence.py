@@ -143,7 +143,7 @@ def _apply_permutation(model: nn.Module, cmap: ChannelMap, unit: Unit, perm: Ten
         old = p.neurons.tolist()
         id_map.update({old[c]: old[int(perm[c])] for c in range(len(old))})
         if p is unit.producer or not p.passthrough:
-            _permutable(p).permute_(model.get_submodule(p.name), outputs=perm)
+            _permutable(p).permute_(p.module_in(model), outputs=perm)
     for name, ids in cmap.carriers:  # per-channel slopes follow their channels
         labels = ids.tolist()
         if any(i in id_map for i in labels):
@@ -163,7 +163,7 @@ def _apply_permutation(model: nn.Module, cmap: ChannelMap, unit: Unit, perm: Ten
             if i in id_map:
                 for position, old in zip(positions, columns[id_map[i]], strict=True):
                     src[position] = old
-        _permutable(p).permute_(model.get_submodule(p.name), inputs=torch.tensor(src))
+        _permutable(p).permute_(p.module_in(model), inputs=torch.tensor(src))
 
 
 def permute(model: nn.Module | LayerGraph, perms: Mapping[str, Sequence[int] | Tensor],
@@ -205,11 +205,10 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
     BatchNorms, -incoming weights, then -outgoing weights, sorted (they separate channels
     with equal incoming weights whatever the order of the readers' channels)."""
     p = unit.producer
-    module = model.get_submodule(p.name)
-    weight = stored(module, "weight").detach().double()
+    weight = stored(p.module_in(model), "weight").detach().double()
     if _permutable(p).out_dim == 1:
         weight = weight.transpose(0, 1)
-    biases = [stored(model.get_submodule(q.name), "bias") for q in (p, *unit.carried)
+    biases = [stored(q.module_in(model), "bias") for q in (p, *unit.carried)
               if q is p or not q.passthrough]
     columns = [b.detach().double()[:, None] for b in biases if b is not None]
     columns.append(weight.reshape(weight.shape[0], -1))
@@ -217,7 +216,7 @@ def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
     for reader in cmap.producers:
         if reader.diagonal or not torch.isin(reader.inputs, last.neurons).any():
             continue
-        w = stored(model.get_submodule(reader.name), "weight").detach().double()
+        w = stored(reader.module_in(model), "weight").detach().double()
         w = w.transpose(0, 1) if _permutable(reader).out_dim == 0 else w
         columns.append(_outgoing(w, reader.inputs, last.neurons))
     key = -torch.cat(columns, dim=1).numpy()

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
-from pathlift.graph.ops.base import Call, Handler, Kind, lower, register
+from pathlift.graph.ops.base import Call, Handler, Kind, register
 from pathlift.graph.ops.pooling import FixedLinear
 
 
@@ -185,46 +185,6 @@ register(_ADD, functions=[operator.add, operator.iadd, torch.add, operator.sub, 
          methods=["add", "add_", "__add__", "__radd__", "sub", "__sub__"])
 
 
-def _module_tensors(node: Any) -> list[str] | None:
-    """The module tensors (``get_attr`` targets) a node is computed from alone (``self.gamma``,
-    ``self.gamma[:, None, None]``), or None when it reads anything else. Each node is visited
-    once: a tensor computed through shared sub-expressions (DaViT's position tables) has
-    exponentially many paths back to its sources."""
-    if not isinstance(node, fx.Node):
-        return None
-    found: set[str] = set()
-    seen: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "get_attr":
-            found.add(str(n.target))
-        elif n.op in ("call_function", "call_method") and n.all_input_nodes:
-            stack.extend(n.all_input_nodes)
-        else:
-            return None
-    return sorted(found)
-
-
-def _read_with_tensor(what: str) -> Any:
-    """A reader (``lower``) refusing an activation scaled by, or added to, a tensor of the
-    module: not an op of the table (yet), said as such rather than as a product of two
-    activations or a broadcast residual sum."""
-    def read(node: fx.Node, value: Any) -> str | None:
-        tensors = [t for a in node.args for t in (_module_tensors(a) or [])]
-        if not tensors:
-            return None
-        return (f"{what} the module's tensor {', '.join(sorted(set(tensors)))} outside any "
-                "layer (a learnt per-channel scale or a free bias); pathlift reads a layer's "
-                "own weight and bias only: fold it into the layer before")
-    return read
-
-
-lower([operator.mul, torch.mul, "mul", "__mul__", "__rmul__"], _read_with_tensor("scales by"))
-lower([operator.add, torch.add, "add", "__add__", "__radd__"], _read_with_tensor("adds"))
 register(CatHandler("cat"), functions=[torch.cat, torch.concat, torch.concatenate])
 register(TrainingModeHandler("Dropout"),
          modules=[getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d")],
