@@ -15,10 +15,12 @@ from torch import nn
 
 import pathlift.bounds.compression as compression
 from pathlift.bounds import compression_bound
-from pathlift.bounds.box import box_outputs
+from pathlift.bounds.box import BoxReuse, box_margins, box_outputs
 from pathlift.bounds.code import architecture_of, quantized_tensors
 from pathlift.bounds.compression import CompressionSearch, EventGrid, logit_margins
 from pathlift.bounds.kl import kl_inverse
+from pathlift.graph import graph_of
+from pathlift.graph.layer_graph import HANDLER
 
 
 def _blobs(n: int = 600, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,3 +170,70 @@ def test_the_interval_pass_of_a_point_box_encloses_the_exact_outputs():
             assert Fraction(a) <= v <= Fraction(b)
             assert b - a <= 1e-12 * max(1.0, abs(float(v)))
     assert math.isfinite(float(enclosure.radius.max()))
+
+
+class _Residual(nn.Module):
+    """A user-style CNN: functional ReLU, a residual sum, a max-pool, a dict output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv1d(1, 4, 3, padding=1)
+        self.second = nn.Conv1d(4, 4, 3, padding=1)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        h = torch.nn.functional.max_pool1d(torch.relu(self.second(h)) + h, 2)
+        return self.head(h.flatten(1))
+
+
+def _boxes(model: nn.Module, shape: tuple[int, ...], steps: dict[str, float]
+           ) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """The box [w - s/2, w + s/2] around each parameter, s its layer's step."""
+    out: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for name, _, _, value in quantized_tensors(graph_of(model, shape)):
+        layer, pname = name.rsplit(".", 1)
+        w = value.detach().double()
+        out.setdefault(layer, {})[pname] = (w - steps[layer] / 2, w + steps[layer] / 2)
+    return out
+
+
+@pytest.mark.parametrize("make, shape", [(_Residual, (1, 8)), (lambda: _trained(8)[0], (6,))])
+def test_box_reuse_gives_the_pass_bit_for_bit_and_skips_the_layers_upstream(make, shape,
+                                                                           monkeypatch):
+    """A pass that starts from the values an earlier pass kept (``BoxReuse``) returns the
+    margins of a pass from scratch exactly, for a change of box in the last layer, in the
+    first, and back; it runs no affine layer above the changed one."""
+    torch.manual_seed(0)
+    model = make().double().eval()
+    x = torch.randn(64, *shape, dtype=torch.float64)
+    y = torch.randint(0, 3, (64,))
+    layers = [name.rsplit(".", 1)[0] for name, *_ in quantized_tensors(graph_of(model, shape))]
+    first, last = layers[0], layers[-1]
+    base = dict.fromkeys(layers, 2.0 ** -6)
+    changes = [base, {**base, last: 2.0 ** -4}, {**base, first: 2.0 ** -4}, base]
+    reuse = BoxReuse()
+    applied = []
+    for steps in changes:
+        boxes = _boxes(model, shape, steps)
+        fresh = box_margins(model, shape, x, y, boxes)
+        calls = []
+        for handler in {type(h) for h in _affine_handlers(model, shape)}:
+            original = handler.apply
+            monkeypatch.setattr(handler, "apply", lambda self, *a, f=original, seen=calls,
+                                **k: (seen.append(a[1].shape), f(self, *a, **k))[1])
+        kept = box_margins(model, shape, x, y, boxes, reuse=reuse)
+        monkeypatch.undo()
+        assert torch.equal(fresh, kept)
+        assert bool((fresh > -math.inf).all())
+        applied.append(len(calls))
+    # the first pass runs every layer; a change in the last layer reruns only the last
+    # (the head: reached through the margin, no apply); back to the first boxes: all kept
+    assert applied[0] > 0 and applied[1] == 0 and applied[2] == applied[0] \
+        and applied[3] == 0
+
+
+def _affine_handlers(model: nn.Module, shape: tuple[int, ...]) -> list[object]:
+    graph = graph_of(model, shape)
+    return [n.meta[HANDLER] for n in graph.graph.nodes if n.op == "call_module"
+            and n.target in {name.rsplit(".", 1)[0] for name, *_ in quantized_tensors(graph)}]

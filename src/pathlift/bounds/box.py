@@ -33,11 +33,12 @@ midpoint-radius product: the hidden units depend on disjoint rows of the box.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 from torch.utils._pytree import tree_map
 
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
@@ -47,7 +48,7 @@ from pathlift.graph.boundary import output_leaves
 from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
 from pathlift.graph.walk import OpWalker
 
-__all__ = ["Interval", "box_margins", "box_outputs", "margin_lower_bounds"]
+__all__ = ["BoxReuse", "Interval", "box_margins", "box_outputs", "margin_lower_bounds"]
 
 _U = 2.0 ** -53
 
@@ -104,13 +105,20 @@ class _BoxPass(OpWalker):
     purpose = "interval arithmetic over a box of parameters"
 
     def __init__(self, graph: LayerGraph, boxes: Mapping[str, Mapping[str, Interval]],
-                 stop_at_output: bool = False):
+                 stop_at_output: bool = False, watch: Collection[fx.Node] = ()):
         super().__init__(graph)
         self.boxes = boxes
+        self.watch, self.kept = watch, {}  # the values ``BoxReuse`` keeps
         outputs = graph.outputs()
         only = outputs[0] if len(outputs) == 1 else None  # returned alone, read by nothing
         self.final = {only} if stop_at_output and only is not None and all(
             u.op == "output" for u in only.users) else set()
+
+    def run_node(self, n: fx.Node) -> object:
+        value = super().run_node(n)
+        if n in self.watch and isinstance(value, Interval):
+            self.kept[n] = value
+        return value
 
     def _params(self, handler: Handler, call: Call) -> Mapping[str, Interval]:
         name = call.node.target
@@ -291,14 +299,16 @@ def _pairwise_lower(outputs: Sequence[Interval], y: Tensor) -> Tensor:
 def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, x: Tensor,
                 y: Tensor,
                 boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
-                per_class: bool = False) -> Tensor:
+                per_class: bool = False, reuse: BoxReuse | None = None) -> Tensor:
     """A lower bound, per sample, on the margin R(x)_y - max_{c != y} R(x)_c of every
     network whose parameters lie in ``boxes`` (as ``box_outputs``), through the last
     Linear layer when the network returns its output (module docstring), else from the
     output enclosure (``margin_lower_bounds``). With ``per_class``, the lower bounds of
-    each R_y - R_c instead, shape (batch, classes), +inf at c = y."""
+    each R_y - R_c instead, shape (batch, classes), +inf at c = y. With ``reuse``, the
+    values an earlier pass on the same ``x`` computed under the same boxes upstream are
+    taken from it (``BoxReuse``): the same numbers, bit for bit."""
     graph = graph_of(model, input_shape)
-    out = _run(graph, x, boxes, stop_at_output=True)
+    out = _run(graph, x, boxes, stop_at_output=True, reuse=reuse)
     if not isinstance(out, _Final):
         low = _pairwise_lower(output_leaves(out, Interval), y)
         return low if per_class else low.amin(1)
@@ -336,7 +346,7 @@ def _through_differences(w: Tensor, y: Tensor, *rows: Tensor) -> list[Tensor]:
 
 def _run(graph: LayerGraph, x: Tensor,
          boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
-         stop_at_output: bool) -> object:
+         stop_at_output: bool, reuse: BoxReuse | None = None) -> object:
     """The pass on x. A box given as (low, high) is enclosed rigorously in float64; given
     as ``Interval`` objects that require grad (training), the pass is differentiable, in
     their dtype, without the rounding terms."""
@@ -356,5 +366,86 @@ def _run(graph: LayerGraph, x: Tensor,
     dtype = next((i.center.dtype for params in intervals.values() for i in params.values()),
                  torch.float64) if trained else torch.float64
     start = Interval(x.detach().to(dtype), torch.zeros_like(x, dtype=dtype))
-    with torch.set_grad_enabled(trained):
-        return _BoxPass(graph, intervals, stop_at_output).run(start)
+    if reuse is None or trained:
+        with torch.set_grad_enabled(trained):
+            return _BoxPass(graph, intervals, stop_at_output).run(start)
+    keys = reuse.keys(graph, x, boxes)
+    walker = _BoxPass(graph, intervals, stop_at_output, watch=keys)
+    out = walker.run(start, initial_env=reuse.known(graph, keys))
+    reuse.keep(keys, walker.kept)
+    return out
+
+
+class BoxReuse:
+    """Values of the interval pass kept from one pass to the next on the same inputs. A
+    node's value depends only on the inputs and on the boxes of the parametric layers
+    upstream of it (and the fixed ops between), so a pass whose boxes differ from an
+    earlier pass's only downstream of a node starts from that node's kept value, bit for
+    bit the value it would compute (the compression search's candidates differ from the
+    best so far in one tensor's step). Kept: the input of every layer with a box, keyed by
+    the inputs and the exact bytes of every box upstream, the least recently used dropped
+    beyond ``limit`` bytes. The inputs must not be changed in place while kept."""
+
+    def __init__(self, limit: int = 1 << 26):
+        self.limit, self.size = limit, 0
+        self.values: OrderedDict[Hashable, tuple[Tensor, Interval]] = OrderedDict()
+
+    def keys(self, graph: LayerGraph, x: Tensor,
+             boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]]
+             ) -> dict[fx.Node, tuple[Tensor, Hashable]]:
+        """The key of each node whose value is kept: the input of a layer with a box."""
+        ends = {layer: tuple((name, _bytes(params[name])) for name in sorted(params))
+                for layer, params in boxes.items()}
+        upstream: dict[fx.Node, frozenset[str]] = {}
+        inputs = (x.data_ptr(), x.dtype, tuple(x.shape), tuple(x.stride()))
+        keys = {}
+        for node in graph.graph.nodes:
+            above = frozenset().union(*(upstream[a] for a in node.all_input_nodes))
+            upstream[node] = above | ({node.target} if node.target in boxes else set())
+            if node.op == "call_module" and node.target in boxes and node.args \
+                    and isinstance(node.args[0], fx.Node):
+                source = node.args[0]
+                keys[source] = (x, (inputs, source.name,
+                                    tuple((u, ends[u]) for u in sorted(upstream[source]))))
+        return keys
+
+    def known(self, graph: LayerGraph, keys: dict[fx.Node, tuple[Tensor, Hashable]]
+              ) -> dict[fx.Node, object]:
+        """The starting environment of a pass: the kept values found, and None for every
+        node only they read (never run)."""
+        found = {}
+        for node, (_, key) in keys.items():
+            if key in self.values:
+                self.values.move_to_end(key)
+                found[node] = self.values[key][1]
+        needed, stack = set(), [n for n in graph.graph.nodes if n.op == "output"]
+        while stack:
+            node = stack.pop()
+            if node in needed or node in found:
+                continue
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+        return {n: found.get(n) for n in graph.graph.nodes if n not in needed}
+
+    def keep(self, keys: dict[fx.Node, tuple[Tensor, Hashable]],
+             values: dict[fx.Node, Interval]) -> None:
+        for node, value in values.items():
+            x, key = keys[node]
+            if key in self.values:
+                continue
+            self.values[key] = (x, value)
+            self.size += _nbytes(value)
+        while self.size > self.limit and self.values:
+            _, (_, old) = self.values.popitem(last=False)
+            self.size -= _nbytes(old)
+
+
+def _bytes(ends: tuple[Tensor, Tensor] | Interval) -> bytes:
+    """The exact contents of a box, as given (two tensors or an ``Interval``)."""
+    pair = (ends.center, ends.radius) if isinstance(ends, Interval) else ends
+    return b"".join(t.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
+                    for t in pair)
+
+
+def _nbytes(value: Interval) -> int:
+    return sum(t.numel() * t.element_size() for t in (value.center, value.radius))

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor, nn
 
-from pathlift.bounds.box import box_margins
+from pathlift.bounds.box import BoxReuse, box_margins
 from pathlift.bounds.code import (
     Architecture,
     CodedNetwork,
@@ -424,14 +424,16 @@ class _Problem:
 
     def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
                   model: nn.Module, coded: CodedNetwork, length: CodeLength, data: _Scored,
-                  target: float, clock: _Clock | None = None) -> _Candidate | None:
+                  target: float, clock: _Clock | None = None,
+                  reuse: BoxReuse | None = None) -> _Candidate | None:
         """Score Q (``model``, ``coded``) for the search on ``data`` with the budget of the
         full sample (the bound's n), each transfer only while it can still end below
         ``target``: a transfer whose floor (its event holds at least where theta errs, and
         for the path-metric wherever m_theta <= (tau - d) B, as |m_Q - m_theta| <= B d)
         reaches ``target`` is not evaluated, the box pass stops once the points already in
-        its event do, or when ``clock``'s budget is spent. None when no transfer finished.
-        Q's own error is NaN where its margins were not needed."""
+        its event do, or when ``clock``'s budget is spent; ``reuse`` carries the interval
+        passes' values over layers whose boxes an earlier candidate shared. None when no
+        transfer finished. Q's own error is NaN where its margins were not needed."""
         d, metric = self.checked_d(graph, model)
         bits = length.total
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
@@ -446,7 +448,8 @@ class _Problem:
                 bounds[PATH_METRIC] = (self.occam(int(hit.sum()), len(hit), bits), tau)
                 target = min(target, bounds[PATH_METRIC][0].value)
         if BOX in self.transfers and self.events.box:
-            count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock)
+            count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock,
+                                   reuse)
             if count is not None:
                 bounds[BOX] = (self.occam(count, len(data.x), bits), None)
         if not bounds:
@@ -494,13 +497,13 @@ class _Problem:
 
     def box_event(self, graph: LayerGraph, boxes: dict[str, dict[str, tuple[Tensor, Tensor]]],
                   data: _Scored, bits: int, target: float,
-                  clock: _Clock | None = None) -> int | None:
+                  clock: _Clock | None = None, reuse: BoxReuse | None = None) -> int | None:
         """How many points of ``data`` lie in the box event, batch by batch of 512; None as
         soon as the points seen make a bound below ``target`` out of reach or unlikely
         (``_likely_rate``), or ``clock``'s budget is spent."""
         count, seen = 0, 0
         for xb, yb in zip(data.x.split(512), data.y.split(512), strict=True):
-            count += int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
+            count += int((box_margins(graph, None, xb, yb, boxes, reuse=reuse) <= 0).sum())
             seen += len(xb)
             if self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target \
                     or (clock is not None and clock.spent):
@@ -716,6 +719,7 @@ class _Search:
         self.sub_error = data.own_error
         self.best: _Candidate | None = None
         self.shortest: _Choice | None = None  # the lowest floor seen, when none is scored
+        self.reuse: BoxReuse | None = None
         self.scored = 0
 
     @property
@@ -725,6 +729,7 @@ class _Search:
     def run(self, search: CompressionSearch) -> _Choice:
         for rescaling in search.rescalings:
             _kept, graph = self.problem.rescaled(rescaling)  # the graph's model stays alive
+            self.reuse = BoxReuse()  # values of this graph's passes
             for fraction in search.prune_fractions:
                 if self.clock.spent and self.clock.done:
                     break
@@ -759,7 +764,7 @@ class _Search:
                 < self.target:
             self.scored += 1
             c = self.problem.candidate(rescaling, fraction, graph, model, coded, length,
-                                       self.data, self.target, self.clock)
+                                       self.data, self.target, self.clock, self.reuse)
             if c is not None and c.value < self.target:
                 self.best = c
         self.clock.tick()
