@@ -36,6 +36,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor, fx, nn
@@ -98,6 +99,53 @@ def _inflate(radius: Tensor, magnitude: Tensor, n: int) -> Tensor:
     return _up(radius * (1 + g) + g * magnitude)
 
 
+class _Ends:
+    """An enclosure held by its ends [low, high] (what ReLU and max-pooling compute on,
+    exactly); ``interval`` gives its centre-radius form, rounded outward, when an op
+    reads one."""
+
+    def __init__(self, low: Tensor, high: Tensor):
+        self.low, self.high = low, high
+
+    def interval(self) -> Interval:
+        return Interval.between(self.low, self.high)
+
+
+class _Rectified(_Ends):
+    """ReLU of the ``Interval`` x: ends max(low, 0) and max(high, 0); as an ``Interval``,
+    x itself where low >= 0 (the interval kept as it is), 0 where high <= 0 and [0, high]
+    elsewhere: centre and radius high / 2, exact in binary floating point but for
+    subnormal high, rounded up then. Each form is computed when first read."""
+
+    def __init__(self, x: Interval):  # the ends are made when read
+        self.x = x
+
+    @cached_property
+    def low(self) -> Tensor:  # type: ignore[override]
+        return self.x.low.clamp(min=0)
+
+    @cached_property
+    def high(self) -> Tensor:  # type: ignore[override]
+        return self.x.high.clamp(min=0)
+
+    def interval(self) -> Interval:
+        kept = self.x.center - self.x.radius > 0  # low = the float below it >= 0
+        half = self.high / 2
+        return Interval(torch.where(kept, self.x.center, half),
+                        torch.where(kept, self.x.radius, _up(half)))
+
+
+def _form(value: object) -> object:
+    """A value as the ops that read centres and radii take it."""
+    return value.interval() if isinstance(value, _Ends) else value
+
+
+def _formed(call: Call) -> Call:
+    args, kwargs = tree_map(_form, (call.args, call.kwargs),
+                            is_leaf=lambda v: isinstance(v, _Ends))
+    return Call(call.node, call.module, args, kwargs)
+
+
 class _BoxPass(OpWalker):
     """The interval pass of the module docstring over a traced graph; ``boxes`` maps a
     layer's qualified name to {quantised parameter name: Interval}."""
@@ -116,8 +164,12 @@ class _BoxPass(OpWalker):
 
     def run_node(self, n: fx.Node) -> object:
         value = super().run_node(n)
-        if n in self.watch and isinstance(value, Interval):
-            self.kept[n] = value
+        if n.op == "output":
+            return tree_map(_form, value, is_leaf=lambda v: isinstance(v, _Ends))
+        if n in self.watch:
+            value = _form(value)
+            if isinstance(value, Interval):
+                self.kept[n] = value
         return value
 
     def _params(self, handler: Handler, call: Call) -> Mapping[str, Interval]:
@@ -127,7 +179,7 @@ class _BoxPass(OpWalker):
         return self.boxes[name]
 
     def on_affine(self, handler: AffineHandler, call: Call) -> Interval:
-        x: Interval = call.args[0]
+        x = _form(call.args[0])
         params = self._params(handler, call)
         if set(params) - {"weight", "bias"} or "weight" not in params:
             raise self.unsupported(handler, call, ": its parameters are not a weight and a "
@@ -152,23 +204,24 @@ class _BoxPass(OpWalker):
             magnitude = magnitude + channel_bias(b.center.abs(), radius.dim(), dim)
         return Interval(center, _inflate(radius, magnitude, w.center.numel() + 1))
 
-    def on_relu(self, handler: Handler, call: Call) -> Interval:
-        """ReLU is the identity where low >= 0 (the interval is kept as it is), 0 where
-        high <= 0, and [0, high] elsewhere: centre and radius high / 2, exact in binary
-        floating point but for subnormal high, rounded up then."""
-        x: Interval = call.args[0]
+    def on_relu(self, handler: Handler, call: Call) -> Interval | _Ends:
+        """[max(low, 0), max(high, 0)], the exact image of the enclosure; held by its ends
+        (``_Rectified``: the centre-radius form only when an op reads it)."""
+        x = call.args[0]
+        if isinstance(x, _Ends):
+            return _Ends(x.low.clamp(min=0), x.high.clamp(min=0))
         if x.center.requires_grad or x.radius.requires_grad:
             return Interval.between(x.low.clamp(min=0), x.high.clamp(min=0))
-        kept = x.low >= 0
-        half = x.high.clamp(min=0) / 2
-        return Interval(torch.where(kept, x.center, half), torch.where(kept, x.radius, _up(half)))
+        return _Rectified(x)
 
-    def on_maxpool(self, handler: FixedLinear, call: Call) -> Interval:
-        x: Interval = call.args[0]
-        return Interval.between(call.run(x.low), call.run(x.high))
+    def on_maxpool(self, handler: FixedLinear, call: Call) -> _Ends:
+        """Monotone in each input: the op on both ends."""
+        x = call.args[0]
+        ends = _Ends(call.run(x.low), call.run(x.high))
+        return ends.interval() if ends.low.requires_grad else ends
 
     def on_pool(self, handler: FixedLinear, call: Call) -> Interval:
-        x: Interval = call.args[0]
+        x = _form(call.args[0])
         center = call.run(x.center)
         spread, log_gain = handler.abs_pow(x.radius, 1.0, call.replace(x.radius))
         size, _ = handler.abs_pow(x.center.abs(), 1.0, call.replace(x.center.abs()))
@@ -177,13 +230,13 @@ class _BoxPass(OpWalker):
         return Interval(center, _inflate(spread * gain, size * gain, n))
 
     def on_add(self, handler: Handler, call: Call) -> Interval:
-        a, b = call.args[:2]
+        a, b = (_form(v) for v in call.args[:2])
         center = call.run(a.center.clone(), b.center)  # + or -, as the op says (in place)
         return Interval(center, _inflate(a.radius + b.radius,
                                          a.center.abs() + b.center.abs(), 2))
 
     def on_activation(self, handler: Activation, call: Call) -> Interval:
-        x: Interval = call.args[0]
+        x = _form(call.args[0])
         low, high = x.low, x.high
         if handler.parametric:  # PReLU: its slopes lie in the box too
             slopes = self._params(handler, call)["weight"]
@@ -203,6 +256,7 @@ class _BoxPass(OpWalker):
                                 _up(torch.stack(stacked).amax(0) + slack))
 
     def on_reshape(self, handler: Handler, call: Call) -> object:
+        call = _formed(call)
         intervals = [v for v in _leaves((call.args, call.kwargs)) if isinstance(v, Interval)]
         if not intervals:
             return call.run()
@@ -215,6 +269,7 @@ class _BoxPass(OpWalker):
         return tree_map(lambda c, r: Interval(c, r), parts[0], parts[1])
 
     def on_shape(self, handler: Handler, call: Call) -> object:
+        call = _formed(call)
         args, kwargs = tree_map(lambda v: v.center if isinstance(v, Interval) else v,
                                 (call.args, call.kwargs),
                                 is_leaf=lambda v: isinstance(v, Interval))
