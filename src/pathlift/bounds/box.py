@@ -36,7 +36,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 from torch import Tensor, fx, nn
@@ -61,11 +61,17 @@ def _gamma(n: int) -> float:
 
 def _up(t: Tensor) -> Tensor:
     """The next float above (rounding outward); the identity on a differentiable tensor."""
-    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(math.inf))
+    return t if t.requires_grad else torch.nextafter(t, _infinity(t.dtype, 1.0))
 
 
 def _down(t: Tensor) -> Tensor:
-    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(-math.inf))
+    return t if t.requires_grad else torch.nextafter(t, _infinity(t.dtype, -1.0))
+
+
+@lru_cache
+def _infinity(dtype: torch.dtype, sign: float) -> Tensor:
+    """sign * inf as a 0-dim CPU tensor (taken by an op on any device, made once)."""
+    return torch.tensor(sign * math.inf, dtype=dtype)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ __all__ = ["CompressionBound", "CompressionSearch", "EventGrid", "compression_bo
            "input_scale", "logit_margins"]
 
 PATH_METRIC, BOX = "path-metric", "box"
+_BATCH = 512  # rows a box pass of the search
 _RESCALINGS = {"none": None, "l1": 1.0, "l2": 2.0, "linf": math.inf}
 
 
@@ -447,7 +448,7 @@ class _Problem:
                 hit = margins <= tau * data.scale + 1e-9 * (1 + sizes)
                 bounds[PATH_METRIC] = (self.occam(int(hit.sum()), len(hit), bits), tau)
                 target = min(target, bounds[PATH_METRIC][0].value)
-        if BOX in self.transfers and self.events.box:
+        if self.boxed:
             count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock,
                                    reuse)
             if count is not None:
@@ -466,7 +467,7 @@ class _Problem:
         d, metric = self.checked_d(graph, model)
         t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
         tau = None if t is None else self.events.tau(t)
-        box = self.boxes(graph, coded) if BOX in self.transfers and self.events.box else None
+        box = self.boxes(graph, coded) if self.boxed else None
         if tau is None and box is None:
             raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
                                         "event was asked for")
@@ -480,6 +481,20 @@ class _Problem:
             bounds[BOX] = (self.occam(boxed, data.n, length.total), None)
         return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
                           metric.upper_log10, metric.norm_b_log10, bounds, errors / data.n)
+
+    @property
+    def boxed(self) -> bool:
+        """Whether the box event is among the transfers."""
+        return BOX in self.transfers and self.events.box
+
+    def peek(self, graph: LayerGraph, coded: CodedNetwork, data: _Scored, bits: int,
+             reuse: BoxReuse | None = None) -> float:
+        """The bound the box event of Q (``coded``) gives on the first ``_BATCH`` rows of
+        ``data`` alone: the order in which the search scores its candidates, no score."""
+        x, y = data.x[:_BATCH], data.y[:_BATCH]
+        count = int((box_margins(graph, None, x, y, self.boxes(graph, coded), reuse=reuse)
+                     <= 0).sum())
+        return self.occam(count, len(x), bits).value
 
     def occam(self, hits: int, rows: int, bits: int) -> OccamBound:
         """The Occam bound of an event met ``hits`` times in ``rows`` scored rows."""
@@ -498,11 +513,11 @@ class _Problem:
     def box_event(self, graph: LayerGraph, boxes: dict[str, dict[str, tuple[Tensor, Tensor]]],
                   data: _Scored, bits: int, target: float,
                   clock: _Clock | None = None, reuse: BoxReuse | None = None) -> int | None:
-        """How many points of ``data`` lie in the box event, batch by batch of 512; None as
+        """How many points of ``data`` lie in the box event, batch by batch of ``_BATCH``; None as
         soon as the points seen make a bound below ``target`` out of reach or unlikely
         (``_likely_rate``), or ``clock``'s budget is spent."""
         count, seen = 0, 0
-        for xb, yb in zip(data.x.split(512), data.y.split(512), strict=True):
+        for xb, yb in zip(data.x.split(_BATCH), data.y.split(_BATCH), strict=True):
             count += int((box_margins(graph, None, xb, yb, boxes, reuse=reuse) <= 0).sum())
             seen += len(xb)
             if self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target \
@@ -734,14 +749,14 @@ class _Search:
                 if self.clock.spent and self.clock.done:
                     break
                 pruned = self.problem.pruned(graph, fraction)
-                local = None
-                for offset in search.offsets:
+                local, first = None, math.inf
+                for i, made in self.ordered(rescaling, fraction, graph, pruned, [
+                        _start_exponents(graph, offset) for offset in search.offsets]):
                     if self.clock.spent and self.clock.done:
                         break
-                    c = self.try_(rescaling, fraction, graph, pruned,
-                                  _start_exponents(graph, offset))
-                    if c is not None and (local is None or c.value < local.value):
-                        local = c
+                    c = self.try_(rescaling, fraction, graph, pruned, made[0], made[1:])
+                    if c is not None and (local is None or (c.value, i) < (local.value, first)):
+                        local, first = c, i
                 if local is not None:
                     self.refine(graph, pruned, local, search.refine)
         if self.best is not None:
@@ -751,9 +766,10 @@ class _Search:
         return self.shortest
 
     def try_(self, rescaling: str, fraction: float, graph: LayerGraph, pruned: nn.Module,
-             exponents: Sequence[int]) -> _Candidate | None:
-        """One candidate: coded, then scored if its floor lets it beat the target."""
-        model, coded, length = self.problem.coded(graph, pruned, exponents)
+             exponents: Sequence[int], made: tuple = ()) -> _Candidate | None:
+        """One candidate: coded (unless ``made`` holds its ``_Problem.coded``), then scored
+        if its floor lets it beat the target."""
+        model, coded, length = made or self.problem.coded(graph, pruned, exponents)
         bits = max(length.total - 8, 0)  # the estimate exceeds the written bits by <= 3
         floor = self.problem.floor(self.train_error, bits)
         if self.shortest is None or floor < self.shortest.floor:
@@ -769,6 +785,24 @@ class _Search:
                 self.best = c
         self.clock.tick()
         return c
+
+    def ordered(self, rescaling: str, fraction: float, graph: LayerGraph, pruned: nn.Module,
+                starts: list[list[int]]) -> list[tuple[int, tuple]]:
+        """(index, (exponents, model, coded, length)) of the step offsets' candidates in the
+        order they are scored: by the bound of their box event on the first batch of the
+        search's rows (``_Problem.peek``), those that cannot beat chance last, so that the
+        best is scored early and the others are abandoned early. The order changes no
+        score: the offset kept is the best of those scored in full, ties to the first."""
+        made = [(e, *self.problem.coded(graph, pruned, e)) for e in starts]
+        if not self.problem.boxed or self.clock.spent:
+            return list(enumerate(made))
+        keys = []
+        for i, (_e, _model, coded, length) in enumerate(made):
+            bits = max(length.total - 8, 0)  # as ``try_``
+            hopeless = self.problem.floor(self.train_error, bits) >= self.chance
+            keys.append((math.inf if hopeless else self.problem.peek(
+                graph, coded, self.data, length.total, self.reuse), i))
+        return [(i, made[i]) for _, i in sorted(keys)]
 
     def refine(self, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
                rounds: int) -> None:
