@@ -320,6 +320,7 @@ class _Candidate:
     quantized_path_norm_log10: float
     bounds: dict[str, tuple[OccamBound, float | None]]
     quantized_error: float
+    box_count: int | None = None
 
     @property
     def best(self) -> tuple[str, OccamBound, float | None]:
@@ -457,13 +458,16 @@ class _Problem:
             return None
         error = math.nan if margins is None else float((margins <= 0).double().mean())
         return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
-                          metric.upper_log10, metric.norm_b_log10, bounds, error)
+                          metric.upper_log10, metric.norm_b_log10, bounds, error,
+                          count if BOX in bounds else None)
 
     def certificate(self, rescaling: str, fraction: float, graph: LayerGraph,
                     model: nn.Module, coded: CodedNetwork, length: CodeLength,
-                    data: Batches) -> _Candidate:
+                    data: Batches, known: tuple[Tensor, int] | None = None) -> _Candidate:
         """The certificate of Q (``model``, ``coded``): every transfer and Q's own error on
-        the whole sample, one fold over its batches with exact integer counts."""
+        the whole sample, one fold over its batches with exact integer counts. ``known``:
+        the sorted sample positions of the search's rows and the count of Q's box event on
+        them, found by the search; the box pass then skips those rows."""
         d, metric = self.checked_d(graph, model)
         t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
         tau = None if t is None else self.events.tau(t)
@@ -472,8 +476,12 @@ class _Problem:
             raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
                                         "event was asked for")
         net = _float64(model)
+        skip = None if box is None or known is None else known[0]
         errors, near, boxed = data.count(
-            lambda x, y: _events(net, graph, tau, box, x, y), 3)
+            lambda start, x, y: _events(net, graph, tau, box, x, y,
+                                        None if skip is None else _outside(skip, start, len(x))),
+            3, starts=True)
+        boxed += 0 if skip is None else known[1]
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
         if tau is not None:
             bounds[PATH_METRIC] = (self.occam(near, data.n, length.total), tau)
@@ -528,16 +536,27 @@ class _Problem:
 
 def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
             boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
-            batch: int = 2048) -> Tensor:
+            rows: Tensor | None = None, batch: int = 2048) -> Tensor:
     """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
-    at ``tau`` (0 when None) and of the box event (0 when None)."""
+    at ``tau`` (0 when None) and of the box event (0 when None) on the ``rows`` picked
+    (a mask; default all)."""
     margins, sizes = _margins(net, x, y)
     near = 0 if tau is None else int((margins <= tau * input_scale(x)
                                       + 1e-9 * (1 + sizes)).sum())
-    boxed = 0 if boxes is None else sum(
+    if rows is not None:
+        x, y = x[rows], y[rows]
+    boxed = 0 if boxes is None or not len(x) else sum(
         int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
         for xb, yb in zip(x.split(batch), y.split(batch), strict=True))
     return torch.tensor([int((margins <= 0).sum()), near, boxed])
+
+
+def _outside(positions: Tensor, start: int, length: int) -> Tensor:
+    """The mask of the rows start..start + length - 1 not among the sorted ``positions``."""
+    keep = torch.ones(length, dtype=torch.bool)
+    lo, hi = (int(torch.searchsorted(positions, v)) for v in (start, start + length))
+    keep[positions[lo:hi] - start] = False
+    return keep
 
 
 _UNLIKELY = 1e-4
@@ -644,7 +663,8 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
         / sample.n
     search, stopped = _hopeless(search, train_error, sample, events, delta)
     gen = torch.Generator().manual_seed(search.seed)
-    xs, ys = data.rows(torch.randperm(sample.n, generator=gen)[:search.subsample])
+    picked = torch.randperm(sample.n, generator=gen)[:search.subsample]
+    xs, ys = data.rows(picked)
     clock = _Clock(search, len(problem.family[problem.index].tensors), progress,
                    None if time_budget is None else start + time_budget)
     searched = _Search(problem, _Scored(xs, ys, input_scale(xs), _margins(own, xs, ys)[0]),
@@ -652,12 +672,13 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
     found = searched.run(search)
     stopped = stopped or searched.why(time_budget)
     # one Q on every rank, whatever each rank's search found
-    rescaling, fraction, exponents = data.world.broadcast(
-        (found.rescaling, found.prune_fraction, found.exponents))
+    rescaling, fraction, exponents, counted = data.world.broadcast(
+        (found.rescaling, found.prune_fraction, found.exponents, found.box_count))
     _kept, graph = problem.rescaled(rescaling)
     model_q, coded, length = problem.coded(
         graph, problem.pruned(graph, fraction), exponents, exact_length=True)
-    final = problem.certificate(rescaling, fraction, graph, model_q, coded, length, data)
+    final = problem.certificate(rescaling, fraction, graph, model_q, coded, length, data,
+                                None if counted is None else (picked.sort().values, counted))
     transfer, occam, tau = final.best
     return CompressionBound(
         occam, transfer, final.length, final.d_log10, tau, train_error,
@@ -713,6 +734,7 @@ class _Choice:
     value: float = math.nan
     floor: float = math.inf
     bits: int = 0
+    box_count: int | None = None  # of its box event on the search's rows
 
 
 class _Search:
@@ -761,7 +783,8 @@ class _Search:
                     self.refine(graph, pruned, local, search.refine)
         if self.best is not None:
             b = self.best
-            return _Choice(b.rescaling, b.prune_fraction, b.exponents, b.value)
+            return _Choice(b.rescaling, b.prune_fraction, b.exponents, b.value,
+                           box_count=b.box_count)
         assert self.shortest is not None  # the first candidate is always coded
         return self.shortest
 
