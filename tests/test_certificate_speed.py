@@ -15,10 +15,12 @@ from torch import nn
 
 import pathlift.bounds.compression as compression
 from pathlift.bounds import compression_bound
-from pathlift.bounds.box import box_outputs
+from pathlift.bounds.box import BoxReuse, box_margins, box_outputs
 from pathlift.bounds.code import architecture_of, quantized_tensors
 from pathlift.bounds.compression import CompressionSearch, EventGrid, logit_margins
 from pathlift.bounds.kl import kl_inverse
+from pathlift.graph import graph_of
+from pathlift.graph.layer_graph import HANDLER
 
 
 def _blobs(n: int = 600, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,15 +60,22 @@ def test_the_search_keeps_what_scoring_every_candidate_keeps(transfers):
     net, x, y = _trained(8)
     search = CompressionSearch(rescalings=("none", "l2"), prune_fractions=(0.0, 0.5),
                                offsets=(1, 2, 3, 4, 6, 8, 10), refine=0, transfers=transfers)
-    events = EventGrid()
     calls = []
-    cert = compression_bound(net, (6,), x, y, search=search, events=events,
+    cert = compression_bound(net, (6,), x, y, search=search,
                              progress=lambda done, planned: calls.append(done))
     assert len(calls) == 2 * 2 * 7 and not cert.stopped and cert.beats_chance
-    # the long way: every candidate scored in full on the whole sample
+    _assert_best_of_every_candidate(net, (6,), x, y, search, cert)
+
+
+def _assert_best_of_every_candidate(net: nn.Module, shape: tuple[int, ...], x: torch.Tensor,
+                                    y: torch.Tensor, search: CompressionSearch,
+                                    cert: compression.CompressionBound) -> None:
+    """The long way: every candidate of the (refine-free) grid scored in full on the whole
+    sample, each full score above its floor; ``cert`` keeps the best, ties to the first."""
     model = net.double()
-    problem = compression._Problem(model, (6,), len(x), [architecture_of(model, (6,))],
-                                   events, 0.05, transfers)
+    events = EventGrid()
+    problem = compression._Problem(model, shape, len(x), [architecture_of(model, shape)],
+                                   events, 0.05, search.transfers)
     own, _ = logit_margins(model, x, y)
     data = compression._Scored(x, y, compression.input_scale(x), own)
     best = None
@@ -84,6 +93,35 @@ def test_the_search_keeps_what_scoring_every_candidate_keeps(transfers):
                     best = c
     assert (cert.rescaling, cert.prune_fraction, cert.exponents) == (
         best.rescaling, best.prune_fraction, best.exponents)
+
+
+def _signals_cnn(seed: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The residual CNN trained by Adam on 3,000 noisy copies of three random signals."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = torch.randn(3, 1, 8, generator=g)
+    y = torch.randint(0, 3, (3000,), generator=g)
+    x = shapes[y] + 0.6 * torch.randn(3000, 1, 8, generator=g)
+    torch.manual_seed(seed)
+    net = _Residual()
+    opt = torch.optim.Adam(net.parameters(), lr=0.02)
+    for _ in range(150):
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    return net.eval(), x, y
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_search_in_its_peeked_order_keeps_the_best_on_a_cnn(seed):
+    """A residual CNN (functional ReLU, max-pool) trained on 3,000 noisy signals: the search
+    scores the step offsets in the order their box event gives on its first batch and
+    abandons the others early, and keeps the Q that scoring every candidate in full keeps."""
+    net, x, y = _signals_cnn(seed)
+    search = CompressionSearch(rescalings=("none", "l2"), prune_fractions=(0.0,),
+                               offsets=tuple(range(1, 12)), refine=0, transfers=("box",))
+    cert = compression_bound(net, (1, 8), x, y, search=search)
+    assert cert.beats_chance and not cert.stopped
+    _assert_best_of_every_candidate(net, (1, 8), x, y, search, cert)
 
 
 def test_no_candidate_is_scored_when_every_code_is_too_long_to_beat_chance(monkeypatch):
@@ -168,3 +206,91 @@ def test_the_interval_pass_of_a_point_box_encloses_the_exact_outputs():
             assert Fraction(a) <= v <= Fraction(b)
             assert b - a <= 1e-12 * max(1.0, abs(float(v)))
     assert math.isfinite(float(enclosure.radius.max()))
+
+
+class _Residual(nn.Module):
+    """A user-style CNN: functional ReLU, a residual sum, a max-pool, a dict output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv1d(1, 4, 3, padding=1)
+        self.second = nn.Conv1d(4, 4, 3, padding=1)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        h = torch.nn.functional.max_pool1d(torch.relu(self.second(h)) + h, 2)
+        return self.head(h.flatten(1))
+
+
+def _boxes(model: nn.Module, shape: tuple[int, ...], steps: dict[str, float]
+           ) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """The box [w - s/2, w + s/2] around each parameter, s its layer's step."""
+    out: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for name, _, _, value in quantized_tensors(graph_of(model, shape)):
+        layer, pname = name.rsplit(".", 1)
+        w = value.detach().double()
+        out.setdefault(layer, {})[pname] = (w - steps[layer] / 2, w + steps[layer] / 2)
+    return out
+
+
+@pytest.mark.parametrize("make, shape", [(_Residual, (1, 8)), (lambda: _trained(8)[0], (6,))])
+def test_box_reuse_gives_the_pass_bit_for_bit_and_skips_the_layers_upstream(make, shape,
+                                                                           monkeypatch):
+    """A pass that starts from the values an earlier pass kept (``BoxReuse``) returns the
+    margins of a pass from scratch exactly, for a change of box in the last layer, in the
+    first, and back; it runs no affine layer above the changed one."""
+    torch.manual_seed(0)
+    model = make().double().eval()
+    x = torch.randn(64, *shape, dtype=torch.float64)
+    y = torch.randint(0, 3, (64,))
+    layers = [name.rsplit(".", 1)[0] for name, *_ in quantized_tensors(graph_of(model, shape))]
+    first, last = layers[0], layers[-1]
+    base = dict.fromkeys(layers, 2.0 ** -6)
+    changes = [base, {**base, last: 2.0 ** -4}, {**base, first: 2.0 ** -4}, base]
+    reuse = BoxReuse()
+    applied = []
+    for steps in changes:
+        boxes = _boxes(model, shape, steps)
+        fresh = box_margins(model, shape, x, y, boxes)
+        calls = []
+        for handler in {type(h) for h in _affine_handlers(model, shape)}:
+            original = handler.apply
+            monkeypatch.setattr(handler, "apply", lambda self, *a, f=original, seen=calls,
+                                **k: (seen.append(a[1].shape), f(self, *a, **k))[1])
+        kept = box_margins(model, shape, x, y, boxes, reuse=reuse)
+        monkeypatch.undo()
+        assert torch.equal(fresh, kept)
+        assert bool((fresh > -math.inf).all())
+        applied.append(len(calls))
+    # the first pass runs every layer; a change in the last layer reruns only the last
+    # (the head: reached through the margin, no apply); back to the first boxes: all kept
+    assert applied[0] > 0 and applied[1] == 0 and applied[2] == applied[0] \
+        and applied[3] == 0
+
+
+def _affine_handlers(model: nn.Module, shape: tuple[int, ...]) -> list[object]:
+    graph = graph_of(model, shape)
+    return [n.meta[HANDLER] for n in graph.graph.nodes if n.op == "call_module"
+            and n.target in {name.rsplit(".", 1)[0] for name, *_ in quantized_tensors(graph)}]
+
+
+@pytest.mark.parametrize("subsample", [700, 2999])
+def test_the_final_pass_takes_the_search_rows_count_and_counts_the_rest(subsample):
+    """The certificate's box count is the search's count on its rows plus the final pass's
+    on the others: equal to the box event of the certified Q counted on every row afresh."""
+    net, x, y = _signals_cnn(0)
+    search = CompressionSearch(rescalings=("none",), prune_fractions=(0.0,),
+                               offsets=(4, 6, 8), refine=0, transfers=("box",),
+                               subsample=subsample)
+    cert = compression_bound(net, (1, 8), x, y, search=search)
+    model = net.double()
+    graph = graph_of(model, (1, 8))
+    boxes: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for (name, *_), ends in zip(quantized_tensors(graph), cert.coded.box(), strict=True):
+        layer, pname = name.rsplit(".", 1)
+        boxes.setdefault(layer, {})[pname] = ends
+    fresh = sum(int((box_margins(model, (1, 8), xb, yb, boxes) <= 0).sum())
+                for xb, yb in zip(x.split(1000), y.split(1000), strict=True))
+    assert cert.transfer == "box" and 0 < fresh < len(x)
+    assert round(cert.occam.empirical * len(x)) == fresh

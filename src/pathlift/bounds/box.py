@@ -33,11 +33,13 @@ midpoint-radius product: the hidden units depend on disjoint rows of the box.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 from torch.utils._pytree import tree_map
 
 from pathlift.errors import InvalidParameterError, UnsupportedModelError
@@ -47,7 +49,7 @@ from pathlift.graph.boundary import output_leaves
 from pathlift.graph.ops import Activation, AffineHandler, FixedLinear, Handler
 from pathlift.graph.walk import OpWalker
 
-__all__ = ["Interval", "box_margins", "box_outputs", "margin_lower_bounds"]
+__all__ = ["BoxReuse", "Interval", "box_margins", "box_outputs", "margin_lower_bounds"]
 
 _U = 2.0 ** -53
 
@@ -59,11 +61,17 @@ def _gamma(n: int) -> float:
 
 def _up(t: Tensor) -> Tensor:
     """The next float above (rounding outward); the identity on a differentiable tensor."""
-    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(math.inf))
+    return t if t.requires_grad else torch.nextafter(t, _infinity(t.dtype, 1.0))
 
 
 def _down(t: Tensor) -> Tensor:
-    return t if t.requires_grad else torch.nextafter(t, t.new_tensor(-math.inf))
+    return t if t.requires_grad else torch.nextafter(t, _infinity(t.dtype, -1.0))
+
+
+@lru_cache
+def _infinity(dtype: torch.dtype, sign: float) -> Tensor:
+    """sign * inf as a 0-dim CPU tensor (taken by an op on any device, made once)."""
+    return torch.tensor(sign * math.inf, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,53 @@ def _inflate(radius: Tensor, magnitude: Tensor, n: int) -> Tensor:
     return _up(radius * (1 + g) + g * magnitude)
 
 
+class _Ends:
+    """An enclosure held by its ends [low, high] (what ReLU and max-pooling compute on,
+    exactly); ``interval`` gives its centre-radius form, rounded outward, when an op
+    reads one."""
+
+    def __init__(self, low: Tensor, high: Tensor):
+        self.low, self.high = low, high
+
+    def interval(self) -> Interval:
+        return Interval.between(self.low, self.high)
+
+
+class _Rectified(_Ends):
+    """ReLU of the ``Interval`` x: ends max(low, 0) and max(high, 0); as an ``Interval``,
+    x itself where low >= 0 (the interval kept as it is), 0 where high <= 0 and [0, high]
+    elsewhere: centre and radius high / 2, exact in binary floating point but for
+    subnormal high, rounded up then. Each form is computed when first read."""
+
+    def __init__(self, x: Interval):  # the ends are made when read
+        self.x = x
+
+    @cached_property
+    def low(self) -> Tensor:  # type: ignore[override]
+        return self.x.low.clamp(min=0)
+
+    @cached_property
+    def high(self) -> Tensor:  # type: ignore[override]
+        return self.x.high.clamp(min=0)
+
+    def interval(self) -> Interval:
+        kept = self.x.center - self.x.radius > 0  # low = the float below it >= 0
+        half = self.high / 2
+        return Interval(torch.where(kept, self.x.center, half),
+                        torch.where(kept, self.x.radius, _up(half)))
+
+
+def _form(value: object) -> object:
+    """A value as the ops that read centres and radii take it."""
+    return value.interval() if isinstance(value, _Ends) else value
+
+
+def _formed(call: Call) -> Call:
+    args, kwargs = tree_map(_form, (call.args, call.kwargs),
+                            is_leaf=lambda v: isinstance(v, _Ends))
+    return Call(call.node, call.module, args, kwargs)
+
+
 class _BoxPass(OpWalker):
     """The interval pass of the module docstring over a traced graph; ``boxes`` maps a
     layer's qualified name to {quantised parameter name: Interval}."""
@@ -104,13 +159,24 @@ class _BoxPass(OpWalker):
     purpose = "interval arithmetic over a box of parameters"
 
     def __init__(self, graph: LayerGraph, boxes: Mapping[str, Mapping[str, Interval]],
-                 stop_at_output: bool = False):
+                 stop_at_output: bool = False, watch: Collection[fx.Node] = ()):
         super().__init__(graph)
         self.boxes = boxes
+        self.watch, self.kept = watch, {}  # the values ``BoxReuse`` keeps
         outputs = graph.outputs()
         only = outputs[0] if len(outputs) == 1 else None  # returned alone, read by nothing
         self.final = {only} if stop_at_output and only is not None and all(
             u.op == "output" for u in only.users) else set()
+
+    def run_node(self, n: fx.Node) -> object:
+        value = super().run_node(n)
+        if n.op == "output":
+            return tree_map(_form, value, is_leaf=lambda v: isinstance(v, _Ends))
+        if n in self.watch:
+            value = _form(value)
+            if isinstance(value, Interval):
+                self.kept[n] = value
+        return value
 
     def _params(self, handler: Handler, call: Call) -> Mapping[str, Interval]:
         name = call.node.target
@@ -119,7 +185,7 @@ class _BoxPass(OpWalker):
         return self.boxes[name]
 
     def on_affine(self, handler: AffineHandler, call: Call) -> Interval:
-        x: Interval = call.args[0]
+        x = _form(call.args[0])
         params = self._params(handler, call)
         if set(params) - {"weight", "bias"} or "weight" not in params:
             raise self.unsupported(handler, call, ": its parameters are not a weight and a "
@@ -144,23 +210,24 @@ class _BoxPass(OpWalker):
             magnitude = magnitude + channel_bias(b.center.abs(), radius.dim(), dim)
         return Interval(center, _inflate(radius, magnitude, w.center.numel() + 1))
 
-    def on_relu(self, handler: Handler, call: Call) -> Interval:
-        """ReLU is the identity where low >= 0 (the interval is kept as it is), 0 where
-        high <= 0, and [0, high] elsewhere: centre and radius high / 2, exact in binary
-        floating point but for subnormal high, rounded up then."""
-        x: Interval = call.args[0]
+    def on_relu(self, handler: Handler, call: Call) -> Interval | _Ends:
+        """[max(low, 0), max(high, 0)], the exact image of the enclosure; held by its ends
+        (``_Rectified``: the centre-radius form only when an op reads it)."""
+        x = call.args[0]
+        if isinstance(x, _Ends):
+            return _Ends(x.low.clamp(min=0), x.high.clamp(min=0))
         if x.center.requires_grad or x.radius.requires_grad:
             return Interval.between(x.low.clamp(min=0), x.high.clamp(min=0))
-        kept = x.low >= 0
-        half = x.high.clamp(min=0) / 2
-        return Interval(torch.where(kept, x.center, half), torch.where(kept, x.radius, _up(half)))
+        return _Rectified(x)
 
-    def on_maxpool(self, handler: FixedLinear, call: Call) -> Interval:
-        x: Interval = call.args[0]
-        return Interval.between(call.run(x.low), call.run(x.high))
+    def on_maxpool(self, handler: FixedLinear, call: Call) -> _Ends:
+        """Monotone in each input: the op on both ends."""
+        x = call.args[0]
+        ends = _Ends(call.run(x.low), call.run(x.high))
+        return ends.interval() if ends.low.requires_grad else ends
 
     def on_pool(self, handler: FixedLinear, call: Call) -> Interval:
-        x: Interval = call.args[0]
+        x = _form(call.args[0])
         center = call.run(x.center)
         spread, log_gain = handler.abs_pow(x.radius, 1.0, call.replace(x.radius))
         size, _ = handler.abs_pow(x.center.abs(), 1.0, call.replace(x.center.abs()))
@@ -169,13 +236,13 @@ class _BoxPass(OpWalker):
         return Interval(center, _inflate(spread * gain, size * gain, n))
 
     def on_add(self, handler: Handler, call: Call) -> Interval:
-        a, b = call.args[:2]
+        a, b = (_form(v) for v in call.args[:2])
         center = call.run(a.center.clone(), b.center)  # + or -, as the op says (in place)
         return Interval(center, _inflate(a.radius + b.radius,
                                          a.center.abs() + b.center.abs(), 2))
 
     def on_activation(self, handler: Activation, call: Call) -> Interval:
-        x: Interval = call.args[0]
+        x = _form(call.args[0])
         low, high = x.low, x.high
         if handler.parametric:  # PReLU: its slopes lie in the box too
             slopes = self._params(handler, call)["weight"]
@@ -195,6 +262,7 @@ class _BoxPass(OpWalker):
                                 _up(torch.stack(stacked).amax(0) + slack))
 
     def on_reshape(self, handler: Handler, call: Call) -> object:
+        call = _formed(call)
         intervals = [v for v in _leaves((call.args, call.kwargs)) if isinstance(v, Interval)]
         if not intervals:
             return call.run()
@@ -207,6 +275,7 @@ class _BoxPass(OpWalker):
         return tree_map(lambda c, r: Interval(c, r), parts[0], parts[1])
 
     def on_shape(self, handler: Handler, call: Call) -> object:
+        call = _formed(call)
         args, kwargs = tree_map(lambda v: v.center if isinstance(v, Interval) else v,
                                 (call.args, call.kwargs),
                                 is_leaf=lambda v: isinstance(v, Interval))
@@ -291,14 +360,16 @@ def _pairwise_lower(outputs: Sequence[Interval], y: Tensor) -> Tensor:
 def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, x: Tensor,
                 y: Tensor,
                 boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
-                per_class: bool = False) -> Tensor:
+                per_class: bool = False, reuse: BoxReuse | None = None) -> Tensor:
     """A lower bound, per sample, on the margin R(x)_y - max_{c != y} R(x)_c of every
     network whose parameters lie in ``boxes`` (as ``box_outputs``), through the last
     Linear layer when the network returns its output (module docstring), else from the
     output enclosure (``margin_lower_bounds``). With ``per_class``, the lower bounds of
-    each R_y - R_c instead, shape (batch, classes), +inf at c = y."""
+    each R_y - R_c instead, shape (batch, classes), +inf at c = y. With ``reuse``, the
+    values an earlier pass on the same ``x`` computed under the same boxes upstream are
+    taken from it (``BoxReuse``): the same numbers, bit for bit."""
     graph = graph_of(model, input_shape)
-    out = _run(graph, x, boxes, stop_at_output=True)
+    out = _run(graph, x, boxes, stop_at_output=True, reuse=reuse)
     if not isinstance(out, _Final):
         low = _pairwise_lower(output_leaves(out, Interval), y)
         return low if per_class else low.amin(1)
@@ -336,7 +407,7 @@ def _through_differences(w: Tensor, y: Tensor, *rows: Tensor) -> list[Tensor]:
 
 def _run(graph: LayerGraph, x: Tensor,
          boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
-         stop_at_output: bool) -> object:
+         stop_at_output: bool, reuse: BoxReuse | None = None) -> object:
     """The pass on x. A box given as (low, high) is enclosed rigorously in float64; given
     as ``Interval`` objects that require grad (training), the pass is differentiable, in
     their dtype, without the rounding terms."""
@@ -356,5 +427,86 @@ def _run(graph: LayerGraph, x: Tensor,
     dtype = next((i.center.dtype for params in intervals.values() for i in params.values()),
                  torch.float64) if trained else torch.float64
     start = Interval(x.detach().to(dtype), torch.zeros_like(x, dtype=dtype))
-    with torch.set_grad_enabled(trained):
-        return _BoxPass(graph, intervals, stop_at_output).run(start)
+    if reuse is None or trained:
+        with torch.set_grad_enabled(trained):
+            return _BoxPass(graph, intervals, stop_at_output).run(start)
+    keys = reuse.keys(graph, x, boxes)
+    walker = _BoxPass(graph, intervals, stop_at_output, watch=keys)
+    out = walker.run(start, initial_env=reuse.known(graph, keys))
+    reuse.keep(keys, walker.kept)
+    return out
+
+
+class BoxReuse:
+    """Values of the interval pass kept from one pass to the next on the same inputs. A
+    node's value depends only on the inputs and on the boxes of the parametric layers
+    upstream of it (and the fixed ops between), so a pass whose boxes differ from an
+    earlier pass's only downstream of a node starts from that node's kept value, bit for
+    bit the value it would compute (the compression search's candidates differ from the
+    best so far in one tensor's step). Kept: the input of every layer with a box, keyed by
+    the inputs and the exact bytes of every box upstream, the least recently used dropped
+    beyond ``limit`` bytes. The inputs must not be changed in place while kept."""
+
+    def __init__(self, limit: int = 1 << 26):
+        self.limit, self.size = limit, 0
+        self.values: OrderedDict[Hashable, tuple[Tensor, Interval]] = OrderedDict()
+
+    def keys(self, graph: LayerGraph, x: Tensor,
+             boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]]
+             ) -> dict[fx.Node, tuple[Tensor, Hashable]]:
+        """The key of each node whose value is kept: the input of a layer with a box."""
+        ends = {layer: tuple((name, _bytes(params[name])) for name in sorted(params))
+                for layer, params in boxes.items()}
+        upstream: dict[fx.Node, frozenset[str]] = {}
+        inputs = (x.data_ptr(), x.dtype, tuple(x.shape), tuple(x.stride()))
+        keys = {}
+        for node in graph.graph.nodes:
+            above = frozenset().union(*(upstream[a] for a in node.all_input_nodes))
+            upstream[node] = above | ({node.target} if node.target in boxes else set())
+            if node.op == "call_module" and node.target in boxes and node.args \
+                    and isinstance(node.args[0], fx.Node):
+                source = node.args[0]
+                keys[source] = (x, (inputs, source.name,
+                                    tuple((u, ends[u]) for u in sorted(upstream[source]))))
+        return keys
+
+    def known(self, graph: LayerGraph, keys: dict[fx.Node, tuple[Tensor, Hashable]]
+              ) -> dict[fx.Node, object]:
+        """The starting environment of a pass: the kept values found, and None for every
+        node only they read (never run)."""
+        found = {}
+        for node, (_, key) in keys.items():
+            if key in self.values:
+                self.values.move_to_end(key)
+                found[node] = self.values[key][1]
+        needed, stack = set(), [n for n in graph.graph.nodes if n.op == "output"]
+        while stack:
+            node = stack.pop()
+            if node in needed or node in found:
+                continue
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+        return {n: found.get(n) for n in graph.graph.nodes if n not in needed}
+
+    def keep(self, keys: dict[fx.Node, tuple[Tensor, Hashable]],
+             values: dict[fx.Node, Interval]) -> None:
+        for node, value in values.items():
+            x, key = keys[node]
+            if key in self.values:
+                continue
+            self.values[key] = (x, value)
+            self.size += _nbytes(value)
+        while self.size > self.limit and self.values:
+            _, (_, old) = self.values.popitem(last=False)
+            self.size -= _nbytes(old)
+
+
+def _bytes(ends: tuple[Tensor, Tensor] | Interval) -> bytes:
+    """The exact contents of a box, as given (two tensors or an ``Interval``)."""
+    pair = (ends.center, ends.radius) if isinstance(ends, Interval) else ends
+    return b"".join(t.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
+                    for t in pair)
+
+
+def _nbytes(value: Interval) -> int:
+    return sum(t.numel() * t.element_size() for t in (value.center, value.radius))

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor, nn
 
-from pathlift.bounds.box import box_margins
+from pathlift.bounds.box import BoxReuse, box_margins
 from pathlift.bounds.code import (
     Architecture,
     CodedNetwork,
@@ -82,6 +82,7 @@ __all__ = ["CompressionBound", "CompressionSearch", "EventGrid", "compression_bo
            "input_scale", "logit_margins"]
 
 PATH_METRIC, BOX = "path-metric", "box"
+_BATCH = 512  # rows a box pass of the search
 _RESCALINGS = {"none": None, "l1": 1.0, "l2": 2.0, "linf": math.inf}
 
 
@@ -319,6 +320,7 @@ class _Candidate:
     quantized_path_norm_log10: float
     bounds: dict[str, tuple[OccamBound, float | None]]
     quantized_error: float
+    box_count: int | None = None
 
     @property
     def best(self) -> tuple[str, OccamBound, float | None]:
@@ -424,14 +426,16 @@ class _Problem:
 
     def candidate(self, rescaling: str, fraction: float, graph: LayerGraph,
                   model: nn.Module, coded: CodedNetwork, length: CodeLength, data: _Scored,
-                  target: float, clock: _Clock | None = None) -> _Candidate | None:
+                  target: float, clock: _Clock | None = None,
+                  reuse: BoxReuse | None = None) -> _Candidate | None:
         """Score Q (``model``, ``coded``) for the search on ``data`` with the budget of the
         full sample (the bound's n), each transfer only while it can still end below
         ``target``: a transfer whose floor (its event holds at least where theta errs, and
         for the path-metric wherever m_theta <= (tau - d) B, as |m_Q - m_theta| <= B d)
         reaches ``target`` is not evaluated, the box pass stops once the points already in
-        its event do, or when ``clock``'s budget is spent. None when no transfer finished.
-        Q's own error is NaN where its margins were not needed."""
+        its event do, or when ``clock``'s budget is spent; ``reuse`` carries the interval
+        passes' values over layers whose boxes an earlier candidate shared. None when no
+        transfer finished. Q's own error is NaN where its margins were not needed."""
         d, metric = self.checked_d(graph, model)
         bits = length.total
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
@@ -445,31 +449,39 @@ class _Problem:
                 hit = margins <= tau * data.scale + 1e-9 * (1 + sizes)
                 bounds[PATH_METRIC] = (self.occam(int(hit.sum()), len(hit), bits), tau)
                 target = min(target, bounds[PATH_METRIC][0].value)
-        if BOX in self.transfers and self.events.box:
-            count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock)
+        if self.boxed:
+            count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock,
+                                   reuse)
             if count is not None:
                 bounds[BOX] = (self.occam(count, len(data.x), bits), None)
         if not bounds:
             return None
         error = math.nan if margins is None else float((margins <= 0).double().mean())
         return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
-                          metric.upper_log10, metric.norm_b_log10, bounds, error)
+                          metric.upper_log10, metric.norm_b_log10, bounds, error,
+                          count if BOX in bounds else None)
 
     def certificate(self, rescaling: str, fraction: float, graph: LayerGraph,
                     model: nn.Module, coded: CodedNetwork, length: CodeLength,
-                    data: Batches) -> _Candidate:
+                    data: Batches, known: tuple[Tensor, int] | None = None) -> _Candidate:
         """The certificate of Q (``model``, ``coded``): every transfer and Q's own error on
-        the whole sample, one fold over its batches with exact integer counts."""
+        the whole sample, one fold over its batches with exact integer counts. ``known``:
+        the sorted sample positions of the search's rows and the count of Q's box event on
+        them, found by the search; the box pass then skips those rows."""
         d, metric = self.checked_d(graph, model)
         t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
         tau = None if t is None else self.events.tau(t)
-        box = self.boxes(graph, coded) if BOX in self.transfers and self.events.box else None
+        box = self.boxes(graph, coded) if self.boxed else None
         if tau is None and box is None:
             raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
                                         "event was asked for")
         net = _float64(model)
+        skip = None if box is None or known is None else known[0]
         errors, near, boxed = data.count(
-            lambda x, y: _events(net, graph, tau, box, x, y), 3)
+            lambda start, x, y: _events(net, graph, tau, box, x, y,
+                                        None if skip is None else _outside(skip, start, len(x))),
+            3, starts=True)
+        boxed += 0 if skip is None else known[1]
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
         if tau is not None:
             bounds[PATH_METRIC] = (self.occam(near, data.n, length.total), tau)
@@ -477,6 +489,20 @@ class _Problem:
             bounds[BOX] = (self.occam(boxed, data.n, length.total), None)
         return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
                           metric.upper_log10, metric.norm_b_log10, bounds, errors / data.n)
+
+    @property
+    def boxed(self) -> bool:
+        """Whether the box event is among the transfers."""
+        return BOX in self.transfers and self.events.box
+
+    def peek(self, graph: LayerGraph, coded: CodedNetwork, data: _Scored, bits: int,
+             reuse: BoxReuse | None = None) -> float:
+        """The bound the box event of Q (``coded``) gives on the first ``_BATCH`` rows of
+        ``data`` alone: the order in which the search scores its candidates, no score."""
+        x, y = data.x[:_BATCH], data.y[:_BATCH]
+        count = int((box_margins(graph, None, x, y, self.boxes(graph, coded), reuse=reuse)
+                     <= 0).sum())
+        return self.occam(count, len(x), bits).value
 
     def occam(self, hits: int, rows: int, bits: int) -> OccamBound:
         """The Occam bound of an event met ``hits`` times in ``rows`` scored rows."""
@@ -494,13 +520,13 @@ class _Problem:
 
     def box_event(self, graph: LayerGraph, boxes: dict[str, dict[str, tuple[Tensor, Tensor]]],
                   data: _Scored, bits: int, target: float,
-                  clock: _Clock | None = None) -> int | None:
-        """How many points of ``data`` lie in the box event, batch by batch of 512; None as
+                  clock: _Clock | None = None, reuse: BoxReuse | None = None) -> int | None:
+        """How many points of ``data`` lie in the box event, batch by batch of ``_BATCH``; None as
         soon as the points seen make a bound below ``target`` out of reach or unlikely
         (``_likely_rate``), or ``clock``'s budget is spent."""
         count, seen = 0, 0
-        for xb, yb in zip(data.x.split(512), data.y.split(512), strict=True):
-            count += int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
+        for xb, yb in zip(data.x.split(_BATCH), data.y.split(_BATCH), strict=True):
+            count += int((box_margins(graph, None, xb, yb, boxes, reuse=reuse) <= 0).sum())
             seen += len(xb)
             if self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target \
                     or (clock is not None and clock.spent):
@@ -510,16 +536,27 @@ class _Problem:
 
 def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
             boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
-            batch: int = 2048) -> Tensor:
+            rows: Tensor | None = None, batch: int = 2048) -> Tensor:
     """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
-    at ``tau`` (0 when None) and of the box event (0 when None)."""
+    at ``tau`` (0 when None) and of the box event (0 when None) on the ``rows`` picked
+    (a mask; default all)."""
     margins, sizes = _margins(net, x, y)
     near = 0 if tau is None else int((margins <= tau * input_scale(x)
                                       + 1e-9 * (1 + sizes)).sum())
-    boxed = 0 if boxes is None else sum(
+    if rows is not None:
+        x, y = x[rows], y[rows]
+    boxed = 0 if boxes is None or not len(x) else sum(
         int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
         for xb, yb in zip(x.split(batch), y.split(batch), strict=True))
     return torch.tensor([int((margins <= 0).sum()), near, boxed])
+
+
+def _outside(positions: Tensor, start: int, length: int) -> Tensor:
+    """The mask of the rows start..start + length - 1 not among the sorted ``positions``."""
+    keep = torch.ones(length, dtype=torch.bool)
+    lo, hi = (int(torch.searchsorted(positions, v)) for v in (start, start + length))
+    keep[positions[lo:hi] - start] = False
+    return keep
 
 
 _UNLIKELY = 1e-4
@@ -626,7 +663,8 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
         / sample.n
     search, stopped = _hopeless(search, train_error, sample, events, delta)
     gen = torch.Generator().manual_seed(search.seed)
-    xs, ys = data.rows(torch.randperm(sample.n, generator=gen)[:search.subsample])
+    picked = torch.randperm(sample.n, generator=gen)[:search.subsample]
+    xs, ys = data.rows(picked)
     clock = _Clock(search, len(problem.family[problem.index].tensors), progress,
                    None if time_budget is None else start + time_budget)
     searched = _Search(problem, _Scored(xs, ys, input_scale(xs), _margins(own, xs, ys)[0]),
@@ -634,12 +672,13 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
     found = searched.run(search)
     stopped = stopped or searched.why(time_budget)
     # one Q on every rank, whatever each rank's search found
-    rescaling, fraction, exponents = data.world.broadcast(
-        (found.rescaling, found.prune_fraction, found.exponents))
+    rescaling, fraction, exponents, counted = data.world.broadcast(
+        (found.rescaling, found.prune_fraction, found.exponents, found.box_count))
     _kept, graph = problem.rescaled(rescaling)
     model_q, coded, length = problem.coded(
         graph, problem.pruned(graph, fraction), exponents, exact_length=True)
-    final = problem.certificate(rescaling, fraction, graph, model_q, coded, length, data)
+    final = problem.certificate(rescaling, fraction, graph, model_q, coded, length, data,
+                                None if counted is None else (picked.sort().values, counted))
     transfer, occam, tau = final.best
     return CompressionBound(
         occam, transfer, final.length, final.d_log10, tau, train_error,
@@ -695,6 +734,7 @@ class _Choice:
     value: float = math.nan
     floor: float = math.inf
     bits: int = 0
+    box_count: int | None = None  # of its box event on the search's rows
 
 
 class _Search:
@@ -716,6 +756,7 @@ class _Search:
         self.sub_error = data.own_error
         self.best: _Candidate | None = None
         self.shortest: _Choice | None = None  # the lowest floor seen, when none is scored
+        self.reuse: BoxReuse | None = None
         self.scored = 0
 
     @property
@@ -725,30 +766,33 @@ class _Search:
     def run(self, search: CompressionSearch) -> _Choice:
         for rescaling in search.rescalings:
             _kept, graph = self.problem.rescaled(rescaling)  # the graph's model stays alive
+            self.reuse = BoxReuse()  # values of this graph's passes
             for fraction in search.prune_fractions:
                 if self.clock.spent and self.clock.done:
                     break
                 pruned = self.problem.pruned(graph, fraction)
-                local = None
-                for offset in search.offsets:
+                local, first = None, math.inf
+                for i, made in self.ordered(rescaling, fraction, graph, pruned, [
+                        _start_exponents(graph, offset) for offset in search.offsets]):
                     if self.clock.spent and self.clock.done:
                         break
-                    c = self.try_(rescaling, fraction, graph, pruned,
-                                  _start_exponents(graph, offset))
-                    if c is not None and (local is None or c.value < local.value):
-                        local = c
+                    c = self.try_(rescaling, fraction, graph, pruned, made[0], made[1:])
+                    if c is not None and (local is None or (c.value, i) < (local.value, first)):
+                        local, first = c, i
                 if local is not None:
                     self.refine(graph, pruned, local, search.refine)
         if self.best is not None:
             b = self.best
-            return _Choice(b.rescaling, b.prune_fraction, b.exponents, b.value)
+            return _Choice(b.rescaling, b.prune_fraction, b.exponents, b.value,
+                           box_count=b.box_count)
         assert self.shortest is not None  # the first candidate is always coded
         return self.shortest
 
     def try_(self, rescaling: str, fraction: float, graph: LayerGraph, pruned: nn.Module,
-             exponents: Sequence[int]) -> _Candidate | None:
-        """One candidate: coded, then scored if its floor lets it beat the target."""
-        model, coded, length = self.problem.coded(graph, pruned, exponents)
+             exponents: Sequence[int], made: tuple = ()) -> _Candidate | None:
+        """One candidate: coded (unless ``made`` holds its ``_Problem.coded``), then scored
+        if its floor lets it beat the target."""
+        model, coded, length = made or self.problem.coded(graph, pruned, exponents)
         bits = max(length.total - 8, 0)  # the estimate exceeds the written bits by <= 3
         floor = self.problem.floor(self.train_error, bits)
         if self.shortest is None or floor < self.shortest.floor:
@@ -759,11 +803,29 @@ class _Search:
                 < self.target:
             self.scored += 1
             c = self.problem.candidate(rescaling, fraction, graph, model, coded, length,
-                                       self.data, self.target, self.clock)
+                                       self.data, self.target, self.clock, self.reuse)
             if c is not None and c.value < self.target:
                 self.best = c
         self.clock.tick()
         return c
+
+    def ordered(self, rescaling: str, fraction: float, graph: LayerGraph, pruned: nn.Module,
+                starts: list[list[int]]) -> list[tuple[int, tuple]]:
+        """(index, (exponents, model, coded, length)) of the step offsets' candidates in the
+        order they are scored: by the bound of their box event on the first batch of the
+        search's rows (``_Problem.peek``), those that cannot beat chance last, so that the
+        best is scored early and the others are abandoned early. The order changes no
+        score: the offset kept is the best of those scored in full, ties to the first."""
+        made = [(e, *self.problem.coded(graph, pruned, e)) for e in starts]
+        if not self.problem.boxed or self.clock.spent:
+            return list(enumerate(made))
+        keys = []
+        for i, (_e, _model, coded, length) in enumerate(made):
+            bits = max(length.total - 8, 0)  # as ``try_``
+            hopeless = self.problem.floor(self.train_error, bits) >= self.chance
+            keys.append((math.inf if hopeless else self.problem.peek(
+                graph, coded, self.data, length.total, self.reuse), i))
+        return [(i, made[i]) for _, i in sorted(keys)]
 
     def refine(self, graph: LayerGraph, pruned: nn.Module, start: _Candidate,
                rounds: int) -> None:

@@ -125,12 +125,16 @@ class Batches:
         items = get(rows) if get is not None else [self._source[i] for i in rows]
         return _split(default_collate(items), self.labels, start)
 
-    def count(self, fn: Callable[[Tensor, Tensor | None], Tensor], size: int) -> list[int]:
-        """The sums over the whole sample (every rank's batches) of ``fn(x, y)``, ``size``
-        integer counts a batch, exact (int64, all-reduced), the same on every rank."""
+    def count(self, fn: Callable[..., Tensor], size: int, *, starts: bool = False
+              ) -> list[int]:
+        """The sums over the whole sample (every rank's batches) of ``fn(x, y)`` (of
+        ``fn(start, x, y)``, start the batch's first sample position, with ``starts``),
+        ``size`` integer counts a batch, exact (int64, all-reduced), the same on every
+        rank."""
         total = torch.zeros(size + 1, dtype=torch.int64)
-        for _, x, y in self:
-            total[:size] += fn(x, y).reshape(size).to(torch.int64)
+        for start, x, y in self:
+            counts = fn(start, x, y) if starts else fn(x, y)
+            total[:size] += counts.reshape(size).to(torch.int64)
             total[size] += len(x)
         *counts, rows = self.world.reduce(total).tolist()
         self.check_rows(rows)

@@ -16,10 +16,14 @@ the pruning grid is spread by the protocol itself, ``spread="runs"``) and rank 0
 from __future__ import annotations
 
 import csv
+import hashlib
+import importlib.metadata
+import inspect
 import io
 import math
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -36,6 +40,7 @@ from pathlift.bounds.entry import chance_error
 from pathlift.bounds.top1 import certified_top1
 from pathlift.bounds.verdict import verdict
 from pathlift.data import Digits, load_digits
+from pathlift.data import mnist1d as mnist1d_data
 from pathlift.data.embedded import Split
 from pathlift.data.mnist1d import load_mnist1d
 from pathlift.distributed import World, launched
@@ -233,22 +238,62 @@ def _load(name: str, num_samples: int | None = None, cache: str | None = None) -
 
 def _cached_mnist1d(folder: Path, num_samples: int) -> Digits:
     """MNIST-1D of ``num_samples`` generated once and kept in ``folder`` (safetensors, read
-    back without unpickling anything)."""
-    from safetensors.torch import load_file, save
-
+    back without unpickling anything). The file records how it was made (``_mnist1d_recipe``)
+    and a SHA-256 of its tensors: a file made otherwise (an older standardisation, another
+    split, no record) is made again, with a warning; one whose tensors no longer match
+    their digest is refused (InvalidParameterError: remove it to have it made again)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save
 
     path = folder / f"mnist1d-{num_samples}.safetensors"
+    recipe = _mnist1d_recipe(num_samples)
     if path.exists():
         with os_errors(path, "read"):
-            t = load_file(str(path))
-        return Split(TensorDataset(t["x_train"], t["y_train"]),
-                     TensorDataset(t["x_test"], t["y_test"]), (1, 40), 10)
+            try:
+                t, made = read_safetensors(path)
+            except SafetensorError as err:
+                raise InvalidParameterError(f"data cache {path} is not a safetensors file "
+                                            f"({err}); remove it to have it made again") from None
+        kept = {k: v for k, v in made.items() if k != "sha256"}
+        if kept == recipe:
+            if made.get("sha256") != _digest(t):
+                raise InvalidParameterError(
+                    f"data cache {path}: its tensors do not match the digest written with "
+                    "them (the file changed since); remove it to have it made again")
+            return Split(TensorDataset(t["x_train"], t["y_train"]),
+                         TensorDataset(t["x_test"], t["y_test"]), (1, 40), 10)
+        changed = sorted(k for k in recipe.keys() | kept.keys() if recipe.get(k) != kept.get(k))
+        warnings.warn(f"data cache {path} was made otherwise ({', '.join(changed)}); made "
+                      "again", stacklevel=2)
     data = load_mnist1d(num_samples)
     (x, y), (xt, yt) = data.train.tensors, data.test.tensors
-    payload = save({"x_train": x.contiguous(), "y_train": y.contiguous(),
-                    "x_test": xt.contiguous(), "y_test": yt.contiguous()})
+    tensors = {"x_train": x.contiguous(), "y_train": y.contiguous(),
+               "x_test": xt.contiguous(), "y_test": yt.contiguous()}
+    payload = save(tensors, metadata={**recipe, "sha256": _digest(tensors)})
     atomic_write(path, lambda f: f.write(payload))
     return data
+
+
+def _mnist1d_recipe(num_samples: int) -> dict[str, str]:
+    """How ``load_mnist1d(num_samples)`` makes its set, as a cache records it: the
+    generator and its version, the size, split and seed, the standardisation."""
+    defaults = inspect.signature(mnist1d_data.load_mnist1d).parameters
+    return {"made_by": "pathlift.data.mnist1d.load_mnist1d",
+            "mnist1d": importlib.metadata.version("mnist1d"),
+            "num_samples": str(num_samples),
+            "train_split": repr(defaults["train_split"].default),
+            "seed": repr(defaults["seed"].default),
+            "standardisation": "mean and std of the training split alone"}
+
+
+def _digest(tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of the tensors' names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
 
 
 def _model_fn(name: str, shape: tuple[int, ...]) -> Callable[[], nn.Module]:
