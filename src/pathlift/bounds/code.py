@@ -1,29 +1,45 @@
 """A prefix code for quantised ReLU networks: ``encode`` writes the bits, ``decode`` reads
 them back exactly, and the length of a code word is the number of bits written.
 
-What is coded (a ``CodedNetwork``): the architecture, as its index in a family of
-architectures fixed in advance (``ceil(log2 |family|)`` bits; the decoder knows every
-tensor's name and shape from it, and where the network's constants go); then every
-constant written in ``forward`` or in a module's settings (``constants_of``: the numbers
-of the traced graph, a Python float weight included) as its shortest decimal, sign bit,
-gamma code of the digits + 1 and signed gamma code of the power of ten, so that a
-constant fitted to the data is paid for like a weight; then for each quantised tensor
-(the weight and bias of every Linear / Conv / ConvTranspose, the affine pair (a, c) of
-every eval BatchNorm, in the order of ``pathlift.quant.quantize``) the exponent e of its
-power-of-two step 2^e (signed gamma code), the exponent f >= e of the radius 2^f of its
-zero codes (gamma code of f - e + 1), the largest bit length E of its integer codes
-(gamma code of E + 1); then one adaptive arithmetic-coded stream (a Krichevsky-Trofimov
-model per tensor) of one symbol per coordinate: "pruned" (the coordinate is exactly 0),
-"zero" (code 0) or the bit length 1..E of |code|; then the raw bits: for every non-zero
-code its sign and its mantissa (the bits of |code| below the leading one).
+What is coded (a ``CodedNetwork``): one bit naming the scheme of the tensors' body (the
+index in ``SCHEMES``); the architecture, as its index in a family of architectures fixed
+in advance (``ceil(log2 |family|)`` bits; the decoder knows every tensor's name and shape
+from it, and where the network's constants go); then every constant written in
+``forward`` or in a module's settings (``constants_of``: the numbers of the traced graph,
+a Python float weight included) as its shortest decimal, sign bit, gamma code of the
+digits + 1 and signed gamma code of the power of ten, so that a constant fitted to the
+data is paid for like a weight; then the quantised tensors (the weight and bias of every
+Linear / Conv / ConvTranspose, the affine pair (a, c) of every eval BatchNorm, in the
+order of ``pathlift.quant.quantize``), each with the exponent e of its power-of-two step
+2^e (signed gamma code) and the exponent f >= e of the radius 2^f of its zero codes
+(gamma code of f - e + 1), in one of two schemes:
 
-The code is prefix-free: each part is (the uniform code, gamma codes and the arithmetic
-coder of ``pathlift.bounds.bitcode`` are decodable from any continuation, and the
-decoder knows where the arithmetic stream ends), so sum over coded networks of
-2^-length <= 1 (Kraft), which is all the Occam bound (``pathlift.bounds.kl``) needs.
-The "pruned" / "zero" distinction matters only to the box of ``CodedNetwork.box``: a
-pruned coordinate of the trained network is exactly 0, a zero code may hide any value in
-[-2^f, 2^f].
+- ``BIT_LENGTHS``: per tensor the largest bit length E of its integer codes (gamma code
+  of E + 1); then one adaptive arithmetic-coded stream (a Krichevsky-Trofimov model per
+  tensor) of one symbol per coordinate: "pruned" (the coordinate is exactly 0), "zero"
+  (code 0) or the bit length 1..E of |code|; then the raw bits: for every non-zero code
+  its sign and its mantissa (the bits of |code| below the leading one).
+- ``ENUMERATIVE`` (``pathlift.bounds.enumerative``, Cover 1973): per tensor its histogram
+  (a bit: is any coordinate pruned; gamma code of the number m of distinct codes + 1; the
+  smallest code, signed gamma, and the gaps to the next ones, gamma; the counts of the
+  K symbols, pruned first, as a composition of n), then the index of its sequence of
+  symbols among the n!/prod c_k! with those counts. About n times the empirical entropy
+  of the tensor's values: a peaked histogram (pruned weights, codes +-1) costs far
+  below a bit length and a mantissa per weight.
+
+``encode`` writes the shorter of the two words by default (``estimated_length`` the
+shorter estimate): the code as a whole is the union of the two codes behind their bit,
+so a network pays at most one bit above the bit-length code alone.
+
+The code is prefix-free: each part is (the uniform codes, gamma codes, enumerative indices
+of widths known to the decoder, and the arithmetic coder of ``pathlift.bounds.bitcode``
+are decodable from any continuation, and the decoder knows where the arithmetic stream
+ends), and the leading bit splits the words of the two schemes, so sum over code words of
+2^-length <= 1/2 + 1/2 = 1 (Kraft), which is all the Occam bound needs
+(``pathlift.bounds.kl``, Langford 2005 Thm 3.3 summed over the words; a network with two
+words is counted twice, which only adds terms to the sum). The "pruned" / "zero"
+distinction matters only to the box of ``CodedNetwork.box``: a pruned coordinate of the
+trained network is exactly 0, a zero code may hide any value in [-2^f, 2^f].
 """
 
 from __future__ import annotations
