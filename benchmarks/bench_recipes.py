@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--validation", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sparsity", type=float, default=0.0)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -64,12 +65,13 @@ def main() -> None:
     net = compact_model(args.model, split.input_shape, 10)
     start = time.thread_time()
     train_recipe(net, x, y, args.recipe, args.strength, args.epochs, args.batch_size, 3e-3,
-                 args.seed)
+                 args.seed, sparsity=args.sparsity)
     train_s = time.thread_time() - start
     start = time.thread_time()
     cert = compression_bound(net, split.input_shape, x, y, search=FRONTIER_SEARCH)
     row = {"dataset": args.dataset, "epochs": args.epochs, "model": args.model,
            "recipe": args.recipe, "strength": args.strength, "seed": args.seed,
+           "sparsity": args.sparsity,
            "validation": args.validation,
            "n": len(x),
            "accuracy": float((predictions(net, xe) == ye).double().mean()),
