@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from pathlift.bounds import enumerative as en
 from pathlift.bounds.bitcode import (
     AdaptiveModel,
     ArithmeticDecoder,
@@ -27,7 +28,16 @@ from pathlift.bounds.bitcode import (
     write_gamma,
     write_signed,
 )
-from pathlift.bounds.code import CodedNetwork, architecture_of, decode, encode
+from pathlift.bounds.code import (
+    BIT_LENGTHS,
+    ENUMERATIVE,
+    SCHEMES,
+    CodedNetwork,
+    architecture_of,
+    decode,
+    encode,
+    estimated_length,
+)
 from pathlift.bounds.kl import kl_bernoulli, kl_inverse, occam_bound
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from random_nets import random_network
@@ -137,12 +147,8 @@ def test_arithmetic_coder_decodes_from_any_continuation(size, count, seed):
 
 @pytest.mark.parametrize("size, count", [(1, 4), (2, 9), (3, 6), (5, 4)])
 def test_arithmetic_code_is_prefix_free_and_satisfies_kraft(size, count):
-    words = ["".join(map(str, _arith(list(s), size)))
-             for s in itertools.product(range(size), repeat=count)]
-    assert len(set(words)) == len(words)
-    ordered = sorted(words)
-    assert not any(b.startswith(a) for a, b in itertools.pairwise(ordered))
-    assert sum(2.0 ** -len(w) for w in words) <= 1.0
+    _assert_prefix_free(["".join(map(str, _arith(list(s), size)))
+                         for s in itertools.product(range(size), repeat=count)])
 
 
 def _random_coded(arch, index: int, seed: int) -> CodedNetwork:
@@ -176,23 +182,100 @@ def test_network_code_round_trips_exactly_on_random_networks_of_every_layer(seed
     other = nn.Sequential(nn.Linear(3, 2))  # a second architecture of the family
     family = [architecture_of(other, (3,)), architecture_of(model, shape)]
     coded = _random_coded(family[1], 1, seed)
-    word = encode(coded, family)
-    assert len(word.bits) == word.length.total
     rng = random.Random(seed)
-    suffix = [rng.randint(0, 1) for _ in range(rng.randint(0, 70))]
-    back, used = decode(list(word.bits) + suffix, family)
-    assert back == coded and used == len(word.bits)
+    words = {}
+    for scheme in (*SCHEMES, None):
+        word = words[scheme] = encode(coded, family, scheme)
+        assert len(word.bits) == word.length.total
+        assert word.length.architecture == 1 and word.length.choice == 1
+        suffix = [rng.randint(0, 1) for _ in range(rng.randint(0, 70))]
+        back, used = decode(list(word.bits) + suffix, family)
+        assert back == coded and used == len(word.bits)
     nonzero = sum(int((c != 0).sum()) for c in coded.codes)
-    assert word.length.signs == nonzero and word.length.architecture == 1
+    assert words[BIT_LENGTHS].length.signs == nonzero
     mantissas = sum(max(abs(v).bit_length() - 1, 0) for c in coded.codes
                     for v in c.reshape(-1).tolist() if v)
-    assert word.length.mantissas == mantissas
+    assert words[BIT_LENGTHS].length.mantissas == mantissas
+    # the default word is the shorter: never above the bit-length word, whose bits but the
+    # choice bit are the code word of the single-scheme code
+    assert words[None].length.total == min(words[s].length.total for s in SCHEMES)
+    assert words[None].bits[0] == SCHEMES.index(words[None].length.scheme)
+
+
+def _ceil_log2(v) -> int:
+    """ceil(log2 v) of a positive rational, by exact comparison with powers of two."""
+    k = 0
+    while 2 ** k < v:
+        k += 1
+    return k
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_enumerative_length_is_the_written_length_and_the_multinomial(seed):
+    """The enumerative scheme's estimated length is the bits written, part by part; its
+    arrangement part is ceil(log2 n!/prod c!) per tensor, computed here from factorials,
+    and never above n times the empirical entropy of the tensor's symbols (rounded up)."""
+    model, shape = random_network(seed)
+    family = [architecture_of(model, shape)]
+    coded = _random_coded(family[0], 0, seed)
+    word = encode(coded, family, ENUMERATIVE)
+    assert estimated_length(coded, family, ENUMERATIVE) == word.length
+    arrangement = 0
+    for c, p in zip(coded.codes, coded.pruned, strict=True):
+        keys = [("pruned",) if q else (v,) for v, q in zip(c.reshape(-1).tolist(),
+                                                            p.reshape(-1).tolist(),
+                                                            strict=True)]
+        counts = [keys.count(k) for k in set(keys)]
+        n = len(keys)
+        ways = math.factorial(n)
+        for k in counts:
+            ways //= math.factorial(k)
+        arrangement += _ceil_log2(ways)
+        entropy = -sum(k * math.log2(k / n) for k in counts)
+        assert _ceil_log2(ways) <= math.ceil(entropy + 1e-9)
+    assert word.length.arrangement == arrangement
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_composition_code_is_a_bijection_onto_its_width(n):
+    """Every composition of n into k positive parts (all of them, enumerated) has its own
+    index, read back from any continuation, in exactly ceil(log2 C(n - 1, k - 1)) bits."""
+    for k in range(1, n + 1):
+        seen = set()
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            ends = [*cuts, n]
+            counts = [b - a for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+            w = BitWriter()
+            en.write_composition(w, counts)
+            assert len(w) == en.composition_width(n, k) == _ceil_log2(math.comb(n - 1, k - 1))
+            assert en.read_composition(BitReader([*w.bits, 1, 1, 0]), n, k) == counts
+            seen.add(tuple(w.bits))
+        assert len(seen) == math.comb(n - 1, k - 1)
+
+
+@pytest.mark.parametrize("counts", [(1,), (3,), (1, 1), (2, 1), (1, 2, 1), (3, 2, 2),
+                                    (1, 1, 1, 1), (4, 1, 2)])
+def test_arrangement_code_is_a_bijection_onto_its_width(counts):
+    """Every sequence with the given counts (all of them, enumerated) gets its own index,
+    decoded from any continuation, in ceil(log2 n!/prod c!) bits; the lexicographic order
+    of sequences is the order of indices."""
+    pool = [s for s, c in enumerate(counts) for _ in range(c)]
+    sequences = sorted(set(itertools.permutations(pool)))
+    width = en.arrangement_width(counts)
+    assert width == _ceil_log2(len(sequences))
+    for rank, seq in enumerate(sequences):
+        w = BitWriter()
+        en.write_arrangement(w, seq, counts)
+        assert len(w) == width and BitReader(w.bits).read_uint(width) == rank
+        assert en.read_arrangement(BitReader([*w.bits, 1, 0, 1]), counts) == list(seq)
 
 
 def test_network_code_is_prefix_free_over_an_exhaustive_family():
     """Every network of a two-parameter architecture with codes in [-3, 3] (0 pruned or
-    not) and exponents e in [-1, 1], f - e in {0, 1}: distinct words, none a prefix of
-    another, Kraft sum below 1."""
+    not) and exponents e in [-1, 1], f - e in {0, 1}, in both schemes (the code the
+    default choice draws from): distinct words, none a prefix of another, Kraft sum below
+    1; decoded back to the network."""
     arch = architecture_of(nn.Sequential(nn.Linear(1, 1)), (1,))
     words = []
     values = [(k, False) for k in range(-3, 4)] + [(0, True)]
@@ -201,7 +284,32 @@ def test_network_code_is_prefix_free_over_an_exhaustive_family():
             coded = CodedNetwork(0, (ew, eb), (ew + fw, eb + fb),
                                  (torch.tensor([[w]]), torch.tensor([b])),
                                  (torch.tensor([[pw]]), torch.tensor([pb])))
-            words.append("".join(map(str, encode(coded, [arch]).bits)))
+            for scheme in SCHEMES:
+                bits = encode(coded, [arch], scheme).bits
+                assert decode(bits, [arch]) == (coded, len(bits))
+                words.append("".join(map(str, bits)))
+    _assert_prefix_free(words)
+
+
+def test_enumerative_code_is_prefix_free_over_every_tensor_of_a_small_alphabet():
+    """All 6^4 networks of one 2x2 weight tensor (and a bias of 2) over {pruned, -2, ..,
+    2}, bias fixed, exponents fixed: the enumerative words are distinct and prefix-free
+    (Kraft sum <= 1), exhaustively."""
+    arch = architecture_of(nn.Sequential(nn.Linear(2, 2)), (2,))
+    values = [(0, True)] + [(k, False) for k in range(-2, 3)]
+    words = []
+    for cells in itertools.product(values, repeat=4):
+        codes = torch.tensor([[v for v, _ in cells[:2]], [v for v, _ in cells[2:]]])
+        pruned = torch.tensor([[p for _, p in cells[:2]], [p for _, p in cells[2:]]])
+        coded = CodedNetwork(0, (-3, 0), (-2, 0), (codes, torch.tensor([1, -1])),
+                             (pruned, torch.tensor([False, False])))
+        bits = encode(coded, [arch], ENUMERATIVE).bits
+        assert decode([*bits, 1], [arch]) == (coded, len(bits))
+        words.append("".join(map(str, bits)))
+    _assert_prefix_free(words)
+
+
+def _assert_prefix_free(words: list[str]) -> None:
     assert len(set(words)) == len(words)
     ordered = sorted(words)
     assert not any(b.startswith(a) for a, b in itertools.pairwise(ordered))
@@ -223,4 +331,7 @@ def test_coded_network_checks_and_box():
         CodedNetwork(0, (0, 0), (-1, 0), good.codes, good.pruned)
     with pytest.raises(ArchitectureMismatchError):
         encode(good, [architecture_of(nn.Sequential(nn.Linear(3, 1)), (3,))])
-    assert "symbols" in repr(encode(good, [arch]))
+    assert "symbols" in repr(encode(good, [arch], BIT_LENGTHS))
+    assert "arrangement" in repr(encode(good, [arch], ENUMERATIVE))
+    with pytest.raises(InvalidParameterError, match="scheme"):
+        encode(good, [arch], "huffman")

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pathlift.bounds import compression_bound
-from pathlift.bounds.code import architecture_of, encode, estimated_length
+from pathlift.bounds.code import (
+    BIT_LENGTHS,
+    ENUMERATIVE,
+    architecture_of,
+    encode,
+    estimated_length,
+)
 from pathlift.bounds.compression import CompressionSearch
 from pathlift.bounds.kl import kl_inverse
 from random_nets import random_network
@@ -22,15 +28,21 @@ from test_bounds_code import _random_coded
 @given(st.integers(0, 2**31 - 1))
 def test_estimated_length_is_the_written_length_within_three_bits(seed):
     """Every part but the arithmetic-coded symbols is exact; those are the KT ideal length
-    + 2, at most 3 bits above and never below what the coder writes."""
+    + 2, at most 3 bits above and never below what the coder writes. The enumerative
+    scheme's estimate is exact, so the default (the shorter scheme) is within 3 bits too."""
     model, shape = random_network(seed)
     family = [architecture_of(nn.Sequential(nn.Linear(3, 2)), (3,)),
               architecture_of(model, shape)]
     coded = _random_coded(family[1], 1, seed)
-    exact, guess = encode(coded, family).length, estimated_length(coded, family)
-    for part in ("architecture", "header", "signs", "mantissas", "constants"):
+    exact = encode(coded, family, BIT_LENGTHS).length
+    guess = estimated_length(coded, family, BIT_LENGTHS)
+    for part in ("architecture", "header", "signs", "mantissas", "constants", "choice"):
         assert getattr(exact, part) == getattr(guess, part)
     assert 0 <= guess.symbols - exact.symbols <= 3
+    assert estimated_length(coded, family, ENUMERATIVE) == encode(coded, family,
+                                                                  ENUMERATIVE).length
+    shortest = encode(coded, family).length.total
+    assert 0 <= estimated_length(coded, family).total - shortest <= 3
 
 
 def _trained(seed: int = 0):

@@ -11,12 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pathlift.bounds.code import BIT_LENGTHS, ENUMERATIVE, architecture_of, decode, encode
 from pathlift.bounds.compression import CompressionSearch, compression_bound, input_scale
 from pathlift.bounds.kl import occam_bound
 from pathlift.data.images import load_digit_images
 from pathlift.errors import InvalidParameterError
 from pathlift.train.quantized import quantize_towards_zero, quantized_forward
 from pathlift.train.recipes import compact_model, train_recipe
+from test_bounds_code import _bisect
 
 
 @settings(max_examples=80, deadline=None)
@@ -99,3 +101,61 @@ def test_quantized_recipe_refuses_a_non_integer_offset(strength):
     with pytest.raises(InvalidParameterError, match="quantized: strength"):
         train_recipe(net, torch.randn(8, 4), torch.randint(2, (8,)), "quantized", strength,
                      1, 4, 1e-3, 0)
+
+
+def test_certificate_pays_the_shorter_code_and_its_choice_bit():
+    """A ternary network (a quantised network's weights replaced by 0 or +-3/8, as a
+    sign-quantised training leaves them; codes 0 or +-6 on the search's grid): the
+    certificate's code word is the enumerative one (shorter than the bit-length word, which
+    pays a sign and two mantissa bits a weight), decodes to the certified Q, and the bound
+    equals the Occam bound of that length computed here from its terms by bisection on
+    kl's closed form; and it lies below the bound of the bit-length code alone (its word
+    less the choice bit)."""
+    x, y, classes = _linear_labels()
+    torch.manual_seed(0)
+    net = compact_model("mlp-small", (1, 8, 8), classes)
+    train_recipe(net, x, y, "quantized", 1, 10, 64, 3e-3, 0)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.sign(p) * 0.375)
+    search = CompressionSearch(rescalings=("none",), prune_fractions=(0.0,), offsets=(2,),
+                               refine=0, transfers=("path-metric",))
+    cert = compression_bound(net, (1, 8, 8), x, y, search=search)
+    assert cert.d_log10 < -12  # Q is the network itself
+    family = [architecture_of(net, (1, 8, 8))]
+    words = {s: encode(cert.coded, family, s) for s in (BIT_LENGTHS, ENUMERATIVE)}
+    assert cert.length.scheme == ENUMERATIVE == cert.summary()["code"]
+    assert cert.length == words[ENUMERATIVE].length
+    assert words[ENUMERATIVE].length.total < words[BIT_LENGTHS].length.total
+    assert decode(words[ENUMERATIVE].bits, family) == (cert.coded, cert.length.total)
+    n, events = len(x), cert.occam.events
+    budget = (cert.length.total * math.log(2) + math.log(events) + math.log(1 / 0.05)) / n
+    assert cert.value == pytest.approx(_bisect(cert.occam.empirical, budget), abs=1e-12)
+    old_bits = words[BIT_LENGTHS].length.total - 1  # the bit-length code without the bit
+    assert cert.value < occam_bound(cert.occam.empirical, n, old_bits, events).value
+
+
+def test_sparsity_lowers_the_codes_and_keeps_the_grid():
+    """The retraining's relative-l1 penalty: its value is mean |w| / max|w| per tensor
+    (computed here by hand); a network trained with it (same seed, same data) is still on
+    its grid and has fewer non-zero codes and a shorter code word than without it."""
+    from pathlift.train.recipes import _relative_l1
+    net = compact_model("mlp-small", (4,), 3)
+    by_hand = sum(float((p.abs() / p.abs().max()).sum()) for p in net.parameters()) / sum(
+        p.numel() for p in net.parameters())
+    assert float(_relative_l1(net)) == pytest.approx(by_hand, rel=1e-6)
+    x, y, classes = _linear_labels()
+    search = CompressionSearch(rescalings=("none",), prune_fractions=(0.0,), offsets=(2,),
+                               refine=0, transfers=("path-metric",))
+    certs = []
+    for sparsity in (0.0, 3.0):
+        torch.manual_seed(0)
+        net = compact_model("mlp-small", (1, 8, 8), classes)
+        train_recipe(net, x, y, "quantized", 2, 20, 64, 3e-3, 0, sparsity=sparsity)
+        for p in net.parameters():
+            assert torch.equal(quantize_towards_zero(p.detach(), 2), p.detach())
+        certs.append(compression_bound(net, (1, 8, 8), x, y, search=search))
+    assert certs[1].num_nonzero < certs[0].num_nonzero
+    assert certs[1].length.total < certs[0].length.total
+    with pytest.raises(InvalidParameterError, match="sparsity"):
+        train_recipe(net, x, y, "quantized", 2, 1, 64, 3e-3, 0, sparsity=-1.0)

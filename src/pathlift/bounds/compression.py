@@ -234,6 +234,8 @@ class CompressionBound:
                 "bits_architecture": self.length.architecture,
                 "bits_header": self.length.header, "bits_symbols": self.length.symbols,
                 "bits_signs": self.length.signs, "bits_mantissas": self.length.mantissas,
+                "code": self.length.scheme, "bits_histogram": self.length.histogram,
+                "bits_arrangement": self.length.arrangement,
                 "events": self.occam.events, "empirical": self.occam.empirical,
                 "budget": self.occam.budget, "d_log10": self.d_log10,
                 "tau": math.nan if self.tau is None else self.tau,

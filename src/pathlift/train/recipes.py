@@ -18,6 +18,11 @@ and the small architectures it is informative on.
 
 Both use Adam (lr ``lr``, then ``lr`` / 3 for the retraining), batches drawn with
 ``seed``, and leave the model dense (pruning masks folded in, pruned weights exactly 0).
+``sparsity`` > 0 adds to the retraining's loss that weight times the mean of |w| / max|w|
+of its tensor over all parameters (the mean code magnitude on each tensor's grid, up to
+2^o): weights pushed to 0 and +-1 step lower the empirical entropy of each tensor's codes,
+which is what the certificate's code pays (``pathlift.bounds.code``, the enumerative
+scheme's n H and the bit-length scheme's symbols).
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ def compact_model(kind: str, shape: Sequence[int], num_classes: int = 10) -> nn.
 
 def train_recipe(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: float,
                  epochs: int, batch_size: int, lr: float, seed: int,
-                 on_epoch: Callable[[int], None] | None = None) -> None:
+                 on_epoch: Callable[[int], None] | None = None, sparsity: float = 0.0
+                 ) -> None:
     """Train ``model`` IN PLACE on (x, y) with one of ``RECIPES`` (module docstring)."""
     if method not in RECIPES:
         raise InvalidParameterError(f"unknown recipe {method!r}; choose from {RECIPES}")
@@ -73,13 +79,15 @@ def train_recipe(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: 
     if not 0 <= fraction < 1 or robust < 0 or (offset is not None and (
             offset != strength or offset < 1)):
         raise InvalidParameterError(f"{method}: strength {strength} out of range")
+    if not (math.isfinite(sparsity) and sparsity >= 0):
+        raise InvalidParameterError(f"sparsity must be a finite number >= 0, got {sparsity}")
     gen = torch.Generator().manual_seed(seed)
     _adam(model, x, y, shape, epochs, batch_size, lr, robust, gen, on_epoch, 0)
     if fraction > 0:
         with torch.no_grad():
             prune_model(model, shape, fraction)
         _adam(model, x, y, shape, max(epochs // 2, 1), batch_size, lr / 3, robust, gen,
-              on_epoch, epochs, offset)
+              on_epoch, epochs, offset, sparsity)
     for module in model.modules():
         for name in ("weight", "bias"):
             if torch_prune.is_pruned(module) and hasattr(module, name + "_orig"):
@@ -90,14 +98,16 @@ def train_recipe(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: 
 
 def _adam(model: nn.Module, x: Tensor, y: Tensor, shape: tuple[int, ...], epochs: int,
           batch_size: int, lr: float, robust: float, gen: torch.Generator,
-          on_epoch: Callable[[int], None] | None, done: int, offset: int | None = None
-          ) -> None:
+          on_epoch: Callable[[int], None] | None, done: int, offset: int | None = None,
+          sparsity: float = 0.0) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     radius = {"rho": 0.0}
 
     def loss(xb: Tensor, yb: Tensor) -> Tensor:
         out = model(xb) if offset is None else quantized_forward(model, xb, offset)
         plain = F.cross_entropy(out, yb)
+        if sparsity:
+            plain = plain + sparsity * _relative_l1(model)
         if radius["rho"] == 0:
             return plain
         return (plain + box_robust_loss(model, shape, xb, yb, radius["rho"])) / 2
@@ -111,6 +121,15 @@ def _adam(model: nn.Module, x: Tensor, y: Tensor, shape: tuple[int, ...], epochs
         opt, epochs * math.ceil(len(x) / batch_size)).step
     fit(model, x, y, opt, loss, epochs, batch_size, gen, after_step=anneal,
         before_epoch=ramp, on_epoch=on_epoch, first_epoch=done, what="")
+
+
+def _relative_l1(model: nn.Module) -> Tensor:
+    """sum_i |w_i| / max |w| of its tensor, over all parameters, divided by their number:
+    the mean magnitude of the codes on each tensor's grid, up to 2^offset."""
+    params = [p for p in model.parameters() if p.numel()]
+    total = sum(p.numel() for p in params)
+    return sum((p.abs() / p.detach().abs().max().clamp(min=1e-30)).sum()
+               for p in params) / total
 
 
 def fit(model: nn.Module, x: Tensor, y: Tensor, opt: torch.optim.Optimizer,

@@ -123,12 +123,22 @@ def _certificates(doc: Document, report: Report) -> None:
     if c is not None:
         rows.append(("Occam on a coded quantised network, transferred by " + c["transfer"],
                      f"kl^-1({c['empirical']:.4f}, {c['budget']:.4f}), L = {c['bits']} bits "
-                     f"({c['bits_symbols']} symbols, {c['bits_signs']} signs, "
-                     f"{c['bits_mantissas']} mantissas, {c['bits_header']} header), "
+                     f"({_code_parts(c)}, {c['bits_header']} header), "
                      f"{c['num_nonzero']}/{c['num_parameters']} non-zero, "
                      f"{c['events']} events", _fmt(math.log10(c["bound"])),
                      verdict(math.log10(c["bound"]), error)))
     doc.table(["certificate", "terms", "bound", "verdict"], rows)
+
+
+def _code_parts(c: dict, prefix: str = "") -> str:
+    """The body of a certificate's code word (keys ``prefix`` + "bits_..."), by the parts
+    of its scheme."""
+    def bits(part: str) -> int:
+        return c[f"{prefix}bits_{part}"]
+
+    if c.get(f"{prefix}code") == "enumerative":
+        return f"enumerative: {bits('histogram')} histogram, {bits('arrangement')} arrangement"
+    return f"{bits('symbols')} symbols, {bits('signs')} signs, {bits('mantissas')} mantissas"
 
 
 def _certified(doc: Document, report: Report) -> None:
@@ -149,7 +159,7 @@ def _certified(doc: Document, report: Report) -> None:
                                                                   "target_test_error")}
     doc.table(["network", "terms", "bound", "test error", "verdict"], [
         (c["recipe"], f"kl^-1({c['recipe_empirical']:.4f}, {c['recipe_budget']:.4f}), L = "
-         f"{c['recipe_bits']} bits ({c['recipe_bits_mantissas']} mantissas), "
+         f"{c['recipe_bits']} bits ({_code_parts(c, 'recipe_')}), "
          f"{c['recipe_transfer']} transfer", f"{c['recipe_bound']:.4f}",
          measured["recipe_test_error"], c["recipe_verdict"]),
         (report.title, f"{c['recipe_bound']:.4f} + kl^-1({c['disagreement']:.4f}, "
