@@ -123,7 +123,22 @@ class AddHandler(Handler):
         return None
 
     def resolve(self, call: Call) -> Handler:
-        return self if _tensors(call.args) else SHAPE
+        if not _tensors(call.args):
+            return SHAPE
+        return _PLUS_ZERO if _adds_zero(call) else self
+
+
+def _adds_zero(call: Call) -> bool:
+    """``x + 0``, ``0 + x``, ``x - 0`` (a sum started at 0, as MobileOne's branches are):
+    the identity, no neuron. ``0 - x`` is not."""
+    if len(call.args) != 2:
+        return False
+    tensor = [isinstance(a, Tensor) for a in call.args]
+    other = call.args[tensor.index(False)] if tensor.count(True) == 1 else None
+    if isinstance(other, bool) or not isinstance(other, int | float) or other != 0:
+        return False
+    subtracts = call.node.target in (operator.sub, torch.sub, "sub", "__sub__")
+    return not (subtracts and tensor[1])
 
 
 class CatHandler(Handler):
@@ -159,6 +174,7 @@ SCALE = ScaleHandler("constant scale")
 _RESHAPE = ReshapeHandler("views and splits")
 _ARITHMETIC = ArithmeticHandler("shape arithmetic")
 _ADD = AddHandler("+/-")
+_PLUS_ZERO = IdentityHandler("+ 0")
 
 register(ReshapeHandler("namedtuple outputs"), functions=[tuple])  # handler_for: namedtuple classes
 register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelUnshuffle,
