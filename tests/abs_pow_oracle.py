@@ -1,7 +1,9 @@
 """An independent |theta|^q pass (thesis Thm 3.1.1) on the model's own eager forward, the
 way the path-norm papers' scripts compute it, written without pathlift's engine.
 
-A float64 copy of the model gets every layer's weight and bias replaced by |.|^q and every
+A float64 copy of the model gets every layer's weight and bias (and every floating tensor
+another module holds itself: a functional layer's, a per-channel scale's) replaced by
+|.|^q and every
 eval BatchNorm turned into the identity neuron a x + b of its fold (a = gamma /
 sqrt(var + eps), b = beta - mean a) with |a|^q, |b|^q; its forward runs on the all-ones
 input under a torch-function mode that turns every max-pool (module or functional) into a
@@ -174,6 +176,11 @@ def abs_pow_copy(model: nn.Module, q: float) -> nn.Module:
                 module.weight.copy_(module.weight.abs().pow(q))
                 if module.bias is not None:
                     module.bias.copy_(module.bias.abs().pow(q))
+            else:  # a functional layer's or a per-channel scale's own tensors, whatever
+                # their names, buffers too (timm's BlurPool2d filter `filt`): edge weights
+                for t in (*module._parameters.values(), *module._buffers.values()):
+                    if t is not None and t.is_floating_point():
+                        t.copy_(t.abs().pow(q))
     return net
 
 

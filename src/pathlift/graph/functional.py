@@ -434,8 +434,8 @@ def _owner(found: Lowered, root: nn.Module, derived: dict[str, Derivation | str]
         return owner, (f"{what}: module '{owner}' also holds a tensor named "
                        f"{', '.join(hidden)} that the call does not read as its "
                        f"{', '.join(hidden)}; rename it")
-    for key, default in found.checked.items():
-        own = getattr(module, key, default)
+    for key in found.checked:  # a module without the setting (BlurPool2d) takes the call's
+        own = getattr(module, key, found.settings[key])
         if own != found.settings[key]:
             return owner, (f"{what} is called with {key}={found.settings[key]!r} but "
                            f"module '{owner}' holds {key}={own!r}, which pathlift reads "
