@@ -301,6 +301,36 @@ def lower_calls(graph: fx.Graph, root: nn.Module) -> None:
         live.add(_replace(graph, node, found, owner, derived))
 
 
+_SHAPE_ATTRIBUTES = ("shape", "ndim")
+_SHAPE_METHODS = ("size", "dim", "numel")
+
+
+def fold_shape_reads(graph: fx.Graph, root: nn.Module) -> None:
+    """A module tensor's shape read in forward (``weight.shape[-2:]``, ``self.w.size(0)``:
+    timm's ``Conv2dSame`` pads by its kernel's size) is a constant of the model: each read
+    becomes its value, so the tensor is read by its layer alone."""
+    for node in list(graph.nodes):
+        if node.op != "get_attr":
+            continue
+        for user in list(node.users):
+            attribute = user.op == "call_function" and user.target is getattr and \
+                len(user.args) == 2 and user.args[1] in _SHAPE_ATTRIBUTES
+            method = user.op == "call_method" and user.target in _SHAPE_METHODS and \
+                not any(isinstance(a, fx.Node) for a in (*user.args[1:], *user.kwargs.values()))
+            if not (attribute or method) or user.args[0] is not node:
+                continue
+            tensor = _read(root, str(node.target))
+            value = getattr(tensor, user.args[1]) if attribute else \
+                getattr(tensor, str(user.target))(*user.args[1:], **user.kwargs)
+            for reader in list(user.users):
+                reader.args = fx.node.map_arg(reader.args, lambda n: value if n is user else n)
+                reader.kwargs = fx.node.map_arg(reader.kwargs,
+                                                lambda n: value if n is user else n)
+            graph.erase_node(user)
+        if not node.users:
+            graph.erase_node(node)
+
+
 def select_values(graph: fx.Graph) -> None:
     """``torch.max(h, dim)`` (or ``h.max(dim)``) whose users read only ``.values`` or
     ``[0]`` becomes one node of the op table's function of its values

@@ -24,7 +24,7 @@ from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModel
 from pathlift.graph import cache
 from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
 from pathlift.graph.dataflow import ShapeOnly
-from pathlift.graph.functional import lower_calls, select_values
+from pathlift.graph.functional import fold_shape_reads, lower_calls, select_values
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, holder
 from pathlift.graph.memory import check as check_memory
@@ -391,6 +391,7 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
     dtype, device = dtype_device(model)
     clone = meta_clone(model)
     graph = _symbolic_trace(clone, torch.empty((BATCH, *shape), dtype=dtype, device="meta"))
+    fold_shape_reads(graph, clone)
     lower_calls(graph, clone)
     select_values(graph)
     modules = dict(holder(clone, graph).named_modules(remove_duplicate=False))
