@@ -322,13 +322,19 @@ def fold_shape_reads(graph: fx.Graph, root: nn.Module) -> None:
             tensor = _read(root, str(node.target))
             value = getattr(tensor, user.args[1]) if attribute else \
                 getattr(tensor, str(user.target))(*user.args[1:], **user.kwargs)
-            for reader in list(user.users):
-                reader.args = fx.node.map_arg(reader.args, lambda n: value if n is user else n)
-                reader.kwargs = fx.node.map_arg(reader.kwargs,
-                                                lambda n: value if n is user else n)
+            _substitute(user, value)
             graph.erase_node(user)
         if not node.users:
             graph.erase_node(node)
+
+
+def _substitute(node: fx.Node, value: Any) -> None:
+    """Every reader of ``node`` reads ``value`` in its place."""
+    def put(n: fx.Node) -> Any:
+        return value if n is node else n
+    for reader in list(node.users):
+        reader.args = fx.node.map_arg(reader.args, put)
+        reader.kwargs = fx.node.map_arg(reader.kwargs, put)
 
 
 def select_values(graph: fx.Graph) -> None:
