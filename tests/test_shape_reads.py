@@ -1,7 +1,9 @@
-"""A module tensor's shape read in forward is a constant of the model: TensorFlow-style
-"same" padding computed from the kernel's size and the input's (timm's ``Conv2dSame``,
-``tf_efficientnet_lite*``), a head sized by ``self.w.size(0)``. The layer is then read as
-its module form; checked against enumeration and a real rescaling."""
+"""What a forward reads of its own module to fix its structure. A module tensor's shape is
+a constant of the model: TensorFlow-style "same" padding from the kernel's size and the
+input's (timm's ``Conv2dSame``, ``tf_efficientnet_lite*``), a head sized by
+``self.w.size(0)``; the layer is then read as its module form. A forward chosen in
+``__init__`` (``self.forward = self.forward_split``, timm's FasterNet) runs on pathlift's
+copy of the module. Checked against enumeration and a real rescaling."""
 
 from __future__ import annotations
 
@@ -61,3 +63,30 @@ def test_a_layer_reading_its_own_shape_is_its_module_form(head):
     net = randomised(Net(head()), seed=0)
     assert_norms_equal_enumeration(net, (2, 5, 5))
     assert_rescaling_keeps_function_and_norms(net, (2, 5, 5), lambda m: m.conv.weight)
+
+
+class Partial(nn.Module):
+    """FasterNet's partial convolution: the forward chosen in ``__init__`` (an instance
+    attribute bound to the module), a conv over the first channels, the rest untouched."""
+
+    def __init__(self, channels: int, split: bool):
+        super().__init__()
+        self.first = channels // 2
+        self.conv = nn.Conv2d(self.first, self.first, 3, padding=1)
+        self.forward = self.forward_split if split else self.forward_slicing
+
+    def forward_split(self, x):
+        x1, x2 = torch.split(x, [self.first, x.shape[1] - self.first], dim=1)
+        return torch.cat((self.conv(x1), x2), 1)
+
+    def forward_slicing(self, x):
+        return torch.cat((self.conv(x[:, :self.first]), x[:, self.first:]), 1)
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split_cat", "slicing"])
+def test_a_forward_chosen_in_init_is_traced_on_the_copy(split):
+    net = randomised(nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(),
+                                   Partial(4, split), nn.ReLU(), nn.Flatten(),
+                                   nn.Linear(4 * 3 * 3, 2)), seed=0)
+    assert_norms_equal_enumeration(net, (2, 3, 3))
+    assert_rescaling_keeps_function_and_norms(net, (2, 3, 3), lambda m: m[2].conv.weight)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import types
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -190,6 +191,10 @@ def meta_clone(model: nn.Module) -> nn.Module:
             for key, value in vars(m).items():
                 if isinstance(value, Tensor):
                     new.__dict__[key] = meta(value)
+                elif isinstance(value, types.MethodType) and value.__self__ is m:
+                    # a method chosen in __init__ (timm's FasterNet: self.forward =
+                    # self.forward_split_cat) runs on the copy, as a deep copy would
+                    new.__dict__[key] = types.MethodType(value.__func__, new)
             new.__dict__["_modules"] = {k: None if c is None else clone(c)
                                         for k, c in m._modules.items()}
         return modules[id(m)]
