@@ -7,9 +7,10 @@ another module holds itself: a functional layer's, a per-channel scale's) replac
 eval BatchNorm turned into the identity neuron a x + b of its fold (a = gamma /
 sqrt(var + eps), b = beta - mean a) with |a|^q, |b|^q; its forward runs on the all-ones
 input under a torch-function mode that turns every max-pool (module or functional) into a
-sum-pool (weights 1), every average pool and mean into weights (1/K)^q over its own
-windows, ReLU6 and LeakyReLU into the passes of their two-ReLU sub-DAGs, and a product with a Python
-number c (a constant scale) into the product with |c|^q: the outputs are
+sum-pool (weights 1; its -inf padding entering as zeros), every average pool and mean into
+weights (1/K)^q over its own windows, ReLU6 and LeakyReLU into the passes of their
+two-ReLU sub-DAGs, and a product with a Python number c (a constant scale) into the
+product with |c|^q: the outputs are
 o_v = ||Phi^{->v}||_q^q. ReLU is the identity on the non-negative values of that pass;
 sums, concatenations, flattening, channel shuffles and nearest upsampling are fixed maps
 of weight 1 and stay as they are. An op it does not know runs as it is, so the comparison
@@ -87,6 +88,9 @@ class _AbsPowMode(TorchFunctionMode):
             return 2 * x + float(high) ** q
         if name in ("relu6",):
             return 2 * args[0] + 6.0**q
+        if name == "pad" and (args[3] if len(args) > 3 else kwargs.get("value")) == -math.inf:
+            # -inf before a max-pool ("same" max-pooling): entries no path reaches
+            return F.pad(args[0], args[1] if len(args) > 1 else kwargs["pad"])
         if name in ("leaky_relu", "leaky_relu_"):  # ReLU(z) - a ReLU(-z): (1 + |a|^q) x
             slope = args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01)
             return args[0] * (1.0 + abs(float(slope)) ** q)

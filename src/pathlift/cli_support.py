@@ -111,20 +111,42 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
                    "results were not printed", err=True)
         sys.exit(USAGE_EXIT)
     except Exception as err:
-        if debug:
+        if _interrupted(err):  # Ctrl-C inside an import, turned into its ImportError
+            code = INTERRUPTED
+        elif debug:
             raise
-        yours = user_code_error(err, known)
-        if yours:
-            typer.echo(f"Error: {yours}", err=True)
-            sys.exit(USAGE_EXIT)
-        typer.echo(f"Error: internal error, not your input ({type(err).__name__}: "
-                   f"{one_line(err)[:300]}); please report it with the command line "
-                   "(pathlift --debug ... shows where)", err=True)
-        sys.exit(1)
+        else:
+            _report(err, known)
     if code == INTERRUPTED:  # Typer's status for Ctrl-C, said on one line
         typer.echo("Interrupted (Ctrl-C): the files written so far are whole and kept "
                    "(prune --out DIR resumes from them when run again)", err=True)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether ``err`` was raised while handling a Ctrl-C (a KeyboardInterrupt in its
+    chain of causes): an import interrupted half-way leaves an ImportError behind."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _report(err: Exception, known: frozenset[str]) -> None:
+    """Exit for an exception no handler above took: the user's own code's (status 2), or
+    a bug (status 1), each on one line."""
+    yours = user_code_error(err, known)
+    if yours:
+        typer.echo(f"Error: {yours}", err=True)
+        sys.exit(USAGE_EXIT)
+    typer.echo(f"Error: internal error, not your input ({type(err).__name__}: "
+               f"{one_line(err)[:300]}); please report it with the command line "
+               "(pathlift --debug ... shows where)", err=True)
+    sys.exit(1)
 
 
 def _closed(stream: typing.TextIO | None) -> bool:

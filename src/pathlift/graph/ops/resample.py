@@ -107,23 +107,48 @@ class PadHandler(FixedLinear):
             return "circular", 0.0
         return "constant", float(module.value)
 
+    @staticmethod
+    def _pad(call: Call) -> tuple[int, ...]:
+        return tuple(call.module.padding if call.module is not None else call.arg(1, "pad"))
+
     def problem(self, call: Call) -> str | None:
         mode, value = self._mode_value(call)
-        if mode == "constant" and value != 0:
+        if mode == "constant" and value == -math.inf and _max_pooled(call):
+            pass  # "same" max-pooling (timm's MaxPool2dSame): windows over the input alone
+        elif mode == "constant" and value != 0:
             return (f"padding with the constant {value:g} adds a bias outside any layer; pad "
                     "with zeros")
-        pad = call.module.padding if call.module is not None else call.arg(1, "pad")
-        if any(p < 0 for p in pad):
-            return "negative padding crops: use slicing instead"
+        pad = self._pad(call)
+        if mode != "constant" and any(p < 0 for p in pad):
+            return "negative padding crops only in constant mode: use slicing instead"
         if len(pad) // 2 >= call.args[0].dim():
             return "padding the batch dimension mixes samples"
         return None
 
+    def _zero_padded(self, x: Tensor, call: Call) -> Tensor:
+        """The op on a pass's non-negative values: constant padding (zeros, a crop where
+        negative, -inf before a max-pool) enters as zeros, which no path reaches."""
+        if self._mode_value(call)[0] == "constant":
+            return F.pad(x, self._pad(call))
+        return call.run(x)
+
     def abs_pow(self, x: Tensor, q: float, call: Call) -> tuple[Tensor, float]:
-        return call.run(x), 0.0  # every weight is 1; padded zeros have no antecedent
+        return self._zero_padded(x, call), 0.0  # every weight is 1
 
     def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
-        return call.run(x)
+        return self._zero_padded(x, call)
+
+
+_MAX_POOLS = (F.max_pool1d, F.max_pool2d, F.max_pool3d, torch.max_pool1d, torch.max_pool2d,
+              torch.max_pool3d)
+
+
+def _max_pooled(call: Call) -> bool:
+    """Whether every reader of the padded tensor is a functional max-pool (its windows then
+    take the max over the input's entries alone: max-pool neurons, Def. 2.2.2)."""
+    users = call.node.users
+    return bool(users) and all(u.op == "call_function" and u.target in _MAX_POOLS
+                               for u in users)
 
 
 register(InterpolateHandler("interpolate"),
