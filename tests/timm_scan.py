@@ -98,13 +98,17 @@ def classify(name: str) -> Verdict:
     except Exception as err:  # timm's own constructor failing (an optional dependency)
         return Verdict(name, family(name), "not_built", reason=one_line(err)[:200])
     declared = getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))
-    return verdict(name, family(name), model, declared[0])
+    return verdict(name, family(name), model, declared[0], tuple(declared[1:]))
 
 
-def verdict(name: str, fam: str, model: nn.Module, channels: int = 3) -> Verdict:
-    """pathlift's verdict on an image model at the smallest side of ``SIZES`` it takes."""
-    for size in SIZES:
-        shape = (channels, size, size)
+def verdict(name: str, fam: str, model: nn.Module, channels: int = 3,
+            declared: tuple[int, ...] = ()) -> Verdict:
+    """pathlift's verdict on an image model at the smallest side of ``SIZES`` it takes,
+    else at its ``declared`` spatial size (a model built for 256 or 384 only)."""
+    shapes = [(channels, size, size) for size in SIZES]
+    if declared and (channels, *declared) not in shapes:
+        shapes.append((channels, *declared))
+    for shape in shapes:
         try:
             graph_of(model, shape)  # the structure; values are the measurement's to check
         except ShapeError:
@@ -114,7 +118,8 @@ def verdict(name: str, fam: str, model: nn.Module, channels: int = 3) -> Verdict
             return Verdict(name, fam, "refused", shape, one_line(err),
                            tuple(sorted({p.op.split(" '")[0] for p in err.problems})), err)
         return Verdict(name, fam, "measured", shape)
-    return Verdict(name, fam, "refused", None, f"no input of side {SIZES} fits")
+    return Verdict(name, fam, "refused", None,
+                   f"no input of side {SIZES} or its declared {declared} fits")
 
 
 def family(name: str) -> str:
@@ -206,7 +211,7 @@ def representatives() -> list[str]:
 def _why(v: Verdict) -> str:
     """A refusal naming no op, in a few words: no input size tried fits, not built..."""
     if v.reason.startswith("no input"):
-        return f"needs an input side other than {', '.join(map(str, SIZES))}"
+        return "no input size tried fits (nor the declared one)"
     return v.status.replace("_", " ")
 
 
