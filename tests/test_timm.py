@@ -33,7 +33,7 @@ from pathlift.models import (  # noqa: E402
 from pathlift.models.checkpoints import _ARCH, _KWARGS  # noqa: E402
 
 #: the families run by default (the cheapest of each); the others are ``slow``
-DEFAULT = {"ResNet", "ResNet-D", "DLA", "SelecSLS"}
+DEFAULT = {"ResNet", "ResNet-D", "DLA", "SelecSLS", "MobileOne", "TF-EfficientNet-Lite"}
 DEFAULT_LISTED = {"vgg11", "mobilenetv1_100", "efficientnet_b0", "legacy_seresnet18",
                   "resnet50_gn"}
 

@@ -40,6 +40,11 @@ INSIDE_TODAY = {
     "Res2Net": "res2net50_14w_8s", "Res2NeXt": "res2next50", "DLA": "dla34",
     "HRNet": "hrnet_w18_small", "SelecSLS": "selecsls42", "Xception": "legacy_xception",
     "NF-ResNet": "nf_resnet26",  # weight-standardised convolutions (ScaledStdConv2d)
+    "MobileOne": "mobileone_s0",  # branches summed into a Python 0
+    "TF-EfficientNet-Lite": "tf_efficientnet_lite0",  # Conv2dSame: same padding
+    "ResNet-Blur": "resnetblur18",  # BlurPool2d: a fixed filter held as a buffer
+    "FasterNet": "fasternet_s",  # a forward chosen in __init__
+    "PNASNet": "pnasnet5large",  # MaxPool2dSame (-inf padding), cropping ZeroPad2d
 }
 
 #: models issue 38 lists as refused (inside the theory, or rightly outside): classified
