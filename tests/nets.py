@@ -94,3 +94,11 @@ def dense_equivalent(pruned: nn.Module, fresh: nn.Module) -> nn.Module:
             dense[key] = value
     fresh.load_state_dict(dense)
     return fresh.eval()
+
+
+def step_(model: nn.Module, seed: int, size: float = 1e-2) -> None:
+    """An in-place update of every parameter, as an optimiser's step (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(size * torch.randn(p.shape, generator=g, dtype=p.dtype))

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize, prune
 
-from nets import residual_cnn
+from nets import residual_cnn, step_
 from pathlift.errors import InvalidParameterError, PrecisionError, UnsupportedModelError
 from pathlift.graph import eval_mode, graph_of
 from pathlift.lift import path_norm
@@ -100,14 +100,6 @@ def _tapes(model: nn.Module) -> list:
     return [tape for _, tape, _ in _PLANS.get(model, {}).values()]
 
 
-def _step_(model: nn.Module, seed: int, size: float = 1e-2) -> None:
-    """An in-place update of every parameter, as an optimiser's step."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(size * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
 @pytest.mark.parametrize("name", list(NETS))
 @pytest.mark.parametrize("q", [1.0, 2.0])
 def test_the_replayed_penalty_and_gradient_equal_the_walked_ones(name: str, q: float) -> None:
@@ -116,7 +108,7 @@ def test_the_replayed_penalty_and_gradient_equal_the_walked_ones(name: str, q: f
     tapes = _tapes(model)
     assert len(tapes) == 1 and tapes[0] is not None
     for seed in range(3):  # replayed on updated parameters
-        _step_(model, seed)
+        step_(model, seed)
         _check(model, shape, q)
     assert _tapes(model) == tapes  # the same tape all along: replayed, not recorded
     expected = path_norm(model, shape, q=q).log10 * math.log(10)
@@ -132,7 +124,7 @@ def test_a_concat_of_one_tensor_replays() -> None:
     model, shape = randomise_batchnorm_(densenet_bc()).double().eval(), (3, 16, 16)
     for seed in range(3):
         _check(model, shape)
-        _step_(model, seed)
+        step_(model, seed)
     assert len(_tapes(model)) == 1
 
 
@@ -147,7 +139,7 @@ def test_replayed_path_sgd_scales_equal_the_walked_ones(name: str) -> None:
         for p, gamma in walked.mantissas.items():  # the same numbers, perhaps at other scales
             torch.testing.assert_close(replayed.mantissas[p] * math.exp(replayed.log_scale),
                                        gamma * math.exp(walked.log_scale), rtol=1e-12, atol=0)
-        _step_(model, seed)
+        step_(model, seed)
     assert len(_tapes(model)) == 1
 
 
@@ -291,7 +283,7 @@ def test_the_tracker_replays_its_passes_and_equals_path_norm() -> None:
                 assert row[f"path_norm_log10_q{q:g}"] == pytest.approx(
                     path_norm(model, shape, q=q).log10, rel=1e-12, abs=1e-12)
         tapes = tapes or _tapes(model)
-        _step_(model, seed)
+        step_(model, seed)
     assert len(tapes) == 1 and _tapes(model) == tapes and model.training
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import prune
 
-from nets import residual_cnn
+from nets import residual_cnn, step_
 from pathlift.graph import graph_of
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import magnitude_gradients
@@ -121,13 +121,6 @@ def _by_autograd(model: nn.Module, shape, q: float):
         _PLANS[model][key] = (watch, tape, plan)
 
 
-def _step_(model: nn.Module, seed: int, size: float = 1e-2) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(size * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
 @pytest.mark.parametrize("name", list(NETS))
 @pytest.mark.parametrize("q", [1.0, 2.0, 3.5])
 def test_the_transposed_gamma_equals_the_walked_and_the_autograd_ones(name: str, q: float
@@ -138,7 +131,7 @@ def test_the_transposed_gamma_equals_the_walked_and_the_autograd_ones(name: str,
         got = _transposed(model, shape, q)
         _assert_same(got, magnitude_gradients(graph, q=q))
         _assert_same(got, _by_autograd(model, shape, q))
-        _step_(model, seed)
+        step_(model, seed)
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
