@@ -231,14 +231,25 @@ def _verified(record: Path) -> Path | None:
         return None
 
 
+#: the only variables the compiler sees (docs/threat-model.md): where programs are
+#: (``PATH``, trusted), where its temporary files go, the language of its messages. The
+#: compilers' own variables choose code, so they are never passed on: ``CPATH`` and
+#: ``C_INCLUDE_PATH`` (a header of someone else's compiled in), ``COMPILER_PATH`` and
+#: ``GCC_EXEC_PREFIX`` (their ``as`` or ``cc1`` run), ``LIBRARY_PATH``,
+#: ``CCC_OVERRIDE_OPTIONS``, ``DEPENDENCIES_OUTPUT`` and the like
+COMPILER_ENVIRONMENT = ("PATH", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES")
+
+
 def _build(defines: tuple[str, ...], compiler: str, flags: tuple[str, ...]) -> bytes:
-    """The shared object's bytes, compiled in a private temporary folder."""
+    """The shared object's bytes, compiled in a private temporary folder by ``compiler``
+    run with only the variables ``COMPILER_ENVIRONMENT`` names."""
     with tempfile.TemporaryDirectory(prefix="pathlift-kron-") as tmp:
         src, out = Path(tmp) / "ks_fused.c", Path(tmp) / "ks_fused.so"
         src.write_text(SOURCE)
         try:
+            env = {k: os.environ[k] for k in COMPILER_ENVIRONMENT if k in os.environ}
             proc = subprocess.run([compiler, *flags, *defines, str(src), "-o", str(out)],
-                                  capture_output=True, text=True, check=False)
+                                  capture_output=True, text=True, check=False, env=env)
         except OSError as err:
             raise RuntimeError(f"cannot run the C compiler {compiler!r}: {err}") from err
         if proc.returncode:
