@@ -65,8 +65,9 @@ def load_data(spec: str, *, input_shape: Sequence[int] | None = None,
       values by ``IMAGE_SCALES``: 8-bit pixels / 255, 16-bit ones (I;16) / 65535, 32-bit
       integers (I) / 65535 when in 0..65535, 1-bit ones 0 or 1, floats (F) as stored and
       finite, every band kept (LA 2 channels, RGBA and CMYK 4; a palette as RGB, or RGBA
-      with transparency); another mode, or an image with another number of channels than
-      the first, is refused naming the file);
+      with transparency); another mode, 16 bits per colour channel (RGB, RGBA or LA, which
+      Pillow rounds to 8 bits), or an image with another number of channels than the
+      first, is refused naming the file);
     - ``module:callable`` or ``path/to/file.py:callable`` returning a ``Split`` or a pair
       (train, test) of datasets of (input, label) pairs.
 
@@ -272,8 +273,13 @@ def _image_folder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def _pixels(image, file: Path) -> np.ndarray:
     """The decoded pixels of a Pillow ``image``, channels first, float32, by its mode's
-    ``IMAGE_SCALES`` (a palette looked up first); another mode, 32-bit integers outside
-    0..65535 or non-finite floats are refused naming ``file``."""
+    ``IMAGE_SCALES`` (a palette looked up first); another mode, 16-bit colour (which
+    Pillow rounds to 8 bits), 32-bit integers outside 0..65535 or non-finite floats are
+    refused naming ``file``."""
+    if IMAGE_SCALES.get(image.mode) == 255.0 and any(";16" in r for r in _rawmodes(image)):
+        raise InvalidParameterError(  # Pillow decodes 16-bit colour to its 8-bit modes
+            f"'{file}' holds 16 bits per colour channel ({_rawmodes(image)[0]}), which Pillow "
+            "reads rounded to 8 bits; save it as 8-bit colour, 16-bit grayscale or float")
     if image.mode in ("P", "PA"):
         rgba = image.mode == "PA" or "transparency" in image.info
         image = image.convert("RGBA" if rgba else "RGB")
@@ -291,6 +297,14 @@ def _pixels(image, file: Path) -> np.ndarray:
     if not np.isfinite(pixels).all():
         raise InvalidParameterError(f"'{file}' holds NaN or infinite pixels; replace it")
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+def _rawmodes(image) -> list[str]:
+    """How the file stores the pixels Pillow is about to decode into ``image.mode``, per
+    tile (``RGB;16B``: big-endian 16-bit RGB), from the tiles' decoder arguments."""
+    args = [tile[3] for tile in image.tile]
+    return [a if isinstance(a, str) else a[0] for a in args
+            if isinstance(a, str) or (isinstance(a, tuple) and a and isinstance(a[0], str))]
 
 
 def _resized(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
