@@ -426,7 +426,7 @@ def prune(
 
     from pathlift.jobs.prune import METHODS, PruneConfig, prune_experiment
 
-    config = PruneConfig(tuple(amount), tuple(method or METHODS), tuple(range(seeds)),
+    config = PruneConfig(tuple(amount), tuple(method or METHODS), range(seeds),
                          epochs, rewind_epoch, rounds, last_layer_factor)
     with progress_bar(console, disable=os.environ.get("RANK", "0") != "0") as bar, \
             new_out(out, "prune") as target:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -94,8 +95,9 @@ DOMAINS: dict[str, Domain] = {
     "model_kwargs": JsonArguments(),
     # counts
     **dict.fromkeys(["seeds", "rounds", "batch_size", "samples", "depths", "repeats",
-                     "threads", "top_k", "rows", "every", "batch", "vit_batch", "max_dense",
+                     "top_k", "rows", "every", "batch", "vit_batch", "max_dense",
                      "n_in", "n_out", "prune.epochs", "frontier.epochs"], _COUNT),
+    "threads": Number(int, 1, os.cpu_count() or 1),  # the machine's CPUs: 100000 crashed
     "report.epochs": Number(int, 0),
     "rewind_epoch": Number(int, 0),
     "lengths": Number(int, 2, 32),  # numbers of factors; numpy's arrays hold <= 32 axes

@@ -152,7 +152,7 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
                                     f"{max_dense}; raise it")
     batch = batch or thesis_batch(dev)
     algs = tuple(algorithms or ALGORITHMS)
-    counts = list(threads or [torch.get_num_threads()])
+    counts = _check_threads(threads or [torch.get_num_threads()])
     estimate = bench_estimate(patterns, batch, algs, torch_dtype, dev, repeats, counts)
     if on_estimate is not None:
         on_estimate(estimate.line())
@@ -238,6 +238,21 @@ def _one_count(patterns: Sequence, batch: int, algs: tuple[str, ...], dev: torch
     return KronBenchRun(count, machine, timings=tuple(rows), **fields)
 
 
+#: the most intra-op threads a run may use: the machine's CPUs (more measures contention,
+#: not the algorithms; torch.set_num_threads(100000) once crashed the process)
+MAX_THREADS = os.cpu_count() or 1
+
+
+def _check_threads(counts: Sequence[int]) -> list[int]:
+    """``counts`` if each is a thread count in [1, ``MAX_THREADS``], else
+    InvalidParameterError naming it, before any work."""
+    for count in counts:
+        if check_count("threads", count) > MAX_THREADS:
+            raise InvalidParameterError(f"threads must be at most {MAX_THREADS} (this "
+                                        f"machine's CPUs), got {count}")
+    return list(counts)
+
+
 @contextlib.contextmanager
 def _threads(count: int | None) -> Iterator[None]:
     """torch's intra-op thread count set to ``count`` (None: left alone), then restored."""
@@ -316,7 +331,7 @@ def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path],
     if not callable(out):  # before the timing, not after it
         refuse_links(out, DESIGN_FILES)
     steady_allocator()
-    with _threads(threads or None):
+    with _threads(_check_threads([threads])[0] if threads else None):
         estimate = design_estimate(n_in, n_out, batch, dtype, repeats)
         if on_estimate is not None:
             on_estimate(estimate)

@@ -89,10 +89,10 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     is refused unless ``overwrite``. A finished
     folder that cannot be written is read back (its summary.png kept as it is).
 
-    Sized before any training (``_sizing``): the seeds' dense networks held in memory
-    against the memory limit, then the trainings left to do (a resumed folder's done runs
-    not counted) against the time limit, the estimate's line given to ``on_estimate``
-    first (on rank 0).
+    Sized before any training: the seeds' dense networks and the grid's runs held in
+    memory against the memory limit (``_check_memory``), then the trainings left to do (a
+    resumed folder's done runs not counted) against the time limit, the estimate's line
+    given to ``on_estimate`` first (on rank 0).
 
     Raises:
         ShapeError: the model's outputs do not match the data's classes (a model returning
@@ -116,6 +116,7 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
             raise ShapeError(f"{model} has {graph.d_out} outputs, {data} has "
                              f"{split.num_classes} classes")
         refuse_parametrized(prunable_parameters(graph), graph)  # before any training
+        _check_memory(probe, config)  # before the grid of runs is spelt out
         scatter(probe, split.input_shape)  # the figure's scores: refused now, not after
         if world.main and not callable(out) and not os.path.lexists(Path(out) / "manifest.json"):
             refuse_replacing(out, ("summary.png",), overwrite)  # not a resume: the user's
@@ -157,18 +158,32 @@ def prune_experiment(model: str, data: str, config: PruneConfig,
     return PruneExperiment(result, folder.path, folder.csv, png, world.size, note, sparsity)
 
 
+#: what one run of the grid holds in memory while the protocol runs (its key, its row and
+#: its result: a few Python objects), an upper bound
+RUN_BYTES = 1024
+
+
+def _check_memory(model: nn.Module, config: PruneConfig) -> None:
+    """Refuse (``MemoryLimitError``) the seeds' dense networks (trained, rewind and working
+    copies of ``model``'s state) and the grid's runs (``RUN_BYTES`` each) over the memory
+    limit, before either is made: ``--seeds 100000000`` once held 12 GB, silent, before
+    any check."""
+    held = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    seeds = len(config.seeds)
+    runs = seeds * len(config.rescaled) * len(config.amounts) * len(config.methods)
+    check_bytes(3 * seeds * held + runs * RUN_BYTES,
+                f"prune's {seeds:,} seeds' dense networks (trained, rewind and working copies) "
+                f"and {runs:,} runs", "use fewer --seeds, --amount values or --method names, or ")
+
+
 def _sizing(make: Callable[[], nn.Module], shape: Sequence[int], classes: int, samples: int,
             batch_size: int, config: PruneConfig, world: World,
             on_estimate: Callable[[str], None] | None) -> Callable[[int, int], None]:
-    """The protocol's ``before_training``: refuse the seeds' dense networks (trained and
-    rewind weights, and the network each run starts from) over the memory limit, then the
-    ``dense`` trainings and ``runs`` left over the time limit, estimated as their epochs x
+    """The protocol's ``before_training``: refuse the ``dense`` trainings and ``runs`` left
+    over the time limit, estimated as their epochs x
     ``samples`` at the pace of SGD steps of ``make()`` timed on rank 0 now
     (``training_pace``; scoring and evaluation come on top)."""
     def size(dense: int, runs: int) -> None:
-        held = sum(t.numel() * t.element_size() for t in make().state_dict().values())
-        check_bytes(3 * len(config.seeds) * held, f"prune's {len(config.seeds):,} seeds' dense "
-                    "networks (trained, rewind and working copies)", "use fewer --seeds, or ")
         if not dense + runs:
             return
         epochs = dense * config.epochs + runs * config.rounds * (config.epochs

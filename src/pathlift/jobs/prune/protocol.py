@@ -123,7 +123,7 @@ class PruneConfig:
 
     amounts: tuple[float, ...] = (0.4, 0.6, 0.8)
     methods: tuple[str | Method, ...] = METHODS
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] | range = (0, 1, 2)
     epochs: int = 30
     rewind_epoch: int = 2
     rounds: int = 1
@@ -135,7 +135,9 @@ class PruneConfig:
         methods = tuple(Method.named(m) if isinstance(m, str) else m for m in self.methods)
         object.__setattr__(self, "methods", methods)
         for name in ("amounts", "seeds", "rescaled"):  # a repeated value is one run
-            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
+            values = getattr(self, name)  # a range (the CLI's seeds) repeats none, and is
+            if not isinstance(values, range):  # sized before it is spelt out (prune_experiment)
+                object.__setattr__(self, name, tuple(dict.fromkeys(values)))
         names = [m.name for m in methods]
         if len(set(names)) != len(names) or not names:
             raise InvalidParameterError(f"need at least one method, with distinct names: {names}")
@@ -156,6 +158,7 @@ class PruneConfig:
         """The settings as JSON values (methods by name): what a resumed run must share."""
         out = asdict(self)
         out["methods"] = [m.name for m in self.methods]  # type: ignore[union-attr]
+        out["seeds"] = list(self.seeds)
         return out
 
 
@@ -427,7 +430,8 @@ def _protocol(model_fn: Callable[[], nn.Module], shape: tuple[int, ...], train: 
     check_prunable(model_fn, shape, config, {methods[k.method] for k in pending})
     if folder is not None and pending:  # before any training: a read-only one is refused
         folder.check_writable(f"{len(pending)} of {len(config.grid())} runs are not done")
-    seeds = [s for s in config.seeds if any(k.seed == s for k in pending)]
+    pending_seeds = {k.seed for k in pending}
+    seeds = [s for s in config.seeds if s in pending_seeds]
 
     if folder is not None and seeds:
         with torch.random.fork_rng(devices=[]):
