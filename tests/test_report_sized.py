@@ -51,6 +51,7 @@ def test_report_over_a_limit_is_refused_in_one_line_before_any_training(args, en
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert flag in lines[0] and "Traceback" not in result.output, lines[0]
+    assert ", ," not in lines[0]  # once "a smaller --model or --data, , or raise"
     assert ("more than the time limit" if flag != "--max-memory" else
             "the report's copies of the model") in lines[0]
     assert _files(out) == sorted(USER)  # nothing of the report written

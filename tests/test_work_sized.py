@@ -169,7 +169,7 @@ def _refused_before_work(args: list[str], env: dict[str, str], monkeypatch, tmp_
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert "more than the time limit" in lines[0] and "--max-time" in lines[0]
-    assert "Traceback" not in result.output
+    assert "Traceback" not in result.output and ", ," not in lines[0]
     return lines[0]
 
 

@@ -104,6 +104,12 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     except typer.Abort:
         typer.echo("Aborted!", err=True)
         sys.exit(1)
+    except SystemExit as err:  # the user's code ending the process (sys.exit, argparse)
+        yours = None if debug else user_code_error(err, known)
+        if yours is None:
+            raise
+        typer.echo(f"Error: {yours}", err=True)
+        sys.exit(USAGE_EXIT)
     except OSError as err:
         if debug or not _output_failed(err):
             raise
@@ -333,10 +339,18 @@ def user_code_error(err: BaseException, known: Collection[str]) -> str | None:
         if innermost is None or not _is_users(innermost[0], known):
             return None  # raised in pathlift (or code loaded before the command)
         where = f"{innermost[0]}:{innermost[1]}, in {innermost[2]}"
-        text = str(err) if not isinstance(err, OSError) or err.filename is None else \
-            f"{err.strerror}: '{err.filename}'"
+        text = f"{err.strerror}: '{err.filename}'" if isinstance(err, OSError) and \
+            err.filename is not None else _ended(err) if isinstance(err, SystemExit) else \
+            str(err)
     return one_line(f"your code raised {type(err).__name__} ({where}): {text or 'no message'};"
                     " fix it there (pathlift --debug ... shows the traceback)")
+
+
+def _ended(err: SystemExit) -> str:
+    """What a ``SystemExit`` from the user's code says: pathlift's call was cut short, so
+    nothing was computed, whatever its status (``sys.exit(0)`` once exited 0, silent)."""
+    return (f"it called sys.exit({err.code!r}), so nothing was computed; a model or data "
+            "callable must return its result")
 
 
 def _frames(err: BaseException) -> list[tuple[str, int | None, str]]:

@@ -184,7 +184,7 @@ def measure_report(model: nn.Module, input_shape: Sequence[int], data: Split | N
     if on_estimate is not None:
         on_estimate(estimate.line())
     estimate.check(f"the report's {epochs:,} epochs of training and its certified network's "
-                   "recipe", "fewer --epochs, a smaller --model or --data, ")
+                   "recipe", "fewer --epochs, a smaller --model or --data")
     net = copy_model(model)
     torch.manual_seed(seed)
     train, test = loaders(data, batch_size=batch_size, seed=seed) if data else (None, None)
