@@ -89,6 +89,10 @@ Out = Annotated[str | None, typer.Option(
     "--out", help="output folder (default: a new runs/COMMAND-TIMESTAMP)")]
 
 
+Overwrite = Annotated[bool, typer.Option(
+    "--overwrite", help="replace this command's files already in OUT (else refused)")]
+
+
 def _kwargs(text: str | None) -> dict[str, Any] | None:
     """``--model-kwargs``: the JSON object (its domain checked while parsing)."""
     return None if text is None else json.loads(text)
@@ -602,6 +606,7 @@ def kron_bench(
     vit_batch: Annotated[int | None, typer.Option("--vit-batch", help="tokens; default "
                                                   "8*196 on cpu, 128*196 on cuda")] = None,
     out: Out = None,
+    overwrite: Overwrite = False,
 ) -> None:
     """Kronecker-sparse multiplication benchmark (thesis Sec. 5.4-5.5, App. D.2.1).
 
@@ -625,7 +630,8 @@ def kron_bench(
                            full=full, max_dense=max_dense, every=every, batch=batch,
                            algorithms=algorithms, repeats=repeats, threads=threads, vit=vit,
                            vit_batch=vit_batch, on_pattern=advance, on_run=_print_kron_run,
-                           on_estimate=lambda line: progress.console.print(line, soft_wrap=True))
+                           on_estimate=lambda line: progress.console.print(line, soft_wrap=True),
+                           overwrite=overwrite)
 
 
 def _print_kron_run(timed: Any) -> None:
@@ -685,6 +691,7 @@ def kron_design(
                                                 "default torch's")] = None,
     rows: Annotated[int, typer.Option("--rows", help="candidates shown")] = 20,
     out: Out = None,
+    overwrite: Overwrite = False,
 ) -> None:
     """Fastest Kronecker-sparse chain for an N_OUT x N_IN weight (thesis Sec. 7.4.1).
 
@@ -703,7 +710,8 @@ def kron_design(
             batch=batch, dtype=dtype, lengths=lengths, top_k=top_k, repeats=repeats,
             threads=threads, progress=lambda stage, n: progress.update(
                 task, description=stage, advance=n),
-            on_estimate=lambda line: progress.console.print(line, soft_wrap=True))
+            on_estimate=lambda line: progress.console.print(line, soft_wrap=True),
+            overwrite=overwrite)
     _say(f"{result.design.machine}; batch {batch}, {dtype}, budget {budget:g}")
     console.print(_kron_design_table(result.design, n_in, n_out, rows))
     _say(f"wrote {result.csv} and {result.plot}")
@@ -916,6 +924,7 @@ def equivalent_command(
 @app.command(short_help="Test accuracy against the certified bound across training methods.")
 def frontier(
     out: Out = None,
+    overwrite: Overwrite = False,
     dataset: Annotated[list[str], typer.Option(
         "--dataset", metavar="<str>...", help="digits and/or mnist1d, separated by spaces")
     ] = ["digits", "mnist1d"],  # noqa: B006
@@ -953,7 +962,7 @@ def frontier(
     with new_out(out, "frontier") as target:
         done = frontier_experiment(
             config, target, on_progress=lambda text, i, n: _say(f"[{i}/{n}] {text}"),
-            on_estimate=lambda line: console.print(line, soft_wrap=True))
+            on_estimate=lambda line: console.print(line, soft_wrap=True), overwrite=overwrite)
     for path in done.paths:
         _say(f"wrote {path}")
     if done.markdown is not None:

@@ -319,6 +319,15 @@ def refuse_replacing(folder: str | os.PathLike[str], names: Iterable[str],
                 "(overwrite=True in Python) to replace it, or choose another output folder")
 
 
+def refuse_outputs(folder: str | os.PathLike[str], names: Iterable[str],
+                   overwrite: bool = False) -> None:
+    """Before any work, for the files ``names`` a command will write in ``folder``:
+    ``refuse_links``, then ``refuse_replacing`` unless ``overwrite``."""
+    names = list(names)
+    refuse_links(folder, names)
+    refuse_replacing(folder, names, overwrite)
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """``data`` written atomically to ``path``."""
     return atomic_write(path, lambda fh: fh.write(data))

@@ -45,7 +45,14 @@ from pathlift.data.embedded import Split
 from pathlift.data.mnist1d import load_mnist1d
 from pathlift.distributed import World, launched
 from pathlift.errors import InvalidParameterError
-from pathlift.files import atomic_write, os_errors, read_safetensors, refuse_links, write_text
+from pathlift.files import (
+    atomic_write,
+    os_errors,
+    read_safetensors,
+    refuse_links,
+    refuse_outputs,
+    write_text,
+)
 from pathlift.jobs.prune.protocol import Phase, PruneConfig, prune_rewind_retrain
 from pathlift.jobs.prune.results import RunFolder
 from pathlift.jobs.sizing import Estimate, training_pace
@@ -614,13 +621,15 @@ class FrontierRun:
 
 def frontier_experiment(config: FrontierConfig, out: str | Path | Callable[[], Path], *,
                         on_progress: Callable[[str, int, int], None] | None = None,
-                        on_estimate: Callable[[str], None] | None = None) -> FrontierRun:
+                        on_estimate: Callable[[str], None] | None = None,
+                        overwrite: bool = False) -> FrontierRun:
     """``run_frontier`` under ``launched()`` (all of torchrun's processes, else this one),
     then, on the main process, ``write_frontier`` into ``out`` (a folder, or a callable
     returning one, called once the runs are done). ``pathlift frontier`` in one call.
-    A link among its files in a given folder is refused before the runs."""
+    A link among its files in a given folder is refused before the runs, and so is one of
+    them already there unless ``overwrite`` (``OutputExistsError``)."""
     if not callable(out):
-        refuse_links(out, FRONTIER_FILES)
+        refuse_outputs(out, FRONTIER_FILES, overwrite)
     with launched() as world:
         result = run_frontier(config, on_progress, on_estimate)
         if not world.main:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from pathlift.errors import InvalidParameterError, check_count
-from pathlift.files import refuse_links
+from pathlift.files import refuse_links, refuse_outputs
 from pathlift.jobs.bench.kron import (
     CPU_MAX_DENSE,
     GridSummary,
@@ -107,7 +107,8 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
                        vit: bool = True, vit_batch: int | None = None,
                        on_pattern: Callable[[int, int, int], None] | None = None,
                        on_run: Callable[[KronBenchRun], None] | None = None,
-                       on_estimate: Callable[[str], None] | None = None) -> KronBenchResult:
+                       on_estimate: Callable[[str], None] | None = None,
+                       overwrite: bool = False) -> KronBenchResult:
     """Time the Kronecker-sparse grid (thesis Sec. 5.4-5.5, App. D.2.1) once per thread
     count and write ``out``/kron_<device>_<dtype>_t<threads>.csv, ``.png`` (Figure 5.8)
     and ``_vit.csv`` (Table 5.5).
@@ -162,8 +163,9 @@ def run_kron_benchmark(out: str | Path | Callable[[], Path], *, device: str | to
                    "or --threads")
     folder = Path(out() if callable(out) else out)
     dev_dtype = f"kron_{dev.type}_{dtype}"
-    refuse_links(folder, [f"{dev_dtype}_t{count}{end}"
-                          for count in counts for end in (".csv", ".png", "_vit.csv")])
+    refuse_outputs(folder, [f"{dev_dtype}_t{count}{end}" for count in counts
+                            for end in (".csv", ".png", *(("_vit.csv",) if vit else ()))],
+                   overwrite)
     steady = steady_allocator()
     scope = " (full grid)" if full else f", M*N <= {max_dense}"
     runs = []
@@ -316,7 +318,8 @@ def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path],
                     lengths: Sequence[int] = (2, 3), top_k: int = 8, repeats: int = 5,
                     threads: int | None = None,
                     progress: Callable[[str, int], None] | None = None,
-                    on_estimate: Callable[[str], None] | None = None) -> KronDesignRun:
+                    on_estimate: Callable[[str], None] | None = None,
+                    overwrite: bool = False) -> KronDesignRun:
     """``design`` a Kronecker-sparse chain for an ``n_out`` x ``n_in`` weight (thesis
     Sec. 7.4.1), then write ``out``/candidates.csv and ``out``/predicted_vs_measured.png.
 
@@ -329,7 +332,7 @@ def run_kron_design(n_in: int, n_out: int, out: str | Path | Callable[[], Path],
     """
     _check_design_size(n_in, n_out, batch, dtype)
     if not callable(out):  # before the timing, not after it
-        refuse_links(out, DESIGN_FILES)
+        refuse_outputs(out, DESIGN_FILES, overwrite)
     steady_allocator()
     with _threads(_check_threads([threads])[0] if threads else None):
         estimate = design_estimate(n_in, n_out, batch, dtype, repeats)
