@@ -95,6 +95,18 @@ PRUNE = ["prune", "--model", "mlp", "--data", "digits", "--seeds", "2", "--amoun
          "--method", "magnitude-global", "--batch-size", "256"]
 
 
+def _after_seed0_dense(process: subprocess.Popen, out: Path) -> Path:
+    """Wait until ``prune`` has saved seed 0's dense network (trained and rewind files);
+    the trained file."""
+    dense = out / "dense" / "seed0-trained.safetensors"
+    deadline = time.monotonic() + 240
+    while not (out / "dense" / "seed0-rewind.safetensors").exists() or not dense.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "seed 0's dense training never ended"
+        time.sleep(0.05)
+    return dense
+
+
 def test_ctrl_c_inside_prune_stops_within_a_second_and_the_run_resumes(tmp_path):
     """Interrupted in seed 1's dense training, once seed 0's dense network is saved (a
     result): status 130 within a second, the user's files as they were, seed 0's network
@@ -103,12 +115,7 @@ def test_ctrl_c_inside_prune_stops_within_a_second_and_the_run_resumes(tmp_path)
     out = tmp_path / "out"
     user = _user_files(out)
     process = _start([*PRUNE, "--epochs", "40", "--out", str(out)], tmp_path)
-    dense = out / "dense" / "seed0-trained.safetensors"
-    deadline = time.monotonic() + 240
-    while not (out / "dense" / "seed0-rewind.safetensors").exists() or not dense.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "seed 0's dense training never ended"
-        time.sleep(0.05)
+    dense = _after_seed0_dense(process, out)
     time.sleep(0.05)  # into seed 1's dense training (on a quiet machine it may end first)
     seconds, err = _interrupt(process)
     _stopped_in_one_line(process, seconds, err)
