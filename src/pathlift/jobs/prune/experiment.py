@@ -198,7 +198,7 @@ def _sizing(make: Callable[[], nn.Module], shape: Sequence[int], classes: int, s
             f"machine{processes}; scoring and evaluation on top)", at_least=True)
         if on_estimate is not None and world.main:
             on_estimate(estimate.line())
-        estimate.check(f"prune's {dense + runs} trainings", "fewer --seeds, --amount values, "
+        estimate.check(f"prune's {dense + runs:,} trainings", "fewer --seeds, --amount values, "
                        "--method names, --rounds or --epochs")
     return size
 
