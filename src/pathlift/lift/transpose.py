@@ -72,12 +72,19 @@ class Transposed:
         source (None: no path from it), or None to record the pass again (its scales no
         longer fit)."""
         with torch.no_grad():
-            calls: _Calls = []
-            env = self.tape.run(calls)
-            if not self.tape.in_range(env):
+            ran = self.forward()
+            if ran is None:
                 return None
-            seed = torch.ones_like(env[self.target])
-            return self._result(env), self._backward(env, calls, seed)
+            env, calls = ran
+            return self._result(env), self.backward(env, calls, torch.ones_like(env[self.target]))
+
+    def forward(self) -> tuple[list[Any], _Calls] | None:
+        """The recorded calls on the current parameters (every slot kept, with each
+        call's arguments and output for ``backward``), or None when the scales no longer
+        fit. Call it under ``torch.no_grad()``."""
+        calls: _Calls = []
+        env = self.tape.run(calls)
+        return (env, calls) if self.tape.in_range(env) else None
 
     def _result(self, env: list[Any]) -> Any:
         """The result, a tuple (leaves..., total, [sources]): built from its flat leaves."""
@@ -86,8 +93,10 @@ class Transposed:
         head = len(flat) - len(self.sources)
         return (*flat[:head], flat[head:])
 
-    def _backward(self, env: list[Any], calls: _Calls, seed: Tensor) -> list[Tensor | None]:
-        """The recorded calls in reverse order, each through its adjoint."""
+    def backward(self, env: list[Any], calls: _Calls, seed: Tensor) -> list[Tensor | None]:
+        """d target / d source (times ``seed``, the gradient reaching the target) for each
+        source, from a ``forward``: the recorded calls in reverse order, each through its
+        adjoint."""
         grads: dict[int, Tensor] = {self.target: seed}
         for (rule, carried), (args, kwargs, out), op in zip(
                 reversed(self.steps), reversed(calls), reversed(self.tape.ops), strict=True):
