@@ -15,6 +15,7 @@ from torch import nn
 from nets import residual_cnn, step_
 from pathlift.graph import graph_of
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
+from pathlift.lift.program import straight_line
 from pathlift.lift.replay import _PLANS
 from pathlift.models import mlp, small_cnn
 from user_zoo import densenet_bc
@@ -59,14 +60,14 @@ def test_the_straight_line_pass_equals_the_walk(name: str, q: float) -> None:
     assert float(replayed) == pytest.approx(float(walked), rel=1e-12)  # scales chosen anew
     for tape in _tapes(model):
         env = tape.run()
-        program = tape._plain
+        program = tape._program
         kept = set(tape.peaks) | {s for s in tape.result_slots() if s is not None}
         freed = {s for done in tape.frees for s in done}
         assert freed and not freed & kept
         assert all(env[s] is None for s in freed)
         assert all(env[s] is not None for s in kept)
         tape.run()
-        assert tape._plain is program  # generated once
+        assert tape._program is program  # generated once
 
 
 def test_the_logged_program_records_every_call_and_keeps_every_slot() -> None:
@@ -76,7 +77,7 @@ def test_the_logged_program_records_every_call_and_keeps_every_slot() -> None:
     (tape,) = _tapes(model)
     calls: list = []
     with torch.no_grad():
-        env = tape.run(calls)
+        env = straight_line(tape, calls=True)(calls)
         plain = tape.run()
     assert len(calls) == len(tape.ops)
     for (func, *_), (args, kwargs, out) in zip(tape.ops, calls, strict=True):

@@ -15,7 +15,7 @@ same numbers bit for bit. ``straight_line(tape, calls=True)`` also appends each 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -32,10 +32,13 @@ def _flat(out: Any, n: int) -> Any:
     return tree_flatten(out)[0]
 
 
-def straight_line(tape: Any, calls: bool = False) -> Callable[..., list[Any]]:
-    """``tape.run`` as generated code: a function of no argument (of the list receiving
-    the calls, with ``calls=True``) giving every slot's value as ``tape.run`` gives it
-    (those no later call reads are None unless ``calls``)."""
+def straight_line(tape: Any, calls: bool = False, aliases: Container[int] = ()
+                  ) -> Callable[..., list[Any]]:
+    """The tape's calls as generated code: a function of no argument (of the list
+    receiving the calls, with ``calls=True``) giving every slot's value (those no later
+    call reads None unless ``calls``). The calls of index in ``aliases`` give their first
+    tensor argument's values (``detach``, ``requires_grad_`` in a run without autograd):
+    their output is that argument and their logged call None."""
     env: dict[str, Any] = {"_flat": _flat}
     lines = []
     for i, (table, key) in enumerate(tape.inputs):
@@ -46,6 +49,10 @@ def straight_line(tape: Any, calls: bool = False) -> Callable[..., list[Any]]:
         lines.append(f"v{index} = C{index}")
     for i, ((func, args, kwargs, refs, nested, outs), done) in enumerate(
             zip(tape.ops, tape.frees, strict=True)):
+        if i in aliases:
+            lines.append(f"v{outs} = v{refs[0][1]}")
+            lines += ["calls.append(None)"] if calls else []
+            continue
         env[f"F{i}"] = func
         call_args, call_kwargs = _arguments(env, i, args, kwargs, refs, nested)
         lines.append(f"a = ({call_args}{',' if call_args else ''})")

@@ -121,8 +121,7 @@ class Tape(Generic[T]):
             if slot not in kept:
                 frees[index].append(slot)
         self.frees = [tuple(f) for f in frees]
-        self._plain: Callable[[], list[Any]] | None = None
-        self._logged: Callable[[list[Any]], list[Any]] | None = None
+        self._program: Callable[[], list[Any]] | None = None
 
     @classmethod
     def record(cls, fn: Callable[[], T], model: nn.Module) -> tuple[T, Tape[T] | None]:
@@ -137,18 +136,13 @@ class Tape(Generic[T]):
         env = self.run()
         return self.result_of(env) if self.in_range(env) else None
 
-    def run(self, calls: list[tuple[Any, Any, Any]] | None = None) -> list[Any]:
+    def run(self) -> list[Any]:
         """The recorded calls on the current parameters: every slot's value (those no
-        later call reads freed, unless ``calls`` is given: then each call's arguments,
-        keyword arguments and output are appended to it and every slot is kept), by the
-        tape written out as straight-line code (``pathlift.lift.program``) at first use."""
-        if calls is None:
-            if self._plain is None:
-                self._plain = straight_line(self)
-            return self._plain()
-        if self._logged is None:
-            self._logged = straight_line(self, calls=True)
-        return self._logged(calls)
+        later call reads freed), by the tape written out as straight-line code
+        (``pathlift.lift.program``) at first use."""
+        if self._program is None:
+            self._program = straight_line(self)
+        return self._program()
 
     def result_of(self, env: list[Any]) -> T:
         """The pass's result from the slots of a run."""
