@@ -62,7 +62,8 @@ def _logits_and_features() -> nn.Module:
 NETS = {"mlp": (_mlp, (1, 8, 8)), "small_cnn (max-pool)": (small_cnn, (1, 8, 8)),
         "bn_cnn (BatchNorm eval)": (_bn_cnn, (3, 8, 8)),
         "residual_cnn": (residual_cnn, (2, 4, 4)), "avg-pool, dict output": (AvgPoolNet, (1, 8, 8)),
-        "two outputs": (_logits_and_features, (3, 8, 8))}
+        "two outputs": (_logits_and_features, (3, 8, 8)),
+        "concat (DenseNet-BC)": (lambda: randomise_batchnorm_(densenet_bc()), (3, 8, 8))}
 
 
 def _model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
@@ -101,7 +102,7 @@ def _tapes(model: nn.Module) -> list:
 
 
 @pytest.mark.parametrize("name", list(NETS))
-@pytest.mark.parametrize("q", [1.0, 2.0])
+@pytest.mark.parametrize("q", [1.0, 2.0, 3.5])
 def test_the_replayed_penalty_and_gradient_equal_the_walked_ones(name: str, q: float) -> None:
     model, shape = _model(name)
     _check(model, shape, q)  # recorded
