@@ -55,9 +55,13 @@ def straight_line(tape: Any, calls: bool = False, aliases: Container[int] = ()
             continue
         env[f"F{i}"] = func
         call_args, call_kwargs = _arguments(env, i, args, kwargs, refs, nested)
-        lines.append(f"a = ({call_args}{',' if call_args else ''})")
-        lines.append(f"k = {{{call_kwargs}}}" if call_kwargs else "k = {}")
-        lines.append(f"o = F{i}(*a, **k)")
+        if calls:  # the arguments kept for the transpose's rules
+            lines.append(f"a = ({call_args}{',' if call_args else ''})")
+            lines.append(f"k = {{{call_kwargs}}}")
+            lines.append(f"o = F{i}(*a, **k)")
+        else:
+            keywords = f"**{{{call_kwargs}}}" if call_kwargs else ""
+            lines.append(f"o = F{i}({', '.join(p for p in (call_args, keywords) if p)})")
         if type(outs) is int:
             lines.append(f"v{outs} = o")
         else:
