@@ -20,8 +20,9 @@ a new order; each figure is the median over the rounds of that round's ratio:
 - ``path_sgd_step``: the same step with PathSGD instead of SGD.
 Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step and reg_step / step, with
 the machine. The penalty and Path-SGD's gamma are replayed from their recorded passes
-(``pathlift.lift.replay``) after the first call, gamma's gradient by the pass's transpose
-without autograd (``pathlift.lift.transpose``); run the script with an older checkout's
+(``pathlift.lift.replay``) after the first call, written out as straight-line code
+(``pathlift.lift.program``), gamma's gradient by the pass's transpose without autograd
+(``pathlift.lift.transpose``); run the script with an older checkout's
 ``src`` on PYTHONPATH, alternating with this one, for the walked ones. ``--out`` keeps the
 rows of the file's other labels (one row per label and model), each naming the machine
 (vector width, cores).

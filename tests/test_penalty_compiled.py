@@ -62,7 +62,8 @@ def _logits_and_features() -> nn.Module:
 NETS = {"mlp": (_mlp, (1, 8, 8)), "small_cnn (max-pool)": (small_cnn, (1, 8, 8)),
         "bn_cnn (BatchNorm eval)": (_bn_cnn, (3, 8, 8)),
         "residual_cnn": (residual_cnn, (2, 4, 4)), "avg-pool, dict output": (AvgPoolNet, (1, 8, 8)),
-        "two outputs": (_logits_and_features, (3, 8, 8))}
+        "two outputs": (_logits_and_features, (3, 8, 8)),
+        "concat (DenseNet-BC)": (lambda: randomise_batchnorm_(densenet_bc()), (3, 8, 8))}
 
 
 def _model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
@@ -101,7 +102,7 @@ def _tapes(model: nn.Module) -> list:
 
 
 @pytest.mark.parametrize("name", list(NETS))
-@pytest.mark.parametrize("q", [1.0, 2.0])
+@pytest.mark.parametrize("q", [1.0, 2.0, 3.5])
 def test_the_replayed_penalty_and_gradient_equal_the_walked_ones(name: str, q: float) -> None:
     model, shape = _model(name)
     _check(model, shape, q)  # recorded
@@ -184,13 +185,38 @@ def _swap_activation(model: nn.Module) -> None:
     model[2] = nn.Identity()
 
 
+def _set_start_dim(model: nn.Module) -> None:
+    model[0].start_dim = -3  # the same flattening of a (1, 8, 8) input, another value
+
+
+def _hook(model: nn.Module) -> None:
+    model[1].register_forward_hook(lambda module, args, out: None)
+
+
 @pytest.mark.parametrize("change", [_replace_weight, _prune, _parametrize, _rescale_in_place,
-                                    _swap_activation, lambda m: m.float()],
+                                    _swap_activation, lambda m: m.float(), _set_start_dim,
+                                    _hook],
                          ids=["replaced", "pruned", "parametrized", "rescaled in place",
-                              "module swapped", "dtype"])
+                              "module swapped", "dtype", "plain attribute", "forward hook"])
 def test_the_penalty_is_recorded_anew_when_the_model_changes(change) -> None:
     model, shape = _model("mlp")
     _recorded_anew(model, shape, change)
+
+
+def test_a_plain_attribute_holding_nan_keeps_the_tape() -> None:
+    """The structure check compares a module's plain attributes as they were: a NaN that
+    stays the same object is unchanged (NaN != NaN must not record the pass at every
+    call); deleting it records the pass anew."""
+    torch.manual_seed(0)
+    model, shape = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).double(), (1, 4, 4)
+    model.note = math.nan  # the Sequential's one plain attribute
+    differentiable_path_norm(model, shape)
+    tapes = _tapes(model)
+    _check(model, shape)
+    assert _tapes(model) == tapes
+    del model.note
+    _check(model, shape)
+    assert _tapes(model)[0] is not tapes[0]
 
 
 def test_a_rescaling_keeps_the_replayed_penalty_and_a_replaced_copy_gets_its_own() -> None:

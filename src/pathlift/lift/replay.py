@@ -51,11 +51,11 @@ class Watch:
             state = vars(m)
             attrs = tuple(k for k, v in state.items()
                           if k[0] != "_" and k != "training" and _plain(v))
+            read = _reader(attrs)
             self.modules.append((
                 weakref.ref(m), type(m), m.training, tuple(m._forward_hooks),
                 tuple(m._forward_pre_hooks), id(state.get("forward")), tuple(m._modules.values()),
-                tuple(m._parameters.values()), tuple(m._buffers), attrs,
-                [state[k] for k in attrs]))
+                tuple(m._parameters.values()), tuple(m._buffers), read, read(state)))
         # parameters are the same objects (checked above), buffers are read where they are
         self.tensors = [(table, key, t.dtype, t.device, t.shape) for m in model.modules()
                         for table in (m._parameters, m._buffers)
@@ -63,20 +63,27 @@ class Watch:
 
     def unchanged(self) -> bool:
         """Whether every module and tensor is as it was recorded."""
-        for (ref, cls, training, hooks, pre_hooks, forward, children, params, buffers, attrs,
+        is_ = operator.is_
+        for (ref, cls, training, hooks, pre_hooks, forward, children, params, buffers, read,
              values) in self.modules:
             m = ref()
             if m is None:
                 return False
             state = vars(m)
+            now_children, now_params = m._modules.values(), m._parameters.values()
+            try:
+                now_values = read(state)
+            except KeyError:  # a plain attribute deleted
+                return False
             if type(m) is not cls or m.training is not training \
                     or id(state.get("forward")) != forward \
                     or tuple(m._forward_hooks) != hooks \
                     or tuple(m._forward_pre_hooks) != pre_hooks \
-                    or not _same(m._modules.values(), children) \
-                    or not _same(m._parameters.values(), params) \
+                    or len(now_children) != len(children) \
+                    or not all(map(is_, now_children, children)) \
+                    or len(now_params) != len(params) or not all(map(is_, now_params, params)) \
                     or tuple(m._buffers) != buffers \
-                    or [state.get(k, _MISSING) for k in attrs] != values:
+                    or now_values != values:  # a tuple: a NaN compares as itself
                 return False
         for table, key, dtype, device, shape in self.tensors:
             t = table[key]
@@ -85,12 +92,15 @@ class Watch:
         return True
 
 
-def _same(now: Any, was: tuple) -> bool:
-    """The same objects, in order."""
-    return len(now) == len(was) and all(map(operator.is_, now, was))
-
-
-_MISSING = object()
+def _reader(attrs: tuple[str, ...]) -> Callable[[dict], tuple]:
+    """The function giving the values of ``attrs`` in a module's ``vars`` as a tuple
+    (KeyError for a missing one)."""
+    if len(attrs) > 1:
+        return operator.itemgetter(*attrs)
+    if attrs:
+        get = operator.itemgetter(attrs[0])
+        return lambda state: (get(state),)
+    return lambda state: ()
 
 # Per model: (what, input shape) -> (the model's watch, its tape or None: walk each time,
 # the tape's transpose for ``replayed_gradients`` or None: autograd's)

@@ -6,7 +6,8 @@ as plain tensor code: the training step's |theta|^q pass (Thm 3.1.1) without the
 model's parameters and buffers as inputs, fetched anew at each replay; tensors made by an
 earlier call as slots; anything else as a constant) and its outputs. ``replay()`` calls
 the same functions on the current parameters, above autograd, so the result and its
-gradient are those of the walk, number for number.
+gradient are those of the walk, number for number; the calls are written out once as a
+straight-line Python function (``pathlift.lift.program``), so a replay pays for them alone.
 
 The walk also reads numbers (``float(t.amax())``) to choose the powers of two that keep
 its mantissas in range (log scales, layer units; ``pathlift.graph.abs_pow``); the tape
@@ -36,7 +37,9 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-__all__ = ["DRIFT", "Tape"]
+from pathlift.lift.program import LIST, straight_line
+
+__all__ = ["DRIFT", "Tape", "foreach_square"]
 
 T = TypeVar("T")
 
@@ -64,7 +67,7 @@ def _fresh_copy(target: Tensor, source: Tensor, non_blocking: bool = False) -> T
 # Calls whose values depend on their arguments' shapes alone: constants of the tape.
 _FILLS = frozenset({"new_ones", "new_zeros", "new_full", "new_empty", "ones_like",
                     "zeros_like", "full_like", "empty_like"})
-_LIST = "list"  # ``_Op.nested`` of a call whose one argument is a list of tensors
+_LIST = LIST  # ``_Op.nested`` of a call whose one argument is a list of tensors
 
 
 class _Op(NamedTuple):
@@ -118,6 +121,7 @@ class Tape(Generic[T]):
             if slot not in kept:
                 frees[index].append(slot)
         self.frees = [tuple(f) for f in frees]
+        self._program: Callable[[], list[Any]] | None = None
 
     @classmethod
     def record(cls, fn: Callable[[], T], model: nn.Module) -> tuple[T, Tape[T] | None]:
@@ -132,46 +136,13 @@ class Tape(Generic[T]):
         env = self.run()
         return self.result_of(env) if self.in_range(env) else None
 
-    def run(self, calls: list[tuple[Any, Any, Any]] | None = None) -> list[Any]:
+    def run(self) -> list[Any]:
         """The recorded calls on the current parameters: every slot's value (those no
-        later call reads freed, unless ``calls`` is given: then each call's arguments,
-        keyword arguments and output are appended to it and every slot is kept)."""
-        env: list[Any] = [None] * self.slots
-        for i, (table, key) in enumerate(self.inputs):
-            env[i] = table[key]
-        for index, value in self.constants.items():
-            env[index] = value
-        for (func, args, kwargs, refs, nested, outs), done in zip(self.ops, self.frees,
-                                                                   strict=True):
-            if nested is None:
-                args = list(args)
-                for where, slot in refs:
-                    if type(where) is int:
-                        args[where] = env[slot]
-                    else:
-                        kwargs = {**kwargs, where: env[slot]}
-            elif nested is _LIST:
-                args, kwargs = ([env[slot] for _, slot in refs],), {}
-            else:
-                flat = list(args)
-                for where, slot in refs:
-                    flat[where] = env[slot]
-                args, kwargs = tree_unflatten(flat, nested)
-            out = func(*args, **kwargs)
-            if type(outs) is int:
-                env[outs] = out
-            else:
-                flat = out if type(out) in (list, tuple) and len(out) == len(outs) \
-                    and all(type(v) is not tuple for v in out) else tree_flatten(out)[0]
-                for slot, value in zip(outs, flat, strict=True):
-                    if slot is not None:
-                        env[slot] = value
-            if calls is not None:
-                calls.append((args, kwargs, out))
-                continue
-            for slot in done:  # what no later call reads: freed as the walk frees it
-                env[slot] = None
-        return env
+        later call reads freed), by the tape written out as straight-line code
+        (``pathlift.lift.program``) at first use."""
+        if self._program is None:
+            self._program = straight_line(self)
+        return self._program()
 
     def result_of(self, env: list[Any]) -> T:
         """The pass's result from the slots of a run."""
@@ -374,7 +345,14 @@ def _foreach_call(name: str, group: list[_Call]) -> _Call:
 # Batched while the parameters fit a core's cache (~4 MB of float32): |W| made long before
 # its layer runs would be read back from memory (ResNet-18's 11M weights)
 _FOREACH_NUMBERS = 2 ** 20
-_FOREACH = {"abs": torch._foreach_abs, "square": lambda ts: torch._foreach_mul(ts, ts)}
+
+
+def foreach_square(tensors: list[Tensor]) -> list[Tensor]:
+    """t * t of every tensor in one foreach call (the q = 2 magnitudes)."""
+    return torch._foreach_mul(tensors, tensors)
+
+
+_FOREACH = {"abs": torch._foreach_abs, "square": foreach_square}
 
 
 def _peak(t: Tensor) -> float:

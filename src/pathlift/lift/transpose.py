@@ -22,13 +22,19 @@ import torch
 from torch import Tensor
 
 from pathlift.lift.adjoint import Rule, UncoveredError, adjoint_of
+from pathlift.lift.program import straight_line
 from pathlift.lift.tape import Tape
 
 __all__ = ["Transposed"]
 
 _Calls = list[tuple[Any, Any, Any]]
-# Calls that change a tensor's autograd flags, not its values (the leaves' requires_grad_)
-_MARKS = frozenset({"requires_grad_", "retain_grad"})
+# Calls that change a tensor's autograd flags or stop its gradient, not its values (the
+# leaves' detach and requires_grad_)
+_ALIASES = frozenset({"requires_grad_", "retain_grad", "detach"})
+
+
+def _name(func: Any) -> str:
+    return getattr(func, "__name__", "")
 
 
 class Transposed:
@@ -36,8 +42,11 @@ class Transposed:
     such as Path-SGD's leaves) as a reverse replay (see the module)."""
 
     def __init__(self, tape: Tape, sources: list[int], target: int,
-                 steps: list[tuple[Rule | None, tuple[int, ...]]]) -> None:
+                 steps: list[tuple[Rule | None, tuple[int, ...]]], aliases: set[int]) -> None:
         self.tape, self.sources, self.target, self.steps = tape, sources, target, steps
+        # the forward, logging each call for the reverse loop; the calls that change
+        # flags or stop gradients (detach, requires_grad_) pass their argument on
+        self.program = straight_line(tape, calls=True, aliases=aliases)
 
     @classmethod
     def plan(cls, tape: Tape, sources: list[int], target: int) -> Transposed | None:
@@ -46,12 +55,17 @@ class Transposed:
         leaves ending with the list of the sources (``replay.replayed_gradients``)."""
         live = set(sources)
         steps: list[tuple[Rule | None, tuple[int, ...]]] = []
-        for func, _, _, refs, _, outs in tape.ops:
+        aliases = set()
+        written = {op.refs[0][1] for op in tape.ops if op.refs and _name(op.func).endswith("_")
+                   and _name(op.func) not in _ALIASES}  # updated in place: never aliased
+        for i, (func, _, _, refs, _, outs) in enumerate(tape.ops):
             carried = tuple(sorted({slot for _, slot in refs if slot in live}))
             rule = adjoint_of(func) if carried else None
-            name = getattr(func, "__name__", "")
-            if name in _MARKS or (carried and name == "detach"):  # flags; a gradient stop
+            name = _name(func)
+            if name in _ALIASES and type(outs) is int and refs \
+                    and not {outs, refs[0][1]} & written:  # flags; a gradient stop
                 steps.append((None, ()))
+                aliases.add(i)
                 continue
             if carried and (rule is None or name.endswith("_")):
                 return None  # no adjoint, or an in-place update of a carried tensor
@@ -60,7 +74,7 @@ class Transposed:
                 live.update([outs] if type(outs) is int else [s for s in outs if s is not None])
         if target not in live:
             return None
-        plan = cls(tape, sources, target, steps)
+        plan = cls(tape, sources, target, steps, aliases)
         try:
             plan.gradients()
         except UncoveredError:
@@ -72,12 +86,19 @@ class Transposed:
         source (None: no path from it), or None to record the pass again (its scales no
         longer fit)."""
         with torch.no_grad():
-            calls: _Calls = []
-            env = self.tape.run(calls)
-            if not self.tape.in_range(env):
+            ran = self.forward()
+            if ran is None:
                 return None
-            seed = torch.ones_like(env[self.target])
-            return self._result(env), self._backward(env, calls, seed)
+            env, calls = ran
+            return self._result(env), self.backward(env, calls, torch.ones_like(env[self.target]))
+
+    def forward(self) -> tuple[list[Any], _Calls] | None:
+        """The recorded calls on the current parameters (every slot kept, with each
+        call's arguments and output for ``backward``), or None when the scales no longer
+        fit. Call it under ``torch.no_grad()``."""
+        calls: _Calls = []
+        env = self.program(calls)
+        return (env, calls) if self.tape.in_range(env) else None
 
     def _result(self, env: list[Any]) -> Any:
         """The result, a tuple (leaves..., total, [sources]): built from its flat leaves."""
@@ -86,13 +107,16 @@ class Transposed:
         head = len(flat) - len(self.sources)
         return (*flat[:head], flat[head:])
 
-    def _backward(self, env: list[Any], calls: _Calls, seed: Tensor) -> list[Tensor | None]:
-        """The recorded calls in reverse order, each through its adjoint."""
+    def backward(self, env: list[Any], calls: _Calls, seed: Tensor) -> list[Tensor | None]:
+        """d target / d source (times ``seed``, the gradient reaching the target) for each
+        source, from a ``forward``: the recorded calls in reverse order, each through its
+        adjoint."""
         grads: dict[int, Tensor] = {self.target: seed}
-        for (rule, carried), (args, kwargs, out), op in zip(
+        for (rule, carried), call, op in zip(
                 reversed(self.steps), reversed(calls), reversed(self.tape.ops), strict=True):
             if rule is None:
                 continue
+            args, kwargs, out = call
             outs = op.outs
             if type(outs) is int:
                 g = grads.pop(outs, None)
