@@ -22,11 +22,18 @@ from torch import Tensor, fx, nn
 
 from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph import cache
-from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
+from pathlift.graph.boundary import (
+    Survey,
+    eval_mode,
+    meta_clone,
+    readable,
+    structure_key,
+    survey,
+)
 from pathlift.graph.dataflow import ShapeOnly
 from pathlift.graph.functional import fold_shape_reads, lower_calls, select_values
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
-from pathlift.graph.layer_graph import LayerGraph, holder
+from pathlift.graph.layer_graph import LayerGraph, called, holder
 from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import MODULES
 from pathlift.graph.validate import (
@@ -79,17 +86,17 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
             readable(model.module)  # its tensors may be freed since (FSDP1 outside summon)
             return model
         return graph_of(source, model.input_shape, as_eval)
-    model = readable(model)
+    found = survey(model, as_eval)
+    model = found.module
     shape = resolve_input_shape(model, input_shape)
-    key = structure_key(model, as_eval)
     cached = cache.lookup(model, shape)
-    if cached is not None and cached.key == key:
+    if cached is not None and cached.key == found.key:
         return cached
     if as_eval:
         with eval_mode(model):
             return graph_of(model, shape)
     with _collector_paused():
-        graph = _trace(model, shape, key)
+        graph = _trace(found, shape)
     check_memory(graph)  # MemoryLimitError before any pass allocates (pathlift.graph.memory)
     cache.remember(model, graph)
     return graph
@@ -384,17 +391,19 @@ def _user_line(err: Exception) -> str:
     return f" at {os.path.basename(frame.filename)}:{frame.lineno} `{(frame.line or '').strip()}`"
 
 
-def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
-    """Trace and validate the meta copy of ``model`` (same structure and names; torch.fx
-    runs the hooks of the modules it traces through, and those of FSDP would gather
-    parameters), then bind the graph to the model's own modules."""
-    dtype, device = dtype_device(model)
-    clone = meta_clone(model)
+def _trace(found: Survey, shape: tuple[int, ...]) -> LayerGraph:
+    """Trace and validate the meta copy of the model ``found`` (same structure and names;
+    torch.fx runs the hooks of the modules it traces through, and those of FSDP would
+    gather parameters), then bind the graph to the model's own modules."""
+    model, dtype, device = found.module, found.dtype, found.device
+    copies: dict[int, nn.Module] = {}
+    clone = meta_clone(model, copies)
     graph = _symbolic_trace(clone, torch.empty((BATCH, *shape), dtype=dtype, device="meta"))
     fold_shape_reads(graph, clone)
     lower_calls(graph, clone)
     select_values(graph)
-    modules = dict(holder(clone, graph).named_modules(remove_duplicate=False))
+    modules = called(clone, graph, modules={name: copies[id(m)]
+                                             for name, m in found.modules.items()})[1]
     problems = classify(graph, modules) + in_place_problems(graph, modules)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
@@ -403,6 +412,6 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
     validate(graph, clone, shape, dtype, problems, modules)
     warn_leading_dimension(graph, shape)
-    return LayerGraph(holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
-                      key)
+    return LayerGraph(holder(model, graph, modules=found.modules), graph, shape, dtype, device,
+                      weakref.ref(model), found.key)
 
