@@ -274,12 +274,14 @@ def sharded_parameters(model: nn.Module) -> dict[tuple[int, str], Tensor]:
     dtensor = _loaded("torch.distributed.tensor", "DTensor")
     if dtensor is None:
         return {}
-    found = {(id(m), k): p for m in model.modules() for k, p in m._parameters.items()
-             if isinstance(p, dtensor)}
+    found: dict[tuple[int, str], Tensor] = {}
     fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
-    for m in model.modules() if fsdp is not None else ():
-        if not isinstance(m, fsdp):
-            continue
+    fsdp_modules = []
+    for m in model.modules():  # one walk: DTensor parameters, FSDP2 modules
+        found.update(((id(m), k), p) for k, p in m._parameters.items() if isinstance(p, dtensor))
+        if fsdp is not None and isinstance(m, fsdp):
+            fsdp_modules.append(m)
+    for m in fsdp_modules:
         try:
             groups = m._get_fsdp_state()._fsdp_param_groups
             for param in (p for g in groups for p in g.fsdp_params):
