@@ -278,7 +278,9 @@ def sharded_parameters(model: nn.Module) -> dict[tuple[int, str], Tensor]:
     fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
     fsdp_modules = []
     for m in model.modules():  # one walk: DTensor parameters, FSDP2 modules
-        found.update(((id(m), k), p) for k, p in m._parameters.items() if isinstance(p, dtensor))
+        for k, p in m._parameters.items():
+            if isinstance(p, dtensor):
+                found[id(m), k] = p
         if fsdp is not None and isinstance(m, fsdp):
             fsdp_modules.append(m)
     for m in fsdp_modules:

@@ -70,14 +70,18 @@ class LayerGraph:
         return node.meta[HANDLER]
 
     def submodule(self, node: fx.Node) -> nn.Module | None:
-        """The module a ``call_module`` node calls (from a table made once), else None."""
+        """The module a ``call_module`` node calls (found once through the holder's own
+        tables, without a walk of every module), else None."""
         if node.op != "call_module":
             return None
-        modules = self._memo.get("modules")
-        if modules is None:
-            modules = self._memo["modules"] = dict(self.module.named_modules(
-                remove_duplicate=False))
-        return modules[node.target]
+        modules = self._memo.setdefault("modules", {})
+        found = modules.get(node.target)
+        if found is None:
+            found = self.module
+            for atom in str(node.target).split("."):
+                found = found._modules[atom]
+            modules[node.target] = found
+        return found
 
     def stored_in(self, node: fx.Node) -> nn.Module | None:
         """The module of the traced model whose tensors a layer node computes with, as

@@ -220,10 +220,12 @@ class _Tracer(fx.Tracer):
         self._running = False
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        forward = type(m).forward
-        if any(cls in MODULES and cls.forward is forward for cls in type(m).__mro__):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
+        kind = type(m)
+        forward, registered, known = _LEAVES.get(kind, (None, -1, False))
+        if forward is not kind.forward or registered != len(MODULES):
+            forward, registered, known = _LEAVES[kind] = kind.forward, len(MODULES), any(
+                cls in MODULES and cls.forward is kind.forward for cls in kind.__mro__)
+        return known or super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m, forward, args, kwargs):
         if self._running:  # a leaf's own submodules, run on meta values
@@ -344,6 +346,11 @@ class _Tracer(fx.Tracer):
         return (f"; a shape read there is unknown: `{op}`{node} cannot run on shape-only "
                 f"tensors ({type(err).__name__}: {reason})"), err
 
+
+#: Whether a module class is a supported op's class or a subclass inheriting its
+#: ``forward`` (asked for every module call of every trace), with the ``forward`` and the
+#: number of registered classes it was found for (``ops.register`` may add one).
+_LEAVES: weakref.WeakKeyDictionary[type, tuple[Any, int, bool]] = weakref.WeakKeyDictionary()
 
 #: What an op raises when it cannot run on shape-only (meta) values: no meta kernel or data
 #: read from a meta tensor (RuntimeError, NotImplementedError), a Python function given a
