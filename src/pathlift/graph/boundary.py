@@ -9,7 +9,9 @@ user's ``nn.Module``.
 - ``copy_model``: a deep copy that also works on pruned models; ``meta_clone``: the same
   structure with every tensor on the meta device (shapes only, no memory); ``cpu_state``:
   a state_dict as detached, contiguous CPU tensors (to save or to keep).
-- ``dtype_device``, ``output_leaves``, ``eval_mode``, ``structure_key``.
+- ``dtype_device``, ``output_leaves``, ``eval_mode``, ``structure_key``; ``survey``: what
+  a call needs of the model (``readable``, its key, dtype, device and named modules) in
+  one walk.
 
 Nothing here modifies the caller's model, its parameters' version counters or its
 autograd state, so every function may run between a forward and ``loss.backward()``.
