@@ -9,7 +9,9 @@ user's ``nn.Module``.
 - ``copy_model``: a deep copy that also works on pruned models; ``meta_clone``: the same
   structure with every tensor on the meta device (shapes only, no memory); ``cpu_state``:
   a state_dict as detached, contiguous CPU tensors (to save or to keep).
-- ``dtype_device``, ``output_leaves``, ``eval_mode``, ``structure_key``.
+- ``dtype_device``, ``output_leaves``, ``eval_mode``, ``structure_key``; ``survey``: what
+  a call needs of the model (``readable``, its key, dtype, device and named modules) in
+  one walk.
 
 Nothing here modifies the caller's model, its parameters' version counters or its
 autograd state, so every function may run between a forward and ``loss.backward()``.
@@ -23,6 +25,7 @@ import types
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -158,7 +161,7 @@ def copy_model(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def meta_clone(model: nn.Module) -> nn.Module:
+def meta_clone(model: nn.Module, copies: dict[int, nn.Module] | None = None) -> nn.Module:
     """The structure of ``model`` with every parameter, buffer and cached tensor on the meta
     device: it runs forward for shapes only, without memory or arithmetic. Modules are
     copied shallowly (their plain attributes are shared, tensors and submodules are not),
@@ -171,9 +174,10 @@ def meta_clone(model: nn.Module) -> nn.Module:
     other. An FSDP2 module becomes a module of its original class, without FSDP's hooks,
     and its DTensor parameters meta tensors of their global shape: the copy is the plain
     model's skeleton and running it never reaches FSDP's state or collectives.
+    ``copies``, when given, is filled with each module's copy by the module's id.
     """
     tensors: dict[int, Tensor] = {}
-    modules: dict[int, nn.Module] = {}
+    modules: dict[int, nn.Module] = {} if copies is None else copies
 
     def meta(t: Tensor) -> Tensor:
         if id(t) not in tensors:
@@ -272,12 +276,16 @@ def sharded_parameters(model: nn.Module) -> dict[tuple[int, str], Tensor]:
     dtensor = _loaded("torch.distributed.tensor", "DTensor")
     if dtensor is None:
         return {}
-    found = {(id(m), k): p for m in model.modules() for k, p in m._parameters.items()
-             if isinstance(p, dtensor)}
+    found: dict[tuple[int, str], Tensor] = {}
     fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
-    for m in model.modules() if fsdp is not None else ():
-        if not isinstance(m, fsdp):
-            continue
+    fsdp_modules = []
+    for m in model.modules():  # one walk: DTensor parameters, FSDP2 modules
+        for k, p in m._parameters.items():
+            if isinstance(p, dtensor):
+                found[id(m), k] = p
+        if fsdp is not None and isinstance(m, fsdp):
+            fsdp_modules.append(m)
+    for m in fsdp_modules:
         try:
             groups = m._get_fsdp_state()._fsdp_param_groups
             for param in (p for g in groups for p in g.fsdp_params):
@@ -307,7 +315,32 @@ def is_sharded(model: nn.Module) -> bool:
 
 def readable(model: nn.Module) -> nn.Module:
     """The module whose tensors pathlift reads for ``model``: ``unwrap(model)``, after
-    checking that every parameter, buffer and cached tensor can be read as numbers.
+    checking that every parameter, buffer and cached tensor can be read as numbers
+    (``survey(model).module``, which says how FSDP1 and DTensors are read).
+
+    Raises:
+        UnsupportedModelError, InvalidParameterError: as ``survey``.
+    """
+    return survey(model).module
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one walk over a model's modules finds (``survey``): the module pathlift reads,
+    its ``structure_key``, its ``dtype_device`` and its ``named_modules(remove_duplicate=
+    False)`` table."""
+
+    module: nn.Module
+    key: tuple
+    dtype: torch.dtype
+    device: torch.device
+    modules: dict[str, nn.Module]
+
+
+def survey(model: nn.Module, as_eval: bool = False) -> Survey:
+    """``readable(model)``, its ``structure_key(..., as_eval)``, ``dtype_device`` and table
+    of named modules, in ONE walk over the modules (a first call used to walk a large
+    model five times, a tenth of a forward pass on timm's HRNet).
 
     FSDP1 (``FullyShardedDataParallel``, as root or per layer) is read only inside
     ``FSDP.summon_full_params(model)`` on a rank that holds the gathered parameters (every
@@ -325,19 +358,80 @@ def readable(model: nn.Module) -> nn.Module:
     if is_fsdp1(model):
         model = _fsdp1_view(model, _loaded("torch.distributed.fsdp", "FullyShardedDataParallel"))
     model = unwrap(model)
-    dtensor = _loaded("torch.distributed.tensor", "DTensor")
-    for m in model.modules():  # every call: kept to a few attribute reads per tensor
-        for table in (m._parameters, m._buffers, vars(m)):
-            for key, t in table.items():
-                if isinstance(t, Tensor):
-                    reason = _unreadable(t, dtensor)
-                    if reason is not None:
-                        where = next(f"{p}.{key}" if p else key
-                                     for p, c in model.named_modules() if c is m)
-                        error = UnsupportedModelError if dtensor is not None and isinstance(
-                            t, dtensor) else InvalidParameterError
-                        raise error(f"'{where}' ({type(m).__name__}) {reason}")
-    return model
+    walk = _Walk(as_eval, check=True)
+    walk.visit(model, "")
+    if walk.sharded:  # FSDP2 or DTensors: each parameter counts as its shard
+        shards = sharded_parameters(model)
+        walk = _Walk(as_eval, check=False, shards=shards)
+        walk.visit(model, "")
+        dtype, device = dtype_device(model)
+    else:
+        first = walk.floating[0] if walk.floating[0] is not None else walk.floating[1]
+        dtype, device = (first.dtype, first.device) if first is not None else \
+            (torch.float32, torch.device("cpu"))
+    return Survey(model, tuple(walk.parts), dtype, device, walk.modules)
+
+
+class _Walk:
+    """One recursive walk over ``_modules`` in the order of ``named_modules(
+    remove_duplicate=False)``: each module's ``structure_key`` part, the table of named
+    modules, the first floating parameter and buffer, whether any tensor is sharded
+    (a DTensor or an FSDP2 module), and with ``check`` each tensor's readability."""
+
+    def __init__(self, as_eval: bool, check: bool,
+                 shards: dict[tuple[int, str], Tensor] | None = None) -> None:
+        self.as_eval, self.check, self.shards = as_eval, check, shards or {}
+        self.parts: list[tuple] = []
+        self.modules: dict[str, nn.Module] = {}
+        self.floating: list[Tensor | None] = [None, None]  # first parameter, first buffer
+        self.dtensor = _loaded("torch.distributed.tensor", "DTensor")
+        fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
+        self.fsdp2 = () if fsdp is None else fsdp
+        self.sharded = False
+
+    def visit(self, m: nn.Module, name: str) -> None:
+        self.modules[name] = m
+        state, params, buffers = vars(m), m._parameters, m._buffers
+        plain, cached = [], []  # configuration values; tensors kept as plain attributes
+        for k, v in state.items():
+            if isinstance(v, Tensor):
+                cached.append((k, v))
+            elif k[0] != "_" and k != "training" and _plain(v):
+                plain.append((k, v))
+        if self.check:
+            for table in (params.items(), buffers.items(), cached):
+                for k, t in table:
+                    if t is not None:
+                        self._check(m, name, k, t)
+        self.sharded = self.sharded or isinstance(m, self.fsdp2)
+        shards = self.shards
+        self.parts.append((
+            name, id(m), type(m), False if self.as_eval else m.training,
+            tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+            id(state.get("forward")), tuple(plain),
+            tuple((k, id(p), p.shape, p.dtype, p.device)
+                  for k, p in ((k, shards.get((id(m), k), p)) for k, p in params.items())
+                  if p is not None),
+            tuple((k, b.shape, b.dtype, b.device) for k, b in buffers.items() if b is not None),
+        ))
+        for slot, table in enumerate((params, buffers)):
+            if self.floating[slot] is None:
+                self.floating[slot] = next((t for t in table.values()
+                                            if t is not None and t.is_floating_point()), None)
+        for key, child in m._modules.items():
+            if child is not None:
+                self.visit(child, f"{name}.{key}" if name else key)
+
+    def _check(self, m: nn.Module, name: str, key: str, t: Tensor) -> None:
+        """``readable``'s test of one tensor ``m`` holds (a few attribute reads)."""
+        dtensor = self.dtensor
+        distributed = dtensor is not None and isinstance(t, dtensor)
+        self.sharded = self.sharded or distributed
+        reason = _unreadable(t, dtensor if distributed else None)
+        if reason is not None:
+            where = f"{name}.{key}" if name else key
+            error = UnsupportedModelError if distributed else InvalidParameterError
+            raise error(f"'{where}' ({type(m).__name__}) {reason}")
 
 
 def _unreadable(t: Tensor, dtensor: type | None) -> str | None:
@@ -486,34 +580,13 @@ def structure_key(model: nn.Module, as_eval: bool = False) -> tuple:
     are not touched), for looking up a graph traced under ``eval_mode``.
 
     Called on every cached lookup, so it walks ``_modules`` itself (in the order of
-    ``named_modules(remove_duplicate=False)``) rather than through generators.
+    ``named_modules(remove_duplicate=False)``) rather than through generators. An FSDP2
+    parameter counts as its shard: FSDP2 swaps the module's parameter for the gathered
+    one in forward and back after, which changes nothing of the model's structure.
     """
-    parts: list[tuple] = []
-    _structure(model, "", as_eval, parts, sharded_parameters(model))
-    return tuple(parts)
-
-
-def _structure(m: nn.Module, name: str, as_eval: bool, parts: list[tuple],
-               shards: dict[tuple[int, str], Tensor]) -> None:
-    """``structure_key``'s part of ``m`` and its submodules. An FSDP2 parameter counts as
-    its shard (``shards``): FSDP2 swaps the module's parameter for the gathered one in
-    forward and back after, which changes nothing of the model's structure."""
-    state = vars(m)
-    parts.append((
-        name, id(m), type(m), False if as_eval else m.training,
-        tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
-        id(state.get("forward")),
-        tuple((k, v) for k, v in state.items()
-              if k[0] != "_" and k != "training" and _plain(v)),
-        tuple((k, id(p), p.shape, p.dtype, p.device)
-              for k, p in ((k, shards.get((id(m), k), p)) for k, p in m._parameters.items())
-              if p is not None),
-        tuple((k, b.shape, b.dtype, b.device)
-              for k, b in m._buffers.items() if b is not None),
-    ))
-    for key, child in m._modules.items():
-        if child is not None:
-            _structure(child, f"{name}.{key}" if name else key, as_eval, parts, shards)
+    walk = _Walk(as_eval, check=False, shards=sharded_parameters(model))
+    walk.visit(model, "")
+    return tuple(walk.parts)
 
 
 def writable_copy(model: nn.Module) -> nn.Module:

@@ -155,23 +155,39 @@ class Dataflow(TorchDispatchMode):
         self.paused = False
 
     def describe(self, value: Any) -> Any:
-        if type(value) in _SCALARS:
-            return value
-        if not isinstance(value, Tensor):
-            return value if isinstance(value, (int, float, bool, str)) \
-                else type(value).__name__
-        storage = _storage(value)
-        source = self.writer.get(storage)
-        return (("leaf", storage) if source is None else source, value.storage_offset(),
-                value.shape, value.stride(), value.dtype)
+        """A value an operation reads or returns: a scalar as itself, a tensor as (the
+        operation that last wrote its storage, or that storage as a leaf; offset, shape,
+        strides, dtype), anything else (a list too) by its type's name."""
+        if isinstance(value, (list, tuple)):
+            return type(value).__name__
+        return self._describe((value,), [])[0]
+
+    def _describe(self, values: Any, into: list) -> list:
+        """``describe`` of every value in ``values``, lists and tuples opened (what aten
+        ops take), appended to ``into``: one loop, as every operation of both runs asks."""
+        writer = self.writer
+        for v in values:
+            if type(v) in _SCALARS:
+                into.append(v)
+            elif isinstance(v, Tensor):
+                storage = v.untyped_storage()._cdata
+                source = writer.get(storage)
+                into.append((("leaf", storage) if source is None else source,
+                             v.storage_offset(), v.shape, v.stride(), v.dtype))
+            elif isinstance(v, (list, tuple)):
+                self._describe(v, into)
+            else:
+                into.append(v if isinstance(v, (int, float, bool, str)) else type(v).__name__)
+        return into
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = _FAST.get(func, func)(*args, **(kwargs or {}))
         if self.paused:
             return out
-        reads = tuple(map(self.describe, _flat(args)))
+        reads = self._describe(args, [])
         if kwargs:
-            reads += tuple(map(self.describe, _flat(kwargs.values())))
+            self._describe(kwargs.values(), reads)
+        reads = tuple(reads)
         name = _NAMES.get(func)
         if name is None:
             name = _NAMES[func] = func.overloadpacket.__name__.rstrip("_")

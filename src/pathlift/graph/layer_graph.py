@@ -70,14 +70,18 @@ class LayerGraph:
         return node.meta[HANDLER]
 
     def submodule(self, node: fx.Node) -> nn.Module | None:
-        """The module a ``call_module`` node calls (from a table made once), else None."""
+        """The module a ``call_module`` node calls (found once through the holder's own
+        tables, without a walk of every module), else None."""
         if node.op != "call_module":
             return None
-        modules = self._memo.get("modules")
-        if modules is None:
-            modules = self._memo["modules"] = dict(self.module.named_modules(
-                remove_duplicate=False))
-        return modules[node.target]
+        modules = self._memo.setdefault("modules", {})
+        found = modules.get(node.target)
+        if found is None:
+            found = self.module
+            for atom in str(node.target).split("."):
+                found = found._modules[atom]
+            modules[node.target] = found
+        return found
 
     def stored_in(self, node: fx.Node) -> nn.Module | None:
         """The module of the traced model whose tensors a layer node computes with, as
@@ -282,15 +286,25 @@ def _tensor_nodes(value: Any) -> list[fx.Node]:
     return nodes
 
 
-def holder(root: nn.Module, graph: fx.Graph, replaced: dict[str, nn.Module] | None = None
-            ) -> nn.Module:
+def holder(root: nn.Module, graph: fx.Graph, replaced: dict[str, nn.Module] | None = None,
+           modules: dict[str, nn.Module] | None = None) -> nn.Module:
     """The submodules ``graph`` calls (``root``'s, or ``replaced``'s), under their
     qualified names in plain containers; a lowered functional layer's target holds a view
     of its module as the module form (``pathlift.graph.functional``), whose submodules
-    called as layers of their own hang below it."""
+    called as layers of their own hang below it. ``modules``: root's
+    ``dict(named_modules(remove_duplicate=False))`` where the caller has it already."""
+    return called(root, graph, replaced, modules)[0]
+
+
+def called(root: nn.Module, graph: fx.Graph, replaced: dict[str, nn.Module] | None = None,
+           modules: dict[str, nn.Module] | None = None
+           ) -> tuple[nn.Module, dict[str, nn.Module]]:
+    """``holder`` and the module it holds for each ``call_module`` target of ``graph``
+    (what ``dict(holder.named_modules())`` gives for those names, without the walk)."""
     replaced = replaced or {}
-    modules = dict(root.named_modules(remove_duplicate=False))
-    holder, done = nn.Module(), set()
+    if modules is None:
+        modules = dict(root.named_modules(remove_duplicate=False))
+    holder, done, table = nn.Module(), set(), {}
     for node in graph.nodes:
         if node.op != "call_module" or node.target in done:
             continue
@@ -305,6 +319,6 @@ def holder(root: nn.Module, graph: fx.Graph, replaced: dict[str, nn.Module] | No
         if LOWERED in node.meta and node.target not in replaced:
             module = functional_view(module, node.meta[LOWERED])
             module._modules.update(getattr(parent._modules.get(leaf), "_modules", {}))
-        parent._modules[leaf] = module
-    return holder
+        parent._modules[leaf] = table[node.target] = module
+    return holder, table
 

@@ -22,11 +22,18 @@ from torch import Tensor, fx, nn
 
 from pathlift.errors import PathliftError, Problem, ShapeError, UnsupportedModelError
 from pathlift.graph import cache
-from pathlift.graph.boundary import dtype_device, eval_mode, meta_clone, readable, structure_key
+from pathlift.graph.boundary import (
+    Survey,
+    eval_mode,
+    meta_clone,
+    readable,
+    structure_key,
+    survey,
+)
 from pathlift.graph.dataflow import ShapeOnly
 from pathlift.graph.functional import fold_shape_reads, lower_calls, select_values
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
-from pathlift.graph.layer_graph import LayerGraph, holder
+from pathlift.graph.layer_graph import LayerGraph, called, holder
 from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import MODULES
 from pathlift.graph.validate import (
@@ -79,17 +86,17 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
             readable(model.module)  # its tensors may be freed since (FSDP1 outside summon)
             return model
         return graph_of(source, model.input_shape, as_eval)
-    model = readable(model)
+    found = survey(model, as_eval)
+    model = found.module
     shape = resolve_input_shape(model, input_shape)
-    key = structure_key(model, as_eval)
     cached = cache.lookup(model, shape)
-    if cached is not None and cached.key == key:
+    if cached is not None and cached.key == found.key:
         return cached
     if as_eval:
         with eval_mode(model):
             return graph_of(model, shape)
     with _collector_paused():
-        graph = _trace(model, shape, key)
+        graph = _trace(found, shape)
     check_memory(graph)  # MemoryLimitError before any pass allocates (pathlift.graph.memory)
     cache.remember(model, graph)
     return graph
@@ -213,10 +220,12 @@ class _Tracer(fx.Tracer):
         self._running = False
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        forward = type(m).forward
-        if any(cls in MODULES and cls.forward is forward for cls in type(m).__mro__):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
+        kind = type(m)
+        forward, registered, known = _LEAVES.get(kind, (None, -1, False))
+        if forward is not kind.forward or registered != len(MODULES):
+            forward, registered, known = _LEAVES[kind] = kind.forward, len(MODULES), any(
+                cls in MODULES and cls.forward is kind.forward for cls in kind.__mro__)
+        return known or super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m, forward, args, kwargs):
         if self._running:  # a leaf's own submodules, run on meta values
@@ -338,6 +347,11 @@ class _Tracer(fx.Tracer):
                 f"tensors ({type(err).__name__}: {reason})"), err
 
 
+#: Whether a module class is a supported op's class or a subclass inheriting its
+#: ``forward`` (asked for every module call of every trace), with the ``forward`` and the
+#: number of registered classes it was found for (``ops.register`` may add one).
+_LEAVES: weakref.WeakKeyDictionary[type, tuple[Any, int, bool]] = weakref.WeakKeyDictionary()
+
 #: What an op raises when it cannot run on shape-only (meta) values: no meta kernel or data
 #: read from a meta tensor (RuntimeError, NotImplementedError), a Python function given a
 #: tensor it cannot take (TypeError, ValueError, LookupError, AttributeError,
@@ -384,17 +398,19 @@ def _user_line(err: Exception) -> str:
     return f" at {os.path.basename(frame.filename)}:{frame.lineno} `{(frame.line or '').strip()}`"
 
 
-def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
-    """Trace and validate the meta copy of ``model`` (same structure and names; torch.fx
-    runs the hooks of the modules it traces through, and those of FSDP would gather
-    parameters), then bind the graph to the model's own modules."""
-    dtype, device = dtype_device(model)
-    clone = meta_clone(model)
+def _trace(found: Survey, shape: tuple[int, ...]) -> LayerGraph:
+    """Trace and validate the meta copy of the model ``found`` (same structure and names;
+    torch.fx runs the hooks of the modules it traces through, and those of FSDP would
+    gather parameters), then bind the graph to the model's own modules."""
+    model, dtype, device = found.module, found.dtype, found.device
+    copies: dict[int, nn.Module] = {}
+    clone = meta_clone(model, copies)
     graph = _symbolic_trace(clone, torch.empty((BATCH, *shape), dtype=dtype, device="meta"))
     fold_shape_reads(graph, clone)
     lower_calls(graph, clone)
     select_values(graph)
-    modules = dict(holder(clone, graph).named_modules(remove_duplicate=False))
+    modules = called(clone, graph, modules={name: copies[id(m)]
+                                             for name, m in found.modules.items()})[1]
     problems = classify(graph, modules) + in_place_problems(graph, modules)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
@@ -403,6 +419,6 @@ def _trace(model: nn.Module, shape: tuple[int, ...], key: tuple) -> LayerGraph:
             f"forward takes {len(placeholders)} inputs; pathlift needs exactly one tensor")])
     validate(graph, clone, shape, dtype, problems, modules)
     warn_leading_dimension(graph, shape)
-    return LayerGraph(holder(model, graph), graph, shape, dtype, device, weakref.ref(model),
-                      key)
+    return LayerGraph(holder(model, graph, modules=found.modules), graph, shape, dtype, device,
+                      weakref.ref(model), found.key)
 

@@ -491,8 +491,10 @@ def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | N
     """Eval-mode BatchNorm as the affine identity neuron x*a + c (thesis, below Def 2.2.2):
     a = weight / sqrt(running_var + eps), c = bias - running_mean * a.
 
-    ``dtype`` (default: the buffers' dtype) is the precision of the fold: folding float32
-    statistics in float32 loses ~1e-7 relative, more than a float64 path-norm tolerates.
+    ``dtype`` (default: the buffers' dtype) is the precision of the result: a detached
+    fold is computed in float64 (folding float32 statistics in float32 loses ~1e-7
+    relative, more than a float64 path-norm tolerates) and rounded to ``dtype``, so a
+    pass in float32 and one in float64 fold each BatchNorm once.
     ``detach=False`` keeps the autograd history of weight and bias (the statistics are
     constants either way). A detached fold is kept per module and dtype until one of the
     module's tensors, its ``eps`` or the fold itself changes (a |theta|^q pass asks for it
@@ -507,7 +509,11 @@ def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | N
             _FOLDS[bn] = kept
     fold = kept[2].get(dtype)
     if fold is None or _versions(fold[:2]) != fold[2]:
-        a, c = _fold(bn, dtype, detach)
+        if state is not None and dtype != torch.float64:  # the kept float64 fold, rounded:
+            wide = batchnorm_affine(bn, torch.float64)  # one fold per module, whatever the
+            a, c = wide[0].to(dtype), wide[1].to(dtype)  # dtypes passes ask for
+        else:
+            a, c = _fold(bn, dtype, detach)
         fold = (a, c, _versions((a, c)))
         if fold[2] is not None:  # an inference tensor keeps no version: never kept
             kept[2][dtype] = fold
