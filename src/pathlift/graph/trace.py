@@ -8,6 +8,7 @@ model and never touches the caller's tensors.
 from __future__ import annotations
 
 import gc
+import inspect
 import os
 import traceback
 import weakref
@@ -293,8 +294,8 @@ class _Tracer(fx.Tracer):
     def _value(self, node: fx.Node, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         """The op's value on the meta values of its arguments, or None (an op that fails
         on them records why in ``unknown``; one whose argument is unknown, that cause)."""
-        if kind == "placeholder":
-            return self.example
+        if kind == "placeholder":  # the input, or a specialised argument (its default)
+            return node.args[0] if node.args else self.example
         unknown: list[fx.Node] = []
 
         def meta(a: Any) -> Any:
@@ -365,7 +366,7 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
     tracer = _Tracer(example)
     try:
         with ShapeOnly():  # the proxies' meta values at the cost of validation's runs
-            graph = tracer.trace(model)
+            graph = _at_defaults(tracer.trace(model, concrete_args=_defaults(model)))
     except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
         raise
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
@@ -384,6 +385,52 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
     finally:
         tracer.root = None  # the tracer's closures must not keep the model alive
     return graph
+
+
+def _defaults(model: nn.Module) -> dict[str, Any] | None:
+    """The optional arguments of ``model.forward`` after its input, at their defaults
+    (timm's vision transformers: ``forward(x, attn_mask=None, is_causal=False)``):
+    ``model(x)`` runs with them, so the trace specialises to them. None when there are
+    none, or when an argument has no default (the one-input refusal then names them)."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())[1:]
+    except (TypeError, ValueError):  # a forward without a signature (a C function)
+        return None
+    plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if not parameters or any(p.kind not in plain or p.default is inspect.Parameter.empty
+                             for p in parameters):
+        return None
+    return {p.name: p.default for p in parameters}
+
+
+def _at_defaults(graph: fx.Graph) -> fx.Graph:
+    """``graph`` without the placeholders torch.fx keeps for specialised arguments
+    (``concrete_args``) and the checks it adds on them, which nothing else reads: the graph
+    of ``forward(x)``, the defaults in place."""
+    for node in [n for n in graph.nodes if n.op == "placeholder"][1:]:
+        checks = _readers(node)
+        if all(n.op == "call_function" and n.target in _SPECIALISATION_CHECKS
+               for n in checks if not n.users):
+            for check in reversed(checks):
+                graph.erase_node(check)
+            graph.erase_node(node)
+    return graph
+
+
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """Every node computed from ``node``, in graph order."""
+    found: dict[fx.Node, None] = {}
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        if user not in found:
+            found[user] = None
+            stack.extend(user.users)
+    return sorted(found, key=lambda n: n._sort_key)
+
+
+#: What torch.fx records to check a specialised argument's value (``concrete_args``).
+_SPECIALISATION_CHECKS = (torch._assert, torch.fx._symbolic_trace._assert_is_none)
 
 
 def _user_line(err: Exception) -> str:
