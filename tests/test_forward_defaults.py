@@ -7,7 +7,6 @@ refused for its signature."""
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
