@@ -323,6 +323,7 @@ class _Candidate:
     bounds: dict[str, tuple[OccamBound, float | None]]
     quantized_error: float
     box_count: int | None = None
+    box_lower: Tensor | None = field(default=None, compare=False)  # per row, data's order
 
     @property
     def best(self) -> tuple[str, OccamBound, float | None]:
@@ -337,16 +338,25 @@ class _Candidate:
 @dataclass(frozen=True)
 class _Scored:
     """The data a candidate is scored on: (x, y), B(x), the trained network's own margins
-    m_theta(x, y) (its errors lie in every event of every Q: the floors of ``_Problem``)."""
+    m_theta(x, y) (its errors lie in every event of every Q: the floors of ``_Problem``);
+    ``shuffled``: the rows come in random order (what ``_likely_rate`` assumes)."""
 
     x: Tensor
     y: Tensor
     scale: Tensor
     own: Tensor
+    shuffled: bool = True
 
     @property
     def own_error(self) -> float:
         return float((self.own <= 0).double().mean())
+
+    def hardest_first(self, lower: Tensor) -> _Scored:
+        """The same rows by increasing ``lower`` (a Q's box lower bounds on them, the rows
+        in its event first), no longer in random order."""
+        order = torch.argsort(lower, stable=True)
+        return _Scored(self.x[order], self.y[order], self.scale[order], self.own[order],
+                       shuffled=False)
 
 
 class _Problem:
@@ -451,17 +461,19 @@ class _Problem:
                 hit = margins <= tau * data.scale + 1e-9 * (1 + sizes)
                 bounds[PATH_METRIC] = (self.occam(int(hit.sum()), len(hit), bits), tau)
                 target = min(target, bounds[PATH_METRIC][0].value)
+        lower = None
         if self.boxed:
-            count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock,
+            lower = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock,
                                    reuse)
-            if count is not None:
+            if lower is not None:
+                count = int((lower <= 0).sum())
                 bounds[BOX] = (self.occam(count, len(data.x), bits), None)
         if not bounds:
             return None
         error = math.nan if margins is None else float((margins <= 0).double().mean())
         return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
                           metric.upper_log10, metric.norm_b_log10, bounds, error,
-                          count if BOX in bounds else None)
+                          None if lower is None else count, lower)
 
     def certificate(self, rescaling: str, fraction: float, graph: LayerGraph,
                     model: nn.Module, coded: CodedNetwork, length: CodeLength,
@@ -522,18 +534,22 @@ class _Problem:
 
     def box_event(self, graph: LayerGraph, boxes: dict[str, dict[str, tuple[Tensor, Tensor]]],
                   data: _Scored, bits: int, target: float,
-                  clock: _Clock | None = None, reuse: BoxReuse | None = None) -> int | None:
-        """How many points of ``data`` lie in the box event, batch by batch of ``_BATCH``; None as
-        soon as the points seen make a bound below ``target`` out of reach or unlikely
+                  clock: _Clock | None = None, reuse: BoxReuse | None = None
+                  ) -> Tensor | None:
+        """The box lower bounds of every point of ``data`` (those <= 0 are in the box
+        event), batch by batch of ``_BATCH``; None as soon as the points seen make a bound
+        below ``target`` out of reach or, for rows in random order, unlikely
         (``_likely_rate``), or ``clock``'s budget is spent."""
-        count, seen = 0, 0
+        count, seen, lower = 0, 0, []
         for xb, yb in zip(data.x.split(_BATCH), data.y.split(_BATCH), strict=True):
-            count += int((box_margins(graph, None, xb, yb, boxes, reuse=reuse) <= 0).sum())
+            lower.append(box_margins(graph, None, xb, yb, boxes, reuse=reuse))
+            count += int((lower[-1] <= 0).sum())
             seen += len(xb)
-            if self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target \
-                    or (clock is not None and clock.spent):
+            rate = _likely_rate(count, seen, len(data.x)) if data.shuffled \
+                else count / len(data.x)
+            if self.floor(rate, bits) >= target or (clock is not None and clock.spent):
                 return None
-        return count
+        return torch.cat(lower)
 
 
 def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
@@ -746,14 +762,19 @@ class _Search:
     estimated code length; it is scored on the data (``_Problem.candidate``) only when
     its floor kl^-1(theta's error, budget of its bits) lies below ``target`` (the best
     score so far, and chance), and its score is abandoned as soon as it cannot, or most
-    likely will not, end below it (``_likely_rate``). Nothing skipped could have been
-    kept (every score is at least its floor); a score abandoned on likelihood would have
-    been kept with probability <= 1e-4 per batch. What the search keeps changes only
-    which Q is certified, never the validity of the certificate."""
+    likely will not, end below it (``_likely_rate``). Once a first Q is scored in full,
+    the later ones score the rows hardest for it first (``_Scored.hardest_first``: the
+    candidates are its neighbours, their events mostly on the same rows), so that one
+    which cannot beat the target is abandoned within its first batches; the likelihood
+    rule, which assumes random order, is then off. Nothing skipped could have been kept
+    (every score is at least its floor); a score abandoned on likelihood would have been
+    kept with probability <= 1e-4 per batch. What the search keeps changes only which Q
+    is certified, never the validity of the certificate."""
 
     def __init__(self, problem: _Problem, data: _Scored, clock: _Clock, train_error: float,
                  chance: float):
         self.problem, self.data, self.clock = problem, data, clock
+        self.scoring = data  # the rows in the order candidates score them
         self.train_error, self.chance = train_error, chance
         self.sub_error = data.own_error
         self.best: _Candidate | None = None
@@ -805,9 +826,11 @@ class _Search:
                 < self.target:
             self.scored += 1
             c = self.problem.candidate(rescaling, fraction, graph, model, coded, length,
-                                       self.data, self.target, self.clock, self.reuse)
+                                       self.scoring, self.target, self.clock, self.reuse)
             if c is not None and c.value < self.target:
                 self.best = c
+                if self.scoring.shuffled and c.box_lower is not None:
+                    self.scoring = self.scoring.hardest_first(c.box_lower)
         self.clock.tick()
         return c
 
