@@ -564,7 +564,7 @@ def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
     if rows is not None:
         x, y = x[rows], y[rows]
     boxed = 0 if boxes is None or not len(x) else sum(
-        int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
+        int((box_margins(graph, None, xb, yb, boxes, screen=True) <= 0).sum())
         for xb, yb in zip(x.split(batch), y.split(batch), strict=True))
     return torch.tensor([int((margins <= 0).sum()), near, boxed])
 
