@@ -464,19 +464,26 @@ class ConvHandler(AffineHandler):
     def as_products(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
                     ) -> Tensor | None:
         """A convolution without groups as one matrix product of W with the windows of x
-        (zero-padded and unfolded: exact copies); None with groups or string padding."""
+        (channels last, zero-padded and unfolded: exact copies, each window's entries
+        side by side); None with groups or string padding."""
         m = call.module
         dims = x.dim() - 2
         if m.groups != 1 or isinstance(m.padding, str):
             return None
-        windows = F.pad(x, [p for pad in reversed(m.padding[:dims]) for p in (pad, pad)])
+        last = x.movedim(1, -1)  # (batch, places..., C)
+        windows = F.pad(last, [0, 0, *(p for pad in reversed(m.padding[:dims]) for p in
+                                        (pad, pad))])
         for i, (k, s, d) in enumerate(zip(m.kernel_size, m.stride, m.dilation, strict=True)):
-            windows = windows.unfold(2 + i, d * (k - 1) + 1, s)[..., ::d]
-        # (batch, C, places..., kernel...) -> (batch x places, C x kernel)
-        order = (0, *range(2, 2 + dims), 1, *range(2 + dims, 2 + 2 * dims))
-        places = windows.shape[2:2 + dims]
-        rows = windows.permute(order).reshape(-1, weight[0].numel())
-        out = F.linear(rows, weight.reshape(len(weight), -1), bias)
+            windows = windows.unfold(1 + i, d * (k - 1) + 1, s)[..., ::d]
+        # (batch, places..., C, kernel...) -> (batch x places, kernel... x C)
+        order = (*range(1 + dims), *range(2 + dims, 2 + 2 * dims), 1 + dims)
+        places = windows.shape[1:1 + dims]
+        rows = windows.permute(order)
+        if m.dilation[-1] == 1:  # the last window and C side by side: one run (a view)
+            rows = rows.flatten(-2)
+        rows = rows.reshape(-1, weight[0].numel())
+        flat = weight.movedim(1, -1).reshape(len(weight), -1)  # (O, kernel... x C)
+        out = F.linear(rows, flat, bias)
         return out.reshape(len(x), *places, len(weight)).movedim(-1, 1)
 
     def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
