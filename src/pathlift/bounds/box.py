@@ -33,6 +33,7 @@ midpoint-radius product: the hidden units depend on disjoint rows of the box.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -396,9 +397,9 @@ def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
     average pooling or other activation than ReLU), itself an enclosure, and in float64
     on the samples whose float32 bound is <= 0 alone: each sample gets one of two lower
     bounds, the float64 one wherever the float32 one is <= 0, so the bound is <= 0
-    exactly where both are."""
+    exactly where both are; ``reuse`` is not used then."""
     graph = graph_of(model, input_shape)
-    if screen and not per_class:
+    if screen and not per_class and graph not in _UNSCREENED:
         low = _screened(graph, x, y, boxes)
         if low is not None:
             hard = low <= 0
@@ -412,6 +413,9 @@ def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
 
 class _NotScreenedError(Exception):
     """The float32 screening pass meets an op it does not enclose in float32."""
+
+
+_UNSCREENED: weakref.WeakSet[LayerGraph] = weakref.WeakSet()  # graphs with such an op
 
 
 def _screened(graph: LayerGraph, x: Tensor, y: Tensor,
@@ -436,6 +440,7 @@ def _screened(graph: LayerGraph, x: Tensor, y: Tensor,
         out = _run(graph, x, boxes, stop_at_output=True, precision=torch.float32)
         return _margin_bounds(out, y, False).to(torch.float64)
     except _NotScreenedError:
+        _UNSCREENED.add(graph)
         return None
 
 
@@ -500,15 +505,14 @@ def _run(graph: LayerGraph, x: Tensor,
     dtype = next((i.center.dtype for params in intervals.values() for i in params.values()),
                  torch.float64) if trained else torch.float64
     start = Interval(x.detach().to(dtype), torch.zeros_like(x, dtype=dtype))
-    if precision != torch.float64 and not trained:  # screening: x rounded outward
+    screening = precision != torch.float64 and not trained
+    if screening:  # x rounded outward
         low, high = _outward(x.detach(), x.detach(), precision)
         start = Interval(low, torch.zeros_like(low)) if torch.equal(low, high) else \
             Interval.between(low, high)
-        with torch.no_grad():
-            return _BoxPass(graph, intervals, stop_at_output, screening=True).run(start)
-    if reuse is None or trained:
+    if reuse is None or trained or screening:
         with torch.set_grad_enabled(trained):
-            return _BoxPass(graph, intervals, stop_at_output).run(start)
+            return _BoxPass(graph, intervals, stop_at_output, screening=screening).run(start)
     keys = reuse.keys(graph, x, boxes)
     walker = _BoxPass(graph, intervals, stop_at_output, watch=keys)
     out = walker.run(start, initial_env=reuse.known(graph, keys))
