@@ -171,3 +171,36 @@ def test_as_products_is_the_layer(layer, shape):
     assert g_node.meta[HANDLER].as_products(xg, grouped[0].weight, Call(
         g_node, grouped[0], (xg,), {}), None) is None
     assert math.isfinite(float(got.abs().max()))
+
+
+def test_the_final_pass_screens_only_where_most_rows_lie_outside_the_event(monkeypatch):
+    """``_Screen``: on when the search's rate is at most 1/2, off when unknown or above,
+    and off for good after a batch with most rows inside; the final pass counts the same
+    box event either way (the screened rows are checked in float64)."""
+    from pathlift.bounds import compression
+
+    assert compression._Screen(0.03).on and not compression._Screen(0.7).on
+    assert not compression._Screen(None).on
+    screen = compression._Screen(0.1)
+    screen.seen(10, 100)
+    assert screen.on
+    screen.seen(60, 100)
+    screen.seen(0, 100)
+    assert not screen.on
+    torch.manual_seed(2)
+    model = _Tiny().double().eval()
+    graph = graph_of(model, (1, 4, 4))
+    x = torch.randn(300, 1, 4, 4, dtype=torch.float64)
+    with torch.no_grad():
+        y = model(x).argmax(1)  # right everywhere: the event holds near the boundary alone
+    y[:20] = (y[:20] + 1) % 3
+    boxes = _boxes(model, (1, 4, 4), 2.0 ** -9)
+    asked = []
+    real = compression.box_margins
+    monkeypatch.setattr(compression, "box_margins",
+                        lambda *a, **k: asked.append(k["screen"]) or real(*a, **k))
+    counts = [compression._events(model, graph, None, boxes, x, y, None, s, batch=100)
+              for s in (compression._Screen(0.0), compression._Screen(None))]
+    assert asked == [True] * 3 + [False] * 3
+    assert torch.equal(counts[0], counts[1]) and 0 < int(counts[0][2]) < 300
+    assert int(counts[0][2]) == int((box_margins(model, (1, 4, 4), x, y, boxes) <= 0).sum())

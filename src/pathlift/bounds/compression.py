@@ -37,7 +37,8 @@ P(theta errs) <= P(E), bounded above. Every choice made here on the training dat
 rescaling, the pruned coordinates, the step sizes, the event) changes only Q, which is
 paid for by L(Q), or the event, paid for by ln T: the bound holds for the network chosen.
 
-The final count adds the search's count of the float64 event on its rows, an event that
+The final count adds the search's count of the float64 event on its rows, and the final
+pass counts the float64 event on batches it does not screen (``_Screen``), an event that
 holds wherever E_box does: the count is at least P_S[E_box] n, and kl^-1 grows with it.
 
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
@@ -503,9 +504,11 @@ class _Problem:
                                         "event was asked for")
         net = _float64(model)
         skip = None if box is None or known is None else known[0]
+        screen = _Screen(None if known is None else known[1] / max(len(known[0]), 1))
         errors, near, boxed = data.count(
             lambda start, x, y: _events(net, graph, tau, box, x, y,
-                                        None if skip is None else _outside(skip, start, len(x))),
+                                        None if skip is None else _outside(skip, start, len(x)),
+                                        screen),
             3, starts=True)
         boxed += 0 if skip is None else known[1]
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
@@ -564,20 +567,40 @@ class _Problem:
         return torch.cat(lower)
 
 
+class _Screen:
+    """Whether the final pass screens the box event in float32 (``box_margins(screen=
+    True)``): worth it where most rows lie outside the event, so only when the search's
+    rate on its rows (``rate``; None when it scored no candidate) is at most 1/2, and
+    off from the first batch that finds most rows inside. Either way each batch's count
+    holds: the screened event lies inside the float64 one (module docstring)."""
+
+    def __init__(self, rate: float | None):
+        self.on = rate is not None and rate <= 0.5
+
+    def seen(self, inside: int, rows: int) -> None:
+        self.on = self.on and 2 * inside <= rows
+
+
 def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
             boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
-            rows: Tensor | None = None, batch: int = 2048) -> Tensor:
+            rows: Tensor | None = None, screen: _Screen | None = None, batch: int = 2048
+            ) -> Tensor:
     """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
     at ``tau`` (0 when None) and of the box event (0 when None) on the ``rows`` picked
-    (a mask; default all)."""
+    (a mask; default all), screened as ``screen`` says (default: not)."""
     margins, sizes = _margins(net, x, y)
     near = 0 if tau is None else int((margins <= tau * input_scale(x)
                                       + 1e-9 * (1 + sizes)).sum())
     if rows is not None:
         x, y = x[rows], y[rows]
-    boxed = 0 if boxes is None or not len(x) else sum(
-        int((box_margins(graph, None, xb, yb, boxes, screen=True) <= 0).sum())
-        for xb, yb in zip(x.split(batch), y.split(batch), strict=True))
+    boxed = 0
+    for xb, yb in zip(x.split(batch), y.split(batch), strict=True) if boxes and len(x) \
+            else ():
+        inside = int((box_margins(graph, None, xb, yb, boxes,
+                                  screen=screen is not None and screen.on) <= 0).sum())
+        boxed += inside
+        if screen is not None:
+            screen.seen(inside, len(xb))
     return torch.tensor([int((margins <= 0).sum()), near, boxed])
 
 
