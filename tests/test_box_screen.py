@@ -173,6 +173,21 @@ def test_as_products_is_the_layer(layer, shape):
     assert math.isfinite(float(got.abs().max()))
 
 
+class _OwnConv(nn.Conv1d):
+    """A convolution whose ``_conv_forward`` is the user's (here: twice the layer)."""
+
+    def _conv_forward(self, x, weight, bias):
+        return 2 * super()._conv_forward(x, weight, bias)
+
+
+def test_a_convolution_with_its_own_forward_has_no_product_form():
+    conv = _OwnConv(2, 3, 3, padding=1).double()
+    net = nn.Sequential(conv)
+    node = next(n for n in graph_of(net, (2, 7)).graph.nodes if n.op == "call_module")
+    x = torch.randn(2, 2, 7, dtype=torch.float64)
+    assert node.meta[HANDLER].as_products(x, conv.weight, Call(node, conv, (x,), {})) is None
+
+
 def test_the_final_pass_screens_only_where_most_rows_lie_outside_the_event(monkeypatch):
     """``_Screen``: on when the search's rate is at most 1/2, off when unknown or above,
     and off for good after a batch with most rows inside; the final pass counts the same

@@ -465,10 +465,12 @@ class ConvHandler(AffineHandler):
                     ) -> Tensor | None:
         """A convolution without groups as one matrix product of W with the windows of x
         (channels last, zero-padded and unfolded: exact copies, each window's entries
-        side by side); None with groups or string padding."""
+        side by side); None with groups, string padding, or a ``_conv_forward`` of the
+        module's own (what ``apply`` runs)."""
         m = call.module
         dims = x.dim() - 2
-        if m.groups != 1 or isinstance(m.padding, str):
+        if m.groups != 1 or isinstance(m.padding, str) or \
+                getattr(type(m), "_conv_forward", None) not in _PLAIN_CONV_FORWARDS:
             return None
         last = x.movedim(1, -1)  # (batch, places..., C)
         windows = F.pad(last, [0, 0, *(p for pad in reversed(m.padding[:dims]) for p in
@@ -499,6 +501,10 @@ class ConvHandler(AffineHandler):
         groups = conv.groups
         pooled = pooled.reshape(1, groups, -1, *out_spatial).amax(dim=2)
         return pooled.repeat_interleave(conv.out_channels // groups, dim=1)
+
+
+_PLAIN_CONV_FORWARDS = (nn.Conv1d._conv_forward, nn.Conv2d._conv_forward,
+                        nn.Conv3d._conv_forward)
 
 
 class ConvTransposeHandler(ConvHandler):
