@@ -124,6 +124,57 @@ def test_the_search_in_its_peeked_order_keeps_the_best_on_a_cnn(seed):
     _assert_best_of_every_candidate(net, (1, 8), x, y, search, cert)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_refinement_scoring_the_hardest_rows_first_keeps_what_full_scores_keep(seed,
+                                                                                  monkeypatch):
+    """After the first Q scored in full, candidates score the rows in its event first and
+    are abandoned only when they cannot beat the best: the coordinate descent ends on the
+    Q it reaches with every candidate scored in full, and the rejected neighbours stop
+    within their first batches."""
+    net, x, y = _signals_cnn(seed)
+    search = CompressionSearch(rescalings=("none",), prune_fractions=(0.0,),
+                               offsets=tuple(range(1, 12)), refine=2, transfers=("box",))
+    rows = []
+    real = compression._Problem.box_event
+    monkeypatch.setattr(compression._Problem, "box_event", lambda self, *a, **k: (
+        lambda out: rows.append((a[2].shuffled, None if out is None else len(out))) or out)(
+        real(self, *a, **k)))
+    cert = compression_bound(net, (1, 8), x, y, search=search)
+    monkeypatch.undo()
+    assert cert.beats_chance and not cert.stopped
+    # the long way: the best offset, then +-1 moves of each step, every one scored in full
+    model = net.double()
+    problem = compression._Problem(model, (1, 8), len(x), [architecture_of(model, (1, 8))],
+                                   EventGrid(), 0.05, search.transfers)
+    own, _ = logit_margins(model, x, y)
+    data = compression._Scored(x, y, compression.input_scale(x), own)
+    _kept, graph = problem.rescaled("none")
+    pruned = problem.pruned(graph, 0.0)
+
+    def score(exponents):
+        q, coded, length = problem.coded(graph, pruned, exponents)
+        return problem.candidate("none", 0.0, graph, q, coded, length, data, math.inf)
+
+    best = min((score(compression._start_exponents(graph, o)) for o in search.offsets),
+               key=lambda c: c.value)
+    for _ in range(search.refine):
+        improved = False
+        for i in range(len(best.exponents)):
+            for move in (1, -1):
+                exponents = list(best.exponents)
+                exponents[i] += move
+                c = score(exponents)
+                if c.value < best.value:
+                    best, improved = c, True
+                    break
+        if not improved:
+            break
+    assert cert.exponents == best.exponents
+    assert round(cert.occam.empirical * len(x)) == best.box_count
+    ordered = [n for shuffled, n in rows if not shuffled]
+    assert ordered and rows.count((False, None)) >= 1  # abandoned in the rows' new order
+
+
 def test_no_candidate_is_scored_when_every_code_is_too_long_to_beat_chance(monkeypatch):
     """A 2,803-parameter MLP on 600 samples: each code is so long that kl^-1(its training
     error, budget of L) >= chance, so no pass over the data scores any candidate; the

@@ -33,6 +33,7 @@ midpoint-radius product: the hidden units depend on disjoint rows of the box.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,9 +55,11 @@ __all__ = ["BoxReuse", "Interval", "box_margins", "box_outputs", "margin_lower_b
 _U = 2.0 ** -53
 
 
-def _gamma(n: int) -> float:
-    """gamma_n = n u / (1 - n u): the relative error bound of a float64 sum of n terms."""
-    return n * _U / (1 - n * _U)
+def _gamma(n: int, dtype: torch.dtype = torch.float64) -> float:
+    """gamma_n = n u / (1 - n u): the relative error bound of a sum of n terms in
+    ``dtype`` (u = 2^-53 in float64, 2^-24 in float32)."""
+    u = torch.finfo(dtype).eps / 2
+    return n * u / (1 - n * u)
 
 
 def _up(t: Tensor) -> Tensor:
@@ -101,7 +104,7 @@ def _inflate(radius: Tensor, magnitude: Tensor, n: int) -> Tensor:
     absolute values sum to ``magnitude``, and of the radius computation itself."""
     if radius.requires_grad:  # the differentiable pass of training: no rounding terms
         return radius
-    g = _gamma(n + 3)
+    g = _gamma(n + 3, radius.dtype)
     return _up(radius * (1 + g) + g * magnitude)
 
 
@@ -159,9 +162,10 @@ class _BoxPass(OpWalker):
     purpose = "interval arithmetic over a box of parameters"
 
     def __init__(self, graph: LayerGraph, boxes: Mapping[str, Mapping[str, Interval]],
-                 stop_at_output: bool = False, watch: Collection[fx.Node] = ()):
+                 stop_at_output: bool = False, watch: Collection[fx.Node] = (),
+                 screening: bool = False):
         super().__init__(graph)
-        self.boxes = boxes
+        self.boxes, self.screening = boxes, screening
         self.watch, self.kept = watch, {}  # the values ``BoxReuse`` keeps
         outputs = graph.outputs()
         only = outputs[0] if len(outputs) == 1 else None  # returned alone, read by nothing
@@ -195,11 +199,11 @@ class _BoxPass(OpWalker):
                 and x.center.dim() == 2:  # a Linear on (batch, features), not on a signal
             return _Final(x, w, b)  # the margin is enclosed through this layer
         run = call.replace(x.center)
-        center = handler.apply(x.center, w.center, run, None if b is None else b.center)
+        center = self._apply(handler, x.center, w.center, run, None if b is None else b.center)
         abs_w = w.center.abs()
-        radius = handler.apply(x.center.abs() + x.radius, w.radius, run)
+        radius = self._apply(handler, x.center.abs() + x.radius, w.radius, run)
         if x.radius.requires_grad or bool(x.radius.any()):  # a point input: no |Wc| xr
-            radius = radius + handler.apply(x.radius, abs_w, run)
+            radius = radius + self._apply(handler, x.radius, abs_w, run)
         if radius.requires_grad:  # the differentiable pass: no rounding terms
             magnitude = radius
         else:
@@ -209,6 +213,17 @@ class _BoxPass(OpWalker):
             radius = radius + channel_bias(b.radius, radius.dim(), dim)
             magnitude = magnitude + channel_bias(b.center.abs(), radius.dim(), dim)
         return Interval(center, _inflate(radius, magnitude, w.center.numel() + 1))
+
+    def _apply(self, handler: AffineHandler, x: Tensor, w: Tensor, call: Call,
+               bias: Tensor | None = None) -> Tensor:
+        """The layer's map; when screening, as matrix products (``as_products``: the
+        rounding bound holds in any summation order), or _NotScreenedError."""
+        if not self.screening:
+            return handler.apply(x, w, call, bias)
+        out = handler.as_products(x, w, call, bias)
+        if out is None:
+            raise _NotScreenedError
+        return out
 
     def on_relu(self, handler: Handler, call: Call) -> Interval | _Ends:
         """[max(low, 0), max(high, 0)], the exact image of the enclosure; held by its ends
@@ -227,6 +242,8 @@ class _BoxPass(OpWalker):
         return ends.interval() if ends.low.requires_grad else ends
 
     def on_pool(self, handler: FixedLinear, call: Call) -> Interval:
+        if self.screening:  # its rounding is derived for float64 only
+            raise _NotScreenedError
         x = _form(call.args[0])
         center = call.run(x.center)
         spread, log_gain = handler.abs_pow(x.radius, 1.0, call.replace(x.radius))
@@ -242,6 +259,8 @@ class _BoxPass(OpWalker):
                                          a.center.abs() + b.center.abs(), 2))
 
     def on_activation(self, handler: Activation, call: Call) -> Interval:
+        if self.screening:  # its rounding is derived for float64 only
+            raise _NotScreenedError
         x = _form(call.args[0])
         low, high = x.low, x.high
         if handler.parametric:  # PReLU: its slopes lie in the box too
@@ -287,10 +306,13 @@ def _magnitude(handler: AffineHandler, call: Call, x: Tensor, abs_w: Tensor, n: 
     """An upper bound on |W| |x| (the sum of the absolute terms of each output, which
     the rounding bound of ``_inflate`` scales by gamma): max |x| times |W| 1, the sums of
     |W| feeding each output, from one sample of ones (the map is linear and acts on each
-    sample alone), raised by 2 gamma_n for its own rounding."""
-    ones = torch.ones_like(x[:1] if x.dim() > 1 else x)
-    sums = handler.apply(ones, abs_w, call.replace(ones))
-    return _up(sums * (float(x.abs().max()) * (1 + 2 * _gamma(n + 3)))) if x.numel() else sums
+    sample alone), raised by 2 gamma_n for its own rounding; computed in float64 and
+    rounded up to x's dtype."""
+    ones = torch.ones_like(x[:1] if x.dim() > 1 else x, dtype=torch.float64)
+    sums = handler.apply(ones, abs_w.to(torch.float64), call.replace(ones))
+    if x.numel():
+        sums = _up(sums * (float(x.abs().max()) * (1 + 2 * _gamma(n + 3))))
+    return sums if x.dtype == torch.float64 else _up(sums.to(x.dtype))
 
 
 @dataclass(frozen=True)
@@ -360,16 +382,70 @@ def _pairwise_lower(outputs: Sequence[Interval], y: Tensor) -> Tensor:
 def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, x: Tensor,
                 y: Tensor,
                 boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
-                per_class: bool = False, reuse: BoxReuse | None = None) -> Tensor:
+                per_class: bool = False, reuse: BoxReuse | None = None,
+                screen: bool = False) -> Tensor:
     """A lower bound, per sample, on the margin R(x)_y - max_{c != y} R(x)_c of every
     network whose parameters lie in ``boxes`` (as ``box_outputs``), through the last
     Linear layer when the network returns its output (module docstring), else from the
     output enclosure (``margin_lower_bounds``). With ``per_class``, the lower bounds of
     each R_y - R_c instead, shape (batch, classes), +inf at c = y. With ``reuse``, the
     values an earlier pass on the same ``x`` computed under the same boxes upstream are
-    taken from it (``BoxReuse``): the same numbers, bit for bit."""
+    taken from it (``BoxReuse``): the same numbers, bit for bit.
+
+    With ``screen``, the pass runs first in float32 (``_screened``, where it can: CPU,
+    float32 matrix products at full precision, affine layers as matrix products, no
+    average pooling or other activation than ReLU), itself an enclosure, and in float64
+    on the samples whose float32 bound is <= 0 alone: each sample gets one of two lower
+    bounds, the float64 one wherever the float32 one is <= 0, so the bound is <= 0
+    exactly where both are; ``reuse`` is not used then."""
     graph = graph_of(model, input_shape)
-    out = _run(graph, x, boxes, stop_at_output=True, reuse=reuse)
+    if screen and not per_class and graph not in _UNSCREENED:
+        low = _screened(graph, x, y, boxes)
+        if low is not None:
+            hard = low <= 0
+            if bool(hard.any()):
+                low[hard] = _margin_bounds(_run(graph, x[hard], boxes, stop_at_output=True),
+                                           y[hard], False)
+            return low
+    return _margin_bounds(_run(graph, x, boxes, stop_at_output=True, reuse=reuse), y,
+                          per_class)
+
+
+class _NotScreenedError(Exception):
+    """The float32 screening pass meets an op it does not enclose in float32."""
+
+
+_UNSCREENED: weakref.WeakSet[LayerGraph] = weakref.WeakSet()  # graphs with such an op
+
+
+def _screened(graph: LayerGraph, x: Tensor, y: Tensor,
+              boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]]
+              ) -> Tensor | None:
+    """The lower bounds of ``box_margins`` from the pass in float32 (as float64), or None
+    where it cannot run. Sound as the float64 pass: every op rounds outward or bounds its
+    rounding with float32's unit roundoff 2^-24 (``_gamma``), the affine layers are
+    matrix products (``as_products``), whose error obeys the classical bound in any
+    summation order and with fused multiply-adds (not a convolution library, which may
+    use Winograd or FFT algorithms), the boxes and inputs are rounded outward. Refused:
+    other devices, reduced-precision float32 products (``torch.
+    set_float32_matmul_precision`` other than "highest", oneDNN's bf16/tf32 modes),
+    differentiable boxes."""
+    matmul = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)
+    if x.device.type != "cpu" or torch.get_float32_matmul_precision() != "highest" or \
+            getattr(matmul, "fp32_precision", "none") not in ("none", "ieee") or any(
+                isinstance(ends, Interval) for params in boxes.values()
+                for ends in params.values()):
+        return None
+    try:
+        out = _run(graph, x, boxes, stop_at_output=True, precision=torch.float32)
+        return _margin_bounds(out, y, False).to(torch.float64)
+    except _NotScreenedError:
+        _UNSCREENED.add(graph)
+        return None
+
+
+def _margin_bounds(out: object, y: Tensor, per_class: bool) -> Tensor:
+    """``box_margins`` from the output of the pass."""
     if not isinstance(out, _Final):
         low = _pairwise_lower(output_leaves(out, Interval), y)
         return low if per_class else low.amin(1)
@@ -407,10 +483,12 @@ def _through_differences(w: Tensor, y: Tensor, *rows: Tensor) -> list[Tensor]:
 
 def _run(graph: LayerGraph, x: Tensor,
          boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
-         stop_at_output: bool, reuse: BoxReuse | None = None) -> object:
-    """The pass on x. A box given as (low, high) is enclosed rigorously in float64; given
-    as ``Interval`` objects that require grad (training), the pass is differentiable, in
-    their dtype, without the rounding terms."""
+         stop_at_output: bool, reuse: BoxReuse | None = None,
+         precision: torch.dtype = torch.float64) -> object:
+    """The pass on x. A box given as (low, high) is enclosed rigorously in float64 (in
+    float32 with ``precision``: the screening pass of ``_screened``, boxes and inputs rounded
+    outward); given as ``Interval`` objects that require grad (training), the pass is
+    differentiable, in their dtype, without the rounding terms."""
     intervals: dict[str, dict[str, Interval]] = {}
     for layer, params in boxes.items():
         intervals[layer] = {}
@@ -421,20 +499,36 @@ def _run(graph: LayerGraph, x: Tensor,
             low, high = ends[0].to(torch.float64), ends[1].to(torch.float64)
             if bool((low > high).any()):
                 raise InvalidParameterError(f"box of '{layer}.{name}' has low > high")
-            intervals[layer][name] = Interval.between(low, high)
+            intervals[layer][name] = Interval.between(*_outward(low, high, precision))
     trained = any(i.center.requires_grad or i.radius.requires_grad
                   for params in intervals.values() for i in params.values())
     dtype = next((i.center.dtype for params in intervals.values() for i in params.values()),
                  torch.float64) if trained else torch.float64
     start = Interval(x.detach().to(dtype), torch.zeros_like(x, dtype=dtype))
-    if reuse is None or trained:
+    screening = precision != torch.float64 and not trained
+    if screening:  # x rounded outward
+        low, high = _outward(x.detach(), x.detach(), precision)
+        start = Interval(low, torch.zeros_like(low)) if torch.equal(low, high) else \
+            Interval.between(low, high)
+    if reuse is None or trained or screening:
         with torch.set_grad_enabled(trained):
-            return _BoxPass(graph, intervals, stop_at_output).run(start)
+            return _BoxPass(graph, intervals, stop_at_output, screening=screening).run(start)
     keys = reuse.keys(graph, x, boxes)
     walker = _BoxPass(graph, intervals, stop_at_output, watch=keys)
     out = walker.run(start, initial_env=reuse.known(graph, keys))
     reuse.keep(keys, walker.kept)
     return out
+
+
+def _outward(low: Tensor, high: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """[low, high] in ``dtype``, each end rounded outward where the conversion is not
+    exact (low and high in float64 or narrower, so the comparison is exact)."""
+    lo, hi = low.to(dtype), high.to(dtype)
+    if dtype == low.dtype == high.dtype:
+        return lo, hi
+    lo = torch.where(lo.to(torch.float64) > low.to(torch.float64), _down(lo), lo)
+    hi = torch.where(hi.to(torch.float64) < high.to(torch.float64), _up(hi), hi)
+    return lo, hi
 
 
 class BoxReuse:

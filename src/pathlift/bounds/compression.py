@@ -9,7 +9,9 @@ max_{c != y} f(x)_c, and for a coded network Q (code word of L(Q) bits)
 
     E_t(Q) = {(x, y): m_Q(x, y) <= tau_t B(x)},
     E_box(Q) = {(x, y): the interval lower bound of m_theta'(x, y) over theta' in the box
-                of Q (``CodedNetwork.box``, ``pathlift.bounds.box``) is <= 0}.
+                of Q (``CodedNetwork.box``, ``pathlift.bounds.box``) is <= 0}
+                (where ``box_margins``'s float32 screen runs, both its float32 and its
+                float64 lower bounds are <= 0).
 
 With probability >= 1 - delta over the n iid training samples S, for every trained
 parameter theta of an architecture of the family, every positive rescaling lambda
@@ -34,6 +36,10 @@ m_theta' <= 0, so the interval lower bound is <= 0: (x, y) in E_box(Q). In both 
 P(theta errs) <= P(E), bounded above. Every choice made here on the training data (the
 rescaling, the pruned coordinates, the step sizes, the event) changes only Q, which is
 paid for by L(Q), or the event, paid for by ln T: the bound holds for the network chosen.
+
+The final count adds the search's count of the float64 event on its rows, and the final
+pass counts the float64 event on batches it does not screen (``_Screen``), an event that
+holds wherever E_box does: the count is at least P_S[E_box] n, and kl^-1 grows with it.
 
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
 computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
@@ -83,6 +89,7 @@ __all__ = ["CompressionBound", "CompressionSearch", "EventGrid", "compression_bo
 
 PATH_METRIC, BOX = "path-metric", "box"
 _BATCH = 512  # rows a box pass of the search
+_FORWARD = 2048  # rows a float64 forward
 _RESCALINGS = {"none": None, "l1": 1.0, "l2": 2.0, "linf": math.inf}
 
 
@@ -299,7 +306,13 @@ def _float64(model: nn.Module) -> nn.Module:
 
 
 def _margins(net: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """``logit_margins`` of one batch on the float64 eval copy ``net``."""
+    """``logit_margins`` of one batch on the float64 eval copy ``net``, by pieces of
+    ``_FORWARD`` rows (a float64 forward on 4,096 MNIST-1D rows is 1.4 times slower per
+    row than on 2,048: its intermediates leave the caches)."""
+    if len(x) > _FORWARD:
+        parts = [_margins(net, xb, yb) for xb, yb in zip(x.split(_FORWARD),
+                                                         y.split(_FORWARD), strict=True)]
+        return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
     with torch.no_grad():
         out = flat_outputs(net(x.to(torch.float64)), len(x))
     index = y.reshape(-1, 1)
@@ -323,6 +336,7 @@ class _Candidate:
     bounds: dict[str, tuple[OccamBound, float | None]]
     quantized_error: float
     box_count: int | None = None
+    box_lower: Tensor | None = field(default=None, compare=False)  # per row, data's order
 
     @property
     def best(self) -> tuple[str, OccamBound, float | None]:
@@ -337,16 +351,25 @@ class _Candidate:
 @dataclass(frozen=True)
 class _Scored:
     """The data a candidate is scored on: (x, y), B(x), the trained network's own margins
-    m_theta(x, y) (its errors lie in every event of every Q: the floors of ``_Problem``)."""
+    m_theta(x, y) (its errors lie in every event of every Q: the floors of ``_Problem``);
+    ``shuffled``: the rows come in random order (what ``_likely_rate`` assumes)."""
 
     x: Tensor
     y: Tensor
     scale: Tensor
     own: Tensor
+    shuffled: bool = True
 
     @property
     def own_error(self) -> float:
         return float((self.own <= 0).double().mean())
+
+    def hardest_first(self, lower: Tensor) -> _Scored:
+        """The same rows by increasing ``lower`` (a Q's box lower bounds on them, the rows
+        in its event first), no longer in random order."""
+        order = torch.argsort(lower, stable=True)
+        return _Scored(self.x[order], self.y[order], self.scale[order], self.own[order],
+                       shuffled=False)
 
 
 class _Problem:
@@ -451,17 +474,19 @@ class _Problem:
                 hit = margins <= tau * data.scale + 1e-9 * (1 + sizes)
                 bounds[PATH_METRIC] = (self.occam(int(hit.sum()), len(hit), bits), tau)
                 target = min(target, bounds[PATH_METRIC][0].value)
+        lower = None
         if self.boxed:
-            count = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock,
+            lower = self.box_event(graph, self.boxes(graph, coded), data, bits, target, clock,
                                    reuse)
-            if count is not None:
+            if lower is not None:
+                count = int((lower <= 0).sum())
                 bounds[BOX] = (self.occam(count, len(data.x), bits), None)
         if not bounds:
             return None
         error = math.nan if margins is None else float((margins <= 0).double().mean())
         return _Candidate(rescaling, fraction, tuple(coded.exponents), coded, length,
                           metric.upper_log10, metric.norm_b_log10, bounds, error,
-                          count if BOX in bounds else None)
+                          None if lower is None else count, lower)
 
     def certificate(self, rescaling: str, fraction: float, graph: LayerGraph,
                     model: nn.Module, coded: CodedNetwork, length: CodeLength,
@@ -479,9 +504,11 @@ class _Problem:
                                         "event was asked for")
         net = _float64(model)
         skip = None if box is None or known is None else known[0]
+        screen = _Screen(None if known is None else known[1] / max(len(known[0]), 1))
         errors, near, boxed = data.count(
             lambda start, x, y: _events(net, graph, tau, box, x, y,
-                                        None if skip is None else _outside(skip, start, len(x))),
+                                        None if skip is None else _outside(skip, start, len(x)),
+                                        screen),
             3, starts=True)
         boxed += 0 if skip is None else known[1]
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
@@ -522,34 +549,58 @@ class _Problem:
 
     def box_event(self, graph: LayerGraph, boxes: dict[str, dict[str, tuple[Tensor, Tensor]]],
                   data: _Scored, bits: int, target: float,
-                  clock: _Clock | None = None, reuse: BoxReuse | None = None) -> int | None:
-        """How many points of ``data`` lie in the box event, batch by batch of ``_BATCH``; None as
-        soon as the points seen make a bound below ``target`` out of reach or unlikely
+                  clock: _Clock | None = None, reuse: BoxReuse | None = None
+                  ) -> Tensor | None:
+        """The box lower bounds of every point of ``data`` (those <= 0 are in the box
+        event), batch by batch of ``_BATCH``; None as soon as the points seen make a bound
+        below ``target`` out of reach or, for rows in random order, unlikely
         (``_likely_rate``), or ``clock``'s budget is spent."""
-        count, seen = 0, 0
+        count, seen, lower = 0, 0, []
         for xb, yb in zip(data.x.split(_BATCH), data.y.split(_BATCH), strict=True):
-            count += int((box_margins(graph, None, xb, yb, boxes, reuse=reuse) <= 0).sum())
+            lower.append(box_margins(graph, None, xb, yb, boxes, reuse=reuse))
+            count += int((lower[-1] <= 0).sum())
             seen += len(xb)
-            if self.floor(_likely_rate(count, seen, len(data.x)), bits) >= target \
-                    or (clock is not None and clock.spent):
+            rate = _likely_rate(count, seen, len(data.x)) if data.shuffled \
+                else count / len(data.x)
+            if self.floor(rate, bits) >= target or (clock is not None and clock.spent):
                 return None
-        return count
+        return torch.cat(lower)
+
+
+class _Screen:
+    """Whether the final pass screens the box event in float32 (``box_margins(screen=
+    True)``): worth it where most rows lie outside the event, so only when the search's
+    rate on its rows (``rate``; None when it scored no candidate) is at most 1/2, and
+    off from the first batch that finds most rows inside. Either way each batch's count
+    holds: the screened event lies inside the float64 one (module docstring)."""
+
+    def __init__(self, rate: float | None):
+        self.on = rate is not None and rate <= 0.5
+
+    def seen(self, inside: int, rows: int) -> None:
+        self.on = self.on and 2 * inside <= rows
 
 
 def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
             boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
-            rows: Tensor | None = None, batch: int = 2048) -> Tensor:
+            rows: Tensor | None = None, screen: _Screen | None = None, batch: int = 2048
+            ) -> Tensor:
     """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
     at ``tau`` (0 when None) and of the box event (0 when None) on the ``rows`` picked
-    (a mask; default all)."""
+    (a mask; default all), screened as ``screen`` says (default: not)."""
     margins, sizes = _margins(net, x, y)
     near = 0 if tau is None else int((margins <= tau * input_scale(x)
                                       + 1e-9 * (1 + sizes)).sum())
     if rows is not None:
         x, y = x[rows], y[rows]
-    boxed = 0 if boxes is None or not len(x) else sum(
-        int((box_margins(graph, None, xb, yb, boxes) <= 0).sum())
-        for xb, yb in zip(x.split(batch), y.split(batch), strict=True))
+    boxed = 0
+    for xb, yb in zip(x.split(batch), y.split(batch), strict=True) if boxes and len(x) \
+            else ():
+        inside = int((box_margins(graph, None, xb, yb, boxes,
+                                  screen=screen is not None and screen.on) <= 0).sum())
+        boxed += inside
+        if screen is not None:
+            screen.seen(inside, len(xb))
     return torch.tensor([int((margins <= 0).sum()), near, boxed])
 
 
@@ -746,14 +797,19 @@ class _Search:
     estimated code length; it is scored on the data (``_Problem.candidate``) only when
     its floor kl^-1(theta's error, budget of its bits) lies below ``target`` (the best
     score so far, and chance), and its score is abandoned as soon as it cannot, or most
-    likely will not, end below it (``_likely_rate``). Nothing skipped could have been
-    kept (every score is at least its floor); a score abandoned on likelihood would have
-    been kept with probability <= 1e-4 per batch. What the search keeps changes only
-    which Q is certified, never the validity of the certificate."""
+    likely will not, end below it (``_likely_rate``). Once a first Q is scored in full,
+    the later ones score the rows hardest for it first (``_Scored.hardest_first``: the
+    candidates are its neighbours, their events mostly on the same rows), so that one
+    which cannot beat the target is abandoned within its first batches; the likelihood
+    rule, which assumes random order, is then off. Nothing skipped could have been kept
+    (every score is at least its floor); a score abandoned on likelihood would have been
+    kept with probability <= 1e-4 per batch. What the search keeps changes only which Q
+    is certified, never the validity of the certificate."""
 
     def __init__(self, problem: _Problem, data: _Scored, clock: _Clock, train_error: float,
                  chance: float):
         self.problem, self.data, self.clock = problem, data, clock
+        self.scoring = data  # the rows in the order candidates score them
         self.train_error, self.chance = train_error, chance
         self.sub_error = data.own_error
         self.best: _Candidate | None = None
@@ -805,9 +861,11 @@ class _Search:
                 < self.target:
             self.scored += 1
             c = self.problem.candidate(rescaling, fraction, graph, model, coded, length,
-                                       self.data, self.target, self.clock, self.reuse)
+                                       self.scoring, self.target, self.clock, self.reuse)
             if c is not None and c.value < self.target:
                 self.best = c
+                if self.scoring.shuffled and c.box_lower is not None:
+                    self.scoring = self.scoring.hardest_first(c.box_lower)
         self.clock.tick()
         return c
 

@@ -249,6 +249,15 @@ class AffineHandler(Parametric, Handler):
         """The layer's linear map with ``weight`` in place of W, plus ``bias`` if given."""
         raise NotImplementedError
 
+    def as_products(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+                    ) -> Tensor | None:
+        """``apply`` as matrix products: each output one dot product of W's entries with
+        its inputs (plus the bias), so that its floating-point error obeys the classical
+        |fl(W x + b) - (W x + b)| <= gamma_(k+1) (|W| |x| + |b|) in any summation order
+        (Higham, Thm 3.1); None where not written (a convolution library may use
+        Winograd or FFT algorithms, which do not)."""
+        return None
+
     def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None,
                     workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
         """|W / unit|^q x (+ ``bias``, one entry per output channel), |W / unit|^q in
@@ -388,6 +397,8 @@ class LinearHandler(AffineHandler):
               ) -> Tensor:
         return F.linear(x, weight, bias)
 
+    as_products = apply  # one matrix product
+
     def weight_part(self, x: Tensor, q: float, call: Call, bias: Tensor | None = None,
                     workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
         """|W / unit|^q x by blocks of rows of W, each made non-negative in a cache-sized
@@ -450,6 +461,33 @@ class ConvHandler(AffineHandler):
               ) -> Tensor:
         return call.module._conv_forward(x, weight, bias)
 
+    def as_products(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+                    ) -> Tensor | None:
+        """A convolution without groups as one matrix product of W with the windows of x
+        (channels last, zero-padded and unfolded: exact copies, each window's entries
+        side by side); None with groups, string padding, or a ``_conv_forward`` of the
+        module's own (what ``apply`` runs)."""
+        m = call.module
+        dims = x.dim() - 2
+        if m.groups != 1 or isinstance(m.padding, str) or \
+                getattr(type(m), "_conv_forward", None) not in _PLAIN_CONV_FORWARDS:
+            return None
+        last = x.movedim(1, -1)  # (batch, places..., C)
+        windows = F.pad(last, [0, 0, *(p for pad in reversed(m.padding[:dims]) for p in
+                                        (pad, pad))])
+        for i, (k, s, d) in enumerate(zip(m.kernel_size, m.stride, m.dilation, strict=True)):
+            windows = windows.unfold(1 + i, d * (k - 1) + 1, s)[..., ::d]
+        # (batch, places..., C, kernel...) -> (batch x places, kernel... x C)
+        order = (*range(1 + dims), *range(2 + dims, 2 + 2 * dims), 1 + dims)
+        places = windows.shape[1:1 + dims]
+        rows = windows.permute(order)
+        if m.dilation[-1] == 1:  # the last window and C side by side: one run (a view)
+            rows = rows.flatten(-2)
+        rows = rows.reshape(-1, weight[0].numel())
+        flat = weight.movedim(1, -1).reshape(len(weight), -1)  # (O, kernel... x C)
+        out = F.linear(rows, flat, bias)
+        return out.reshape(len(x), *places, len(weight)).movedim(-1, 1)
+
     def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
         conv = call.module
         if isinstance(conv.padding, str):
@@ -463,6 +501,10 @@ class ConvHandler(AffineHandler):
         groups = conv.groups
         pooled = pooled.reshape(1, groups, -1, *out_spatial).amax(dim=2)
         return pooled.repeat_interleave(conv.out_channels // groups, dim=1)
+
+
+_PLAIN_CONV_FORWARDS = (nn.Conv1d._conv_forward, nn.Conv2d._conv_forward,
+                        nn.Conv3d._conv_forward)
 
 
 class ConvTransposeHandler(ConvHandler):
@@ -479,6 +521,10 @@ class ConvTransposeHandler(ConvHandler):
         )
         fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[dims - 1]
         return fn(x, weight, bias, m.stride, m.padding, output_padding, m.groups, m.dilation)
+
+    def as_products(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
+                    ) -> Tensor | None:
+        return None  # not written for the transpose
 
     def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
         raise UnsupportedModelError(
