@@ -566,7 +566,7 @@ def memory(rank: int, world: int) -> dict[str, Any]:
 #: in one 2-rank group (one start of the processes for all).
 DEFAULT: dict[str, dict[str, Any]] = {
     "trace_keeps_rng": {},
-    "path_norms": {"names": ("small_cnn", "mlp", "unet", "pruned")},
+    "path_norms": {"names": ("small_cnn", "mlp", "unet", "pruned", "far")},
     "penalty_step": {"names": ("small_cnn", "unet"), "penalty": "log-l1"},
     "scores": {"names": ("small_cnn", "pruned")},
     "tracker": {"names": ("small_cnn",)},

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_runner import invoke
+from cli_runner import Result, invoke
 from pathlift.cli import app
 from pathlift.cli_support import default_out, run, spread_list_values
 from pathlift.errors import InvalidParameterError
@@ -76,9 +76,16 @@ CALLBACKS = {info.name or info.callback.__name__: info.callback
 COMMANDS = sorted(CALLBACKS)
 
 
-@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])
-def test_help_reads_like_a_well_kept_cli(command):
-    result = invoke(*command, "--help")
+@pytest.fixture(scope="module")
+def helps() -> dict[str, Result]:
+    """Every command's --help (and the top-level one, under ''), run once for the module."""
+    return {command: invoke(*([command] if command else []), "--help")
+            for command in ["", *COMMANDS]}
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_help_reads_like_a_well_kept_cli(command, helps):
+    result = helps[command]
     assert result.exit_code == 0, result.output
     assert "<bool>" not in result.output  # flags take no value
     usage = next(line for line in result.output.splitlines() if "Usage:" in line)
@@ -92,20 +99,19 @@ def test_usage_names_the_arguments_in_upper_case():
     assert re.search(r"Usage: \S+ metric \[OPTIONS\] \{MODEL\} \{MODEL_B\}", result.output)
 
 
-def test_every_model_argument_has_the_same_help():
+def test_every_model_argument_has_the_same_help(helps):
     """One way to name a model: every MODEL argument and --model option says the same."""
-    helps = {command: " ".join(invoke(command, "--help").output.split())
-             for command in COMMANDS}
+    texts = {command: " ".join(helps[command].output.split()) for command in COMMANDS}
     model_help = ("a reference architecture (see 'pathlift models'), a checkpoint file "
                   "(.safetensors, .pt, .pth), timm:NAME (a timm architecture, random "
                   "weights), module:callable or path/to/file.py:callable")
-    takes_model = {c for c, text in helps.items() if "MODEL" in text or "--model" in text}
+    takes_model = {c for c, text in texts.items() if "MODEL" in text or "--model" in text}
     takes_model -= {"depth", "frontier"}  # their --model names a class of their own tables
     assert takes_model == {"norm", "summary", "bounds", "report", "prune", "quantize",
                            "rescale", "normalize", "metric", "lipschitz", "equivalent",
                            "identify"}
     for command in takes_model:
-        assert model_help in helps[command], command
+        assert model_help in texts[command], command
 
 
 def _best_of_three(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:

@@ -44,7 +44,7 @@ def _close(a: float, b: float, rel: float = 1e-12) -> bool:
 
 
 @pytest.mark.parametrize("world, names", [
-    (2, ("small_cnn", "mlp", "unet", "pruned", "far")),
+    (2, DEFAULT["path_norms"]["names"]),  # DEFAULT's options: read from the shared group
     pytest.param(3, ("small_cnn", "mlp", "unet", "pruned", "resnet18"), marks=pytest.mark.slow),
     pytest.param(2, ("resnet18",), marks=pytest.mark.slow),
 ])
@@ -67,7 +67,7 @@ def test_path_norms_and_lipschitz_of_sharded_models_equal_the_plain_ones(
 
 
 @pytest.mark.parametrize("world, names, penalty", [
-    (2, ("small_cnn", "unet"), "log-l1"),
+    (2, DEFAULT["penalty_step"]["names"], DEFAULT["penalty_step"]["penalty"]),
     pytest.param(3, ("small_cnn", "mlp", "unet", "pruned"), "log-l1", marks=pytest.mark.slow),
     pytest.param(3, ("mlp", "resnet18"), "l2", marks=pytest.mark.slow),
 ])
@@ -87,7 +87,7 @@ def test_a_penalised_fsdp2_step_updates_every_shard_as_the_plain_step(
 
 
 @pytest.mark.parametrize("world, names", [
-    (2, ("small_cnn", "pruned")),
+    (2, DEFAULT["scores"]["names"]),
     pytest.param(3, ("mlp", "unet", "pruned", "resnet18"), marks=pytest.mark.slow),
 ])
 def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
@@ -111,7 +111,7 @@ def test_scores_of_a_sharded_model_are_dtensor_chunks_of_the_plain_scores(
 
 
 @pytest.mark.parametrize("world, names", [
-    (2, ("small_cnn",)),
+    (2, DEFAULT["tracker"]["names"]),
     pytest.param(3, ("mlp", "resnet18"), marks=pytest.mark.slow),
 ])
 def test_the_tracker_and_lightning_callbacks_on_fsdp2_models(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -87,12 +88,22 @@ def test_the_kernel_is_recorded_with_its_size_and_digest_and_reused(tmp_path, mo
         == (library, False)
 
 
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache where a fresh process built and recorded the float32 kernel (built once for
+    the damage cases, each of which damages its own copy)."""
+    root = tmp_path_factory.mktemp("built")
+    assert child(root)["kernel"]
+    return root
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty", "record not an object",
                                     "record names another file"])
-def test_a_damaged_cached_kernel_is_rebuilt_with_correct_results(damage, tmp_path):
-    """Built and damaged here, loaded by fresh processes (a truncated library loaded as it
-    is kills the process with SIGBUS)."""
-    assert child(tmp_path)["kernel"]
+def test_a_damaged_cached_kernel_is_rebuilt_with_correct_results(damage, tmp_path,
+                                                                  built_cache):
+    """Built by a fresh process, copied and damaged here, loaded by fresh processes (a
+    truncated library loaded as it is kills the process with SIGBUS)."""
+    shutil.copytree(built_cache / "kron", tmp_path / "kron")
     folder = tmp_path / "kron"
     [record] = records(folder)
     library = folder / record["file"]
