@@ -276,7 +276,11 @@ def shown(text: object) -> str:
 
 def progress_bar(console: Console, **options: Any) -> Progress:
     """rich's default progress bar on ``console`` (``options`` as ``Progress`` takes them),
-    its description read as written: rich's own reads it as markup and emoji codes."""
+    its description read as written: rich's own reads it as markup and emoji codes. A
+    transient bar is off where the console is not a terminal: rich writes it there as an
+    empty line, which left a refusal after it two lines long."""
+    if options.get("transient") and not console.is_terminal:
+        options["disable"] = True
     return Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                     TaskProgressColumn(), TimeRemainingColumn(), console=console, **options)
 

@@ -62,3 +62,9 @@ def check_dtype(dtype: torch.dtype) -> None:
         warnings.warn(f"{dtype} mantissas keep 3 significant digits or fewer: path-norms "
                       "of real networks come out 0.2-4% off; use float32 (~1e-6) or float64",
                       stacklevel=3)
+
+
+#: The largest q for which q * ln|w| is a finite float64 for every non-zero float64 w
+#: (|ln|w|| <= 1074 ln 2, at the smallest subnormal): the |theta|^q pass of Thm 3.1.1
+#: carries |w|^q as q * ln|w| in log space, so above it that exponent arithmetic overflows.
+LOG_SPACE_Q_MAX = torch.finfo(torch.float64).max / (1074 * math.log(2.0))

@@ -76,7 +76,9 @@ def graph_of(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None = 
     is found without flipping any flag (the model is traced under ``eval_mode``).
     DDP, DataParallel and torch.compile are looked through; FSDP2 models are traced as
     their plain skeleton; FSDP1 only inside ``summon_full_params`` and tensors that cannot
-    be read as numbers are refused (``pathlift.graph.boundary.readable``).
+    be read as numbers are refused (``pathlift.graph.boundary.readable``). An exception the
+    forward raises from its own code on a plain call too (a missing key, a bad index) is
+    raised as it is; Python control flow on tensor values is an UnsupportedModelError.
     """
     if isinstance(model, LayerGraph):
         if input_shape is not None and as_input_shape(input_shape) != model.input_shape:
@@ -377,6 +379,9 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
             raise ShapeError(f"'{where}' asserts on the input's shape and fails at this one "
                              f"({reason}){_user_line(err)}; give the input shape it expects "
                              "(without the batch dimension)") from None
+        if err is not tracer.raised_in_op and example is not None and \
+                _raises_alone(model, example, err):
+            raise  # the forward's own error (a missing key...), not control flow: theirs
         unknown, cause = tracer.unknown_cause()
         raise UnsupportedModelError([Problem(
             where or "<root>", "data-dependent control flow",
@@ -431,6 +436,18 @@ def _readers(node: fx.Node) -> list[fx.Node]:
 
 #: What torch.fx records to check a specialised argument's value (``concrete_args``).
 _SPECIALISATION_CHECKS = (torch._assert, torch.fx._symbolic_trace._assert_is_none)
+
+
+def _raises_alone(model: nn.Module, example: Tensor, err: Exception) -> bool:
+    """Whether the forward raises ``err``'s type at ``err``'s line of the model's own code
+    when simply called on the (meta) example, without torch.fx: an error of that code (a
+    missing key, a bad index), not a value torch.fx cannot trace."""
+    try:
+        with torch.no_grad():
+            model(example)
+    except Exception as plain:  # the same exception at the same line, or something else
+        return type(plain) is type(err) and _user_line(plain) == _user_line(err) != ""
+    return False
 
 
 def _user_line(err: Exception) -> str:

@@ -215,7 +215,7 @@ def _refuse_non_finite(graph: LayerGraph, ln: float, q: float, dtype: torch.dtyp
     path (its norm is 0), else a PrecisionError: the pass underflowed where
     ``path_norm``'s normalised pass (Alg. 3.2.1) does not."""
     if ln != -math.inf:
-        check_finite(graph, torch.tensor([ln]), f"ln ||Phi||_q at q = {q:g}")
+        check_finite(graph, torch.tensor([ln]), f"ln ||Phi||_q at q = {q:g}", q)
     if bool((log_outputs(graph, q, dtype or graph.dtype) > -math.inf).any()):
         raise PrecisionError(
             f"the differentiable ||Phi||_q at q = {q:g} underflows "

@@ -147,6 +147,6 @@ def layer_norm_product(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     with torch.no_grad():
         out = walker(graph, q).run()
     logs = output_logs(out)
-    check_finite(graph, logs, f"Pi_(q={q:g}) of an output neuron")
+    check_finite(graph, logs, f"Pi_(q={q:g}) of an output neuron", q)
     total = float(log_r_norm(logs / q, r))
     return LayerNormProduct(q, r, total / LN10)

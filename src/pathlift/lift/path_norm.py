@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.errors import PrecisionError
-from pathlift.exponents import check_dtype, check_exponents
+from pathlift.exponents import LOG_SPACE_Q_MAX, check_dtype, check_exponents
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import output_logs
 from pathlift.graph.boundary import copy_model
@@ -80,6 +80,7 @@ def log_outputs(graph: LayerGraph, q: float, dtype: torch.dtype = torch.float64)
                                             unit_weights=True), log_o)
             lost = lost & (log_o == -math.inf)
         if bool(lost.any()):
+            check_log_space_q(q)
             remedy = "a smaller q" if dtype == torch.float64 else \
                 "dtype=torch.float64 or a smaller q"
             raise PrecisionError(
@@ -106,22 +107,35 @@ def _pass(graph: LayerGraph, q: float, dtype: torch.dtype, walker: type[AbsPowIn
         # as they are, each layer divided by its largest entry, exact unless |w/u|^q underflows
     with torch.no_grad():
         log_o = output_logs(walker(graph, q, dtype, unit_weights=unit_weights).run_all_ones())
-    check_finite(source, log_o, f"||Phi^(->v)||_q^q at q = {q:g}")
+    check_finite(source, log_o, f"||Phi^(->v)||_q^q at q = {q:g}", q)
     return log_o
 
 
-def check_finite(graph: LayerGraph, logs: Tensor, what: str) -> None:
+def check_finite(graph: LayerGraph, logs: Tensor, what: str, q: float) -> None:
     """Nothing when no entry of ``logs`` is NaN or +inf (-inf, a zero, is left to the
     caller). Else UnsupportedModelError naming the layers that hold NaN/inf, or, when every
-    parameter is finite, a PrecisionError: a bug or a range no scaling covers, never a
-    number."""
+    parameter is finite, a PrecisionError: ``check_log_space_q``, else a bug or a range no
+    scaling covers, never a number."""
     if bool((logs < math.inf).all()):
         return
     graph.check_values()
+    check_log_space_q(q)
     raise PrecisionError(f"{what} came out {'NaN' if bool(logs.isnan().any()) else 'inf'} "
                          "although every parameter is finite and every layer enters divided "
                          "by its largest entry (log space): a bug to report, with the model "
                          "(pathlift --debug shows where)")
+
+
+def check_log_space_q(q: float) -> None:
+    """PrecisionError naming the cause when q > ``LOG_SPACE_Q_MAX``: |w|^q is carried as
+    q*ln|w| (Thm 3.1.1's pass in log space), which then overflows float64 for weights away
+    from 1, so a NaN, inf or zero there is that overflow, not the network's range."""
+    if q > LOG_SPACE_Q_MAX:
+        raise PrecisionError(
+            f"q = {q:g} is too large for float64 exponent arithmetic: |w|^q is carried as "
+            f"q*ln|w|, which overflows float64 for every weight w with |ln|w|| > "
+            f"{torch.finfo(torch.float64).max / q:.3g}; use q <= {LOG_SPACE_Q_MAX:.4g}, "
+            "where q*ln|w| is finite for every float64 w")
 
 
 def _support(graph: LayerGraph, walker: type[AbsPowInterpreter]) -> Tensor:

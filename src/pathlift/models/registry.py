@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import json
 import math
 import os
 import sys
@@ -103,6 +105,14 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
         try:
             model = constructor(**kwargs)
         except TypeError as err:
+            missing = _missing_arguments(constructor, kwargs)
+            if missing:
+                wanted = json.dumps(kwargs)[:-1] + ", " * bool(kwargs) + \
+                    ", ".join(f'"{arg}": ...' for arg in missing) + "}"
+                raise InvalidParameterError(
+                    f"model '{name}' needs {', '.join(missing)}, not given: pass "
+                    f"{'it' if len(missing) == 1 else 'them'} with --model-kwargs "
+                    f"'{wanted}' (in Python, as keyword arguments)") from err
             raise InvalidParameterError(f"bad arguments {kwargs} for model '{name}': {err}") \
                 from err
         if not isinstance(model, nn.Module):
@@ -122,6 +132,17 @@ def get_model(name: str, **kwargs: Any) -> nn.Module:
     raise InvalidParameterError(f"unknown model {name!r}; choose one of: {known}{extra}, "
                                 "timm:NAME, or module:callable / path/to/file.py:callable for "
                                 "your own")
+
+
+def _missing_arguments(constructor: Callable[..., Any], kwargs: dict[str, Any]) -> list[str]:
+    """The parameters ``constructor`` requires (no default) that ``kwargs`` leaves out."""
+    try:
+        parameters = inspect.signature(constructor).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters
+            if p.kind in named and p.default is p.empty and p.name not in kwargs]
 
 
 def check_model_size(name: str, kwargs: dict[str, Any]) -> None:
