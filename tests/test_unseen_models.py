@@ -193,24 +193,36 @@ def _twins(name: str) -> tuple[nn.Module, nn.Module, tuple[int, ...]]:
     return net, z.twin_of(net), VEC
 
 
+#: name -> (what pathlift does today and where, what it raises)
+INSIDE_REFUSED = {
+    "padding_mode_reflect": ("Conv2d(padding_mode='reflect') is F.pad(mode='reflect') + "
+                             "conv, which pathlift measures; graph/ops/affine.py "
+                             "ConvHandler.problem refuses it", PathliftError),
+    "padding_mode_circular": ("as reflect (ConvHandler.problem)", PathliftError),
+    "padding_mode_replicate": ("as reflect (ConvHandler.problem)", PathliftError),
+    "clamp_min_zero": ("x.clamp_min(0) is ReLU; no handler for the clamp_min method",
+                       PathliftError),
+    "maximum_with_zeros": ("torch.maximum(h, zeros_like(h)) is ReLU; zeros_like and maximum "
+                           "have no handler", PathliftError),
+    "abs": ("|z| = ReLU(z) + ReLU(-z) is piecewise linear; graph/ops/unsupported.py lists "
+            "torch.abs and .abs() under _CURVED ('is not piecewise linear')", PathliftError),
+    "torch_stack_sum": ("torch.stack is a concatenation; no handler, and the sum over the "
+                        "stacked dim 0 is then misread as a sum over the batch",
+                        PathliftError),
+    "jit_script_submodule": ("a torch.jit.script-ed Sequential inside an eager model is "
+                             "refused as 'data-dependent control flow' ('_CachedForward' "
+                             "object has no attribute '__getattr__'), graph/trace.py "
+                             "_symbolic_trace", PathliftError),
+    "scalar_times_tensor": ("2.0 * h (mul(2.0, h)): a traceback, AttributeError 'float' "
+                            "object has no attribute 'mantissa' in graph/abs_pow.py on_pool "
+                            "(ScaleHandler's input taken as call.args[0]); 'dim' in "
+                            "random_rescale", AttributeError),
+}
+
+
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=PathliftError, reason=why))
-    for n, why in {
-        "padding_mode_reflect": "Conv2d(padding_mode='reflect') is F.pad(mode='reflect') + "
-        "conv, which pathlift measures; graph/ops/affine.py ConvHandler.problem refuses it",
-        "padding_mode_circular": "as reflect (ConvHandler.problem)",
-        "padding_mode_replicate": "as reflect (ConvHandler.problem)",
-        "clamp_min_zero": "x.clamp_min(0) is ReLU; no handler for the clamp_min method",
-        "maximum_with_zeros": "torch.maximum(h, zeros_like(h)) is ReLU; zeros_like and "
-        "maximum have no handler",
-        "abs": "|z| = ReLU(z) + ReLU(-z) is piecewise linear; graph/ops/unsupported.py lists "
-        "torch.abs and .abs() under _CURVED ('is not piecewise linear')",
-        "torch_stack_sum": "torch.stack is a concatenation; no handler, and the sum over the "
-        "stacked dim 0 is then misread as a sum over the batch",
-        "jit_script_submodule": "a torch.jit.script-ed Sequential inside an eager model is "
-        "refused as 'data-dependent control flow' ('_CachedForward' object has no attribute "
-        "'__getattr__'), graph/trace.py _symbolic_trace",
-    }.items()])
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=raises, reason=why))
+    for n, (why, raises) in INSIDE_REFUSED.items()])
 def test_inside_the_theory_but_refused_today(name: str) -> None:
     net, twin, shape = _twins(name)
     _assert_like_twin(net, twin, shape)
@@ -226,3 +238,52 @@ def test_a_scripted_model_is_refused_naming_torchscript() -> None:
         path_norm(net, VEC)
     assert isinstance(info.value, UnsupportedModelError), one_line(info.value)
     assert "script" in one_line(info.value).lower()
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
+    "2.0 / h is accepted as a constant scale (graph/ops/relabel.py ScaleHandler.factor "
+    "reads it as h / 2) and then crashes in graph/abs_pow.py on_pool; "
+    "NeuronDAG gives NaN"))
+def test_a_reciprocal_is_refused_in_one_line() -> None:
+    torch.manual_seed(0)
+    net = z.Reciprocal().double().eval()
+    with pytest.raises(UnsupportedModelError) as info:
+        path_norm(net, VEC)
+    timm_scan.check_refused(info.value)
+
+
+@pytest.mark.parametrize("inner", [
+    pytest.param(False, id="on_the_root", marks=pytest.mark.xfail(
+        strict=True, raises=PathliftError, reason=(
+            "a parameter of the root module is taken for a torch.fx constant "
+            "(graph/ops/scale.py: get_attr without '.' in its target) and refused as "
+            "'a buffer indexed or reshaped in forward'"))),
+    pytest.param(True, id="on_a_submodule", marks=pytest.mark.xfail(
+        strict=True, raises=PathliftError, reason=(
+            "a (1, C, 1, 1) scale is refused as 'not one entry per channel of one dim' "
+            "(graph/ops/scale.py _channel_operand)")))])
+def test_a_layer_scale_stored_as_1c11_is_a_depthwise_scale(inner: bool) -> None:
+    torch.manual_seed(0)
+    net = randomised(z.LayerScale(inner=inner), 0)
+    twin = z.depthwise_twin(net)
+    _assert_like_twin(net, twin, IMG)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=PathliftError, reason=(
+        f"{n}: a fixed linear map (identity neurons, DESIGN.md; amin a max-pool of -h) "
+        "with no handler in graph/ops")))
+    for n in sorted(set(z.FIXED_MAPS) - {"amax"})])
+def test_fixed_linear_maps_refused_today(name: str) -> None:
+    """Each map moves or sums entries with weight 1, so the |theta|^q pass of the eager
+    forward is exact at q = 1, 2 (amin: against its twin amax, -amin(-h) = amax(h))."""
+    torch.manual_seed(0)
+    net = randomised(z.fixed_map(name), 0)
+    for q in (1.0, 2.0):
+        if name == "amin":
+            twin = randomised(z.fixed_map("amax"), 0)
+            twin.load_state_dict(net.state_dict())
+            expected = path_norm(twin, IMG, q=q).log10
+        else:
+            expected = abs_pow_log10(net, IMG, q)
+        assert path_norm(net, IMG, q=q).log10 == pytest.approx(expected, abs=1e-12)

@@ -494,13 +494,114 @@ WRONGLY_REFUSED = {
     "abs": lambda: Spelled("abs"),
     "torch_stack_sum": lambda: Spelled("stack_sum"),
     "jit_script_submodule": ScriptedBlock,
+    "scalar_times_tensor": lambda: ScalarFirst(),
 }
 
 
 def twin_of(net: nn.Module) -> nn.Module:
     """The same function as ``net`` (a ``WRONGLY_REFUSED`` model) written with ops
     pathlift reads, holding the same parameters, float64, eval."""
-    twin = EagerBlock() if isinstance(net, ScriptedBlock) else Spelled(TWINS[net.spelling])
+    if isinstance(net, ScriptedBlock):
+        twin = EagerBlock()
+    elif isinstance(net, ScalarFirst):
+        twin = ScalarFirst(first=False)
+    else:
+        twin = Spelled(TWINS[net.spelling])
     twin = twin.double().eval()
     twin.load_state_dict(net.state_dict())
+    return twin
+
+
+class ScalarFirst(nn.Module):
+    """A constant written before the tensor: ``2.0 * h`` (``mul(2.0, h)`` in the graph);
+    ``twin_of`` writes it ``h * 2.0``."""
+
+    def __init__(self, first: bool = True) -> None:
+        super().__init__()
+        self.first = first
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.a(x))
+        return self.b(2.0 * h if self.first else h * 2.0)
+
+
+class Reciprocal(ScalarFirst):
+    """``2.0 / h``: a reciprocal, not piecewise linear."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(2.0 / F.relu(self.a(x)))
+
+
+class LayerScale(nn.Module):
+    """A learnt per-channel scale ``gamma`` stored as (1, C, 1, 1) (ConvNeXt-style layer
+    scale), on the root module itself or on a submodule (``inner=True``)."""
+
+    def __init__(self, inner: bool = False, shape: tuple[int, ...] = (1, 4, 1, 1)) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        holder = nn.Module() if inner else self
+        holder.gamma = nn.Parameter(torch.rand(shape))
+        if inner:
+            self.scale = holder
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gamma = self.scale.gamma if hasattr(self, "scale") else self.gamma
+        return self.fc((F.relu(self.conv(x)) * gamma).mean((2, 3)))
+
+
+#: fixed linear maps of weight 1 (inside Def. 2.2.2 as identity neurons) refused today
+FIXED_MAPS = {
+    "flip": lambda h: h.flip(-1),
+    "roll": lambda h: torch.roll(h, 1, dims=3),
+    "repeat": lambda h: h.repeat(1, 2, 1, 1),
+    "expand": lambda h: h.mean((2, 3), keepdim=True).expand(-1, -1, 3, 3),
+    "unfold": lambda h: F.unfold(h, 2),
+    "cumsum": lambda h: torch.cumsum(h, dim=3),
+    "amin": lambda h: -torch.amin(-h, dim=(2, 3)),
+    "amax": lambda h: torch.amax(h, dim=(2, 3)),  # amin's twin, read today
+}
+
+
+class FixedMap(nn.Module):
+    """A conv, ReLU, one of ``FIXED_MAPS``, a Linear head."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+        self.fc = nn.LazyLinear(2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(FIXED_MAPS[self.name](F.relu(self.conv(x))).flatten(1))
+
+
+def fixed_map(name: str) -> FixedMap:
+    """``FixedMap(name)`` with its lazy head sized by one call on zeros."""
+    net = FixedMap(name)
+    net(torch.zeros(1, *IMAGE))
+    return net
+
+
+class DepthwiseScale(nn.Module):
+    """``LayerScale``'s function with the scale as a depthwise 1x1 convolution (its twin)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.gamma = nn.Conv2d(4, 4, 1, groups=4, bias=False)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.gamma(F.relu(self.conv(x))).mean((2, 3)))
+
+
+def depthwise_twin(net: LayerScale) -> DepthwiseScale:
+    twin = DepthwiseScale().double().eval()
+    twin.conv.load_state_dict(net.conv.state_dict())
+    twin.fc.load_state_dict(net.fc.state_dict())
+    gamma = net.scale.gamma if hasattr(net, "scale") else net.gamma
+    with torch.no_grad():
+        twin.gamma.weight.copy_(gamma.reshape(4, 1, 1, 1))
     return twin
