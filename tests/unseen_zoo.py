@@ -605,3 +605,98 @@ def depthwise_twin(net: LayerScale) -> DepthwiseScale:
     with torch.no_grad():
         twin.gamma.weight.copy_(gamma.reshape(4, 1, 1, 1))
     return twin
+
+
+def same_padding_even_kernels() -> nn.Module:
+    """``padding="same"`` with an even kernel and a dilation (asymmetric padding)."""
+    return nn.Sequential(nn.Conv2d(2, 3, 4, padding="same"), nn.ReLU(),
+                         nn.Conv2d(3, 2, 2, padding="same", dilation=2), nn.Flatten())
+
+
+def transposed_convs() -> nn.Module:
+    """``ConvTranspose2d`` with ``output_padding`` and groups, then one with a dilation."""
+    return nn.Sequential(nn.Conv2d(2, 4, 3, stride=2), nn.ReLU(),
+                         nn.ConvTranspose2d(4, 4, 3, stride=2, output_padding=1, groups=2),
+                         nn.ReLU(), nn.ConvTranspose2d(4, 2, 2, dilation=2, padding=1),
+                         nn.Flatten())
+
+
+def adaptive_overlapping(pool: type[nn.Module]) -> nn.Module:
+    """An adaptive pool to (4, 5) from 6 x 6: windows of unequal size that overlap."""
+    return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), pool((4, 5)), nn.Flatten())
+
+
+def padded_max_pool() -> nn.Module:
+    """ResNet's stem pool ``MaxPool2d(3, 2, padding=1)`` straight after a conv (no ReLU:
+    negative values meet the padding)."""
+    return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.MaxPool2d(3, 2, padding=1),
+                         nn.Flatten())
+
+
+def trilinear_upsampling() -> nn.Module:
+    """``nn.Upsample(mode="trilinear")`` on a video-shaped tensor."""
+    return nn.Sequential(nn.Conv3d(2, 2, 1), nn.ReLU(),
+                         nn.Upsample(scale_factor=(1, 2, 2), mode="trilinear"), nn.Flatten())
+
+
+def linear_upsampling_1d() -> nn.Module:
+    """``nn.Upsample(mode="linear", align_corners=True)`` on a sequence."""
+    return nn.Sequential(nn.Conv1d(2, 2, 1), nn.ReLU(),
+                         nn.Upsample(scale_factor=2, mode="linear", align_corners=True),
+                         nn.Flatten())
+
+
+class TiedLayers(nn.Module):
+    """Two distinct Linear layers holding one weight (``b.weight = a.weight``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(F.relu(self.b(F.relu(self.a(x)))))
+
+
+def batchnorm_without_affine() -> nn.Module:
+    """``BatchNorm2d(affine=False)``: running statistics only."""
+    return nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3, affine=False), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(48, 2))
+
+
+class BatchNorm1dNet(nn.Module):
+    """``BatchNorm1d`` on (B, C, L) and on (B, F), a max over the sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv1d(2, 3, 3), nn.BatchNorm1d(3)
+        self.fc, self.bn2 = nn.Linear(3, 2), nn.BatchNorm1d(2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.bn2(self.fc(F.relu(self.bn(self.conv(x))).amax(2)))
+
+
+class CatTwice(nn.Module):
+    """``torch.cat([h, h])``: one activation read twice by the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.out = nn.Linear(4, 3), nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.a(x))
+        return self.out(torch.cat([h, h], -1))
+
+
+def batchnorm_without_running_stats() -> nn.Module:
+    """``track_running_stats=False``: eval still normalises by the batch's statistics."""
+    return nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3, track_running_stats=False),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(48, 2))
+
+
+def instance_norm_with_running_stats() -> nn.Module:
+    """``InstanceNorm2d(track_running_stats=True)``: refused as a data-dependent norm."""
+    return nn.Sequential(nn.Conv2d(2, 3, 3),
+                         nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(48, 2))
