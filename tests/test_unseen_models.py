@@ -77,9 +77,16 @@ MEASURED = {
     "batchnorm_affine_false": (z.batchnorm_without_affine, IMG, False),
     "batchnorm1d_amax": (z.BatchNorm1dNet, SEQ, False),
     "cat_same_tensor_twice": (z.CatTwice, VEC, True),
+    "subclassed_layers_changed_forward": (z.subclassed_layers, IMG, True),
+    "masked_linear_subclass": (lambda: z.computed_weights(z.MaskedLinear), VEC, False),
+    "scaled_linear_subclass": (lambda: z.computed_weights(z.ScaledLinear), VEC, False),
+    "flipped_conv_subclass": (lambda: z.computed_weights(z.FlippedConv), IMG, False),
+    "no_grad_block": (z.NoGradInside, VEC, False),  # the pass has no gradient there
 }
 #: measured, but their rescaling is refused in one line (tied weights of distinct layers)
 NOT_RESCALED = {"tied_weights_two_layers"}
+#: measured, but their rescaling is refused in one line: a weight computed in forward
+COMPUTED = {"masked_linear_subclass", "scaled_linear_subclass", "flipped_conv_subclass"}
 
 
 def _net(name: str) -> tuple[nn.Module, tuple[int, ...]]:
@@ -119,7 +126,7 @@ def test_unseen_model_against_the_independent_pass_with_scores(name: str) -> Non
     assert max(worst.values()) <= timm_scan.RTOL, worst
 
 
-@pytest.mark.parametrize("name", sorted(set(MEASURED) - NOT_RESCALED))
+@pytest.mark.parametrize("name", sorted(set(MEASURED) - NOT_RESCALED - COMPUTED))
 def test_unseen_model_keeps_function_and_norm_under_random_rescaling(name: str) -> None:
     net, shape = _net(name)
     rescaled = random_rescale(net, seed=1, input_shape=shape)
@@ -151,6 +158,15 @@ def test_tied_layers_are_measured_but_not_rescaled() -> None:
     with pytest.raises(UnsupportedModelError) as info:
         random_rescale(net, seed=1, input_shape=shape)
     assert "'a' and 'b' share the parameter 'weight'" in one_line(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(COMPUTED))
+def test_a_weight_computed_in_forward_is_measured_but_not_rescaled(name: str) -> None:
+    net, shape = _net(name)
+    with pytest.raises(UnsupportedModelError) as info:
+        random_rescale(net, seed=1, input_shape=shape)
+    line = one_line(info.value)
+    assert "layer '0' computes its weight in forward" in line and "\n" not in line, line
 
 
 def test_rescaling_moves_the_weights_of_a_plain_unseen_model() -> None:
@@ -313,3 +329,24 @@ def test_fixed_linear_maps_refused_today(name: str) -> None:
         else:
             expected = abs_pow_log10(net, IMG, q)
         assert path_norm(net, IMG, q=q).log10 == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.xfail(strict=True, raises=PathliftError, reason=(
+    "forward(x, return_features=False): the flag's default is traced as a proxy and "
+    "refused as 'data-dependent control flow' (graph/trace.py: no concrete_args for "
+    "defaulted arguments)"))
+def test_a_forward_with_a_python_flag_is_traced_at_its_default() -> None:
+    torch.manual_seed(0)
+    net = randomised(z.FeaturesFlag(), 0)
+    twin = randomised(z.NoGradInside(), 0)
+    twin.load_state_dict(net.state_dict())
+    _assert_like_twin(net, twin, VEC)
+
+
+@pytest.mark.xfail(strict=True, raises=PathliftError, reason=(
+    "(x - self.mean) / self.std on the input is a per-channel affine map (identity "
+    "neurons with a bias); refused as buffers 'read outside any layer' (graph/validate.py)"))
+def test_an_input_normalised_in_forward_is_an_affine_layer() -> None:
+    torch.manual_seed(0)
+    net = randomised(z.NormalisedInput(), 0)
+    _assert_like_twin(net, z.NormalisedInputTwin(net).eval(), IMG)

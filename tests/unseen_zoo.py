@@ -700,3 +700,111 @@ def instance_norm_with_running_stats() -> nn.Module:
     return nn.Sequential(nn.Conv2d(2, 3, 3),
                          nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
                          nn.ReLU(), nn.Flatten(), nn.Linear(48, 2))
+
+
+class MaskedLinear(nn.Linear):
+    """A pruning paper's masked layer: ``F.linear(x, self.weight * self.mask, self.bias)``."""
+
+    def __init__(self, *args: int) -> None:
+        super().__init__(*args)
+        self.register_buffer("mask", (torch.rand_like(self.weight) > 0.5).to(self.weight))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight * self.mask, self.bias)
+
+
+class ScaledLinear(nn.Linear):
+    """An equalised-learning-rate layer (StyleGAN): the weight times a constant in forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight * 3.0, self.bias)
+
+
+class FlippedConv(nn.Conv2d):
+    """A conv subclass convolving with its kernel flipped (``_conv_forward``)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.weight.flip(-1), self.bias)
+
+
+class ConvReLU(nn.Conv2d):
+    """A fused conv + ReLU subclass calling ``super().forward``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(super().forward(x))
+
+
+class DoubledConv(nn.Conv2d):
+    """A conv subclass doubling its output."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x) * 2
+
+
+class BiasIgnored(nn.Linear):
+    """A Linear subclass that ignores its own bias."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+def subclassed_layers() -> nn.Module:
+    """Subclassed layers whose forward changes what the base class computes."""
+    return nn.Sequential(ConvReLU(2, 3, 3), DoubledConv(3, 3, 1), nn.ReLU(), nn.Flatten(),
+                         BiasIgnored(48, 2))
+
+
+def computed_weights(layer: type[nn.Module]) -> nn.Module:
+    """A layer computing its weight in forward (masked, scaled or flipped), then a head."""
+    if issubclass(layer, nn.Conv2d):
+        return nn.Sequential(layer(2, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(48, 2))
+    return nn.Sequential(layer(4, 3), nn.ReLU(), layer(3, 2))
+
+
+class NoGradInside(nn.Module):
+    """A forward with a ``torch.no_grad()`` block (a frozen feature extractor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            h = self.a(x)
+        return self.b(F.relu(h))
+
+
+class FeaturesFlag(NoGradInside):
+    """``forward(x, return_features=False)``: a Python flag with a default."""
+
+    def forward(self, x: Tensor, return_features: bool = False) -> Tensor:
+        h = F.relu(self.a(x))
+        return h if return_features else self.b(h)
+
+
+class NormalisedInput(nn.Module):
+    """The input normalised in forward by buffers: ``(x - self.mean) / self.std``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.5, 0.2]).view(1, 2, 1, 1))
+        self.register_buffer("std", torch.tensor([0.3, 0.4]).view(1, 2, 1, 1))
+        self.conv = nn.Conv2d(2, 2, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv((x - self.mean) / self.std).flatten(1)
+
+
+class NormalisedInputTwin(nn.Module):
+    """``NormalisedInput``'s function with the normalisation as a depthwise 1x1 conv."""
+
+    def __init__(self, net: NormalisedInput) -> None:
+        super().__init__()
+        self.norm = nn.Conv2d(2, 2, 1, groups=2, dtype=torch.float64)
+        self.conv = copy.deepcopy(net.conv)
+        with torch.no_grad():
+            self.norm.weight.copy_((1 / net.std).reshape(2, 1, 1, 1))
+            self.norm.bias.copy_((-net.mean / net.std).reshape(2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(self.norm(x)).flatten(1)
