@@ -25,10 +25,11 @@ import timm_scan
 import unseen_zoo as z
 from abs_pow_oracle import abs_pow_log10
 from activation_checks import randomised
+from pathlift.bounds import lipschitz_input
 from pathlift.cli_support import one_line
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph.boundary import flat_outputs
-from pathlift.lift import path_norm
+from pathlift.lift import path_metric, path_norm
 from pathlift.prune import path_magnitude_scores
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
@@ -350,3 +351,66 @@ def test_an_input_normalised_in_forward_is_an_affine_layer() -> None:
     torch.manual_seed(0)
     net = randomised(z.NormalisedInput(), 0)
     _assert_like_twin(net, z.NormalisedInputTwin(net).eval(), IMG)
+
+
+#: every weight sits behind a parametrization or prune mask: the copy below prunes none
+PARAMETRIZED = {"weight_norm_parametrization", "nn_utils_prune_masks"}
+
+
+def _pruned(net: nn.Module) -> nn.Module:
+    """A copy with 30% of every plain Linear/Conv weight set to zero (|theta'| <= |theta|,
+    same signs: Lemma 3.4.1's premise)."""
+    out = copy.deepcopy(net)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for m in out.modules():
+            if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) \
+                    and not nn.utils.parametrize.is_parametrized(m):
+                keep = torch.rand(m.weight.shape, generator=g, dtype=m.weight.dtype) > 0.3
+                m.weight.mul_(keep.to(m.weight.dtype))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(set(MEASURED) - COMPUTED - PARAMETRIZED))
+def test_unseen_model_bounds_hold_and_the_path_metric_is_enumerated(name: str) -> None:
+    """Thm 3.3.1 on 40 sampled pairs (and ||Phi||_{1,1} <= the layer-norm product, Thm
+    3.3.2); the l1 path-metric to a pruned copy is exact (Lemma 3.4.1) and equals
+    ||Phi||_1 - ||Phi'||_1 by enumeration, and bounds the change of every output
+    (Cor. 3.4.1) on 40 inputs."""
+    net, shape = _net(name)
+    lip = lipschitz_input(net, shape)
+    if lip.layer_product is not None:
+        assert lip.path_norm.log10 <= lip.layer_product.log10 + 1e-12
+    x = torch.randn(40, *shape, dtype=torch.float64)
+    near = x + 0.01 * torch.randn_like(x)
+    with torch.no_grad():
+        change = (flat_outputs(net(x), 40) - flat_outputs(net(near), 40)).abs().sum(1)
+    assert torch.all(change <= 10 ** lip.path_norm.log10 * (x - near).flatten(1).abs().amax(1)
+                     * (1 + 1e-9))
+    pruned = _pruned(net)
+    metric = path_metric(net, pruned, shape)
+    assert metric.case == "exact"
+    enumerated = (NeuronDAG.from_module(net, shape).path_norm(1.0)
+                  - NeuronDAG.from_module(pruned, shape).path_norm(1.0))
+    assert metric.upper_log10 == pytest.approx(math.log10(enumerated), abs=1e-12)
+    with torch.no_grad():
+        gap = (flat_outputs(net(x), 40) - flat_outputs(pruned(x), 40)).abs().sum(1)
+    assert torch.all(gap <= 10 ** metric.upper_log10
+                     * x.flatten(1).abs().amax(1).clamp_min(1) * (1 + 1e-9))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
+    strict=True, raises=PathliftError, reason=(
+        "path_metric(net, copy.deepcopy(net)) raises ArchitectureMismatchError \"operation "
+        "'_0' (Linear, output (2, 3)) differs from '_0' (Linear, output (2, 3))\": "
+        "graph/structure.py paired_parameters compares handlers by identity, and a layer "
+        "lowered from a functional call gets one per graph"))) for n in sorted(COMPUTED)])
+def test_the_path_metric_reads_a_weight_computed_in_forward(name: str) -> None:
+    net, shape = _net(name)
+    other = copy.deepcopy(net)
+    with torch.no_grad():
+        next(other.parameters()).mul_(0.5)  # |theta'| <= |theta|, same signs
+    metric = path_metric(net, other, shape)
+    enumerated = (NeuronDAG.from_module(net, shape).path_norm(1.0)
+                  - NeuronDAG.from_module(other, shape).path_norm(1.0))
+    assert metric.upper_log10 == pytest.approx(math.log10(enumerated), abs=1e-12)
