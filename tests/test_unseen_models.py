@@ -30,7 +30,7 @@ from pathlift.cli_support import one_line
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph.boundary import flat_outputs
 from pathlift.lift import path_metric, path_norm
-from pathlift.prune import path_magnitude_scores
+from pathlift.prune import global_path_magnitude, path_magnitude_scores
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
 
@@ -168,6 +168,28 @@ def test_a_weight_computed_in_forward_is_measured_but_not_rescaled(name: str) ->
         random_rescale(net, seed=1, input_shape=shape)
     line = one_line(info.value)
     assert "layer '0' computes its weight in forward" in line and "\n" not in line, line
+
+
+def test_path_magnitudes_of_tied_layers_are_refused_not_wrong() -> None:
+    """Two layers holding one weight: a path may cross the tied entry twice, so ||Phi||_1
+    is not affine in it and theta_i d||Phi||_1/d theta_i is not the cost of pruning it
+    (Sec. 3.5). Scores were returned per layer, each counting one occurrence (entry (0, 0):
+    12.5 for 'a', 20.6 for 'b', true cost 24.8): refused in one line naming both layers,
+    as a layer called twice is, for scores and for path-magnitude pruning."""
+    net, shape = _net("tied_weights_two_layers")
+    with torch.no_grad():
+        net.a.weight.mul_(3)
+    pruned = copy.deepcopy(net)
+    with torch.no_grad():
+        pruned.a.weight[0, 0] = 0
+    true_cost = path_norm(net, shape).value - path_norm(pruned, shape).value
+    assert abs(true_cost) > 1  # a real cost the scores would have to give
+    for call in (lambda: path_magnitude_scores(net, shape),
+                 lambda: global_path_magnitude(copy.deepcopy(net), shape, 0.3)):
+        with pytest.raises(UnsupportedModelError) as info:
+            call()
+        line = timm_scan.check_refused(info.value)
+        assert "'a'" in line and "'b'" in line and "tied" in line, line
 
 
 def test_rescaling_moves_the_weights_of_a_plain_unseen_model() -> None:
@@ -330,18 +352,6 @@ def test_fixed_linear_maps_refused_today(name: str) -> None:
         else:
             expected = abs_pow_log10(net, IMG, q)
         assert path_norm(net, IMG, q=q).log10 == pytest.approx(expected, abs=1e-12)
-
-
-@pytest.mark.xfail(strict=True, raises=PathliftError, reason=(
-    "forward(x, return_features=False): the flag's default is traced as a proxy and "
-    "refused as 'data-dependent control flow' (graph/trace.py: no concrete_args for "
-    "defaulted arguments)"))
-def test_a_forward_with_a_python_flag_is_traced_at_its_default() -> None:
-    torch.manual_seed(0)
-    net = randomised(z.FeaturesFlag(), 0)
-    twin = randomised(z.NoGradInside(), 0)
-    twin.load_state_dict(net.state_dict())
-    _assert_like_twin(net, twin, VEC)
 
 
 @pytest.mark.xfail(strict=True, raises=PathliftError, reason=(

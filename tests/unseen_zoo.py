@@ -774,14 +774,6 @@ class NoGradInside(nn.Module):
         return self.b(F.relu(h))
 
 
-class FeaturesFlag(NoGradInside):
-    """``forward(x, return_features=False)``: a Python flag with a default."""
-
-    def forward(self, x: Tensor, return_features: bool = False) -> Tensor:
-        h = F.relu(self.a(x))
-        return h if return_features else self.b(h)
-
-
 class NormalisedInput(nn.Module):
     """The input normalised in forward by buffers: ``(x - self.mean) / self.std``."""
 
