@@ -275,7 +275,9 @@ def magnitude_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int
         for pname, gamma in handler.magnitude_gradients(module, g_w, g_b, q):
             p = params.get(pname)
             if p is not None and gamma is not None:
-                scales[p] = gamma.detach() if gamma.requires_grad else gamma
+                gamma = gamma.detach() if gamma.requires_grad else gamma
+                # a weight tied across layers: d/d|p|^q sums over them (chain rule)
+                scales[p] = scales[p] + gamma if p in scales else gamma
     return MagnitudeGradients(q, scales, layers.top + layers.shift)
 
 
