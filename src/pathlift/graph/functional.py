@@ -328,6 +328,18 @@ def fold_shape_reads(graph: fx.Graph, root: nn.Module) -> None:
             graph.erase_node(node)
 
 
+def commute_scales(graph: fx.Graph) -> None:
+    """``c * x`` (``operator.mul(2.0, h)``) becomes ``x * c``: the same constant scale, its
+    activation first, where every op reads its input (and what Python runs: the tensor's
+    ``__rmul__``, so validation's eager run records the same op)."""
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is operator.mul and \
+                len(node.args) == 2 and not isinstance(node.args[0], fx.Node | bool) and \
+                isinstance(node.args[0], int | float) and isinstance(node.args[1], fx.Node):
+            node.args = (node.args[1], node.args[0])
+
+
+
 def _substitute(node: fx.Node, value: Any) -> None:
     """Every reader of ``node`` reads ``value`` in its place."""
     def put(n: fx.Node) -> Any:

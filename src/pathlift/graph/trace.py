@@ -32,7 +32,12 @@ from pathlift.graph.boundary import (
     survey,
 )
 from pathlift.graph.dataflow import ShapeOnly
-from pathlift.graph.functional import fold_shape_reads, lower_calls, select_values
+from pathlift.graph.functional import (
+    commute_scales,
+    fold_shape_reads,
+    lower_calls,
+    select_values,
+)
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, called, holder
 from pathlift.graph.memory import check as check_memory
@@ -471,6 +476,7 @@ def _trace(found: Survey, shape: tuple[int, ...]) -> LayerGraph:
     clone = meta_clone(model, copies)
     graph = _symbolic_trace(clone, torch.empty((BATCH, *shape), dtype=dtype, device="meta"))
     fold_shape_reads(graph, clone)
+    commute_scales(graph)
     lower_calls(graph, clone)
     select_values(graph)
     modules = called(clone, graph, modules={name: copies[id(m)]

@@ -71,14 +71,25 @@ class ArithmeticHandler(Handler):
         if len(_tensors(call.args)) > 1:
             return ("a product of two activations is not a neuron of Def. 2.2.2 (gating, "
                     "squeeze-excitation, attention); supported: sums, constant scales")
-        if _tensors(call.args) and call.node.target in (operator.floordiv, operator.mod):
+        if _tensors(call.args) and (call.node.target in (operator.floordiv, operator.mod)
+                                    or call.kwargs.get("rounding_mode") is not None):
             return "integer division of activations is not piecewise linear"
+        if call.node.target in _DIVISIONS and len(call.args) == 2 and \
+                isinstance(call.args[1], Tensor):
+            return ("dividing by an activation (c / x) is not piecewise linear; divide an "
+                    "activation by a constant")
+        if call.node.target is torch.mul and len(call.args) == 2 and \
+                isinstance(call.args[1], Tensor):
+            return "torch.mul(c, x) with the constant first: write torch.mul(x, c) or c * x"
         return None
 
     def resolve(self, call: Call) -> Handler:
         if self.problem(call) is None and _tensors(call.args):
             return SCALE
         return self
+
+
+_DIVISIONS = (operator.truediv, torch.div, torch.true_divide, "div", "__truediv__")
 
 
 class ScaleHandler(FixedLinear):
@@ -93,7 +104,7 @@ class ScaleHandler(FixedLinear):
                                                    and target == "neg"):
             return -1.0
         other = next(a for a in call.args if not isinstance(a, Tensor))
-        if target in (operator.truediv, torch.div, torch.true_divide, "div", "__truediv__"):
+        if target in _DIVISIONS:
             return 1.0 / float(other)
         return float(other)
 
