@@ -19,7 +19,7 @@ from torch import Tensor, fx, nn
 from pathlift.errors import ArchitectureMismatchError, Problem
 from pathlift.graph.abs_pow import AbsPowLayer
 from pathlift.graph.layer_graph import LayerGraph
-from pathlift.graph.ops import Call, Kind
+from pathlift.graph.ops import Call, Handler, Kind
 from pathlift.graph.sharded import ShardedLayer, ShardedLayers, is_sharded_graph
 from pathlift.graph.walk import OpWalker
 
@@ -262,7 +262,7 @@ def paired_parameters(graph_a: LayerGraph, graph_b: LayerGraph
             f"the models have {len(nodes_a)} and {len(nodes_b)} operations; compare two "
             "models of one architecture")
     for na, nb in zip(nodes_a, nodes_b, strict=True):
-        if not (graph_a.handler(na) is graph_b.handler(nb) and na.target == nb.target
+        if not (_same_op(graph_a.handler(na), graph_b.handler(nb)) and na.target == nb.target
                 and _shape(na) == _shape(nb)):
             raise ArchitectureMismatchError(
                 f"operation '{na.name}' ({graph_a.handler(na).name}, output {_shape(na)}) "
@@ -279,6 +279,13 @@ def paired_parameters(graph_a: LayerGraph, graph_b: LayerGraph
         if ba is not None:
             pairs.append((name + ".bias", ba, bb))
     return pairs
+
+
+def _same_op(a: Handler, b: Handler) -> bool:
+    """Whether two handlers are one op: the same object, or copies made per graph with the
+    same settings (a layer lowered from a functional call, whose weight its module
+    computes: ``ops.derived.derived_layer``)."""
+    return a is b or (type(a) is type(b) and vars(a) == vars(b))
 
 
 def _shape(node: fx.Node) -> tuple[int, ...] | None:
