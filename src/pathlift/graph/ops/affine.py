@@ -590,9 +590,9 @@ def fold_batchnorms(bns: Sequence[nn.modules.batchnorm._BatchNorm]) -> None:
     that has none kept, for all of them in one batch of elementwise float64 ops on their
     concatenated tensors: each entry meets the same correctly rounded operations as
     ``_fold`` gives it one module at a time, so the folds are the same bit for bit
-    (tests/test_batchnorm_fold_batch.py). Modules without weight or bias, on another
-    device than the first, or whose tensors keep no version are left to
-    ``batchnorm_affine``."""
+    (tests/test_batchnorm_fold_batch.py). Modules without weight or bias, with tensors
+    other than plain ones (FSDP2's DTensor shards), on another device than the first, or
+    whose tensors keep no version are left to ``batchnorm_affine``."""
     todo = []
     for bn in bns:
         folds = _kept_folds(bn)
@@ -600,6 +600,8 @@ def fold_batchnorms(bns: Sequence[nn.modules.batchnorm._BatchNorm]) -> None:
         weight, bias = param(bn, "weight"), param(bn, "bias")
         if folds is not None and (fold is None or _versions(fold[:2]) != fold[2]) \
                 and weight is not None and bias is not None \
+                and all(type(t) is Tensor for t in (weight, bias, bn.running_var,
+                                                    bn.running_mean)) \
                 and weight.shape == bias.shape == bn.running_var.shape == bn.running_mean.shape \
                 and weight.dim() == 1 and bn.running_var.device == bns[0].running_var.device:
             todo.append((folds, bn, weight, bias))
