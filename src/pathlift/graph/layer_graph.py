@@ -237,6 +237,9 @@ class GraphInterpreter(fx.Interpreter):
     def submodules(self) -> dict[str, nn.Module]:
         return dict(self.module.named_modules())
 
+    def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple, dict]:
+        return node_arguments(self.env, n)
+
     def run(self, *args: Any, initial_env: dict[fx.Node, Any] | None = None,
             enable_io_processing: bool = True) -> Any:
         self.env = env = initial_env if initial_env is not None else {}
@@ -263,6 +266,21 @@ class GraphInterpreter(fx.Interpreter):
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
+
+
+_ATOMS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device})
+
+
+def node_arguments(env: dict[fx.Node, Any], n: fx.Node) -> tuple[tuple, dict]:
+    """(args, kwargs) of node ``n`` with each node replaced by its value in ``env``: what
+    torch.fx's ``fetch_args_kwargs_from_env`` gives, with an argument that is a node or a
+    plain constant (most of them) read without fx's generic walk of nested arguments
+    (every node of every pass asks)."""
+    def value(a: Any) -> Any:
+        if type(a) is fx.Node:
+            return env[a]
+        return a if type(a) in _ATOMS else fx.node.map_arg(a, env.__getitem__)
+    return tuple(map(value, n.args)), {k: value(v) for k, v in n.kwargs.items()}
 
 
 class _ContiguousBatchNorm(GraphInterpreter):

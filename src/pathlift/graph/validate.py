@@ -35,7 +35,7 @@ from pathlift.errors import (
 )
 from pathlift.graph.dataflow import Dataflow
 from pathlift.graph.functional import COMPUTED, LOWERED, REFUSED
-from pathlift.graph.layer_graph import HANDLER
+from pathlift.graph.layer_graph import HANDLER, node_arguments
 from pathlift.graph.ops import Call, Kind, UnsupportedHandler, handler_for, supported_summary
 from pathlift.graph.ops.relabel import SHAPE
 
@@ -176,6 +176,9 @@ class _Validate(fx.Interpreter):
             if node.op == "output":
                 return self.graph.process_outputs(self.env[node])
         return None
+
+    def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple, dict]:
+        return node_arguments(self.env, n)
 
     def call_module(self, target, args, kwargs):
         return _without_hooks(self.submodules[target], args, kwargs)

@@ -206,6 +206,11 @@ class AffineHandler(Parametric, Handler):
     absorbs_folds = True
 
     # ---- the |theta|^q network (Thm 3.1.1)
+    def prepare(self, modules: Sequence[nn.Module]) -> None:
+        """Compute at once, for several layers of this handler, what a |theta|^q pass
+        will ask of each (it fills the caches the other methods read): nothing by
+        default; eval BatchNorm folds all its modules in one batch (``fold_batchnorms``)."""
+
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
                   workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
         """|W / unit|^q: the layer's weight in the |theta|^q network (Thm 3.1.1), a fresh
@@ -547,23 +552,75 @@ def batchnorm_affine(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype | N
     up to three times per BatchNorm: units, gain, bias).
     """
     dtype = dtype or bn.running_var.dtype
-    state = _tensor_state(bn) if detach else None
+    return _kept_fold(bn, _kept_folds(bn) if detach else None, dtype, detach)
+
+
+def _kept_folds(bn: nn.modules.batchnorm._BatchNorm) -> dict | None:
+    """The detached folds kept for ``bn`` by dtype (emptied when one of its tensors or its
+    eps changed), or None where its tensors keep no version (nothing is kept)."""
+    state = _tensor_state(bn)
+    if state is None:
+        return None
     kept = _FOLDS.get(bn)
-    if kept is None or state is None or kept[1] != bn.eps or not _same(kept[0], state):
-        kept = (state, bn.eps, {})
-        if state is not None:
-            _FOLDS[bn] = kept
-    fold = kept[2].get(dtype)
+    if kept is None or kept[1] != bn.eps or not _same(kept[0], state):
+        kept = _FOLDS[bn] = (state, bn.eps, {})
+    return kept[2]
+
+
+def _kept_fold(bn: nn.modules.batchnorm._BatchNorm, folds: dict | None, dtype: torch.dtype,
+               detach: bool) -> tuple[Tensor, Tensor]:
+    """(a, c) in ``dtype`` from ``folds`` (the kept float64 fold rounded, so one fold per
+    module whatever the dtypes passes ask for), computed and kept there when missing or
+    written to since; computed afresh without ``folds``."""
+    fold = None if folds is None else folds.get(dtype)
     if fold is None or _versions(fold[:2]) != fold[2]:
-        if state is not None and dtype != torch.float64:  # the kept float64 fold, rounded:
-            wide = batchnorm_affine(bn, torch.float64)  # one fold per module, whatever the
-            a, c = wide[0].to(dtype), wide[1].to(dtype)  # dtypes passes ask for
+        if folds is not None and dtype != torch.float64:
+            wide = _kept_fold(bn, folds, torch.float64, detach)
+            a, c = wide[0].to(dtype), wide[1].to(dtype)
         else:
             a, c = _fold(bn, dtype, detach)
         fold = (a, c, _versions((a, c)))
-        if fold[2] is not None:  # an inference tensor keeps no version: never kept
-            kept[2][dtype] = fold
+        if folds is not None and fold[2] is not None:  # an inference tensor keeps no version
+            folds[dtype] = fold
     return fold[0], fold[1]
+
+
+def fold_batchnorms(bns: Sequence[nn.modules.batchnorm._BatchNorm]) -> None:
+    """Keep the detached float64 fold (``batchnorm_affine``) of every BatchNorm of ``bns``
+    that has none kept, for all of them in one batch of elementwise float64 ops on their
+    concatenated tensors: each entry meets the same correctly rounded operations as
+    ``_fold`` gives it one module at a time, so the folds are the same bit for bit
+    (tests/test_batchnorm_fold_batch.py). Modules without weight or bias, with tensors
+    other than plain ones (FSDP2's DTensor shards), on another device than the first, or
+    whose tensors keep no version are left to ``batchnorm_affine``."""
+    todo = []
+    for bn in bns:
+        folds = _kept_folds(bn)
+        fold = None if folds is None else folds.get(torch.float64)
+        weight, bias = param(bn, "weight"), param(bn, "bias")
+        if folds is not None and (fold is None or _versions(fold[:2]) != fold[2]) \
+                and weight is not None and bias is not None \
+                and all(type(t) is Tensor for t in (weight, bias, bn.running_var,
+                                                    bn.running_mean)) \
+                and weight.shape == bias.shape == bn.running_var.shape == bn.running_mean.shape \
+                and weight.dim() == 1 and bn.running_var.device == bns[0].running_var.device:
+            todo.append((folds, bn, weight, bias))
+    if len(todo) < 2:
+        return
+    sizes = [len(bn.running_var) for _, bn, _, _ in todo]
+
+    def joined(tensors: list[Tensor]) -> Tensor:  # detached: buffers, ``param``'s reads
+        return torch.cat(tensors).to(torch.float64)  # each entry converted exactly
+
+    eps = torch.tensor([bn.eps for _, bn, _, _ in todo], dtype=torch.float64,
+                       device=todo[0][1].running_var.device)
+    a = torch.add(joined([bn.running_var for _, bn, _, _ in todo]),
+                  eps.repeat_interleave(torch.tensor(sizes, device=eps.device))).rsqrt_()
+    a = a.mul_(joined([w for _, _, w, _ in todo]))
+    c = torch.mul(joined([bn.running_mean for _, bn, _, _ in todo]), a).neg_()
+    c = c.add_(joined([b for _, _, _, b in todo]))
+    for (folds, _, _, _), a_i, c_i in zip(todo, a.split(sizes), c.split(sizes), strict=True):
+        folds[torch.float64] = (a_i, c_i, _versions((a_i, c_i)))
 
 
 # An eval BatchNorm's detached folds (a, c, their versions) by dtype, with the state of its
@@ -619,6 +676,9 @@ class BatchNormHandler(AffineHandler):
             return ("running_var + eps is not positive for some channel, so x*a + c is "
                     "undefined; fix the statistics (running_var >= 0, eps > 0)")
         return found
+
+    def prepare(self, modules: Sequence[nn.Module]) -> None:
+        fold_batchnorms(modules)
 
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
                   workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
