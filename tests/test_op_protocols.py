@@ -66,6 +66,9 @@ def test_a_layer_without_live_magnitudes_is_no_live_layer():
     class Frozen:
         channel_dim = 1
 
+        def prepare(self, modules):
+            pass
+
         def units(self, module, exact=False):
             return 1.0, 1.0
 
