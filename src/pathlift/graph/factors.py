@@ -64,18 +64,37 @@ def incoming_norms(module: nn.Module, p: Producer, q: float) -> Tensor:
     return (rows / unit).pow(q).sum(dim=1).pow(1 / q) * unit[:, 0]
 
 
+def tied_layers(model: nn.Module, names: Sequence[str], among: Sequence[str] | None = None
+                ) -> list[tuple[str, str, str]]:
+    """(layer, other layer, parameter name) for each of ``names`` holding a parameter tensor
+    that another module of ``model`` (one of ``among`` if given) holds too: tied weights of
+    distinct layers. One module reachable under two names is one layer, not two."""
+    owners: dict[int, dict[int, str]] = {}  # parameter -> {module id: a name of it}
+    holders = model.named_modules() if among is None else \
+        ((n, model.get_submodule(n)) for n in among)
+    for name, module in holders:
+        for t in module.parameters(recurse=False):
+            owners.setdefault(id(t), {}).setdefault(id(module), name)
+    tied = []
+    for name in names:
+        module = model.get_submodule(name)
+        others = [(other, pname) for pname, t in module.named_parameters(recurse=False)
+                  for key, other in owners.get(id(t), {}).items() if key != id(module)]
+        if others:
+            tied.append((name, *others[0]))
+    return tied
+
+
 def refuse_shared_parameters(model: nn.Module, producers: Iterable[Producer]) -> None:
     """UnsupportedModelError when two layers hold one parameter tensor: a factor applied to
     one would silently apply to the other."""
-    owner: dict[int, str] = {}
-    for p in producers:
-        for name, t in model.get_submodule(p.name).named_parameters(recurse=False):
-            other = owner.setdefault(id(t), p.name)
-            if other != p.name:
-                raise UnsupportedModelError(
-                    f"layers '{other}' and '{p.name}' share the parameter '{name}' (tied "
-                    "weights of distinct layers); pathlift cannot transform one without the "
-                    "other. Untie them, or call the one layer twice instead")
+    names = [p.name for p in producers]
+    for name, other, pname in tied_layers(model, names, among=names)[:1]:
+        first, second = sorted((name, other))
+        raise UnsupportedModelError(
+            f"layers '{first}' and '{second}' share the parameter '{pname}' (tied "
+            "weights of distinct layers); pathlift cannot transform one without the "
+            "other. Untie them, or call the one layer twice instead")
 
 
 def as_factors(values: float | Sequence[float] | Tensor, channels: int, name: str) -> Tensor:

@@ -334,10 +334,9 @@ def commute_scales(graph: fx.Graph) -> None:
     ``__rmul__``, so validation's eager run records the same op)."""
     for node in graph.nodes:
         if node.op == "call_function" and node.target is operator.mul and \
-                len(node.args) == 2 and not isinstance(node.args[0], fx.Node | bool) and \
-                isinstance(node.args[0], int | float) and isinstance(node.args[1], fx.Node):
+                len(node.args) == 2 and isinstance(node.args[0], int | float) and \
+                not isinstance(node.args[0], bool) and isinstance(node.args[1], fx.Node):
             node.args = (node.args[1], node.args[0])
-
 
 
 def _substitute(node: fx.Node, value: Any) -> None:

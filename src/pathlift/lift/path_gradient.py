@@ -24,6 +24,7 @@ from pathlift.errors import Problem, UnsupportedModelError
 from pathlift.graph import AbsPowInterpreter, LayerGraph, Scaled
 from pathlift.graph.abs_pow import AbsPowLayer, output_sum
 from pathlift.graph.boundary import param
+from pathlift.graph.factors import tied_layers
 from pathlift.graph.ops import Activation, AffineHandler, Call, abs_power
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.differentiable import refuse_flushed
@@ -114,24 +115,6 @@ def _magnitude(c: float | Tensor) -> float | Tensor:
     return c.abs() if isinstance(c, Tensor) else abs(c)
 
 
-def _tied_layers(graph: LayerGraph, names: Sequence[str]) -> list[tuple[str, str]]:
-    """(layer, other layer) for each of ``names`` holding a parameter tensor that another
-    module of the model holds too: a path may then cross that weight twice (Sec. 3.5).
-    One module reachable under two names is one layer, not two."""
-    owners: dict[int, dict[int, str]] = {}  # parameter -> {module id: a name of it}
-    for name, module in graph.module.named_modules():
-        for t in module.parameters(recurse=False):
-            owners.setdefault(id(t), {}).setdefault(id(module), name)
-    tied = []
-    for name in names:
-        module = graph.module.get_submodule(name)
-        others = [other for t in module.parameters(recurse=False)
-                  for key, other in owners.get(id(t), {}).items() if key != id(module)]
-        if others:
-            tied.append((name, others[0]))
-    return tied
-
-
 def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[str] = (),
                     dtype: torch.dtype = torch.float64) -> PathMagnitudes:
     """|theta_i| d||Phi||_1/d|theta_i| / e^s for the weights of ``layers`` and the biases of
@@ -152,13 +135,13 @@ def path_magnitudes(graph: LayerGraph, layers: Sequence[str], biases: Sequence[s
             name, type(graph.module.get_submodule(name)).__name__,
             "this layer is called several times; path-magnitudes need each weight on one "
             "layer of the DAG") for name in sorted(shared)])
-    tied = _tied_layers(graph, sorted({*layers, *biases}))
+    tied = tied_layers(graph.module, sorted({*layers, *biases}))
     if tied:
         raise UnsupportedModelError([Problem(
             name, type(graph.module.get_submodule(name)).__name__,
             f"holds a parameter of layer '{other}' too (tied weights of distinct layers); "
             "path-magnitudes need each weight on one layer of the DAG")
-            for name, other in tied])
+            for name, other, _ in tied])
     tape = (_ShardedTape if is_sharded_graph(graph) else _Tape)(graph, layers, biases, dtype)
     with torch.enable_grad():
         mantissa, log_scale = output_sum(tape.run_all_ones())
