@@ -26,6 +26,7 @@ from activation_checks import (
     assert_norms_equal_enumeration,
     randomised,
 )
+from pathlift.bounds.box import box_outputs
 from pathlift.errors import UnsupportedModelError
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import magnitude_gradients
@@ -170,6 +171,26 @@ def test_path_sgd_scales_through_a_fixed_map_are_enumerated(name: str) -> None:
             norms.append(NeuronDAG.from_module(net, IMAGE).path_norm(2.0) ** 2)
         derivative = (norms[0] - norms[1]) / (2 * eps) / (2 * float(p[idx]))
         assert float(gamma[idx]) == pytest.approx(derivative, rel=1e-6), idx
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_the_box_pass_encloses_networks_drawn_around_a_fixed_map(name: str) -> None:
+    """The interval pass of the certificates (``box_outputs``) over a box of +-0.05 around
+    every parameter encloses the outputs of 10 networks drawn in the box."""
+    net = _net(name)
+    x = torch.randn(6, *IMAGE, dtype=torch.float64)
+    boxes = {layer: {n: (p.detach() - 0.05, p.detach() + 0.05)
+                     for n, p in getattr(net, layer).named_parameters()}
+             for layer in ("conv", "head")}
+    (out,) = box_outputs(net, IMAGE, x, boxes)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(10):
+        drawn = copy.deepcopy(net)
+        with torch.no_grad():
+            for p in drawn.parameters():
+                p.add_(0.1 * torch.rand(p.shape, generator=g, dtype=p.dtype) - 0.05)
+            y = drawn(x)
+        assert bool(((out.low <= y) & (y <= out.high)).all())
 
 
 class Across(nn.Module):
