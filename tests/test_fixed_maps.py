@@ -17,6 +17,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import Tensor, nn
 
 import timm_scan
@@ -47,6 +49,7 @@ MAPS = {
     "fliplr_channels": torch.fliplr,
     "roll_two_dims": lambda h: torch.roll(h, shifts=(1, -1), dims=(2, 3)),
     "roll_method_keywords": lambda h: h.roll(shifts=2, dims=-1),
+    "rot90_spatial": lambda h: torch.rot90(h, 1, (2, 3)) + h.rot90(-1, [-1, -2]),
     "repeat_channels": lambda h: h.repeat(1, 2, 1, 1),
     "tile_short_reps": lambda h: torch.tile(h, (1, 2, 1)),
     "repeat_interleave_dim": lambda h: h.repeat_interleave(2, dim=2),
@@ -193,6 +196,61 @@ def test_the_box_pass_encloses_networks_drawn_around_a_fixed_map(name: str) -> N
         assert bool(((out.low <= y) & (y <= out.high)).all())
 
 
+class Drawn(nn.Module):
+    """A conv, ReLU, then ``spell`` (a map drawn by hypothesis), a Linear head."""
+
+    def __init__(self, spell) -> None:
+        super().__init__()
+        self.spell = spell
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.head = nn.LazyLinear(2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.spell(F.relu(self.conv(x))).flatten(1))
+
+
+@st.composite
+def _spellings(draw):
+    """A map along feature dims of a (batch, 3, 4, 4) tensor, each dim drawn positive or
+    negative, each argument positional or by keyword."""
+    dim = draw(st.sampled_from([1, 2, 3, -1, -2, -3]))
+    dims = tuple(draw(st.lists(st.sampled_from([1, 2, 3]), min_size=1, max_size=2,
+                               unique=True)))
+    dims = tuple(d - 4 if draw(st.booleans()) else d for d in dims)
+    shift = draw(st.integers(-5, 5))
+    reps = (1, *draw(st.lists(st.integers(1, 2), min_size=3, max_size=3)))
+    keep = draw(st.booleans())
+    spellings = [
+        lambda h: torch.flip(h, dims), lambda h: h.flip(dims=dims),
+        lambda h: torch.roll(h, shift, dim), lambda h: h.roll(shifts=shift, dims=dim),
+        lambda h: h.repeat(*reps), lambda h: torch.tile(h, reps),
+        lambda h: h.repeat_interleave(2, dim=dim),
+        lambda h: torch.cumsum(h, dim=dim), lambda h: h.cumsum(dim),
+        lambda h: torch.amin(h, dims, keepdim=keep), lambda h: h.amin(dim=dims),
+        lambda h: torch.min(h, dim, keep).values, lambda h: h.min(dim=dim)[0],
+        lambda h: torch.stack([h, h.flip(dim)], dim=dim).sum(dim),
+        lambda h: torch.stack([h, h], dim if dim < 0 else dim + 1).amax(dims),
+        lambda h: h.unfold(dim, 2, 1 + keep),
+    ]
+    return draw(st.sampled_from(spellings))
+
+
+@settings(max_examples=20, deadline=None)
+@given(_spellings(), st.integers(0, 2**16), st.floats(1.0, 3.0))
+def test_any_spelling_of_a_fixed_map_is_exact_against_enumeration(spell, seed, q) -> None:
+    torch.manual_seed(seed)
+    net = Drawn(spell)
+    net(torch.zeros(1, *IMAGE))
+    net = randomised(net, seed)
+    dag = NeuronDAG.from_module(net, IMAGE)
+    x = torch.randn(1, *IMAGE, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.as_tensor(dag.output(x)), net(x).reshape(-1),
+                                   rtol=0, atol=1e-12)
+    assert path_norm(net, IMAGE, q=q).log10 == pytest.approx(dag.path_norm_log10(q),
+                                                             abs=1e-12)
+
+
 class Across(nn.Module):
     """A map over the batch dimension: it mixes samples."""
 
@@ -209,6 +267,7 @@ ACROSS = {
     "flip_batch": (lambda h: h.flip(0), "flip"),
     "flipud": (torch.flipud, "flipud"),
     "roll_flattened": (lambda h: torch.roll(h, 1), "roll"),
+    "rot90_default_dims": (lambda h: torch.rot90(h.reshape(2, 2, 2), 1).flatten(1), "rot90"),
     "roll_batch_keyword": (lambda h: h.roll(1, dims=-2), "roll"),
     "cumsum_batch": (lambda h: h.cumsum(dim=-2), "cumsum"),
     "amin_batch": (lambda h: torch.amin(h, 0, keepdim=True).expand(2, 4), "amin"),

@@ -43,7 +43,7 @@ class ReshapeHandler(Handler):
 
 class CopyHandler(ReshapeHandler):
     """Moves or copies neurons along feature dims, each output a copy of one input (flip,
-    roll, repeat, tile, expand, ``Tensor.unfold``): relabels, creates none (a neuron read
+    roll, rot90, repeat, tile, expand, ``Tensor.unfold``): relabels, creates none (a neuron read
     twice by the next layer is two edges of it, Def. 2.2.2). Refused where an output reads
     another sample: run on a probe holding each sample's index in the batch."""
 
@@ -230,11 +230,11 @@ register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelU
          note="(`view`, `reshape`, `permute`, `flatten`, `chunk`, `split`, `narrow`, "
               "`unbind`, `PixelShuffle`)")
 register(CopyHandler("copies along features"),
-         functions=[torch.flip, torch.fliplr, torch.flipud, torch.roll, torch.tile,
-                    torch.broadcast_to, torch.repeat_interleave],
-         methods=["flip", "fliplr", "flipud", "roll", "repeat", "tile", "expand", "expand_as",
-                  "broadcast_to", "unfold", "repeat_interleave"],
-         note="(`flip`, `roll`, `repeat`, `tile`, `expand`, `repeat_interleave`, "
+         functions=[torch.flip, torch.fliplr, torch.flipud, torch.roll, torch.rot90,
+                    torch.tile, torch.broadcast_to, torch.repeat_interleave],
+         methods=["flip", "fliplr", "flipud", "roll", "rot90", "repeat", "tile", "expand",
+                  "expand_as", "broadcast_to", "unfold", "repeat_interleave"],
+         note="(`flip`, `roll`, `rot90`, `repeat`, `tile`, `expand`, `repeat_interleave`, "
               "`Tensor.unfold`)")
 register(IdentityHandler("Identity"), modules=[nn.Identity], methods=["contiguous"])
 register(GetItemHandler("indexing"), functions=[operator.getitem],
