@@ -30,6 +30,7 @@ from activation_checks import (
 )
 from pathlift.bounds.box import box_outputs
 from pathlift.errors import UnsupportedModelError
+from pathlift.graph.boundary import flat_outputs
 from pathlift.lift import path_norm
 from pathlift.lift.differentiable import magnitude_gradients
 from pathlift.prune import path_magnitude_scores
@@ -249,6 +250,44 @@ def test_any_spelling_of_a_fixed_map_is_exact_against_enumeration(spell, seed, q
                                    rtol=0, atol=1e-12)
     assert path_norm(net, IMAGE, q=q).log10 == pytest.approx(dag.path_norm_log10(q),
                                                              abs=1e-12)
+
+
+class TwoHeads(nn.Module):
+    """A shared trunk, then a dict of two heads reading a rolled, tiled copy and a
+    cumulative min-pool of it (outputs as users return them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Conv1d(2, 3, 3, padding=1, padding_mode="circular")
+        self.heads = nn.ModuleDict({"rolled": nn.Linear(3 * 14, 2), "pooled": nn.Linear(3, 1)})
+
+    def forward(self, x: Tensor) -> dict[str, Tensor]:
+        h = F.relu(self.trunk(x))
+        rolled = torch.tile(h.roll(-2, -1), (1, 2))[..., 1:-1]
+        pooled = torch.cumsum(h, -1).amin(-1)
+        return {"rolled": self.heads["rolled"](rolled.flatten(1)),
+                "pooled": self.heads["pooled"](pooled)}
+
+
+def test_dict_outputs_through_fixed_maps_are_exact_against_enumeration() -> None:
+    torch.manual_seed(0)
+    net, shape = randomised(TwoHeads(), 0), (2, 8)
+    dag = NeuronDAG.from_module(net, shape)
+    x = torch.randn(3, *shape, dtype=torch.float64)
+    with torch.no_grad():
+        y = flat_outputs(net(x), 3)
+    for i in range(3):
+        torch.testing.assert_close(torch.as_tensor(dag.output(x[i:i + 1])), y[i], rtol=0,
+                                   atol=1e-12)
+    for q, r in ((1.0, None), (2.0, None), (1.0, math.inf), (2.0, 1.0)):
+        assert path_norm(net, shape, q=q, r=r).log10 == pytest.approx(
+            dag.path_norm_log10(q, r), abs=1e-12), (q, r)
+    rescaled = random_rescale(net, seed=2, input_shape=shape)
+    assert not torch.equal(rescaled.trunk.weight, net.trunk.weight)
+    with torch.no_grad():
+        torch.testing.assert_close(flat_outputs(rescaled(x), 3), y, rtol=1e-10, atol=1e-10)
+    assert NeuronDAG.from_module(rescaled, shape).path_norm_log10(2.0) == pytest.approx(
+        dag.path_norm_log10(2.0), abs=1e-12)
 
 
 class Across(nn.Module):
