@@ -23,6 +23,7 @@ from activation_checks import randomised
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_metric, path_norm
 from pathlift.prune import path_magnitude_scores
+from pathlift.quant.model import quantize
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
 
@@ -129,4 +130,21 @@ def test_the_path_metric_of_a_padded_convolution_is_enumerated(mode: str) -> Non
     assert metric.case == "exact"
     enumerated = (NeuronDAG.from_module(Twin(net, mode), shape).path_norm(1.0)
                   - NeuronDAG.from_module(Twin(pruned, mode), shape).path_norm(1.0))
+    assert metric.upper_log10 == pytest.approx(math.log10(enumerated), abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", sorted(PADS))
+def test_quantisation_reaches_a_padded_convolution_and_is_certified(mode: str) -> None:
+    """4-bit rounding towards zero writes both convolutions' weights (codes under their
+    state_dict names), and the path-metric certifying it is the enumerated difference of
+    the twins' l1 path-norms (Lemma 3.4.1)."""
+    net = _net(2, mode)
+    shape = SHAPES[2]
+    quantized = quantize(net, shape, bits=4)
+    assert {"a.weight", "b.weight"} <= set(quantized.codes)
+    assert not torch.equal(quantized.model.b.weight, net.b.weight)
+    metric = path_metric(net, quantized.model, shape)
+    assert metric.case == "exact"
+    enumerated = (NeuronDAG.from_module(Twin(net, mode), shape).path_norm(1.0)
+                  - NeuronDAG.from_module(Twin(quantized.model, mode), shape).path_norm(1.0))
     assert metric.upper_log10 == pytest.approx(math.log10(enumerated), abs=1e-12)
