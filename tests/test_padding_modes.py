@@ -22,8 +22,8 @@ from abs_pow_oracle import path_magnitude_oracle
 from activation_checks import randomised
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_metric, path_norm
-from pathlift.prune import path_magnitude_scores
-from pathlift.quant.model import quantize
+from pathlift.prune import global_path_magnitude, path_magnitude_scores
+from pathlift.quant import quantize
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
 
@@ -148,3 +148,62 @@ def test_quantisation_reaches_a_padded_convolution_and_is_certified(mode: str) -
     enumerated = (NeuronDAG.from_module(Twin(net, mode), shape).path_norm(1.0)
                   - NeuronDAG.from_module(Twin(quantized.model, mode), shape).path_norm(1.0))
     assert metric.upper_log10 == pytest.approx(math.log10(enumerated), abs=1e-12)
+
+
+def _effective_twin(net: Net, pruned: Net, mode: str) -> Twin:
+    """``Twin`` of ``net`` holding ``pruned``'s effective (masked) weights."""
+    twin = Twin(net, mode)
+    with torch.no_grad():
+        for name in ("a", "b"):
+            getattr(twin, name).weight.copy_(getattr(pruned, name).weight)
+    return twin
+
+
+@pytest.mark.parametrize("mode", sorted(PADS))
+def test_path_magnitude_pruning_of_a_padded_convolution_is_certified(mode: str) -> None:
+    """pathlift's own pruning (torch.nn.utils.prune masks on the conv, whose pre-hooks
+    validation runs before the padding, as the module's call does) gives the pruned
+    network's enumerated path-norm and the exact path-metric of eq. 3.19."""
+    net = _net(2, mode)
+    shape = SHAPES[2]
+    pruned = copy.deepcopy(net)
+    result = global_path_magnitude(pruned, shape, 0.3)
+    assert result.pruned > 0 and hasattr(pruned.a, "weight_mask")
+    twin = _effective_twin(net, pruned, mode)
+    dense = NeuronDAG.from_module(Twin(net, mode), shape).path_norm(1.0)
+    sparse = NeuronDAG.from_module(twin, shape).path_norm(1.0)
+    assert result.log10_path_norm == pytest.approx(math.log10(dense), abs=1e-12)
+    assert result.log10_path_metric == pytest.approx(math.log10(dense - sparse), abs=1e-12)
+    assert path_norm(pruned, shape, q=2.0).log10 == pytest.approx(
+        NeuronDAG.from_module(twin, shape).path_norm_log10(2.0), abs=1e-12)
+
+
+class PaddedFunctional(nn.Module):
+    """A user's layer padding in its forward before ``F.conv2d`` over its own weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 2, 3, 3))
+        self.bias = nn.Parameter(torch.randn(3))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), self.weight, self.bias)
+
+
+def test_a_pruned_functional_layer_padding_before_its_conv_is_measured() -> None:
+    """The prune mask of a layer whose forward pads before its conv used to be refused as
+    "computes another function than model.forward" (the mask ran after the padding)."""
+    torch.manual_seed(0)
+    net = randomised(nn.Sequential(PaddedFunctional(), nn.ReLU(), nn.Flatten(),
+                                   nn.Linear(48, 2)), 0)
+    torch.nn.utils.prune.l1_unstructured(net[0], "weight", 0.3)
+    twin = nn.Sequential(nn.ReplicationPad2d(1), nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(48, 2)).double().eval()
+    with torch.no_grad():
+        twin[1].weight.copy_(net[0].weight)
+        twin[1].bias.copy_(net[0].bias)
+        twin[4].load_state_dict(net[3].state_dict())
+    dag = NeuronDAG.from_module(twin, (2, 4, 4))
+    for q in (1.0, 2.0):
+        assert path_norm(net, (2, 4, 4), q=q).log10 == pytest.approx(dag.path_norm_log10(q),
+                                                                     abs=1e-12)
