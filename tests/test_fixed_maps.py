@@ -290,6 +290,30 @@ def test_dict_outputs_through_fixed_maps_are_exact_against_enumeration() -> None
         dag.path_norm_log10(2.0), abs=1e-12)
 
 
+class ChannelMean(nn.Module):
+    """A mean over the channels of a (batch, 4, 4) map: as many positions as channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(2, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(F.relu(self.conv(x)).mean(1))
+
+
+def test_a_mean_across_channels_ties_them_when_rescaling() -> None:
+    """The channel analysis read a map that keeps the channel count as per-channel and
+    rescaled each channel on its own: a mean across 4 channels of length 4 changed the
+    function by 231 (the ids of every channel it mixes are now tied)."""
+    torch.manual_seed(0)
+    net = ChannelMean().double().eval()
+    rescaled = random_rescale(net, seed=1, input_shape=(2, 4))
+    x = torch.randn(3, 2, 4, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(rescaled(x), net(x), rtol=1e-12, atol=1e-12)
+
+
 class Across(nn.Module):
     """A map over the batch dimension: it mixes samples."""
 
