@@ -7,7 +7,8 @@ another module holds itself: a functional layer's, a per-channel scale's) replac
 eval BatchNorm turned into the identity neuron a x + b of its fold (a = gamma /
 sqrt(var + eps), b = beta - mean a) with |a|^q, |b|^q; its forward runs on the all-ones
 input under a torch-function mode that turns every max-pool (module or functional) into a
-sum-pool (weights 1; its -inf padding entering as zeros), every average pool and mean into
+sum-pool (weights 1; its -inf padding entering as zeros), every ``amax`` and ``amin``
+into a sum over its dims, every average pool and mean into
 weights (1/K)^q over its own windows, ReLU6 and LeakyReLU into the passes of their
 two-ReLU sub-DAGs, and a product with a Python number c (a constant scale) into the
 product with |c|^q: the outputs are
@@ -79,6 +80,10 @@ class _AbsPowMode(TorchFunctionMode):
             dims = [dim] if isinstance(dim, int) else list(dim)
             size = math.prod(x.shape[d] for d in dims)
             return func(*args, **kwargs) * float(size) ** (1.0 - q)
+        if name in ("amax", "amin"):  # max-pool neurons (min: -max(-x)), weights of |1|^q
+            dim = args[1] if len(args) > 1 else kwargs["dim"]
+            keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            return torch.sum(args[0], dim, keepdim)
         if name == "hardtanh":
             x = args[0]
             low = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)

@@ -13,8 +13,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from pathlift.bounds import lipschitz_input
+from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
-from pathlift.lift import path_norm
+from pathlift.lift import path_metric, path_norm
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
 
@@ -59,3 +61,29 @@ def assert_rescaling_keeps_function_and_norms(net: nn.Module, shape: tuple[int, 
         for q, r in PAIRS:
             assert path_norm(other, shape, q=q, r=r).log10 == pytest.approx(
                 path_norm(net, shape, q=q, r=r).log10, abs=1e-12)
+
+
+def assert_bounds_and_path_metric(net: nn.Module, shape: tuple[int, ...], pruned: nn.Module
+                                  ) -> None:
+    """Thm 3.3.1 on 40 sampled pairs (and ||Phi||_{1,1} <= the layer-norm product, Thm
+    3.3.2); the l1 path-metric to ``pruned`` (|theta'| <= |theta|, same signs) is exact
+    (Lemma 3.4.1) and equals ||Phi||_1 - ||Phi'||_1 by enumeration, and bounds the change
+    of every output (Cor. 3.4.1) on 40 inputs."""
+    lip = lipschitz_input(net, shape)
+    if lip.layer_product is not None:
+        assert lip.path_norm.log10 <= lip.layer_product.log10 + 1e-12
+    x = torch.randn(40, *shape, dtype=torch.float64)
+    near = x + 0.01 * torch.randn_like(x)
+    with torch.no_grad():
+        change = (flat_outputs(net(x), 40) - flat_outputs(net(near), 40)).abs().sum(1)
+    assert torch.all(change <= 10 ** lip.path_norm.log10 * (x - near).flatten(1).abs().amax(1)
+                     * (1 + 1e-9))
+    metric = path_metric(net, pruned, shape)
+    assert metric.case == "exact"
+    enumerated = (NeuronDAG.from_module(net, shape).path_norm(1.0)
+                  - NeuronDAG.from_module(pruned, shape).path_norm(1.0))
+    assert metric.upper_log10 == pytest.approx(math.log10(enumerated), abs=1e-12)
+    with torch.no_grad():
+        gap = (flat_outputs(net(x), 40) - flat_outputs(pruned(x), 40)).abs().sum(1)
+    assert torch.all(gap <= 10 ** metric.upper_log10
+                     * x.flatten(1).abs().amax(1).clamp_min(1) * (1 + 1e-9))

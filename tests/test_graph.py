@@ -115,10 +115,14 @@ def test_nan_weights_are_refused_with_the_parameter_named():
         path_norm(model, (4,))
 
 
-def test_reflect_padding_is_refused():
+def test_reflect_padding_is_the_padding_module_then_the_conv():
+    """Conv2d(padding_mode='reflect') is read as F.pad(mode='reflect') + the unpadded
+    conv: the path-norm of nn.ReflectionPad2d + Conv2d (tests/test_padding_modes.py)."""
     model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect")).eval()
-    with pytest.raises(UnsupportedModelError, match="zero padding"):
-        path_norm(model, (1, 4, 4))
+    twin = nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(1, 2, 3)).eval()
+    twin[1].load_state_dict(model[0].state_dict())
+    assert path_norm(model, (1, 4, 4)).value == pytest.approx(path_norm(twin, (1, 4, 4)).value,
+                                                              rel=1e-12)
 
 
 def test_reshape_across_batch_is_refused():

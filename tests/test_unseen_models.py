@@ -24,8 +24,7 @@ from torch import nn
 import timm_scan
 import unseen_zoo as z
 from abs_pow_oracle import abs_pow_log10
-from activation_checks import randomised
-from pathlift.bounds import lipschitz_input
+from activation_checks import assert_bounds_and_path_metric, randomised
 from pathlift.cli_support import one_line
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph.boundary import flat_outputs
@@ -279,20 +278,16 @@ def _twins(name: str) -> tuple[nn.Module, nn.Module, tuple[int, ...]]:
 
 #: name -> (what pathlift does today and where, what it raises)
 INSIDE_REFUSED = {
-    "padding_mode_reflect": ("Conv2d(padding_mode='reflect') is F.pad(mode='reflect') + "
-                             "conv, which pathlift measures; graph/ops/affine.py "
-                             "ConvHandler.problem refuses it", PathliftError),
-    "padding_mode_circular": ("as reflect (ConvHandler.problem)", PathliftError),
-    "padding_mode_replicate": ("as reflect (ConvHandler.problem)", PathliftError),
     "clamp_min_zero": ("x.clamp_min(0) is ReLU; no handler for the clamp_min method",
                        PathliftError),
     "maximum_with_zeros": ("torch.maximum(h, zeros_like(h)) is ReLU; zeros_like and maximum "
                            "have no handler", PathliftError),
     "abs": ("|z| = ReLU(z) + ReLU(-z) is piecewise linear; graph/ops/unsupported.py lists "
             "torch.abs and .abs() under _CURVED ('is not piecewise linear')", PathliftError),
-    "torch_stack_sum": ("torch.stack is a concatenation; no handler, and the sum over the "
-                        "stacked dim 0 is then misread as a sum over the batch",
-                        PathliftError),
+    "torch_stack_sum": ("torch.stack at dim 0 puts the stacked tensors before the batch "
+                        "dim, which every pass assumes at dim 0: refused in one line "
+                        "(graph/ops/relabel.py StackHandler; stack along a feature dim is "
+                        "measured, tests/test_fixed_maps.py)", PathliftError),
     "jit_script_submodule": ("a torch.jit.script-ed Sequential inside an eager model is "
                              "refused as 'data-dependent control flow' ('_CachedForward' "
                              "object has no attribute '__getattr__'), graph/trace.py "
@@ -305,6 +300,14 @@ INSIDE_REFUSED = {
     for n, (why, raises) in INSIDE_REFUSED.items()])
 def test_inside_the_theory_but_refused_today(name: str) -> None:
     net, twin, shape = _twins(name)
+    _assert_like_twin(net, twin, shape)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "circular", "replicate"])
+def test_a_conv_padding_mode_is_measured_like_its_twin(mode: str) -> None:
+    """Conv2d(padding_mode=mode) is F.pad(mode=mode) and the unpadded conv (it used to be
+    refused by ConvHandler.problem)."""
+    net, twin, shape = _twins(f"padding_mode_{mode}")
     _assert_like_twin(net, twin, shape)
 
 
@@ -353,12 +356,8 @@ def test_a_layer_scale_stored_as_1c11_is_a_depthwise_scale(inner: bool) -> None:
     _assert_like_twin(net, twin, IMG)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=PathliftError, reason=(
-        f"{n}: a fixed linear map (identity neurons, DESIGN.md; amin a max-pool of -h) "
-        "with no handler in graph/ops")))
-    for n in sorted(set(z.FIXED_MAPS) - {"amax"})])
-def test_fixed_linear_maps_refused_today(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(set(z.FIXED_MAPS) - {"amax"}))
+def test_fixed_linear_maps_are_measured(name: str) -> None:
     """Each map moves or sums entries with weight 1, so the |theta|^q pass of the eager
     forward is exact at q = 1, 2 (amin: against its twin amax, -amin(-h) = amax(h))."""
     torch.manual_seed(0)
@@ -407,25 +406,7 @@ def test_unseen_model_bounds_hold_and_the_path_metric_is_enumerated(name: str) -
     ||Phi||_1 - ||Phi'||_1 by enumeration, and bounds the change of every output
     (Cor. 3.4.1) on 40 inputs."""
     net, shape = _net(name)
-    lip = lipschitz_input(net, shape)
-    if lip.layer_product is not None:
-        assert lip.path_norm.log10 <= lip.layer_product.log10 + 1e-12
-    x = torch.randn(40, *shape, dtype=torch.float64)
-    near = x + 0.01 * torch.randn_like(x)
-    with torch.no_grad():
-        change = (flat_outputs(net(x), 40) - flat_outputs(net(near), 40)).abs().sum(1)
-    assert torch.all(change <= 10 ** lip.path_norm.log10 * (x - near).flatten(1).abs().amax(1)
-                     * (1 + 1e-9))
-    pruned = _pruned(net)
-    metric = path_metric(net, pruned, shape)
-    assert metric.case == "exact"
-    enumerated = (NeuronDAG.from_module(net, shape).path_norm(1.0)
-                  - NeuronDAG.from_module(pruned, shape).path_norm(1.0))
-    assert metric.upper_log10 == pytest.approx(math.log10(enumerated), abs=1e-12)
-    with torch.no_grad():
-        gap = (flat_outputs(net(x), 40) - flat_outputs(pruned(x), 40)).abs().sum(1)
-    assert torch.all(gap <= 10 ** metric.upper_log10
-                     * x.flatten(1).abs().amax(1).clamp_min(1) * (1 + 1e-9))
+    assert_bounds_and_path_metric(net, shape, _pruned(net))
 
 
 @pytest.mark.parametrize("name", sorted(COMPUTED))

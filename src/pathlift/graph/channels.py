@@ -240,7 +240,7 @@ class _Labeller(OpWalker):
     def on_pool(self, handler: FixedLinear, call: Call) -> Tensor:
         if handler.elementwise:
             return call.args[0]
-        return self._pool(call.node, call.args[0])
+        return self._pool(handler, call)
 
     on_maxpool = on_pool
 
@@ -269,15 +269,19 @@ class _Labeller(OpWalker):
         view[dim] = -1
         return neurons.to(torch.float64).reshape(view).expand(shape).clone()
 
-    def _pool(self, n: fx.Node, ids: Tensor) -> Tensor:
-        shape = self._out_shape(n)
-        long = ids.long()
-        if (long.dim() >= 2 and len(shape) >= 2 and shape[1] == long.shape[1]
-                and (long == long.flatten(2)[:, :, :1].reshape(
-                    long.shape[:2] + (1,) * (long.dim() - 2))).all()):
-            channel = long.flatten(2)[0, :, 0].to(torch.float64)
-            return channel.reshape((1, -1) + (1,) * (len(shape) - 2)).expand(shape).clone()
-        return torch.full(shape, float(self.uf.union_all(long)), dtype=torch.float64)
+    def _pool(self, handler: FixedLinear, call: Call) -> Tensor:
+        """Each neuron keeps the id of its antecedents where they all hold one (the op's
+        ``antecedent_max`` of the ids and of ``top - ids`` agree: per-channel pooling, a
+        copy, a sum along a channel's positions); where one reads several (a sum across
+        channels, zero padding), every id of the input is tied."""
+        ids = call.args[0]
+        top = float(ids.max()) + 1  # top - ids > 0: no fill value of the op exceeds it
+        high = handler.antecedent_max(ids, call)
+        flipped = top - ids
+        if torch.equal(high, top - handler.antecedent_max(flipped, call.replace(flipped))):
+            return high
+        return torch.full(high.shape, float(self.uf.union_all(ids.long())),
+                          dtype=torch.float64)
 
 
 def channel_map(graph: LayerGraph) -> ChannelMap:

@@ -41,7 +41,7 @@ from pathlift.graph.functional import (
 from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, called, holder
 from pathlift.graph.memory import check as check_memory
-from pathlift.graph.ops import MODULES
+from pathlift.graph.ops import MODULES, Handler
 from pathlift.graph.validate import (
     BATCH,
     classify,
@@ -229,11 +229,14 @@ class _Tracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         kind = type(m)
-        forward, registered, known = _LEAVES.get(kind, (None, -1, False))
+        forward, registered, handler = _LEAVES.get(kind, (None, -1, None))
         if forward is not kind.forward or registered != len(MODULES):
-            forward, registered, known = _LEAVES[kind] = kind.forward, len(MODULES), any(
-                cls in MODULES and cls.forward is kind.forward for cls in kind.__mro__)
-        return known or super().is_leaf_module(m, module_qualified_name)
+            forward, registered, handler = _LEAVES[kind] = kind.forward, len(MODULES), next(
+                (MODULES[cls] for cls in kind.__mro__
+                 if cls in MODULES and cls.forward is kind.forward), None)
+        if handler is not None and handler.traced_through(m):
+            return False
+        return handler is not None or super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m, forward, args, kwargs):
         if self._running:  # a leaf's own submodules, run on meta values
@@ -355,10 +358,12 @@ class _Tracer(fx.Tracer):
                 f"tensors ({type(err).__name__}: {reason})"), err
 
 
-#: Whether a module class is a supported op's class or a subclass inheriting its
-#: ``forward`` (asked for every module call of every trace), with the ``forward`` and the
-#: number of registered classes it was found for (``ops.register`` may add one).
-_LEAVES: weakref.WeakKeyDictionary[type, tuple[Any, int, bool]] = weakref.WeakKeyDictionary()
+#: The handler of a module class that is a supported op's class or a subclass inheriting
+#: its ``forward``, else None (asked for every module call of every trace), with the
+#: ``forward`` and the number of registered classes it was found for (``ops.register``
+#: may add one).
+_LEAVES: weakref.WeakKeyDictionary[type, tuple[Any, int, Handler | None]] = \
+    weakref.WeakKeyDictionary()
 
 #: What an op raises when it cannot run on shape-only (meta) values: no meta kernel or data
 #: read from a meta tensor (RuntimeError, NotImplementedError), a Python function given a

@@ -141,13 +141,9 @@ def in_place_problems(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[Pr
 # --------------------------------------------------------------------------- steps 3 and 4
 
 
-def _without_hooks(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-    """A module call as the graph passes see it: its forward, after torch.nn.utils.prune's
-    pre-hooks (the masks are part of the layer), without any other hook."""
-    for hook in module._forward_pre_hooks.values():
-        if isinstance(hook, prune.BasePruningMethod):
-            hook(module, args)
-    return module.forward(*args, **kwargs)
+def _prune_hooks(module: nn.Module) -> list[prune.BasePruningMethod]:
+    return [h for h in module._forward_pre_hooks.values()
+            if isinstance(h, prune.BasePruningMethod)]
 
 
 class _Validate(fx.Interpreter):
@@ -164,6 +160,8 @@ class _Validate(fx.Interpreter):
         self.garbage_collect_values, self.extra_traceback = False, False
         self.clone, self.recorder = clone, recorder
         self.problems = list(problems)
+        self.masked = {t for t, m in modules.items() if _prune_hooks(m)}
+        self.masks_applied: set[str] = set()
 
     def run(self, example: Tensor) -> Any:
         """fx's ``run`` over the graph's nodes in order, without its progress bar: tqdm
@@ -181,7 +179,21 @@ class _Validate(fx.Interpreter):
         return node_arguments(self.env, n)
 
     def call_module(self, target, args, kwargs):
-        return _without_hooks(self.submodules[target], args, kwargs)
+        """A module call as the graph passes see it: its forward, after torch.nn.utils.
+        prune's pre-hooks (the masks are part of the layer), without any other hook."""
+        self._apply_masks(target)
+        self.masks_applied.discard(target)
+        return self.submodules[target].forward(*args, **kwargs)
+
+    def _apply_masks(self, target: str) -> None:
+        """Run the prune pre-hooks of the pruned layer ``target`` once for its call, when
+        its first op runs: as ``model.forward`` does at the call, before ops its forward
+        runs ahead of the layer's own (the ``F.pad`` of a Conv2d with reflect padding)."""
+        if target in self.masked and target not in self.masks_applied:
+            module = self.submodules[target]
+            for hook in _prune_hooks(module):
+                hook(module, ())
+            self.masks_applied.add(target)
 
     def get_attr(self, target, args, kwargs):
         """A tensor read outside any layer, from the model (the graph's own table holds
@@ -194,6 +206,9 @@ class _Validate(fx.Interpreter):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         if n.op in ("call_module", "call_function", "call_method"):
             module = self.submodules[n.target] if n.op == "call_module" else None
+            if self.masked:
+                for path, _ in n.meta.get("nn_module_stack", {}).values():
+                    self._apply_masks(path)
             call = Call(n, module, tuple(args), dict(kwargs))
             self.recorder.paused = True  # handlers may probe with small real tensors
             try:

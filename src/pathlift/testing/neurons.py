@@ -509,23 +509,32 @@ class _Builder(OpWalker):
         return out.reshape(ids.shape)
 
     def _maxpool(self, name: str, call: Call) -> Tensor:
-        """1-max-pool neurons, weights 1, bias 0; windows found by probing the real op."""
+        """1-max-pool neurons, weights 1, bias 0; windows found by probing the real op. A
+        min-pool (min x = -max(-x)), found when probing from above, is max-pool neurons
+        with incoming weights -1 followed by identity neurons of weight -1."""
         call = self._distinct(call, [0])
         ids = call.args[0]
         n_in = ids.numel()
-        probe = torch.full((n_in, *ids.shape[1:]), _FAR_BELOW, dtype=torch.float64)
-        probe.reshape(n_in, n_in).fill_diagonal_(0.0)
-        hit = (call.run(probe) == 0).reshape(n_in, -1).numpy()
-        if not hit.any(axis=0).all():
+        for sign in (1.0, -1.0):  # a max, else a min
+            probe = torch.full((n_in, *ids.shape[1:]), sign * _FAR_BELOW, dtype=torch.float64)
+            probe.reshape(n_in, n_in).fill_diagonal_(0.0)
+            hit = (call.run(probe) == 0).reshape(n_in, -1).numpy()
+            if hit.any(axis=0).all():
+                break
+        else:
             raise UnsupportedModelError(f"node '{name}' has a max-pool window inside the "
                                         "padding only (its output is -inf); reduce the "
                                         "padding or the dilation")
         flat_ids = ids.reshape(-1)
         edges: list[dict[int, float]] = [{} for _ in range(hit.shape[1])]
         for i, o in zip(*np.nonzero(hit), strict=True):
-            edges[o][int(flat_ids[i])] = 1.0
+            edges[o][int(flat_ids[i])] = sign
         out_shape = call.run(torch.zeros(ids.shape, dtype=torch.float64)).shape[1:]
-        return self._new(name, out_shape, Activation.MAXPOOL, np.zeros(hit.shape[1]), edges)
+        pooled = self._new(name, out_shape, Activation.MAXPOOL, np.zeros(hit.shape[1]), edges)
+        if sign > 0:
+            return pooled
+        return self._new(f"{name}.negated", out_shape, Activation.IDENTITY,
+                         np.zeros(hit.shape[1]), [{int(u): -1.0} for u in pooled.reshape(-1)])
 
     def _distinct(self, call: Call, slots: list[int]) -> Call:
         """The call with every repeated neuron (x + x, a conv after cat([x, x])) read

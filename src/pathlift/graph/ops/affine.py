@@ -454,13 +454,12 @@ _BLOCK_BYTES = 1 << 20  # a block of |W| that stays in the L2 cache
 class ConvHandler(AffineHandler):
     scales_rows = True
 
-    def problem(self, call: Call) -> str | None:
-        if call.module.padding_mode != "zeros":
-            return (
-                f"padding_mode='{call.module.padding_mode}' ties several kernel entries to one "
-                "edge of the DAG; only zero padding is supported"
-            )
-        return None
+    def traced_through(self, module: nn.Module) -> bool:
+        """``padding_mode`` reflect, replicate or circular: torch's ``_conv_forward`` is
+        ``F.pad(mode=...)`` (copies of weight 1, identity neurons of Def. 2.2.2) and the
+        convolution over its own weight unpadded, read as those two ops, so that each
+        kernel entry stays an edge of its own."""
+        return getattr(module, "padding_mode", "zeros") != "zeros"
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:

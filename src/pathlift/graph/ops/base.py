@@ -145,6 +145,12 @@ class Handler:
         module settings and non-tensor arguments only: ``call`` may hold meta tensors."""
         return None
 
+    def traced_through(self, module: nn.Module) -> bool:
+        """Whether the tracer records this module's ``forward`` op by op rather than as
+        one call of the op: its settings make it a composition of ops of the table (a
+        convolution with reflect padding is ``F.pad`` and an unpadded convolution)."""
+        return False
+
     def training_problem(self, module: nn.Module) -> str | None:
         """Why the op's module in training mode (``module.training``) computes outside
         Def. 2.2.2 (batch statistics, randomness), or None: asked instead of nothing by

@@ -42,6 +42,14 @@ class FixedLinear(Handler):
         raise NotImplementedError
 
 
+class ZeroOneMap(FixedLinear):
+    """A fixed map S whose weights are all 0 or 1 (copies, im2col, prefix sums): |S|^q = S,
+    so the |theta|^q pass of Thm 3.1.1 applies the op itself."""
+
+    def abs_pow(self, x: Tensor, q: float, call: Call) -> tuple[Tensor, float]:
+        return call.run(x), 0.0
+
+
 def _pads(kernel, stride, padding, dilation, spatial, out_spatial) -> list[int]:
     """F.pad amounts (last dim first): ``padding`` on the left and on the right as much as
     a plain strided window needs to produce ``out_spatial`` (which encodes ceil_mode)."""
@@ -297,6 +305,24 @@ class SumHandler(_Reduction):
     fixed_l1_exceeds_one = True
 
 
+class CumsumHandler(ZeroOneMap):
+    """``cumsum`` along a feature dim: identity neurons y_i = x_1 + ... + x_i, a 0/1
+    lower-triangular S (Def. 2.2.2), so |S|^q = S in the |theta|^q pass (Thm 3.1.1)."""
+
+    fixed_l1_exceeds_one = True
+
+    def dim(self, call: Call) -> int:
+        return call.arg(1, "dim") % max(call.args[0].dim(), 1)
+
+    def problem(self, call: Call) -> str | None:
+        if self.dim(call) == 0:
+            return "cumsum over the batch dimension mixes samples; sum along a feature dim"
+        return None
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return torch.cummax(x, self.dim(call)).values
+
+
 def max_values(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
     """``torch.max(input, dim, keepdim).values``: what a traced ``torch.max(h, dim)`` whose
     users only read its values (``.values``, ``[0]``) becomes (``pathlift.graph.
@@ -304,11 +330,25 @@ def max_values(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -
     return torch.max(input, dim, keepdim).values
 
 
+def min_values(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
+    """``torch.min(input, dim, keepdim).values``, as ``max_values``."""
+    return torch.min(input, dim, keepdim).values
+
+
 REDUCE_MAX = ReduceMaxHandler("amax")
 register(REDUCE_MAX, functions=[torch.amax, max_values], methods=["amax"],
          note="over features (and the values of torch's maximum over a dim)")
-VALUES_OF.update({torch.max: max_values, "max": max_values})
+# min(x) = -max(-x): 1-max-pool neurons with incoming weights -1, their output edges of
+# weight -1 (Def. 2.2.2). Every |w|^q is 1, so the |theta|^q pass (Thm 3.1.1) and the
+# max-product pass (Def. 3.3.1) treat it as amax; the other passes run the op itself
+# (monotone, positively homogeneous, linear at each point where its argmin is unique).
+register(ReduceMaxHandler("amin"), functions=[torch.amin, min_values], methods=["amin"],
+         note="over features (and the values of torch's minimum over a dim): -amax(-x)")
+VALUES_OF.update({torch.max: max_values, "max": max_values, torch.min: min_values,
+                  "min": min_values})
 register(SumHandler("sum"), functions=[torch.sum], methods=["sum"], note="over features")
+register(CumsumHandler("cumsum"), functions=[torch.cumsum], methods=["cumsum"],
+         note="along features")
 for _d in (1, 2, 3):
     register(MaxPoolHandler(f"MaxPool{_d}d", _d, False),
              modules=[getattr(nn, f"MaxPool{_d}d")], functions=[getattr(F, f"max_pool{_d}d")])

@@ -41,6 +41,24 @@ class ReshapeHandler(Handler):
     aliases_input = True
 
 
+class CopyHandler(ReshapeHandler):
+    """Moves or copies neurons along feature dims, each output a copy of one input (flip,
+    roll, rot90, repeat, tile, expand, ``Tensor.unfold``): relabels, creates none (a neuron read
+    twice by the next layer is two edges of it, Def. 2.2.2). Refused where an output reads
+    another sample: run on a probe holding each sample's index in the batch."""
+
+    def problem(self, call: Call) -> str | None:
+        x = call.args[0]
+        index = torch.arange(x.shape[0], dtype=torch.uint8)
+        probe = index.reshape(-1, *(1,) * (x.dim() - 1)).expand(x.shape)
+        out = call.replace(probe).run()
+        if out.dim() == 0 or out.shape[0] != x.shape[0] or not bool(
+                (out == index.reshape(-1, *(1,) * (out.dim() - 1))).all()):
+            return ("it moves or copies entries across the batch dimension, which mixes "
+                    "samples; apply it along feature dims only")
+        return None
+
+
 class IdentityHandler(Handler):
     """No neuron at all: ``nn.Identity``, ``contiguous``."""
 
@@ -165,6 +183,18 @@ class CatHandler(Handler):
         return None
 
 
+class StackHandler(CatHandler):
+    """``stack`` along a new feature dim: the concatenation of its tensors each unsqueezed
+    there, which relabels neurons (a sum, mean or max over that dim then makes them)."""
+
+    def problem(self, call: Call) -> str | None:
+        tensors = call.arg(0, "tensors")
+        if call.arg(1, "dim", 0) % (tensors[0].dim() + 1) == 0:
+            return ("stacking at dim 0 puts the stacked tensors before the batch dimension; "
+                    "stack along a feature dim (dim=1 or dim=-1) and reduce over that dim")
+        return None
+
+
 class TrainingModeHandler(Handler):
     """Identity in eval mode (Dropout); refused in training mode, where it is random."""
 
@@ -199,6 +229,13 @@ register(_RESHAPE, modules=[nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelU
                   "movedim", "swapaxes", "view_as", "reshape_as", "unflatten"],
          note="(`view`, `reshape`, `permute`, `flatten`, `chunk`, `split`, `narrow`, "
               "`unbind`, `PixelShuffle`)")
+register(CopyHandler("copies along features"),
+         functions=[torch.flip, torch.fliplr, torch.flipud, torch.roll, torch.rot90,
+                    torch.tile, torch.broadcast_to, torch.repeat_interleave],
+         methods=["flip", "fliplr", "flipud", "roll", "rot90", "repeat", "tile", "expand",
+                  "expand_as", "broadcast_to", "unfold", "repeat_interleave"],
+         note="(`flip`, `roll`, `rot90`, `repeat`, `tile`, `expand`, `repeat_interleave`, "
+              "`Tensor.unfold`)")
 register(IdentityHandler("Identity"), modules=[nn.Identity], methods=["contiguous"])
 register(GetItemHandler("indexing"), functions=[operator.getitem],
          note="(slicing `x[:, a:b]`, picking from a tuple)")
@@ -213,6 +250,7 @@ register(_ADD, functions=[operator.add, operator.iadd, torch.add, operator.sub, 
 
 
 register(CatHandler("cat"), functions=[torch.cat, torch.concat, torch.concatenate])
+register(StackHandler("stack"), functions=[torch.stack], note="along a feature dim")
 register(TrainingModeHandler("Dropout"),
          modules=[getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d")],
          functions=[F.dropout], note="in eval mode")

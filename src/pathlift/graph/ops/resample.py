@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pathlift.graph.ops.base import Call, register
-from pathlift.graph.ops.pooling import FixedLinear
+from pathlift.graph.ops.pooling import FixedLinear, ZeroOneMap
 
 _AXES = "pathlift_axes"  # node.meta key of the per-axis weight matrices
 
@@ -139,6 +139,22 @@ class PadHandler(FixedLinear):
         return self._zero_padded(x, call)
 
 
+class UnfoldHandler(ZeroOneMap):
+    """``F.unfold`` / ``nn.Unfold`` (im2col): each output copies one input (weight 1) or is
+    zero padding (no antecedent), so |S|^q = S in the |theta|^q pass (Thm 3.1.1)."""
+
+    family = "resampling"
+
+    def problem(self, call: Call) -> str | None:
+        if call.args[0].dim() != 4:
+            return ("unfold reads a 3-d input as one unbatched image; give it (batch, "
+                    "channels, height, width)")
+        return None
+
+    def antecedent_max(self, x: Tensor, call: Call) -> Tensor:
+        return call.run(x)
+
+
 _MAX_POOLS = (F.max_pool1d, F.max_pool2d, F.max_pool3d, torch.max_pool1d, torch.max_pool2d,
               torch.max_pool3d)
 
@@ -156,6 +172,8 @@ register(InterpolateHandler("interpolate"),
          functions=[F.interpolate, F.upsample, F.upsample_bilinear, F.upsample_nearest],
          note="/`Upsample` in every mode (nearest, linear, bilinear, bicubic, trilinear, "
               "area; `align_corners` either way; by size or scale factor)")
+register(UnfoldHandler("Unfold"), modules=[nn.Unfold], functions=[F.unfold],
+         note="(im2col, `F.unfold`)")
 register(PadHandler("pad"), functions=[F.pad, torch.constant_pad_nd],
          modules=[nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d,
                   nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
