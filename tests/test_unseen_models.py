@@ -284,12 +284,6 @@ INSIDE_REFUSED = {
                              "ConvHandler.problem refuses it", PathliftError),
     "padding_mode_circular": ("as reflect (ConvHandler.problem)", PathliftError),
     "padding_mode_replicate": ("as reflect (ConvHandler.problem)", PathliftError),
-    "clamp_min_zero": ("x.clamp_min(0) is ReLU; no handler for the clamp_min method",
-                       PathliftError),
-    "maximum_with_zeros": ("torch.maximum(h, zeros_like(h)) is ReLU; zeros_like and maximum "
-                           "have no handler", PathliftError),
-    "abs": ("|z| = ReLU(z) + ReLU(-z) is piecewise linear; graph/ops/unsupported.py lists "
-            "torch.abs and .abs() under _CURVED ('is not piecewise linear')", PathliftError),
     "torch_stack_sum": ("torch.stack is a concatenation; no handler, and the sum over the "
                         "stacked dim 0 is then misread as a sum over the batch",
                         PathliftError),
@@ -304,6 +298,14 @@ INSIDE_REFUSED = {
     pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=raises, reason=why))
     for n, (why, raises) in INSIDE_REFUSED.items()])
 def test_inside_the_theory_but_refused_today(name: str) -> None:
+    net, twin, shape = _twins(name)
+    _assert_like_twin(net, twin, shape)
+
+
+@pytest.mark.parametrize("name", ["clamp_min_zero", "maximum_with_zeros", "abs"])
+def test_inside_the_theory_and_measured_like_its_twin(name: str) -> None:
+    """Refused at an earlier stop: ``clamp_min(0)`` and ``torch.maximum(h, zeros)`` are
+    ReLU, |z| is ReLU(z) + ReLU(-z) (tests/test_relu_spellings.py checks every spelling)."""
     net, twin, shape = _twins(name)
     _assert_like_twin(net, twin, shape)
 

@@ -226,6 +226,7 @@ class _Tracer(fx.Tracer):
         self.raised_in_op: Exception | None = None  # what stopped an op run on meta values
         self._tables: dict[bool, dict[int, str]] = {}
         self._running = False
+        self.shape_only = ShapeOnly()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         kind = type(m)
@@ -319,7 +320,7 @@ class _Tracer(fx.Tracer):
             if cause is not None:
                 self.unknown[node] = cause
             return None
-        self._running = True
+        self._running = self.shape_only.running = True
         try:
             if kind == "call_function":
                 return target(*values, **kw)
@@ -337,7 +338,7 @@ class _Tracer(fx.Tracer):
             self.raised_in_op = err
             raise
         finally:
-            self._running = False
+            self._running = self.shape_only.running = False
         return None
 
     def unknown_cause(self) -> tuple[str, Exception | None]:
@@ -372,7 +373,7 @@ _META_FAILURES = (RuntimeError, TypeError, ValueError, LookupError, AttributeErr
 def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:
     tracer = _Tracer(example)
     try:
-        with ShapeOnly():  # the proxies' meta values at the cost of validation's runs
+        with tracer.shape_only:  # the proxies' meta values at the cost of validation's runs
             graph = _at_defaults(tracer.trace(model, concrete_args=_defaults(model)))
     except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
         raise
