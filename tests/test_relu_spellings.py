@@ -221,3 +221,36 @@ def test_the_supported_table_lists_the_spellings() -> None:
     names = supported_names("activations")
     for op in ("clamp_min", "maximum", "threshold", "abs"):
         assert op in names, names
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 5), nn.Linear(5, 5), nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.b(torch.abs(self.a(x)))
+        return self.c(torch.maximum(h, torch.zeros_like(h)))
+
+
+def test_the_box_pass_encloses_every_network_of_the_box() -> None:
+    """``box_outputs`` (the certificate's interval pass) through |z| (not monotone: its
+    minimum over [lo, hi] is at 0 when the box straddles it) and maximum(h, 0): the
+    outputs of 30 networks drawn in the box, on 16 inputs, lie in the enclosure."""
+    from pathlift.bounds.box import box_outputs
+    net = randomised(_Mlp(), 5)
+    radius = 0.05
+    boxes = {name: {p: (t.detach() - radius, t.detach() + radius)
+                    for p, t in layer.named_parameters()}
+             for name, layer in (("a", net.a), ("b", net.b), ("c", net.c))}
+    x = torch.randn(16, 4, dtype=torch.float64)
+    out = box_outputs(net, (4,), x, boxes)[0]
+    assert float((out.radius > 0).double().mean()) == 1.0
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        other = copy.deepcopy(net)
+        with torch.no_grad():
+            for p in other.parameters():
+                p.add_((torch.rand(p.shape, generator=g, dtype=p.dtype) * 2 - 1) * radius)
+            y = other(x)
+        assert torch.all(y >= out.low) and torch.all(y <= out.high)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from pathlift.graph.ops.activation import Activation, Pieces, _bounded
-from pathlift.graph.ops.base import Call, Handler, Kind, handler_for, register
+from pathlift.graph.ops.base import Call, Handler, Kind, fx_constant, handler_for, register
 
 #: tensor factories filling a tensor with one constant: name -> (where its value is given,
 #: positional index and keyword, or the value itself)
@@ -98,8 +98,7 @@ class Clipped(Activation):
             return (f"{self.name} without a second tensor reduces over every dim, the batch "
                     "too; reduce over feature dims (amax(h, dim=...))")
         other_node = self._other(call)
-        if isinstance(other_node, fx.Node) and other_node.op == "get_attr" and \
-                "." not in str(other_node.target):
+        if fx_constant(other_node):
             return (f"{self.name} with a tensor torch.fx made a constant (torch.zeros(C) "
                     "without a tensor argument), whose values pathlift does not read; write "
                     "torch.zeros_like(h), or torch.zeros(C, dtype=h.dtype)")
