@@ -288,9 +288,9 @@ INSIDE_REFUSED = {
                         "stacked dim 0 is then misread as a sum over the batch",
                         PathliftError),
     "jit_script_submodule": ("a torch.jit.script-ed Sequential inside an eager model is "
-                             "refused as 'data-dependent control flow' ('_CachedForward' "
-                             "object has no attribute '__getattr__'), graph/trace.py "
-                             "_symbolic_trace", PathliftError),
+                             "refused in one line naming the submodule and TorchScript "
+                             "(graph/trace.py _refuse_torchscript): its compiled forward "
+                             "is not read", PathliftError),
 }
 
 
@@ -317,16 +317,26 @@ def test_a_constant_times_an_activation_is_measured_like_its_twin() -> None:
     _assert_like_twin(net, twin, shape)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a whole torch.jit.script-ed model is refused as ShapeError \"asserts on the input's "
-    "shape\" (graph/trace.py _symbolic_trace): the cause is TorchScript, not the shape"))
 def test_a_scripted_model_is_refused_naming_torchscript() -> None:
+    """It was refused as ShapeError "asserts on the input's shape" (the cause is
+    TorchScript, not the shape)."""
     torch.manual_seed(0)
     net = torch.jit.script(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval())
     with pytest.raises(PathliftError) as info:
         path_norm(net, VEC)
     assert isinstance(info.value, UnsupportedModelError), one_line(info.value)
-    assert "script" in one_line(info.value).lower()
+    line = timm_scan.check_refused(info.value)
+    assert "TorchScript" in line and "pass the eager module" in line, line
+
+
+def test_a_scripted_submodule_is_refused_in_one_line_naming_it() -> None:
+    """It was refused as "data-dependent control flow" ('_CachedForward' object has no
+    attribute '__getattr__')."""
+    torch.manual_seed(0)
+    with pytest.raises(UnsupportedModelError) as info:
+        path_norm(z.ScriptedBlock().double().eval(), VEC)
+    line = timm_scan.check_refused(info.value)
+    assert "submodule 'block' is a TorchScript module" in line, line
 
 
 def test_a_reciprocal_is_refused_in_one_line() -> None:

@@ -378,6 +378,7 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
     except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
         raise
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
+        _refuse_torchscript(model)
         where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         if isinstance(err, AssertionError) and err is not tracer.raised_in_op:
@@ -396,6 +397,20 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
     finally:
         tracer.root = None  # the tracer's closures must not keep the model alive
     return graph
+
+
+def _refuse_torchscript(model: nn.Module) -> None:
+    """UnsupportedModelError naming the first TorchScript module of ``model`` (the model
+    itself, or a submodule made by ``torch.jit.script`` / ``torch.jit.trace``), whose
+    forward is compiled code torch.fx cannot read: asked once a trace has failed."""
+    scripted = next((name for name, m in model.named_modules()
+                     if isinstance(m, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        raise UnsupportedModelError([Problem(
+            scripted or "<root>", "TorchScript",
+            f"{'submodule ' + repr(scripted) if scripted else 'the model'} is a TorchScript "
+            "module (torch.jit.script / torch.jit.trace), whose compiled forward torch.fx "
+            "cannot read; pass the eager module (script it after measuring)")]) from None
 
 
 def _defaults(model: nn.Module) -> dict[str, Any] | None:
