@@ -17,6 +17,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from activation_checks import (
@@ -27,7 +29,7 @@ from activation_checks import (
 from pathlift.bounds import lipschitz_input
 from pathlift.cli_support import one_line
 from pathlift.errors import UnsupportedModelError
-from pathlift.lift import path_norm
+from pathlift.lift import path_metric, path_norm
 from pathlift.prune import path_magnitude_scores
 from pathlift.testing.neurons import NeuronDAG
 
@@ -254,3 +256,42 @@ def test_the_box_pass_encloses_every_network_of_the_box() -> None:
                 p.add_((torch.rand(p.shape, generator=g, dtype=p.dtype) * 2 - 1) * radius)
             y = other(x)
         assert torch.all(y >= out.low) and torch.all(y <= out.high)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), scale=st.floats(1 / 16, 16.0), fill=st.sampled_from(
+    ["abs_method", "maximum_zeros_like", "clamp_min_method"]))
+def test_lipschitz_and_pruning_inequalities_hold(seed: int, scale: float, fill: str) -> None:
+    """Thm 3.3.1 (|R(x) - R(x')|_1 <= ||Phi||_{1,1} |x - x'|_inf) on 8 sampled pairs and
+    Cor. 3.4.1 with Lemma 3.4.1 (pruning: the path-metric, exact in two passes, bounds
+    |R_theta(x) - R_theta'(x)|_1 by max(1, |x|_inf) d) on 8 inputs, for random weights."""
+    spelled, _ = SPELLINGS[fill]
+    net = randomised(_MlpOf(spelled), seed % 97)
+    with torch.no_grad():
+        net.a.weight.mul_(scale)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64) * 3
+    near = x + 0.1 * torch.randn(8, 4, generator=g, dtype=torch.float64)
+    lip = 10 ** path_norm(net, (4,)).log10
+    with torch.no_grad():
+        change = (net(x) - net(near)).abs().sum(1)
+    assert torch.all(change <= lip * (x - near).abs().amax(1) * (1 + 1e-9))
+    pruned = copy.deepcopy(net)
+    with torch.no_grad():
+        pruned.b.weight.mul_((torch.rand(pruned.b.weight.shape, generator=g) > 0.4).double())
+    metric = path_metric(net, pruned, (4,))
+    assert metric.case == "exact"
+    with torch.no_grad():
+        gap = (net(x) - pruned(x)).abs().sum(1)
+    assert torch.all(gap <= 10 ** metric.upper_log10 * x.abs().amax(1).clamp_min(1)
+                     * (1 + 1e-9))
+
+
+class _MlpOf(nn.Module):
+    def __init__(self, act) -> None:
+        super().__init__()
+        self.act = act
+        self.a, self.b, self.c = nn.Linear(4, 5), nn.Linear(5, 5), nn.Linear(5, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c(self.act(self.b(self.act(self.a(x)))))
