@@ -13,8 +13,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from pathlift.graph import copy_model
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_norm
+from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
 
@@ -59,3 +61,26 @@ def assert_rescaling_keeps_function_and_norms(net: nn.Module, shape: tuple[int, 
         for q, r in PAIRS:
             assert path_norm(other, shape, q=q, r=r).log10 == pytest.approx(
                 path_norm(net, shape, q=q, r=r).log10, abs=1e-12)
+
+
+def assert_scores_equal_autograd(net: nn.Module, shape: tuple[int, ...], scores) -> None:
+    """Every tensor of path-magnitude ``scores`` of ``net`` equals theta_i d||Phi||_1 /
+    d theta_i from autograd of the differentiable path-norm of a copy (paper 002 eq. 11)."""
+    other = copy_model(net)
+    log_norm = differentiable_path_norm(other, shape, q=1.0)
+    log_norm.backward()
+    for key, p in other.named_parameters():
+        if key in scores.tensors:
+            expected = (p * p.grad).detach() * log_norm.exp() / 10 ** scores.log10_scale
+            torch.testing.assert_close(scores.tensors[key], expected, rtol=1e-10, atol=1e-12)
+
+
+def masks_written(pruned: nn.Module, net: nn.Module) -> nn.Module:
+    """A copy of ``net`` with each torch.nn.utils.prune mask of ``pruned`` multiplied into
+    its parameter: the pruned network written independently of the masks."""
+    plain = copy_model(net)
+    with torch.no_grad():
+        for key, mask in pruned.state_dict().items():
+            if key.endswith("_mask"):
+                plain.get_parameter(key.removesuffix("_mask")).mul_(mask)
+    return plain

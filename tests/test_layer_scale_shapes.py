@@ -25,13 +25,14 @@ import unseen_zoo as z
 from activation_checks import (
     assert_norms_equal_enumeration,
     assert_rescaling_keeps_function_and_norms,
+    assert_scores_equal_autograd,
+    masks_written,
     randomised,
 )
 from pathlift.cli_support import one_line
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import copy_model
 from pathlift.lift import path_norm
-from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.prune import path_magnitude_scores, prune_model
 from pathlift.quant import quantize
 from pathlift.symmetry import normalize, rescale
@@ -164,13 +165,7 @@ def test_scores_of_gamma_equal_autograd(name: str) -> None:
     net, shape, key = _net(name, seed=3)
     scores = path_magnitude_scores(net, shape)
     assert key in scores.tensors and scores.tensors[key].shape == net.get_parameter(key).shape
-    other = copy_model(net)
-    log_norm = differentiable_path_norm(other, shape, q=1.0)
-    log_norm.backward()
-    for k, p in other.named_parameters():
-        if k in scores.tensors:
-            expected = (p * p.grad).detach() * log_norm.exp() / 10 ** scores.log10_scale
-            torch.testing.assert_close(scores.tensors[k], expected, rtol=1e-10, atol=1e-12)
+    assert_scores_equal_autograd(net, shape, scores)
 
 
 @pytest.mark.parametrize("name", CALLED)
@@ -181,11 +176,7 @@ def test_pruning_reaches_gamma(name: str) -> None:
     owner, _, leaf = key.rpartition(".")
     module = pruned.get_submodule(owner)
     assert hasattr(module, f"{leaf}_mask"), sorted(pruned.state_dict())
-    plain = copy_model(net)
-    with torch.no_grad():
-        for k, m in pruned.state_dict().items():
-            if k.endswith("_mask"):
-                plain.get_parameter(k.removesuffix("_mask")).mul_(m)
+    plain = masks_written(pruned, net)
     x = torch.randn(4, *shape, dtype=torch.float64)
     torch.testing.assert_close(pruned(x), plain(x), rtol=0, atol=1e-12)
     assert path_norm(pruned, shape).log10 == pytest.approx(
