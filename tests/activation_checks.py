@@ -14,9 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.bounds import lipschitz_input
+from pathlift.graph import copy_model
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_metric, path_norm
+from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
 
@@ -87,3 +89,26 @@ def assert_bounds_and_path_metric(net: nn.Module, shape: tuple[int, ...], pruned
         gap = (flat_outputs(net(x), 40) - flat_outputs(pruned(x), 40)).abs().sum(1)
     assert torch.all(gap <= 10 ** metric.upper_log10
                      * x.flatten(1).abs().amax(1).clamp_min(1) * (1 + 1e-9))
+
+
+def assert_scores_equal_autograd(net: nn.Module, shape: tuple[int, ...], scores) -> None:
+    """Every tensor of path-magnitude ``scores`` of ``net`` equals theta_i d||Phi||_1 /
+    d theta_i from autograd of the differentiable path-norm of a copy (paper 002 eq. 11)."""
+    other = copy_model(net)
+    log_norm = differentiable_path_norm(other, shape, q=1.0)
+    log_norm.backward()
+    for key, p in other.named_parameters():
+        if key in scores.tensors:
+            expected = (p * p.grad).detach() * log_norm.exp() / 10 ** scores.log10_scale
+            torch.testing.assert_close(scores.tensors[key], expected, rtol=1e-10, atol=1e-12)
+
+
+def masks_written(pruned: nn.Module, net: nn.Module) -> nn.Module:
+    """A copy of ``net`` with each torch.nn.utils.prune mask of ``pruned`` multiplied into
+    its parameter: the pruned network written independently of the masks."""
+    plain = copy_model(net)
+    with torch.no_grad():
+        for key, mask in pruned.state_dict().items():
+            if key.endswith("_mask"):
+                plain.get_parameter(key.removesuffix("_mask")).mul_(mask)
+    return plain

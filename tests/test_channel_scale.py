@@ -19,12 +19,13 @@ from torch import Tensor, nn
 from activation_checks import (
     assert_norms_equal_enumeration,
     assert_rescaling_keeps_function_and_norms,
+    assert_scores_equal_autograd,
+    masks_written,
     randomised,
 )
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import copy_model, trace
 from pathlift.lift import path_norm
-from pathlift.lift.differentiable import differentiable_path_norm
 from pathlift.prune import path_magnitude_scores, prune_model
 from pathlift.quant import quantize
 from pathlift.symmetry import conserved_quantities, normalize, rescale
@@ -164,25 +165,14 @@ def test_scores_of_gamma_equal_autograd(mlp, conv):
         scores = path_magnitude_scores(net, shape, include_biases=True)
         assert {"s.gamma", "block.gamma", "scaled.gamma", "shift.beta"} & set(scores.tensors)
         assert "fixed.scale" not in scores.tensors  # a buffer: a constant, no coordinate
-        copy = copy_model(net)
-        log_norm = differentiable_path_norm(copy, shape, q=1.0)
-        log_norm.backward()
-        for key, p in copy.named_parameters():
-            if key in scores.tensors:
-                expected = (p * p.grad).detach() * log_norm.exp() / 10 ** scores.log10_scale
-                torch.testing.assert_close(scores.tensors[key], expected, rtol=1e-10,
-                                           atol=1e-12)
+        assert_scores_equal_autograd(net, shape, scores)
 
 
 def test_pruning_reaches_gamma(mlp):
     pruned = copy_model(mlp)
     prune_model(pruned, (4,), 0.4, include_biases=True)
     assert hasattr(pruned.s, "gamma_mask") and hasattr(pruned.s, "gamma_orig")
-    plain = copy_model(mlp)
-    with torch.no_grad():
-        for key, m in pruned.state_dict().items():
-            if key.endswith("_mask"):
-                plain.get_parameter(key.removesuffix("_mask")).mul_(m)
+    plain = masks_written(pruned, mlp)
     x = torch.randn(5, 4, dtype=torch.float64)
     torch.testing.assert_close(pruned(x), plain(x), rtol=0, atol=1e-12)
     assert path_norm(pruned, (4,)).log10 == pytest.approx(

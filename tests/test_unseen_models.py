@@ -278,20 +278,14 @@ def _twins(name: str) -> tuple[nn.Module, nn.Module, tuple[int, ...]]:
 
 #: name -> (what pathlift does today and where, what it raises)
 INSIDE_REFUSED = {
-    "clamp_min_zero": ("x.clamp_min(0) is ReLU; no handler for the clamp_min method",
-                       PathliftError),
-    "maximum_with_zeros": ("torch.maximum(h, zeros_like(h)) is ReLU; zeros_like and maximum "
-                           "have no handler", PathliftError),
-    "abs": ("|z| = ReLU(z) + ReLU(-z) is piecewise linear; graph/ops/unsupported.py lists "
-            "torch.abs and .abs() under _CURVED ('is not piecewise linear')", PathliftError),
     "torch_stack_sum": ("torch.stack at dim 0 puts the stacked tensors before the batch "
                         "dim, which every pass assumes at dim 0: refused in one line "
                         "(graph/ops/relabel.py StackHandler; stack along a feature dim is "
                         "measured, tests/test_fixed_maps.py)", PathliftError),
     "jit_script_submodule": ("a torch.jit.script-ed Sequential inside an eager model is "
-                             "refused as 'data-dependent control flow' ('_CachedForward' "
-                             "object has no attribute '__getattr__'), graph/trace.py "
-                             "_symbolic_trace", PathliftError),
+                             "refused in one line naming the submodule and TorchScript "
+                             "(graph/trace.py _refuse_torchscript): its compiled forward "
+                             "is not read", PathliftError),
 }
 
 
@@ -311,6 +305,14 @@ def test_a_conv_padding_mode_is_measured_like_its_twin(mode: str) -> None:
     _assert_like_twin(net, twin, shape)
 
 
+@pytest.mark.parametrize("name", ["clamp_min_zero", "maximum_with_zeros", "abs"])
+def test_inside_the_theory_and_measured_like_its_twin(name: str) -> None:
+    """Refused at an earlier stop: ``clamp_min(0)`` and ``torch.maximum(h, zeros)`` are
+    ReLU, |z| is ReLU(z) + ReLU(-z) (tests/test_relu_spellings.py checks every spelling)."""
+    net, twin, shape = _twins(name)
+    _assert_like_twin(net, twin, shape)
+
+
 def test_a_constant_times_an_activation_is_measured_like_its_twin() -> None:
     """``2.0 * h`` (``operator.mul(2.0, h)``) is ``h * 2.0``: it used to end in a traceback
     (the scale's input taken as its first argument)."""
@@ -318,16 +320,26 @@ def test_a_constant_times_an_activation_is_measured_like_its_twin() -> None:
     _assert_like_twin(net, twin, shape)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a whole torch.jit.script-ed model is refused as ShapeError \"asserts on the input's "
-    "shape\" (graph/trace.py _symbolic_trace): the cause is TorchScript, not the shape"))
 def test_a_scripted_model_is_refused_naming_torchscript() -> None:
+    """It was refused as ShapeError "asserts on the input's shape" (the cause is
+    TorchScript, not the shape)."""
     torch.manual_seed(0)
     net = torch.jit.script(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval())
     with pytest.raises(PathliftError) as info:
         path_norm(net, VEC)
     assert isinstance(info.value, UnsupportedModelError), one_line(info.value)
-    assert "script" in one_line(info.value).lower()
+    line = timm_scan.check_refused(info.value)
+    assert "TorchScript" in line and "pass the eager module" in line, line
+
+
+def test_a_scripted_submodule_is_refused_in_one_line_naming_it() -> None:
+    """It was refused as "data-dependent control flow" ('_CachedForward' object has no
+    attribute '__getattr__')."""
+    torch.manual_seed(0)
+    with pytest.raises(UnsupportedModelError) as info:
+        path_norm(z.ScriptedBlock().double().eval(), VEC)
+    line = timm_scan.check_refused(info.value)
+    assert "submodule 'block' is a TorchScript module" in line, line
 
 
 def test_a_reciprocal_is_refused_in_one_line() -> None:
@@ -342,13 +354,11 @@ def test_a_reciprocal_is_refused_in_one_line() -> None:
 @pytest.mark.parametrize("inner", [
     pytest.param(False, id="on_the_root", marks=pytest.mark.xfail(
         strict=True, raises=PathliftError, reason=(
-            "a parameter of the root module is taken for a torch.fx constant "
-            "(graph/ops/scale.py: get_attr without '.' in its target) and refused as "
-            "'a buffer indexed or reshaped in forward'"))),
-    pytest.param(True, id="on_a_submodule", marks=pytest.mark.xfail(
-        strict=True, raises=PathliftError, reason=(
-            "a (1, C, 1, 1) scale is refused as 'not one entry per channel of one dim' "
-            "(graph/ops/scale.py _channel_operand)")))])
+            "a parameter of the root module read by a functional layer is refused in one "
+            "line, 'tensors belong to one submodule (not the model's root)' (graph/"
+            "functional.py _owner): the lowered layer would be the root itself, whose "
+            "name '' every pass joins into keys ('.gamma')"))),
+    pytest.param(True, id="on_a_submodule")])
 def test_a_layer_scale_stored_as_1c11_is_a_depthwise_scale(inner: bool) -> None:
     torch.manual_seed(0)
     net = randomised(z.LayerScale(inner=inner), 0)

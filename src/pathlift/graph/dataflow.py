@@ -121,6 +121,22 @@ _FAST = {
 _FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
 
 
+def _on_meta(func):
+    """A tensor factory of a shape-only run (``torch.zeros(C, dtype=h.dtype)`` in a
+    forward, the bound of a ReLU written as ``torch.maximum``) made on the meta device, so
+    that it meets the run's meta tensors as it meets the model's own on its device."""
+    def run(*args, **kwargs):
+        return func(*args, **{**kwargs, "device": torch.device("meta")})
+    return run
+
+
+#: shape-only runs of recorded ops: ``_FAST`` and the factories on meta (not the tracer's
+#: own calls, which make the constants of a forward that torch.fx keeps as they are)
+_FAST_RUN = {**_FAST, **{op: _on_meta(op) for op in (torch.ops.aten.zeros.default,
+                                                    torch.ops.aten.ones.default,
+                                                    torch.ops.aten.full.default)}}
+
+
 def _flat(values: Any, into: list | None = None) -> list:
     """The arguments of an aten call, lists and tuples opened (what aten ops take)."""
     into = [] if into is None else into
@@ -144,10 +160,14 @@ class ShapeOnly(TorchDispatchMode):
     """Runs every aten operation, the costly meta kernels replaced by their shape-only
     stand-ins (``_FAST``): the tracer's meta values (``pathlift.graph.trace``) under it cost
     what validation's runs cost, not torch's Python references (eval BatchNorm's
-    decomposition alone was most of a first call on timm's models)."""
+    decomposition alone was most of a first call on timm's models). While ``running`` (the
+    tracer runs a recorded op on meta values), tensor factories make meta tensors too;
+    otherwise they make what the forward asks (torch.fx keeps those as constants)."""
+
+    running = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return _FAST.get(func, func)(*args, **(kwargs or {}))
+        return (_FAST_RUN if self.running else _FAST).get(func, func)(*args, **(kwargs or {}))
 
 
 class Dataflow(TorchDispatchMode):
@@ -189,9 +209,9 @@ class Dataflow(TorchDispatchMode):
         return into
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = _FAST.get(func, func)(*args, **(kwargs or {}))
-        if self.paused:
-            return out
+        if self.paused:  # a handler's probe: its factories make what it asks
+            return _FAST.get(func, func)(*args, **(kwargs or {}))
+        out = _FAST_RUN.get(func, func)(*args, **(kwargs or {}))
         reads = self._describe(args, [])
         if kwargs:
             self._describe(kwargs.values(), reads)

@@ -226,6 +226,7 @@ class _Tracer(fx.Tracer):
         self.raised_in_op: Exception | None = None  # what stopped an op run on meta values
         self._tables: dict[bool, dict[int, str]] = {}
         self._running = False
+        self.shape_only = ShapeOnly()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         kind = type(m)
@@ -322,7 +323,7 @@ class _Tracer(fx.Tracer):
             if cause is not None:
                 self.unknown[node] = cause
             return None
-        self._running = True
+        self._running = self.shape_only.running = True
         try:
             if kind == "call_function":
                 return target(*values, **kw)
@@ -340,7 +341,7 @@ class _Tracer(fx.Tracer):
             self.raised_in_op = err
             raise
         finally:
-            self._running = False
+            self._running = self.shape_only.running = False
         return None
 
     def unknown_cause(self) -> tuple[str, Exception | None]:
@@ -377,11 +378,12 @@ _META_FAILURES = (RuntimeError, TypeError, ValueError, LookupError, AttributeErr
 def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:
     tracer = _Tracer(example)
     try:
-        with ShapeOnly():  # the proxies' meta values at the cost of validation's runs
+        with tracer.shape_only:  # the proxies' meta values at the cost of validation's runs
             graph = _at_defaults(tracer.trace(model, concrete_args=_defaults(model)))
     except PathliftError:  # raised on purpose by a wrapper's forward (an unknown output)
         raise
     except Exception as err:  # fx raises TraceError, TypeError, ... on dynamic Python
+        _refuse_torchscript(model)
         where = tracer.failed_in or type(model).__name__
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         if isinstance(err, AssertionError) and err is not tracer.raised_in_op:
@@ -400,6 +402,20 @@ def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph
     finally:
         tracer.root = None  # the tracer's closures must not keep the model alive
     return graph
+
+
+def _refuse_torchscript(model: nn.Module) -> None:
+    """UnsupportedModelError naming the first TorchScript module of ``model`` (the model
+    itself, or a submodule made by ``torch.jit.script`` / ``torch.jit.trace``), whose
+    forward is compiled code torch.fx cannot read: asked once a trace has failed."""
+    scripted = next((name for name, m in model.named_modules()
+                     if isinstance(m, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        raise UnsupportedModelError([Problem(
+            scripted or "<root>", "TorchScript",
+            f"{'submodule ' + repr(scripted) if scripted else 'the model'} is a TorchScript "
+            "module (torch.jit.script / torch.jit.trace), whose compiled forward torch.fx "
+            "cannot read; pass the eager module (script it after measuring)")]) from None
 
 
 def _defaults(model: nn.Module) -> dict[str, Any] | None:

@@ -153,19 +153,30 @@ class HardtanhHandler(Activation):
 
 
 class ClampHandler(Activation):
-    """``clamp`` / ``clip`` (function or method) with constant bounds."""
+    """``clamp`` / ``clip`` (function or method) with constant bounds; ``clamp_min`` /
+    ``clamp_max`` (``sides`` ``("min",)`` / ``("max",)``: their one bound, the second
+    argument); ``clamp_min(0)`` is ReLU (``Activation.resolve``)."""
+
+    def __init__(self, name: str, sides: tuple[str, ...] = ("min", "max")):
+        super().__init__(name)
+        self.sides = sides
+
+    def bounds(self, call: Call) -> tuple[object, object]:
+        """(low, high) of this call, None where it has none."""
+        given = {side: call.arg(1 + i, side) for i, side in enumerate(self.sides)}
+        return given.get("min"), given.get("max")
 
     def problem(self, call: Call) -> str | None:
-        low, high = call.arg(1, "min"), call.arg(2, "max")
+        low, high = self.bounds(call)
         if isinstance(low, Tensor) or isinstance(high, Tensor):
-            return ("clamp with tensor bounds is not an elementwise function of one "
+            return (f"{self.name} with tensor bounds is not an elementwise function of one "
                     "variable; give constant bounds")
         if low is None and high is None:
-            return "clamp without bounds"
+            return f"{self.name} without bounds"
         return None
 
     def pieces(self, call: Call) -> Pieces:
-        return _bounded(call.arg(1, "min"), call.arg(2, "max"))
+        return _bounded(*self.bounds(call))
 
     def resolve(self, call: Call) -> Handler:
         return self if self.problem(call) else super().resolve(call)
@@ -204,6 +215,10 @@ register(HardtanhHandler("ReLU6"), modules=[nn.ReLU6], functions=[F.relu6])
 register(HardtanhHandler("Hardtanh"), modules=[nn.Hardtanh], functions=[F.hardtanh, F.hardtanh_])
 register(ClampHandler("clamp"), functions=[torch.clamp, torch.clip, torch.clamp_],
          methods=["clamp", "clip", "clamp_", "clip_"], note="/`clip` with constant bounds")
+register(ClampHandler("clamp_min", ("min",)), functions=[torch.clamp_min, torch.clamp_min_],
+         methods=["clamp_min", "clamp_min_"], note="(`clamp_min(0)` is ReLU)")
+register(ClampHandler("clamp_max", ("max",)), functions=[torch.clamp_max, torch.clamp_max_],
+         methods=["clamp_max", "clamp_max_"])
 register(PReLUHandler("PReLU"), modules=[nn.PReLU], functions=[F.prelu])
 
 

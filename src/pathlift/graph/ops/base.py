@@ -306,6 +306,15 @@ class UnsupportedHandler(Handler):
 INPUT = "input"  # the activation a lowered functional call reads (a mark of ``Lowered``)
 
 
+def fx_constant(node: object) -> bool:
+    """Whether ``node`` reads a tensor torch.fx computed at trace time and keeps as a
+    constant of the graph (``_tensor_constant0``: a buffer indexed in forward,
+    ``torch.zeros(C)``), not a parameter or buffer of the model (the root's own read as
+    ``gamma``, a submodule's as ``scale.gamma``)."""
+    return isinstance(node, fx.Node) and node.op == "get_attr" and \
+        str(node.target).startswith("_tensor_constant")
+
+
 @dataclass(frozen=True)
 class Operand:
     """A tensor of the calling module that a functional call reads: the module form's

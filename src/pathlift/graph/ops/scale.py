@@ -31,7 +31,16 @@ from pathlift.graph.ops.affine import (
     abs_power,
     channel_view,
 )
-from pathlift.graph.ops.base import INPUT, Call, Handler, Lowered, Operand, lower, register
+from pathlift.graph.ops.base import (
+    INPUT,
+    Call,
+    Handler,
+    Lowered,
+    Operand,
+    fx_constant,
+    lower,
+    register,
+)
 
 
 class ChannelAffine(nn.Module):
@@ -93,7 +102,11 @@ class ChannelAffineHandler(AffineHandler):
 
     def magnitude(self, module: nn.Module, q: float, dtype: torch.dtype,
                   workspace: Workspace | None = None, unit: float = 1.0) -> Tensor:
-        return abs_power(self.pair(module)[0], q, dtype, unit=unit)
+        """|a|^q in the shape the module stores a (a (1, C, 1, 1) layer scale's: the
+        scores of its entries are those of its state_dict tensor)."""
+        own = param(module, "weight")
+        out = abs_power(self.pair(module)[0], q, dtype, unit=unit)
+        return out if own is None else out.reshape(own.shape)
 
     def magnitude_in_units(self, module: nn.Module, q: float, dtype: torch.dtype,
                            workspace: Workspace | None = None, exact: bool = False
@@ -103,6 +116,7 @@ class ChannelAffineHandler(AffineHandler):
 
     def apply(self, x: Tensor, weight: Tensor, call: Call, bias: Tensor | None = None
               ) -> Tensor:
+        weight, bias = weight.reshape(-1), None if bias is None else bias.reshape(-1)
         if self.channel_dim == 1:
             weight = channel_view(weight, x.dim())
             bias = None if bias is None else channel_view(bias, x.dim())
@@ -210,7 +224,7 @@ def _reader(role: str) -> Callable[[fx.Node, Callable[[fx.Node], Any]], Lowered 
         if len(live) != 1 or len(tensors) != 1:
             return None
         x, t = live[0], tensors[0]
-        if t.op == "get_attr" and "." not in str(t.target):  # fx computed it at trace time
+        if fx_constant(t):
             return (f"{what} a tensor that torch.fx made a constant (a buffer indexed or "
                     "reshaped in forward, self.scale[:, None, None]); read the buffer as it "
                     "is (store it reshaped), or make it a parameter")
@@ -227,7 +241,7 @@ def _reader(role: str) -> Callable[[fx.Node, Callable[[fx.Node], Any]], Lowered 
                     "layer cannot keep; write self.conv(x) * self.gamma.view(1, -1, 1, 1)")
         channels = [d for d, n in enumerate(read_as.shape) if n != 1]
         stored_as = value(t if operand.flip == "" else t.args[0])
-        if len(channels) != 1 or stored_as.dim() != 1:
+        if len(channels) != 1 or sum(n != 1 for n in stored_as.shape) != 1:
             return (f"{what} a module tensor of shape {tuple(stored_as.shape)} read as "
                     f"{tuple(read_as.shape)}, not one entry per channel of one dim; pathlift "
                     "reads per-channel scales and biases (a vector of C entries) only")

@@ -32,7 +32,7 @@ _MODULES = {
 }
 _FUNCTIONS = {
     _CURVED: (F.gelu, F.silu, torch.sigmoid, F.sigmoid, torch.tanh, F.tanh, F.elu, F.selu,
-              F.softplus, F.mish, F.hardswish, torch.exp, torch.log, torch.sqrt, torch.abs,
+              F.softplus, F.mish, F.hardswish, torch.exp, torch.log, torch.sqrt,
               F.logsigmoid),
     _NORMALISES: (F.layer_norm, F.group_norm, F.instance_norm, F.normalize, F.rms_norm),
     _PRODUCT: (F.scaled_dot_product_attention, torch.matmul, operator.matmul, torch.bmm,
@@ -41,7 +41,7 @@ _FUNCTIONS = {
     _LOOKUP: (F.embedding,),
 }
 _METHODS = {
-    _CURVED: ("sigmoid", "tanh", "exp", "log", "sqrt", "abs"),
+    _CURVED: ("sigmoid", "tanh", "exp", "log", "sqrt"),
     _PRODUCT: ("matmul", "bmm", "__matmul__"),
     _SOFTMAX: ("softmax", "log_softmax"),
 }
