@@ -364,9 +364,6 @@ class _Tracer(fx.Tracer):
                 f"tensors ({type(err).__name__}: {reason})"), err
 
 
-#: Arguments torch.fx records as they are (its ``base_types`` that need no lookup).
-_CONSTANTS = frozenset({int, float, bool, str, type(None)})
-
 #: Whether a module class is a supported op's class or a subclass inheriting its
 #: ``forward`` (asked for every module call of every trace), with the ``forward`` and the
 #: number of registered classes it was found for (``ops.register`` may add one).
@@ -379,6 +376,10 @@ _LEAVES: weakref.WeakKeyDictionary[type, tuple[Any, int, bool]] = weakref.WeakKe
 #: user's own exception) is no such op: it stops the trace, and the refusal names it.
 _META_FAILURES = (RuntimeError, TypeError, ValueError, LookupError, AttributeError,
                   ArithmeticError)
+
+
+#: Arguments torch.fx records as they are (its ``base_types`` that need no lookup).
+_CONSTANTS = frozenset({int, float, bool, str, type(None)})
 
 
 def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:
