@@ -100,3 +100,31 @@ def test_the_path_norm_after_a_change_is_the_enumerated_one(update, dtype):
         tolerance = 1e-12 if dtype == torch.float64 else 1e-5
         assert path_norm(model, SHAPE, q=q, dtype=dtype).log10 == pytest.approx(
             expected, abs=tolerance)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.sampled_from([1e-5, 0.1]),
+                          st.sampled_from([torch.float32, torch.float64]),
+                          st.sampled_from([0, 20, -20, 60, -60]),
+                          st.sampled_from([0, 30, -30])),
+                min_size=2, max_size=6),
+       st.integers(0, 2**16), st.booleans())
+def test_the_batched_units_are_those_of_one_module_at_a_time(specs, seed, nan):
+    """The units of each fold (``AffineHandler.units``: powers of two near max |a|, max |c|)
+    kept by the batch are those ``unit_of`` finds on the module's own fold, rounded to its
+    dtype: far from 1 (weights times 2^+-60), and with a NaN statistic."""
+    bns = []
+    for i, (size, eps, dtype, weight_exp, bias_exp) in enumerate(specs):
+        bn = _batchnorm(size, eps, dtype, seed + i)
+        with torch.no_grad():
+            bn.weight.mul_(2.0 ** weight_exp)
+            bn.bias.mul_(2.0 ** bias_exp)
+            if nan and i == 1:
+                bn.running_mean[size // 2] = float("nan")
+        bns.append(bn)
+    affine.fold_batchnorms(bns)
+    for bn in bns:
+        kept = affine._UNITS[bn][1]
+        a, c = (t.to(bn.running_var.dtype) for t in affine._fold(bn, torch.float64, True))
+        assert kept == (affine.unit_of(a), affine.unit_of(c))
+        assert affine.MODULES[nn.BatchNorm1d].units(bn) == kept  # found, not computed

@@ -23,6 +23,7 @@ import copy
 import sys
 import types
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -161,6 +162,12 @@ def copy_model(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+#: Exact types of most values in a module's ``__dict__`` (its tables, flags, sizes): no
+#: tensor, bound method or tuple to look into, so the walks over every module skip them
+#: after one set lookup.
+_ATTRIBUTES = frozenset({bool, int, float, str, type(None), dict, OrderedDict, set})
+
+
 def meta_clone(model: nn.Module, copies: dict[int, nn.Module] | None = None) -> nn.Module:
     """The structure of ``model`` with every parameter, buffer and cached tensor on the meta
     device: it runs forward for shapes only, without memory or arithmetic. Modules are
@@ -193,6 +200,8 @@ def meta_clone(model: nn.Module, copies: dict[int, nn.Module] | None = None) -> 
                 k: meta(v) for k, v in (*m._parameters.items(), *m._buffers.items())
                 if v is not None})
             for key, value in vars(m).items():
+                if type(value) in _ATTRIBUTES:  # most of a module's state: no test needed
+                    continue
                 if isinstance(value, Tensor):
                     new.__dict__[key] = meta(value)
                 elif isinstance(value, types.MethodType) and value.__self__ is m:
@@ -394,7 +403,11 @@ class _Walk:
         state, params, buffers = vars(m), m._parameters, m._buffers
         plain, cached = [], []  # configuration values; tensors kept as plain attributes
         for k, v in state.items():
-            if isinstance(v, Tensor):
+            kind = type(v)
+            if kind in _ATTRIBUTES:
+                if kind in _PLAIN and k[0] != "_" and k != "training":
+                    plain.append((k, v))
+            elif isinstance(v, Tensor):
                 cached.append((k, v))
             elif k[0] != "_" and k != "training" and _plain(v):
                 plain.append((k, v))

@@ -262,7 +262,16 @@ class _Tracer(fx.Tracer):
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def create_arg(self, a: Any) -> Any:
-        """torch.fx's, finding a parameter's or buffer's name in a table made once."""
+        """torch.fx's, finding a parameter's or buffer's name in a table made once; a
+        proxy (its node) and a plain constant (itself), most arguments, without fx's
+        walk through every kind of value (what fx ends up returning for them)."""
+        kind = type(a)
+        if kind is _SizedProxy:
+            return a.node
+        if kind in _CONSTANTS:
+            return a
+        if kind is tuple:  # a call's arguments
+            return tuple([self.create_arg(e) for e in a])
         if isinstance(a, Tensor):
             name = self._names(isinstance(a, nn.Parameter)).get(id(a))
             if name is not None:
@@ -373,6 +382,10 @@ _LEAVES: weakref.WeakKeyDictionary[type, tuple[Any, int, Handler | None]] = \
 #: user's own exception) is no such op: it stops the trace, and the refusal names it.
 _META_FAILURES = (RuntimeError, TypeError, ValueError, LookupError, AttributeError,
                   ArithmeticError)
+
+
+#: Arguments torch.fx records as they are (its ``base_types`` that need no lookup).
+_CONSTANTS = frozenset({int, float, bool, str, type(None)})
 
 
 def _symbolic_trace(model: nn.Module, example: Tensor | None = None) -> fx.Graph:

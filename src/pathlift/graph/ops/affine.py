@@ -620,6 +620,30 @@ def fold_batchnorms(bns: Sequence[nn.modules.batchnorm._BatchNorm]) -> None:
     c = c.add_(joined([b for _, _, _, b in todo]))
     for (folds, _, _, _), a_i, c_i in zip(todo, a.split(sizes), c.split(sizes), strict=True):
         folds[torch.float64] = (a_i, c_i, _versions((a_i, c_i)))
+    for dtype in {bn.running_var.dtype for _, bn, _, _ in todo}:
+        _keep_in_dtype([t[:2] for t in todo], sizes, a, c, dtype)
+
+
+def _keep_in_dtype(todo: list[tuple[dict, nn.Module]], sizes: list[int], a: Tensor, c: Tensor,
+                   dtype: torch.dtype) -> None:
+    """For the BatchNorms of ``todo`` whose buffers are in ``dtype``, from their batched
+    float64 folds (a, c): the folds rounded to ``dtype`` (what ``dag_parameters`` and a pass in
+    that dtype read) and the layer's ``units``, each peak max |a_i| and max |c_i| read by one
+    segment max over the batch (the same floats as ``peak_of`` module by module, NaN
+    included, so the same units): a first pass reads no fold twice."""
+    narrow = (a, c) if dtype == torch.float64 else (a.to(dtype), c.to(dtype))
+    segment = torch.arange(len(sizes), device=a.device).repeat_interleave(
+        torch.tensor(sizes, device=a.device))
+    peaks = torch.zeros((2, len(sizes)), dtype=dtype, device=a.device).scatter_reduce_(
+        1, segment.expand(2, -1), torch.stack(narrow).abs(), "amax").tolist()
+    for i, ((folds, bn), a_i, c_i) in enumerate(zip(todo, narrow[0].split(sizes),
+                                                  narrow[1].split(sizes), strict=True)):
+        if bn.running_var.dtype != dtype:
+            continue
+        if dtype != torch.float64:
+            folds[dtype] = (a_i, c_i, _versions((a_i, c_i)))
+        _remember_units(bn, _FOLDS[bn][0], (unit_of_peak(peaks[0][i]),
+                                            unit_of_peak(peaks[1][i])))
 
 
 # An eval BatchNorm's detached folds (a, c, their versions) by dtype, with the state of its
