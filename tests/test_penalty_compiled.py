@@ -23,8 +23,8 @@ from nets import residual_cnn, step_
 from pathlift.errors import InvalidParameterError, PrecisionError, UnsupportedModelError
 from pathlift.graph import eval_mode, graph_of
 from pathlift.lift import path_norm
-from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.lift.chain import Chain
+from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.lift.replay import _PLANS
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,22 +61,6 @@ def _library(dtype: torch.dtype) -> Any:
     return fn
 
 
-class _Scratch:
-    """The gradients' buffers of one thread: one flat tensor's views, their addresses."""
-
-    def __init__(self, shapes: list[torch.Size | None], dtype: torch.dtype):
-        flat = torch.empty(sum(math.prod(s) for s in shapes if s is not None), dtype=dtype)
-        self.views, at = [], 0
-        for shape in shapes:
-            if shape is not None:
-                self.views.append(flat[at:at + math.prod(shape)].view(shape))
-                at += math.prod(shape)
-        found = iter(self.views)
-        self.flat = flat  # the views' storage
-        self.pointers = (ctypes.c_void_p * len(shapes))(
-            *[None if s is None else next(found).data_ptr() for s in shapes])
-
-
 class Chain:
     """A tape recognised as a chain of dense layers (see the module), run by the kernel."""
 
@@ -88,9 +72,9 @@ class Chain:
         self.present = [i for i, where in enumerate(inputs) if where is not None]
         self.layers = len(widths) - 1
         self.widths = (ctypes.c_long * len(widths))(*widths)
-        self.leaves = leaves  # gamma: the position of each leaf of the result
-        self.shapes = [None if where is None else where[0][where[1]].shape for where in inputs]
-        self._scratch: dict[int, _Scratch] = {}
+        # gamma: each leaf of the result as an index into the present parameters
+        self.leaves = None if leaves is None else [self.present.index(i) for i in leaves]
+        self._pointers = ctypes.c_void_p * len(inputs)
 
     @classmethod
     def of(cls, tape: Tape, out: Any) -> Chain | None:
@@ -116,7 +100,7 @@ class Chain:
 
     def _agrees(self, out: Any) -> bool:
         """Whether the kernel gives the recorded pass's number (ln T's map, or T)."""
-        ln = self._ln(self._parameters(), 0, None)
+        ln = self._ln(self._parameters())
         if ln is None:
             return False
         if self.leaves is None:
@@ -133,26 +117,24 @@ class Chain:
         found = [table[key] for table, key in (self.inputs[i] for i in self.present)]
         return found if all(t.is_contiguous() for t in found) else None
 
-    def _ln(self, params: list[Tensor] | None, mode: int, into: Any) -> float | None:
-        """ln T by the kernel (``mode`` 1, 2: with the gradients of ln T into the
-        addresses ``into``); None for non-contiguous parameters."""
+    def _ln(self, params: Sequence[Tensor] | None, mode: int = 0, c: float = 1.0,
+            into: list[Tensor] | None = None) -> float | None:
+        """ln T by the kernel; ``mode`` 1: c d ln T / d p, 2: c d T / d|p|^q for each
+        parameter p, written into ``into`` (tensors like ``params``). None for
+        non-contiguous parameters."""
         if params is None:
             return None
-        found = iter(params)
-        pointers = (ctypes.c_void_p * len(self.inputs))(
-            *[None if w is None else next(found).data_ptr() for w in self.inputs])
         out = ctypes.c_double()
-        if self.fn(self.layers, self.widths, pointers, self.q, mode, 1.0, into,
-                   ctypes.byref(out)):
+        if self.fn(self.layers, self.widths, self._addresses(params), self.q, mode, c,
+                   None if into is None else self._addresses(into), ctypes.byref(out)):
             raise MemoryError("pathlift.lift.chain: no memory for the pass's vectors")
         return out.value
 
-    def scratch(self) -> _Scratch:
-        """This thread's gradient buffers (made at its first use)."""
-        ident = threading.get_ident()
-        found = self._scratch.get(ident)
-        if found is None:
-            found = self._scratch[ident] = _Scratch(self.shapes, self.dtype)
+    def _addresses(self, tensors: Sequence[Tensor]) -> ctypes.Array:
+        """The kernel's array W_0, b_0, W_1, ... of ``tensors`` (NULL: no bias)."""
+        found = self._pointers()
+        for i, t in zip(self.present, tensors, strict=True):
+            found[i] = t.data_ptr()
         return found
 
     def replay(self) -> Any:
@@ -168,20 +150,16 @@ class Chain:
         None (record again) where T leaves the dtype's finite numbers or a parameter is
         no longer contiguous."""
         params = self._parameters()
-        scratch = self.scratch()
+        if params is None:
+            return None
         with torch.no_grad():
-            ln = self._ln(params, 2, scratch.pointers)
-            if ln is None:
-                return None
-            total = torch.tensor(_exp(ln), dtype=self.dtype)
+            grads = [torch.empty_like(p) for p in params]
+            total = torch.tensor(_exp(self._ln(params, 2, 1.0, grads)), dtype=self.dtype)
             if not 0 < float(total) < math.inf:
                 return None
-            grads = torch._foreach_mul(scratch.views, float(total))
             mags = _magnitudes(params, self.q)
-        position = {p: i for i, p in enumerate(self.present)}
-        leaves = [mags[position[p]] for p in self.leaves]
-        flat = [v for v in self.tape.result[0][:-len(leaves) - 1]]
-        return (*flat, total, leaves), [grads[position[p]] for p in self.leaves]
+        flat = self.tape.result[0][:-len(self.leaves) - 1]
+        return (*flat, total, [mags[i] for i in self.leaves]), [grads[i] for i in self.leaves]
 
 
 def _exp(x: float) -> float:
@@ -199,21 +177,22 @@ def _magnitudes(params: list[Tensor], q: float) -> list[Tensor]:
 
 class _Penalty(torch.autograd.Function):
     """a ln T + b of a chain (``Chain.replay``): the value by one kernel call, the
-    gradient by another in the backward, scaled into new tensors by one foreach call."""
+    gradient by another in the backward, into new tensors."""
 
     @staticmethod
     def forward(ctx: Any, chain: Chain, *params: Tensor) -> Tensor:
         ctx.chain = chain
         ctx.save_for_backward(*params)  # an in-place change before backward is refused
         a, b = chain.affine
-        return torch.tensor(a * chain._ln(list(params), 0, None) + b, dtype=chain.dtype)
+        return torch.tensor(a * chain._ln(params) + b, dtype=chain.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         chain: Chain = ctx.chain
-        scratch = chain.scratch()
-        chain._ln(list(ctx.saved_tensors), 1, scratch.pointers)
-        return (None, *torch._foreach_mul(scratch.views, chain.affine[0] * float(grad)))
+        params = ctx.saved_tensors
+        grads = [torch.empty_like(p) for p in params]
+        chain._ln(params, 1, chain.affine[0] * float(grad), grads)
+        return (None, *grads)
 
 
 def _recognise(tape: Tape) -> tuple[list, list[int], float, tuple[float, float],
@@ -244,7 +223,8 @@ def _recognise(tape: Tape) -> tuple[list, list[int], float, tuple[float, float],
             magnitude[outs[0]] = (magnitude[slots[0]][0], extra[0])
         elif name in _ALIASES and len(slots) == 1 and slots[0] in magnitude and not extra:
             magnitude[outs[0]] = magnitude[slots[0]]
-        elif name == "linear" and not extra and len(slots) in (2, 3) and total is None:
+        elif name == "linear" and all(a is None for a in extra) and len(slots) in (2, 3) \
+                and total is None:  # linear(x, |W|^q, |b|^q) or linear(x, |W|^q, None)
             x, *pair = slots
             if x != vector and not (vector is None and _ones(tape, x)):
                 return None

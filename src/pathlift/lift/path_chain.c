@@ -8,9 +8,9 @@
  * c ln T runs the chain backwards: g_L = d ln T / d v_L = 1/T, g_{k-1} = |W_k|^q^T g_k
  * (scaled the same way), d ln T / d|W_k|^q = g_k v_{k-1}^T and d ln T / d|b_k|^q = g_k.
  * mode 0: the pass alone; mode 1: c d ln T / d W (d ln T / d|W|^q times q |W|^{q-1} sign W)
- * into G;
- * mode 2: c d ln T / d |W|^q (the magnitudes' gradient), into G. G holds the same layout
- * as P (G[2k] and G[2k+1] for W_k and b_k). Returns 0, or 1 when no memory is left.
+ * into G; mode 2: c d T / d|W|^q (the magnitudes' gradient, g_L = 1), into G. G holds the
+ * same layout as P (G[2k] and G[2k+1] for W_k and b_k). Returns 0, or 1 when no memory is
+ * left.
  * Compiled with -Dreal=float or -Dreal=double (the parameters' type).
  */
 #include <math.h>
@@ -27,15 +27,18 @@ static inline double slope(double w, double q) {
   return q == 1.0 ? sign : q == 2.0 ? 2.0 * w : q * sign * pow(fabs(w), q - 1.0);
 }
 
-/* row . |W|^q-weighted v: sum_j |row_j|^q v_j */
+/* sum_j |row_j|^q v_j, in vector lanes (the sum's order is the lanes', not j's) */
 static double dot(const real* row, const double* v, long n, double q) {
   double acc = 0.0;
-  if (q == 1.0)
+  if (q == 1.0) {
+#pragma omp simd reduction(+ : acc)
     for (long j = 0; j < n; j++) acc += fabs((double)row[j]) * v[j];
-  else if (q == 2.0)
+  } else if (q == 2.0) {
+#pragma omp simd reduction(+ : acc)
     for (long j = 0; j < n; j++) acc += (double)row[j] * row[j] * v[j];
-  else
+  } else {
     for (long j = 0; j < n; j++) acc += power(row[j], q) * v[j];
+  }
   return acc;
 }
 
@@ -73,7 +76,7 @@ static void backward(long L, const long* n, real* const* P, double q, int mode, 
   long at = 0;
   for (long k = 0; k < L; k++) at += n[k];
   for (long i = 0; i < n[L]; i++) g[i] = 1.0;
-  double scale = -ln; /* g = e^scale * mantissa */
+  double scale = mode == 2 ? 0.0 : -ln; /* g = e^scale * mantissa */
   for (long k = L - 1; k >= 0; k--) {
     long in = n[k], o = n[k + 1];
     at -= in;
