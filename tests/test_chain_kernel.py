@@ -217,6 +217,16 @@ def test_an_in_place_change_before_backward_is_refused() -> None:
         ln.backward()
 
 
+def test_a_second_derivative_is_refused() -> None:
+    """The kernel's gradient is no autograd graph: differentiating it raises."""
+    model, shape = _model("narrow, 5 layers")
+    differentiable_path_norm(model, shape)
+    ln = differentiable_path_norm(model, shape)
+    (grad,) = torch.autograd.grad(ln, [model[1].weight], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"once_differentiable|does not require grad"):
+        grad.sum().backward()
+
+
 def test_a_non_contiguous_parameter_runs_the_tape() -> None:
     model, shape = _model("narrow, 5 layers")
     differentiable_path_norm(model, shape)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from pathlift.kron.cpu_kernel import compiled_library
 from pathlift.lift.tape import Tape
@@ -187,6 +188,7 @@ class _Penalty(torch.autograd.Function):
         return torch.tensor(a * chain._ln(params) + b, dtype=chain.dtype)
 
     @staticmethod
+    @once_differentiable  # a second derivative is refused, never silently zero
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         chain: Chain = ctx.chain
         params = ctx.saved_tensors
