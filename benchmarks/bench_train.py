@@ -6,7 +6,8 @@ training step, each against the model's own forward and backward pass, in the sa
         [--label after]
 
 One thread, float32 models: small_cnn (1x8x8), the digits MLP, ResNet-18 (3x32x32, 10
-classes) in train mode. CPU time of this thread (``time.thread_time``: other processes'
+classes) in train mode (``--models`` also takes two other MLPs: 784-256-256-10 and a
+narrow one of five layers). CPU time of this thread (``time.thread_time``: other processes'
 time on the core left out) of single calls, in rounds that call every function once in
 a new order; each figure is the median over the rounds of that round's ratio:
 - ``fb1``: model forward + backward of the cross-entropy at batch 1 (the unit of issue 25);
@@ -22,7 +23,8 @@ Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step and reg_step / 
 the machine. The penalty and Path-SGD's gamma are replayed from their recorded passes
 (``pathlift.lift.replay``) after the first call, written out as straight-line code
 (``pathlift.lift.program``), gamma's gradient by the pass's transpose without autograd
-(``pathlift.lift.transpose``); run the script with an older checkout's
+(``pathlift.lift.transpose``), and an MLP's pass with its gradient by one compiled call
+(``pathlift.lift.chain``); run the script with an older checkout's
 ``src`` on PYTHONPATH, alternating with this one, for the walked ones. ``--out`` keeps the
 rows of the file's other labels (one row per label and model), each naming the machine
 (vector width, cores).
@@ -51,7 +53,11 @@ from timing import round_robin
 
 CASES = {"small_cnn": (small_cnn, (1, 8, 8)),
          "mlp": (lambda: mlp(64, (128, 64), 10), (1, 8, 8)),
-         "resnet18": (lambda: resnet18(num_classes=10), (3, 32, 32))}
+         "resnet18": (lambda: resnet18(num_classes=10), (3, 32, 32)),
+         # other MLP shapes, so that nothing is tuned to the digits MLP (not by default)
+         "mlp_784_256_256_10": (lambda: mlp(784, (256, 256), 10), (784,)),
+         "mlp_narrow_5": (lambda: mlp(64, (32, 32, 32, 32), 10), (1, 8, 8))}
+DEFAULT = ["small_cnn", "mlp", "resnet18"]
 
 
 def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
@@ -130,7 +136,7 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--models", nargs="+", choices=list(CASES), default=DEFAULT)
     parser.add_argument("--out", type=Path, default=None, help="CSV of times (ms) and ratios")
     parser.add_argument("--label", default="this checkout",
                         help="the code measured (its rows in --out replace that label's)")

@@ -82,9 +82,9 @@ from pathlift.kron.machine import (
     warn_unusable_cache,
 )
 
-__all__ = ["CpuKernel", "bsf_path", "build_flags", "current_kernel", "grad_factor",
-           "load_kernel", "multiply", "multiply_once", "multiply_transposed", "pack", "path_of",
-           "vector_width", "width_flags"]
+__all__ = ["CpuKernel", "bsf_path", "build_flags", "compiled_library", "current_kernel",
+           "grad_factor", "load_kernel", "multiply", "multiply_once", "multiply_transposed",
+           "pack", "path_of", "vector_width", "width_flags"]
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -202,9 +202,9 @@ class CpuKernel:
                 f"({Path(self.compiler).name} {' '.join(self.flags)})")
 
 
-def _key(ctype: str, compiler: str, flags: tuple[str, ...]) -> str:
+def _key(ctype: str, compiler: str, flags: tuple[str, ...], source: str = SOURCE) -> str:
     return hashlib.sha256("\0".join(
-        (SOURCE, ctype, compiler, *flags, platform.machine(), platform.processor(),
+        (source, ctype, compiler, *flags, platform.machine(), platform.processor(),
          cpu_features())).encode()).hexdigest()[:16]
 
 
@@ -240,12 +240,13 @@ def _verified(record: Path) -> Path | None:
 COMPILER_ENVIRONMENT = ("PATH", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES")
 
 
-def _build(defines: tuple[str, ...], compiler: str, flags: tuple[str, ...]) -> bytes:
-    """The shared object's bytes, compiled in a private temporary folder by ``compiler``
-    run with only the variables ``COMPILER_ENVIRONMENT`` names."""
+def _build(defines: tuple[str, ...], compiler: str, flags: tuple[str, ...],
+           source: str = SOURCE) -> bytes:
+    """The shared object's bytes, compiled from ``source`` in a private temporary folder by
+    ``compiler`` run with only the variables ``COMPILER_ENVIRONMENT`` names."""
     with tempfile.TemporaryDirectory(prefix="pathlift-kron-") as tmp:
         src, out = Path(tmp) / "ks_fused.c", Path(tmp) / "ks_fused.so"
-        src.write_text(SOURCE)
+        src.write_text(source)
         try:
             env = {k: os.environ[k] for k in COMPILER_ENVIRONMENT if k in os.environ}
             proc = subprocess.run([compiler, *flags, *defines, str(src), "-o", str(out)],
@@ -258,22 +259,23 @@ def _build(defines: tuple[str, ...], compiler: str, flags: tuple[str, ...]) -> b
 
 
 def _compile(dtype: torch.dtype, compiler: str, flags: tuple[str, ...],
-             rebuild: bool = False) -> tuple[Path, bool]:
+             rebuild: bool = False, source: str = SOURCE, stem: str = "ks_fused"
+             ) -> tuple[Path, bool]:
     """The verified shared object of this build in the trusted cache (``trusted_cache_dir``),
     built (and recorded with its size and digest) if missing, damaged or ``rebuild``, and
     False; where the cache cannot be trusted or written, a private copy in a temporary
     folder (one warning) and True: the caller loads it and removes the folder, and the next
     process builds it again."""
     ctype, defines = _TYPES[dtype]
-    key = _key(ctype, compiler, (*flags, *defines))
+    key = _key(ctype, compiler, (*flags, *defines), source)
     folder = trusted_cache_dir()
-    record = None if folder is None else folder / f"ks_fused_{ctype}_{key}.json"
+    record = None if folder is None else folder / f"{stem}_{ctype}_{key}.json"
     if record is not None and not rebuild and (library := _verified(record)) is not None:
         return library, False
-    data = _build(defines, compiler, flags)
+    data = _build(defines, compiler, flags, source)
     digest = _digest(data)
     # named by its digest: concurrent builders never replace a library another one loads
-    name = f"ks_fused_{ctype}_{key}_{digest[:12]}.so"
+    name = f"{stem}_{ctype}_{key}_{digest[:12]}.so"
     if record is not None:
         try:
             target = files.write_bytes(record.with_name(name), data)
@@ -287,8 +289,8 @@ def _compile(dtype: torch.dtype, compiler: str, flags: tuple[str, ...],
 
 
 def _open(dtype: torch.dtype, compiler: str, flags: tuple[str, ...],
-          rebuild: bool) -> ctypes.CDLL:
-    library, private = _compile(dtype, compiler, flags, rebuild)
+          rebuild: bool, source: str = SOURCE, stem: str = "ks_fused") -> ctypes.CDLL:
+    library, private = _compile(dtype, compiler, flags, rebuild, source, stem)
     try:
         return ctypes.CDLL(str(library))
     finally:
@@ -371,6 +373,37 @@ def load_kernel(dtype: torch.dtype) -> CpuKernel | None:
 def _load_for(dtype: torch.dtype, cc: str | None, path: str, cflags: str) -> CpuKernel | None:
     # per value of the variables the build depends on: every fused prepare asks
     return _load(dtype, cc or _compiler_on_path(path), _flags(cflags))
+
+
+def compiled_library(source: str, stem: str, dtype: torch.dtype) -> ctypes.CDLL | None:
+    """Another C source of pathlift's, compiled with ``-Dreal=`` the C type of ``dtype``
+    (float32 or float64) as the fused kernel is: the same compiler and flags
+    (``build_flags``), the restricted environment (``COMPILER_ENVIRONMENT``), the verified
+    cache (files named ``stem``); None, with one warning, where it cannot be built or
+    loaded, or for another dtype (no warning)."""
+    if dtype not in (torch.float32, torch.float64):
+        return None
+    env = os.environ
+    return _library_for(source, stem, dtype, _trusted_cc(env.get("CC")),
+                        env.get("PATH", os.defpath), env.get("PATHLIFT_KRON_CFLAGS", ""))
+
+
+@functools.cache
+def _library_for(source: str, stem: str, dtype: torch.dtype, cc: str | None, path: str,
+                 cflags: str) -> ctypes.CDLL | None:
+    # per value of the variables the build depends on, as ``_load_for``
+    compiler = cc or _compiler_on_path(path)
+    try:
+        if compiler is None:
+            raise RuntimeError("no C compiler found (set CC or install gcc)")
+        try:
+            return _open(dtype, compiler, _flags(cflags), False, source, stem)
+        except OSError:  # a cached library that does not load: build anew
+            return _open(dtype, compiler, _flags(cflags), True, source, stem)
+    except (RuntimeError, OSError) as err:
+        warnings.warn(f"pathlift: {stem}.c could not be built or loaded ({err}); the "
+                      "replayed pass runs instead", RuntimeWarning, stacklevel=5)
+        return None
 
 
 # x86 flags that narrow the kernel's vectors below the CPU's (each a build the CPU runs)

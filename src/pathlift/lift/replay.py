@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from pathlift.graph import LayerGraph, unwrap
 from pathlift.graph.boundary import is_fsdp1
 from pathlift.graph.sharded import is_sharded_graph
+from pathlift.lift.chain import Chain
 from pathlift.lift.tape import Tape
 from pathlift.lift.transpose import Transposed
 
@@ -103,9 +104,10 @@ def _reader(attrs: tuple[str, ...]) -> Callable[[dict], tuple]:
     return lambda state: ()
 
 # Per model: (what, input shape) -> (the model's watch, its tape or None: walk each time,
-# the tape's transpose for ``replayed_gradients`` or None: autograd's)
+# the compiled chain (``pathlift.lift.chain``: replays and gradients) or the tape's transpose
+# for ``replayed_gradients`` or None: the tape, and autograd's gradients)
 _PLANS: weakref.WeakKeyDictionary[
-    nn.Module, dict[tuple, tuple[Watch, Tape | None, Transposed | None]]] = \
+    nn.Module, dict[tuple, tuple[Watch, Tape | None, Chain | Transposed | None]]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -115,7 +117,8 @@ def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, w
              gradient: bool = False) -> T:
     """``run(graph_of(model, input_shape))``: a pass of the graph, recorded at the first
     call for ``model``, ``input_shape`` and ``what`` and replayed while the model's
-    ``Watch`` holds and the tape's scales fit (recorded again else). Recorded in autograd
+    ``Watch`` holds and the tape's scales fit (recorded again else); a tape that is a chain
+    of dense layers runs as one compiled call (``pathlift.lift.chain``). Recorded in autograd
     whatever the caller's mode (a pass under ``no_grad`` writes into shared buffers),
     replayed in the caller's. A ``LayerGraph``, an unknown shape, FSDP1 and sharded
     models are walked at each call. ``gradient``: ``run`` gives a tuple ending with a
@@ -130,7 +133,7 @@ def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, w
     where = (*what, tuple(input_shape))
     known = plans.get(where)
     if known is not None and known[0].unchanged() and known[1] is not None:
-        out = known[1].replay()
+        out = (known[1] if gradient or known[2] is None else known[2]).replay()
         if out is not None:
             return out
     graph = graph_of(model, input_shape)
@@ -140,7 +143,8 @@ def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, w
             plans[where] = (watch, None, None)
             return run(graph)
         out, tape = Tape.record(lambda: run(graph), net)
-    plans[where] = (watch, tape, _transposed(tape, out) if gradient and tape else None)
+    chain = Chain.of(tape, out) if tape is not None else None
+    plans[where] = (watch, tape, chain or (_transposed(tape, out) if gradient and tape else None))
     return out
 
 
@@ -162,8 +166,9 @@ def replayed_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int]
                        ) -> tuple[tuple, list[Tensor | None]]:
     """``(result, grads)``: ``result`` as ``replayed(..., gradient=True)`` gives it (a
     tuple ending with a 0-dim ``total`` and a list of ``leaves``) and d total / d leaf
-    for each leaf (None where none flows): by the tape's transpose without autograd
-    (``pathlift.lift.transpose``) where it covers the recorded pass, else by autograd."""
+    for each leaf (None where none flows): by the compiled chain (``pathlift.lift.chain``)
+    or the tape's transpose without autograd (``pathlift.lift.transpose``) where one covers
+    the recorded pass, else by autograd."""
     if not isinstance(model, LayerGraph) and input_shape is not None:
         known = _PLANS.get(unwrap(model), {}).get((*what, tuple(input_shape)))
         if known is not None and known[2] is not None and known[0].unchanged():

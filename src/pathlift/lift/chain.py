@@ -1,0 +1,272 @@
+"""A recorded |theta|^q pass that is a chain of dense layers, run with its gradient by one
+compiled C call (``path_chain.c``): the training step's penalty and Path-SGD's gamma on an
+MLP at the cost of arithmetic, not of one Python call per torch operation.
+
+The pass of Thm 3.1.1 on an MLP is v_k = |W_k|^q v_{k-1} + |b_k|^q from v_0 = 1 and
+T = sum_v o_v = sum_i v_L[i]; ln ||Phi||_q = (1/q) ln T. Its gradient is the chain run
+backwards (g_L = 1/T, g_{k-1} = |W_k|^q^T g_k; d ln T / d|W_k|^q = g_k v_{k-1}^T, Thm
+3.1.1 differentiated), which the C code computes in double with a scale per layer, so
+nothing overflows between layers (``path_chain.c``).
+
+``Chain.of(tape, out)`` recognises such a pass in a recorded tape
+(``pathlift.lift.tape``): magnitudes |p|^q of the model's parameters (``abs``, ``square``,
+their foreach forms, ``pow`` of an ``abs``; the leaves' ``detach`` and ``requires_grad_``),
+a chain of ``linear`` calls on them from the all-ones input, the ``sum`` of the last, and
+for the penalty ``log`` and scalar ``add``/``mul``/``div`` of it. Any other call (a prune
+mask, a LeakyReLU's sub-DAG, BatchNorm, a convolution, a layer taken in a unit other
+than 1) keeps the tape. The plan is kept only if the kernel gives the recorded value
+(float64: 1e-12 relative). ``replay()`` is the penalty as one autograd node whose
+backward is one more call; ``gradients()`` gamma's d T / d|p|^q without autograd (the
+contracts of ``Tape.replay`` and ``Transposed.gradients``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from pathlift.kron.cpu_kernel import compiled_library
+from pathlift.lift.tape import Tape
+
+__all__ = ["Chain"]
+
+SOURCE = Path(__file__).with_name("path_chain.c").read_text()
+
+# Calls making |p|^q of parameters: q by name (pow of an abs: its exponent)
+_MAGNITUDES = {"_foreach_abs": 1.0, "abs": 1.0, "foreach_square": 2.0, "square": 2.0}
+# Calls that change a tensor's autograd flags, not its values (the leaves of gamma's pass)
+_ALIASES = frozenset({"detach", "requires_grad_"})
+# Scalar maps of ln T after the log: (a, b) -> the affine map a ln T + b composed with it
+_AFTER = {"add": lambda a, b, c: (a, b + c), "sub": lambda a, b, c: (a, b - c),
+          "mul": lambda a, b, c: (a * c, b * c), "div": lambda a, b, c: (a / c, b / c)}
+# Agreement with the recorded pass demanded of the kernel (relative, at least 1 absolute)
+_AGREE = {torch.float32: 1e-4, torch.float64: 1e-12}
+
+def _library(dtype: torch.dtype) -> Any:
+    """``path_chain`` compiled for ``dtype`` and typed, or None (one warning)."""
+    lib = compiled_library(SOURCE, "path_chain", dtype)
+    if lib is None:
+        return None
+    fn = lib.path_chain
+    ptr = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_long, ptr, ptr, ctypes.c_double, ctypes.c_int, ctypes.c_double,
+                   ptr, ptr]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class Chain:
+    """A tape recognised as a chain of dense layers (see the module), run by the kernel."""
+
+    def __init__(self, tape: Tape, fn: Any, inputs: list[tuple[dict, str] | None],
+                 widths: list[int], q: float, affine: tuple[float, float],
+                 leaves: list[int] | None, dtype: torch.dtype):
+        self.tape, self.fn, self.q, self.affine, self.dtype = tape, fn, q, affine, dtype
+        self.inputs = inputs  # (table, key) of W_0, b_0, W_1, ... (None: no bias)
+        self.present = [i for i, where in enumerate(inputs) if where is not None]
+        self.layers = len(widths) - 1
+        self.widths = (ctypes.c_long * len(widths))(*widths)
+        # gamma: each leaf of the result as an index into the present parameters
+        self.leaves = None if leaves is None else [self.present.index(i) for i in leaves]
+        self._pointers = ctypes.c_void_p * len(inputs)
+
+    @classmethod
+    def of(cls, tape: Tape, out: Any) -> Chain | None:
+        """The kernel's plan of ``tape`` (recorded with result ``out``), or None where the
+        tape is no chain of dense layers, the kernel cannot be built, or it disagrees."""
+        found = _recognise(tape)
+        if found is None:
+            return None
+        inputs, widths, q, affine, leaves = found
+        tensors = [None if w is None else w[0][w[1]] for w in inputs]
+        dtype = tensors[0].dtype
+        if any(t is not None and (t.dtype != dtype or t.device.type != "cpu"
+                                  or t.dim() != (1 if i % 2 else 2)
+                                  or t.shape[0] != widths[i // 2 + 1]
+                                  or (i % 2 == 0 and t.shape[1] != widths[i // 2]))
+               for i, t in enumerate(tensors)):
+            return None
+        fn = _library(dtype) if dtype in _AGREE else None
+        if fn is None:
+            return None
+        plan = cls(tape, fn, inputs, widths, q, affine, leaves, dtype)
+        return plan if plan._agrees(out) else None
+
+    def _agrees(self, out: Any) -> bool:
+        """Whether the kernel gives the recorded pass's number (ln T's map, or T)."""
+        ln = self._ln(self._parameters())
+        if ln is None:
+            return False
+        if self.leaves is None:
+            mine, recorded = self.affine[0] * ln + self.affine[1], float(out.detach())
+        else:
+            mine, recorded = _exp(ln), float(out[-2].detach())
+        if not (math.isfinite(mine) and math.isfinite(recorded)):
+            return False
+        return abs(mine - recorded) <= _AGREE[self.dtype] * max(1.0, abs(recorded))
+
+    def _parameters(self) -> list[Tensor] | None:
+        """The current W_0, b_0, ... (biases only where present), or None where one is no
+        longer contiguous (the kernel reads rows)."""
+        found = [table[key] for table, key in (self.inputs[i] for i in self.present)]
+        return found if all(t.is_contiguous() for t in found) else None
+
+    def _ln(self, params: Sequence[Tensor] | None, mode: int = 0, c: float = 1.0,
+            into: list[Tensor] | None = None) -> float | None:
+        """ln T by the kernel; ``mode`` 1: c d ln T / d p, 2: c d T / d|p|^q for each
+        parameter p, written into ``into`` (tensors like ``params``). None for
+        non-contiguous parameters."""
+        if params is None:
+            return None
+        out = ctypes.c_double()
+        if self.fn(self.layers, self.widths, self._addresses(params), self.q, mode, c,
+                   None if into is None else self._addresses(into), ctypes.byref(out)):
+            raise MemoryError("pathlift.lift.chain: no memory for the pass's vectors")
+        return out.value
+
+    def _addresses(self, tensors: Sequence[Tensor]) -> ctypes.Array:
+        """The kernel's array W_0, b_0, W_1, ... of ``tensors`` (NULL: no bias)."""
+        found = self._pointers()
+        for i, t in zip(self.present, tensors, strict=True):
+            found[i] = t.data_ptr()
+        return found
+
+    def replay(self) -> Any:
+        """The penalty a ln T + b on the current parameters, in autograd (one node), or the
+        tape's replay where a parameter is no longer contiguous."""
+        params = self._parameters()
+        if params is None:
+            return self.tape.replay()
+        return _Penalty.apply(self, *params)
+
+    def gradients(self) -> tuple[Any, list[Tensor | None]] | None:
+        """Gamma's pass: the tape's result (..., T, [|p|^q leaves]) and d T / d leaf, or
+        None (record again) where T leaves the dtype's finite numbers or a parameter is
+        no longer contiguous."""
+        params = self._parameters()
+        if params is None:
+            return None
+        with torch.no_grad():
+            grads = [torch.empty_like(p) for p in params]
+            total = torch.tensor(_exp(self._ln(params, 2, 1.0, grads)), dtype=self.dtype)
+            if not 0 < float(total) < math.inf:
+                return None
+            mags = _magnitudes(params, self.q)
+        flat = self.tape.result[0][:-len(self.leaves) - 1]
+        return (*flat, total, [mags[i] for i in self.leaves]), [grads[i] for i in self.leaves]
+
+
+def _exp(x: float) -> float:
+    """e^x, inf beyond float64's range."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
+def _magnitudes(params: list[Tensor], q: float) -> list[Tensor]:
+    """|p|^q of every tensor, as the tape made them."""
+    if q == 2.0:
+        return torch._foreach_mul(params, params)
+    found = torch._foreach_abs(params)
+    return found if q == 1.0 else torch._foreach_pow(found, q)
+
+
+class _Penalty(torch.autograd.Function):
+    """a ln T + b of a chain (``Chain.replay``): the value by one kernel call, the
+    gradient by another in the backward, into new tensors."""
+
+    @staticmethod
+    def forward(ctx: Any, chain: Chain, *params: Tensor) -> Tensor:
+        ctx.chain = chain
+        ctx.save_for_backward(*params)  # an in-place change before backward is refused
+        a, b = chain.affine
+        return torch.tensor(a * chain._ln(params) + b, dtype=chain.dtype)
+
+    @staticmethod
+    @once_differentiable  # a second derivative is refused, never silently zero
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        chain: Chain = ctx.chain
+        params = ctx.saved_tensors
+        grads = [torch.empty_like(p) for p in params]
+        chain._ln(params, 1, chain.affine[0] * float(grad), grads)
+        return (None, *grads)
+
+
+def _recognise(tape: Tape) -> tuple[list, list[int], float, tuple[float, float],
+                                    list[int] | None] | None:
+    """(inputs by position W_0, b_0, W_1, ...; widths; q; the affine map of ln T giving
+    the result, or None for gamma's pass; gamma's leaves as positions) of a chain tape."""
+    params = range(len(tape.inputs))
+    magnitude: dict[int, tuple[int, float]] = {}  # slot -> (its parameter's slot, q)
+    inputs: list[tuple[dict, str] | None] = []
+    widths: list[int] = []
+    positions: dict[int, int] = {}  # magnitude slot -> its position in ``inputs``
+    vector = total = ln = None
+    affine = (1.0, 0.0)
+    for op in tape.ops:
+        name = getattr(op.func, "__name__", "")
+        slots = [slot for _, slot in op.refs]
+        outs = [op.outs] if type(op.outs) is int else list(op.outs)
+        extra = [a for j, a in enumerate(op.args) if j not in dict(op.refs)]
+        if op.kwargs and not all(type(k) is str and k in dict(op.refs) for k in op.kwargs):
+            return None
+        if name in _MAGNITUDES and not extra and len(outs) == len(slots) \
+                and all(s in params for s in slots):
+            magnitude.update({o: (s, _MAGNITUDES[name]) for s, o in zip(slots, outs,
+                                                                         strict=True)})
+        elif name == "pow" and len(slots) == 1 and slots[0] in magnitude \
+                and magnitude[slots[0]][1] == 1.0 and len(extra) == 1 \
+                and type(extra[0]) is float and extra[0] >= 1:
+            magnitude[outs[0]] = (magnitude[slots[0]][0], extra[0])
+        elif name in _ALIASES and len(slots) == 1 and slots[0] in magnitude and not extra:
+            magnitude[outs[0]] = magnitude[slots[0]]
+        elif name == "linear" and all(a is None for a in extra) and len(slots) in (2, 3) \
+                and total is None:  # linear(x, |W|^q, |b|^q) or linear(x, |W|^q, None)
+            x, *pair = slots
+            if x != vector and not (vector is None and _ones(tape, x)):
+                return None
+            if vector is None:
+                widths.append(tape.constants[x].shape[-1])
+            if any(s not in magnitude or s in positions for s in pair) \
+                    or [j for j, _ in op.refs] != list(range(len(slots))):
+                return None  # a magnitude used twice (tied weights): one leaf, two layers
+            for s in (*pair, None)[:2]:
+                if s is not None:
+                    positions[s] = len(inputs)
+                inputs.append(None if s is None else tape.inputs[magnitude[s][0]])
+            table, key = inputs[-2]
+            widths.append(table[key].shape[0])
+            vector = outs[0]
+        elif name == "sum" and slots == [vector] and not extra and total is None:
+            total = outs[0]
+        elif name == "log" and slots == [total] and not extra and ln is None:
+            ln = outs[0]
+        elif name in _AFTER and slots == [ln] and len(extra) == 1 and op.refs[0][0] == 0 \
+                and type(extra[0]) in (int, float):
+            affine, ln = _AFTER[name](*affine, float(extra[0])), outs[0]
+        else:
+            return None
+    qs = {magnitude[s][1] for s in positions if s is not None}
+    if total is None or len(qs) != 1:
+        return None
+    result = tape.result_slots()
+    if ln is not None and result == [ln]:
+        return inputs, widths, qs.pop(), affine, None
+    leaves = [s for s in result if s is not None and s in magnitude]
+    if ln is None and leaves and result[-len(leaves) - 1:] == [total, *leaves] \
+            and result.count(None) == len(result) - len(leaves) - 1 \
+            and all(s in positions for s in leaves):
+        return inputs, widths, qs.pop(), affine, [positions[s] for s in leaves]
+    return None
+
+
+def _ones(tape: Tape, slot: int) -> bool:
+    """Whether ``slot`` is a constant all-ones row (the pass's input)."""
+    c = tape.constants.get(slot)
+    return c is not None and c.dim() == 2 and c.shape[0] == 1 and bool((c == 1).all())
+
