@@ -10,8 +10,9 @@ max_{c != y} f(x)_c, and for a coded network Q (code word of L(Q) bits)
     E_t(Q) = {(x, y): m_Q(x, y) <= tau_t B(x)},
     E_box(Q) = {(x, y): the interval lower bound of m_theta'(x, y) over theta' in the box
                 of Q (``CodedNetwork.box``, ``pathlift.bounds.box``) is <= 0}
-                (where ``box_margins``'s float32 screen runs, both its float32 and its
-                float64 lower bounds are <= 0).
+                (where ``box_margins``'s float32 pass runs on the architecture, both
+                its float32 and its float64 lower bounds are <= 0: a function of
+                (x, y) alone, whatever the batches).
 
 With probability >= 1 - delta over the n iid training samples S, for every trained
 parameter theta of an architecture of the family, every positive rescaling lambda
@@ -37,9 +38,9 @@ P(theta errs) <= P(E), bounded above. Every choice made here on the training dat
 rescaling, the pruned coordinates, the step sizes, the event) changes only Q, which is
 paid for by L(Q), or the event, paid for by ln T: the bound holds for the network chosen.
 
-The final count adds the search's count of the float64 event on its rows, and the final
-pass counts the float64 event on batches it does not screen (``_Screen``), an event that
-holds wherever E_box does: the count is at least P_S[E_box] n, and kl^-1 grows with it.
+The final count adds the search's count of E_box on its rows and the final pass's count
+of E_box on the others: P_S[E_box] n exactly, the same whatever the batches, their order
+and the ranks (``box_margins``: a row's bounds are its own, bit for bit).
 
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
 computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
@@ -557,7 +558,8 @@ class _Problem:
         (``_likely_rate``), or ``clock``'s budget is spent."""
         count, seen, lower = 0, 0, []
         for xb, yb in zip(data.x.split(_BATCH), data.y.split(_BATCH), strict=True):
-            lower.append(box_margins(graph, None, xb, yb, boxes, reuse=reuse))
+            lower.append(box_margins(graph, None, xb, yb, boxes, reuse=reuse, screen=True,
+                                     float64_first=True))
             count += int((lower[-1] <= 0).sum())
             seen += len(xb)
             rate = _likely_rate(count, seen, len(data.x)) if data.shuffled \
@@ -568,11 +570,11 @@ class _Problem:
 
 
 class _Screen:
-    """Whether the final pass screens the box event in float32 (``box_margins(screen=
-    True)``): worth it where most rows lie outside the event, so only when the search's
-    rate on its rows (``rate``; None when it scored no candidate) is at most 1/2, and
-    off from the first batch that finds most rows inside. Either way each batch's count
-    holds: the screened event lies inside the float64 one (module docstring)."""
+    """Whether the final pass runs the float32 pass of the box event first (``box_margins(
+    screen=True)``, else the float64 one first): worth it where most rows lie outside the
+    event, so only when the search's rate on its rows (``rate``; None when it scored no
+    candidate) is at most 1/2, and off from the first batch that finds most rows inside.
+    The order changes no row's decision, so no count (``box_margins``)."""
 
     def __init__(self, rate: float | None):
         self.on = rate is not None and rate <= 0.5
@@ -587,7 +589,8 @@ def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
             ) -> Tensor:
     """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
     at ``tau`` (0 when None) and of the box event (0 when None) on the ``rows`` picked
-    (a mask; default all), screened as ``screen`` says (default: not)."""
+    (a mask; default all), the float32 pass of the box event first as ``screen`` says
+    (default: the float64 pass first)."""
     margins, sizes = _margins(net, x, y)
     near = 0 if tau is None else int((margins <= tau * input_scale(x)
                                       + 1e-9 * (1 + sizes)).sum())
@@ -596,8 +599,8 @@ def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
     boxed = 0
     for xb, yb in zip(x.split(batch), y.split(batch), strict=True) if boxes and len(x) \
             else ():
-        inside = int((box_margins(graph, None, xb, yb, boxes,
-                                  screen=screen is not None and screen.on) <= 0).sum())
+        inside = int((box_margins(graph, None, xb, yb, boxes, screen=True,
+                                  float64_first=screen is None or not screen.on) <= 0).sum())
         boxed += inside
         if screen is not None:
             screen.seen(inside, len(xb))
