@@ -73,12 +73,12 @@ def _edge_rows(model: nn.Module, x: torch.Tensor, margins: list[float]) -> tuple
     return torch.stack(rows), torch.tensor(labels)
 
 
-def _sample(model: nn.Module, n: int = 240, seed: int = 0) -> tuple:
+def _sample(kind: type[nn.Module], n: int = 240, seed: int = 0) -> tuple:
     """``n`` rows: random ones (a sixth with a wrong label, clustered at the front so some
     batches hold mostly rows of the event; one in nine of the others 1e4 times larger)
     and rows on the edge of the event."""
     torch.manual_seed(seed)
-    model = model.double().eval()
+    model = kind().double().eval()
     x = torch.randn(n, 1, 4, 4, dtype=torch.float64)
     x[n // 6::9] *= 1e4  # rows that would widen the rounding bounds of the others
     with torch.no_grad():
@@ -97,7 +97,7 @@ def _float64(graph, x, y, boxes):
 def test_a_rows_bounds_are_its_own_bit_for_bit(kind):
     """Every bound of the float64 pass, the float32 pass and the screened bound of each
     row: the same bits alone (batches of one), in batches of 3, 7 and 64, and among all."""
-    model, x, y = _sample(kind())
+    model, x, y = _sample(kind)
     graph = graph_of(model, (1, 4, 4))
     boxes = _boxes(model, 2.0 ** -20)
     passes = {
@@ -129,7 +129,7 @@ def _folded(model, graph, boxes, x, y, size: int, ranks: int, rate: float | None
     for rank in range(ranks):
         screen = compression._Screen(rate)
         for _, xb, yb in Batches(x, y, batch_size=size, world=World(rank, ranks)):
-            total += int(compression._events(model, graph, None, boxes, xb, yb, None, screen,
+            total += int(compression._events(model, graph, None, boxes, xb, yb, screen=screen,
                                              batch=max(size // 2, 1))[2])
     return total
 
@@ -149,7 +149,7 @@ def test_the_box_count_is_the_same_whatever_the_batches_order_and_ranks(kind):
     """Rows between the bounds (float32 <= 0 < float64: a tiny box, float32's rounding
     decides) are there, and the fold counts the row-by-row event whatever the order, the
     batches, the ranks and the screen's switch-off."""
-    model, x, y = _sample(kind())
+    model, x, y = _sample(kind)
     graph = graph_of(model, (1, 4, 4))
     boxes = _boxes(model, 2.0 ** -30)
     low64, low32 = _float64(graph, x, y, boxes), _screened(graph, x, y, boxes)
@@ -165,7 +165,7 @@ def test_a_float32_bound_above_the_float64_one_decides_the_same_in_every_order(m
     pass standing in, 1e-3 above the float64 one), the row is out of the event whichever
     pass runs first, so the count does not move with the screen's switch-off; under the
     old rule such rows counted on the batches after it."""
-    model, x, y = _sample(Tiny())
+    model, x, y = _sample(Tiny)
     graph = graph_of(model, (1, 4, 4))
     boxes = _boxes(model, 2.0 ** -12)
     monkeypatch.setattr(box, "_screened",

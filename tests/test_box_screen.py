@@ -215,7 +215,7 @@ def test_the_final_pass_screens_only_where_most_rows_lie_outside_the_event(monke
     real = compression.box_margins
     monkeypatch.setattr(compression, "box_margins",
                         lambda *a, **k: asked.append(k["float64_first"]) or real(*a, **k))
-    counts = [compression._events(model, graph, None, boxes, x, y, None, s, batch=100)
+    counts = [compression._events(model, graph, None, boxes, x, y, s, batch=100)
               for s in (compression._Screen(0.0), compression._Screen(None))]
     assert asked == [False] * 3 + [True] * 3
     assert torch.equal(counts[0], counts[1]) and 0 < int(counts[0][2]) < 300

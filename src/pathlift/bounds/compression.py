@@ -38,9 +38,9 @@ P(theta errs) <= P(E), bounded above. Every choice made here on the training dat
 rescaling, the pruned coordinates, the step sizes, the event) changes only Q, which is
 paid for by L(Q), or the event, paid for by ln T: the bound holds for the network chosen.
 
-The final count adds the search's count of E_box on its rows and the final pass's count
-of E_box on the others: P_S[E_box] n exactly, the same whatever the batches, their order
-and the ranks (``box_margins``: a row's bounds are its own, bit for bit).
+The final pass counts E_box on every row: P_S[E_box] n exactly, the same whatever the
+batches, their order and the ranks (``box_margins``: a row's bounds are its own, bit for
+bit). The search scores its candidates by the float64 bounds alone: it only chooses Q.
 
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
 computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
@@ -491,11 +491,11 @@ class _Problem:
 
     def certificate(self, rescaling: str, fraction: float, graph: LayerGraph,
                     model: nn.Module, coded: CodedNetwork, length: CodeLength,
-                    data: Batches, known: tuple[Tensor, int] | None = None) -> _Candidate:
+                    data: Batches, rate: float | None = None) -> _Candidate:
         """The certificate of Q (``model``, ``coded``): every transfer and Q's own error on
-        the whole sample, one fold over its batches with exact integer counts. ``known``:
-        the sorted sample positions of the search's rows and the count of Q's box event on
-        them, found by the search; the box pass then skips those rows."""
+        the whole sample, one fold over its batches with exact integer counts. ``rate``:
+        the frequency of Q's float64 box event on the search's rows (None: not scored),
+        which orders the box event's two passes (``_Screen``)."""
         d, metric = self.checked_d(graph, model)
         t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
         tau = None if t is None else self.events.tau(t)
@@ -504,14 +504,9 @@ class _Problem:
             raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
                                         "event was asked for")
         net = _float64(model)
-        skip = None if box is None or known is None else known[0]
-        screen = _Screen(None if known is None else known[1] / max(len(known[0]), 1))
+        screen = _Screen(rate)
         errors, near, boxed = data.count(
-            lambda start, x, y: _events(net, graph, tau, box, x, y,
-                                        None if skip is None else _outside(skip, start, len(x)),
-                                        screen),
-            3, starts=True)
-        boxed += 0 if skip is None else known[1]
+            lambda x, y: _events(net, graph, tau, box, x, y, screen), 3)
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
         if tau is not None:
             bounds[PATH_METRIC] = (self.occam(near, data.n, length.total), tau)
@@ -558,8 +553,7 @@ class _Problem:
         (``_likely_rate``), or ``clock``'s budget is spent."""
         count, seen, lower = 0, 0, []
         for xb, yb in zip(data.x.split(_BATCH), data.y.split(_BATCH), strict=True):
-            lower.append(box_margins(graph, None, xb, yb, boxes, reuse=reuse, screen=True,
-                                     float64_first=True))
+            lower.append(box_margins(graph, None, xb, yb, boxes, reuse=reuse))
             count += int((lower[-1] <= 0).sum())
             seen += len(xb)
             rate = _likely_rate(count, seen, len(data.x)) if data.shuffled \
@@ -585,17 +579,13 @@ class _Screen:
 
 def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
             boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
-            rows: Tensor | None = None, screen: _Screen | None = None, batch: int = 2048
-            ) -> Tensor:
+            screen: _Screen | None = None, batch: int = 2048) -> Tensor:
     """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
-    at ``tau`` (0 when None) and of the box event (0 when None) on the ``rows`` picked
-    (a mask; default all), the float32 pass of the box event first as ``screen`` says
-    (default: the float64 pass first)."""
+    at ``tau`` (0 when None) and of the box event (0 when None), the float32 pass of the
+    box event first as ``screen`` says (default: the float64 pass first)."""
     margins, sizes = _margins(net, x, y)
     near = 0 if tau is None else int((margins <= tau * input_scale(x)
                                       + 1e-9 * (1 + sizes)).sum())
-    if rows is not None:
-        x, y = x[rows], y[rows]
     boxed = 0
     for xb, yb in zip(x.split(batch), y.split(batch), strict=True) if boxes and len(x) \
             else ():
@@ -605,14 +595,6 @@ def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
         if screen is not None:
             screen.seen(inside, len(xb))
     return torch.tensor([int((margins <= 0).sum()), near, boxed])
-
-
-def _outside(positions: Tensor, start: int, length: int) -> Tensor:
-    """The mask of the rows start..start + length - 1 not among the sorted ``positions``."""
-    keep = torch.ones(length, dtype=torch.bool)
-    lo, hi = (int(torch.searchsorted(positions, v)) for v in (start, start + length))
-    keep[positions[lo:hi] - start] = False
-    return keep
 
 
 _UNLIKELY = 1e-4
@@ -734,7 +716,7 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
     model_q, coded, length = problem.coded(
         graph, problem.pruned(graph, fraction), exponents, exact_length=True)
     final = problem.certificate(rescaling, fraction, graph, model_q, coded, length, data,
-                                None if counted is None else (picked.sort().values, counted))
+                                None if counted is None else counted / len(picked))
     transfer, occam, tau = final.best
     return CompressionBound(
         occam, transfer, final.length, final.d_log10, tau, train_error,
