@@ -21,7 +21,7 @@ from torch.utils.data import TensorDataset
 from cli_runner import invoke
 from pathlift import set_memory_limit
 from pathlift.data import FileRows, labels_of, load_data, load_streamed, streamed
-from pathlift.errors import PathliftError
+from pathlift.errors import InvalidParameterError, PathliftError
 from pathlift.memory import MemoryLimitError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +48,15 @@ def test_the_streamed_split_is_load_datas_row_for_row(tmp_path, dtype):
             assert torch.equal(_rows(q)[0], p.tensors[0]) and torch.equal(labels_of(q),
                                                                            p.tensors[1])
             assert torch.equal(_rows(q)[1], p.tensors[1])
+
+
+def test_a_file_cut_short_after_its_checks_is_one_line(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.ones((40, 5)), y=np.arange(40) % 2)
+    split = load_streamed(str(tmp_path / "d.npz"))
+    with open(tmp_path / "d.npz", "r+b") as fh:
+        fh.truncate(1000)
+    with pytest.raises(InvalidParameterError, match="the file changed after it was checked"):
+        split.train.__getitems__(list(range(len(split.train))))
 
 
 def test_a_files_own_split_and_the_in_memory_fallbacks(tmp_path):

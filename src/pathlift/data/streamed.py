@@ -64,9 +64,12 @@ class FileRows(Dataset):
         with open_regular(self.path, 0.0) as fh:
             fd = fh.fileno()
             for k, p in enumerate(positions.tolist()):
-                out[k] = np.frombuffer(os.pread(fd, self.row_bytes,
-                                                self.offset + p * self.row_bytes),
-                                       dtype=self.dtype).reshape(self.row_shape)
+                row = os.pread(fd, self.row_bytes, self.offset + p * self.row_bytes)
+                if len(row) < self.row_bytes:
+                    raise InvalidParameterError(
+                        f"'{self.path}' ends before its row {p}: the file changed after it "
+                        "was checked; keep it unchanged while pathlift reads it")
+                out[k] = np.frombuffer(row, dtype=self.dtype).reshape(self.row_shape)
         with np.errstate(over="ignore"):
             values = out.astype(np.float32)
         return torch.from_numpy(values).reshape(len(positions), *self.shape)
