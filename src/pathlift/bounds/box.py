@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import OrderedDict
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -307,11 +307,15 @@ def _magnitude(handler: AffineHandler, call: Call, x: Tensor, abs_w: Tensor, n: 
     the rounding bound of ``_inflate`` scales by gamma): max |x| times |W| 1, the sums of
     |W| feeding each output, from one sample of ones (the map is linear and acts on each
     sample alone), raised by 2 gamma_n for its own rounding; computed in float64 and
-    rounded up to x's dtype."""
-    ones = torch.ones_like(x[:1] if x.dim() > 1 else x, dtype=torch.float64)
+    rounded up to x's dtype. The max is each sample's own, so a sample's bound never
+    depends on the other samples of its batch."""
+    batched = x.dim() > 1
+    ones = torch.ones_like(x[:1] if batched else x, dtype=torch.float64)
     sums = handler.apply(ones, abs_w.to(torch.float64), call.replace(ones))
     if x.numel():
-        sums = _up(sums * (float(x.abs().max()) * (1 + 2 * _gamma(n + 3))))
+        top = x.detach().abs().amax(tuple(range(1, x.dim())), keepdim=True) if batched \
+            else x.detach().abs().max()
+        sums = _up(sums * (top.to(torch.float64) * (1 + 2 * _gamma(n + 3))))
     return sums if x.dtype == torch.float64 else _up(sums.to(x.dtype))
 
 
@@ -383,7 +387,7 @@ def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
                 y: Tensor,
                 boxes: Mapping[str, Mapping[str, tuple[Tensor, Tensor] | Interval]],
                 per_class: bool = False, reuse: BoxReuse | None = None,
-                screen: bool = False) -> Tensor:
+                screen: bool = False, float64_first: bool = False) -> Tensor:
     """A lower bound, per sample, on the margin R(x)_y - max_{c != y} R(x)_c of every
     network whose parameters lie in ``boxes`` (as ``box_outputs``), through the last
     Linear layer when the network returns its output (module docstring), else from the
@@ -392,23 +396,55 @@ def box_margins(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None
     values an earlier pass on the same ``x`` computed under the same boxes upstream are
     taken from it (``BoxReuse``): the same numbers, bit for bit.
 
-    With ``screen``, the pass runs first in float32 (``_screened``, where it can: CPU,
-    float32 matrix products at full precision, affine layers as matrix products, no
-    average pooling or other activation than ReLU), itself an enclosure, and in float64
-    on the samples whose float32 bound is <= 0 alone: each sample gets one of two lower
-    bounds, the float64 one wherever the float32 one is <= 0, so the bound is <= 0
-    exactly where both are; ``reuse`` is not used then."""
+    Each sample's bound is a function of that sample alone, bit for bit, whatever the
+    other samples of the batch: every bound of the pass is the sample's own (``_magnitude``)
+    and every matrix product runs on a multiple of ``_ROWS`` rows (``_rows_apart``).
+
+    With ``screen``, the bound of a sample is the larger of two enclosures' bounds, the
+    float32 pass (``_screened``, where it can run: CPU, float32 matrix products at full
+    precision, affine layers as matrix products, no average pooling or other activation
+    than ReLU) and the float64 pass, so it is <= 0 exactly where both are. One pass runs
+    on every sample, the other only on the samples the first leaves <= 0: the float32
+    pass first (fast where most samples have a bound > 0), or with ``float64_first``
+    the float64 pass first (using ``reuse``). Which runs first changes no sample's
+    decision and no bound <= 0."""
     graph = graph_of(model, input_shape)
-    if screen and not per_class and graph not in _UNSCREENED:
-        low = _screened(graph, x, y, boxes)
-        if low is not None:
-            hard = low <= 0
-            if bool(hard.any()):
-                low[hard] = _margin_bounds(_run(graph, x[hard], boxes, stop_at_output=True),
-                                           y[hard], False)
-            return low
-    return _margin_bounds(_run(graph, x, boxes, stop_at_output=True, reuse=reuse), y,
-                          per_class)
+    screening = screen and not per_class and graph not in _UNSCREENED
+
+    def wide(a: Tensor, b: Tensor, reuse: BoxReuse | None = None) -> Tensor:
+        return _margin_bounds(_run(graph, a, boxes, stop_at_output=True, reuse=reuse), b,
+                              per_class)
+
+    if not screening:
+        return _rows_apart(lambda a, b: wide(a, b, reuse), x, y)
+    passes = [lambda a, b: _screened(graph, a, b, boxes), wide]
+    if float64_first:  # the only pass on all of x: the one ``reuse`` serves
+        passes = [lambda a, b: wide(a, b, reuse), passes[0]]
+    low = _rows_apart(passes[0], x, y)
+    if low is None:  # the float32 pass cannot run on this graph or device
+        return _rows_apart(wide, x, y)
+    hard = low <= 0
+    if bool(hard.any()):
+        other = _rows_apart(passes[1], x[hard], y[hard])
+        if other is not None:
+            low[hard] = torch.maximum(low[hard], other)
+    return low
+
+
+_ROWS = 8
+
+
+def _rows_apart(compute: Callable[..., Tensor | None], *rows: Tensor) -> Tensor | None:
+    """``compute(*rows)`` on the tensors ``rows`` (one row a sample) padded with zero rows
+    to a multiple of ``_ROWS`` rows, cut back. MKL computes a row of a matrix product
+    with other bits when it falls in the last M mod 8 rows of the product (M its rows,
+    ``tests/test_box_rows.py``); padded, a row's bits never depend on how many rows
+    share its batch."""
+    pad = -len(rows[0]) % _ROWS
+    if not pad:
+        return compute(*rows)
+    out = compute(*(torch.cat([r, r.new_zeros((pad, *r.shape[1:]))]) for r in rows))
+    return None if out is None else out[:len(rows[0])]
 
 
 class _NotScreenedError(Exception):
@@ -477,7 +513,7 @@ def _through_differences(w: Tensor, y: Tensor, *rows: Tensor) -> list[Tensor]:
         picked = y == k
         diff = (w[k] - w).abs().t()  # (in, C)
         for o, r in zip(out, rows, strict=True):
-            o[picked] = r[picked] @ diff
+            o[picked] = _rows_apart(diff.__rmatmul__, r[picked])
     return out
 
 

@@ -10,8 +10,9 @@ max_{c != y} f(x)_c, and for a coded network Q (code word of L(Q) bits)
     E_t(Q) = {(x, y): m_Q(x, y) <= tau_t B(x)},
     E_box(Q) = {(x, y): the interval lower bound of m_theta'(x, y) over theta' in the box
                 of Q (``CodedNetwork.box``, ``pathlift.bounds.box``) is <= 0}
-                (where ``box_margins``'s float32 screen runs, both its float32 and its
-                float64 lower bounds are <= 0).
+                (where ``box_margins``'s float32 pass runs on the architecture, both
+                its float32 and its float64 lower bounds are <= 0: a function of
+                (x, y) alone, whatever the batches).
 
 With probability >= 1 - delta over the n iid training samples S, for every trained
 parameter theta of an architecture of the family, every positive rescaling lambda
@@ -37,9 +38,9 @@ P(theta errs) <= P(E), bounded above. Every choice made here on the training dat
 rescaling, the pruned coordinates, the step sizes, the event) changes only Q, which is
 paid for by L(Q), or the event, paid for by ln T: the bound holds for the network chosen.
 
-The final count adds the search's count of the float64 event on its rows, and the final
-pass counts the float64 event on batches it does not screen (``_Screen``), an event that
-holds wherever E_box does: the count is at least P_S[E_box] n, and kl^-1 grows with it.
+The final pass counts E_box on every row: P_S[E_box] n exactly, the same whatever the
+batches, their order and the ranks (``box_margins``: a row's bounds are its own, bit for
+bit). The search scores its candidates by the float64 bounds alone: it only chooses Q.
 
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
 computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
@@ -490,11 +491,11 @@ class _Problem:
 
     def certificate(self, rescaling: str, fraction: float, graph: LayerGraph,
                     model: nn.Module, coded: CodedNetwork, length: CodeLength,
-                    data: Batches, known: tuple[Tensor, int] | None = None) -> _Candidate:
+                    data: Batches, rate: float | None = None) -> _Candidate:
         """The certificate of Q (``model``, ``coded``): every transfer and Q's own error on
-        the whole sample, one fold over its batches with exact integer counts. ``known``:
-        the sorted sample positions of the search's rows and the count of Q's box event on
-        them, found by the search; the box pass then skips those rows."""
+        the whole sample, one fold over its batches with exact integer counts. ``rate``:
+        the frequency of Q's float64 box event on the search's rows (None: not scored),
+        which orders the box event's two passes (``_Screen``)."""
         d, metric = self.checked_d(graph, model)
         t = self.events.tau_index(d) if PATH_METRIC in self.transfers else None
         tau = None if t is None else self.events.tau(t)
@@ -503,14 +504,9 @@ class _Problem:
             raise InvalidParameterError(f"d = {d:.3g} lies beyond the event grid and no box "
                                         "event was asked for")
         net = _float64(model)
-        skip = None if box is None or known is None else known[0]
-        screen = _Screen(None if known is None else known[1] / max(len(known[0]), 1))
+        screen = _Screen(rate)
         errors, near, boxed = data.count(
-            lambda start, x, y: _events(net, graph, tau, box, x, y,
-                                        None if skip is None else _outside(skip, start, len(x)),
-                                        screen),
-            3, starts=True)
-        boxed += 0 if skip is None else known[1]
+            lambda x, y: _events(net, graph, tau, box, x, y, screen), 3)
         bounds: dict[str, tuple[OccamBound, float | None]] = {}
         if tau is not None:
             bounds[PATH_METRIC] = (self.occam(near, data.n, length.total), tau)
@@ -568,11 +564,11 @@ class _Problem:
 
 
 class _Screen:
-    """Whether the final pass screens the box event in float32 (``box_margins(screen=
-    True)``): worth it where most rows lie outside the event, so only when the search's
-    rate on its rows (``rate``; None when it scored no candidate) is at most 1/2, and
-    off from the first batch that finds most rows inside. Either way each batch's count
-    holds: the screened event lies inside the float64 one (module docstring)."""
+    """Whether the final pass runs the float32 pass of the box event first (``box_margins(
+    screen=True)``, else the float64 one first): worth it where most rows lie outside the
+    event, so only when the search's rate on its rows (``rate``; None when it scored no
+    candidate) is at most 1/2, and off from the first batch that finds most rows inside.
+    The order changes no row's decision, so no count (``box_margins``)."""
 
     def __init__(self, rate: float | None):
         self.on = rate is not None and rate <= 0.5
@@ -583,33 +579,22 @@ class _Screen:
 
 def _events(net: nn.Module, graph: LayerGraph, tau: float | None,
             boxes: dict[str, dict[str, tuple[Tensor, Tensor]]] | None, x: Tensor, y: Tensor,
-            rows: Tensor | None = None, screen: _Screen | None = None, batch: int = 2048
-            ) -> Tensor:
+            screen: _Screen | None = None, batch: int = 2048) -> Tensor:
     """The counts on one batch of Q's errors (``net``, float64), of the path-metric event
-    at ``tau`` (0 when None) and of the box event (0 when None) on the ``rows`` picked
-    (a mask; default all), screened as ``screen`` says (default: not)."""
+    at ``tau`` (0 when None) and of the box event (0 when None), the float32 pass of the
+    box event first as ``screen`` says (default: the float64 pass first)."""
     margins, sizes = _margins(net, x, y)
     near = 0 if tau is None else int((margins <= tau * input_scale(x)
                                       + 1e-9 * (1 + sizes)).sum())
-    if rows is not None:
-        x, y = x[rows], y[rows]
     boxed = 0
     for xb, yb in zip(x.split(batch), y.split(batch), strict=True) if boxes and len(x) \
             else ():
-        inside = int((box_margins(graph, None, xb, yb, boxes,
-                                  screen=screen is not None and screen.on) <= 0).sum())
+        inside = int((box_margins(graph, None, xb, yb, boxes, screen=True,
+                                  float64_first=screen is None or not screen.on) <= 0).sum())
         boxed += inside
         if screen is not None:
             screen.seen(inside, len(xb))
     return torch.tensor([int((margins <= 0).sum()), near, boxed])
-
-
-def _outside(positions: Tensor, start: int, length: int) -> Tensor:
-    """The mask of the rows start..start + length - 1 not among the sorted ``positions``."""
-    keep = torch.ones(length, dtype=torch.bool)
-    lo, hi = (int(torch.searchsorted(positions, v)) for v in (start, start + length))
-    keep[positions[lo:hi] - start] = False
-    return keep
 
 
 _UNLIKELY = 1e-4
@@ -731,7 +716,7 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
     model_q, coded, length = problem.coded(
         graph, problem.pruned(graph, fraction), exponents, exact_length=True)
     final = problem.certificate(rescaling, fraction, graph, model_q, coded, length, data,
-                                None if counted is None else (picked.sort().values, counted))
+                                None if counted is None else counted / len(picked))
     transfer, occam, tau = final.best
     return CompressionBound(
         occam, transfer, final.length, final.d_log10, tau, train_error,

@@ -16,7 +16,8 @@ __all__ = ["Digits", "Split", "load_digits", "loaders", "synthetic"]
 
 @dataclass(frozen=True)
 class Split:
-    """A train/test split of a classification task held in memory as TensorDatasets."""
+    """A train/test split of a classification task held in memory as TensorDatasets (or,
+    from ``load_streamed``, ``FileRows`` that read an .npz's inputs a batch at a time)."""
 
     train: TensorDataset
     test: TensorDataset

@@ -343,11 +343,17 @@ def _inputs(x: object, where: str) -> np.ndarray:
     finite = np.isfinite(out)
     if not finite.all():
         first = int(np.argwhere(~finite.reshape(len(out), -1).all(axis=1))[0, 0])
-        source = "NaN or inf" if not np.isfinite(x).all() else "beyond float32's range"
-        raise InvalidParameterError(
-            f"{where}: {int((~finite).sum())} input value(s) are {source} (the first in "
-            f"sample {first}); remove or impute those samples")
+        _refuse_nonfinite(where, int((~finite).sum()), first, not np.isfinite(x).all())
     return out
+
+
+def _refuse_nonfinite(where: str, count: int, first: int, stored: bool) -> None:
+    """The one-line refusal of ``count`` input values that are not finite in float32, the
+    first in sample ``first``: NaN or inf as ``stored``, else beyond float32's range."""
+    source = "NaN or inf" if stored else "beyond float32's range"
+    raise InvalidParameterError(
+        f"{where}: {count} input value(s) are {source} (the first in sample {first}); "
+        "remove or impute those samples")
 
 
 def _labels(y: object, where: str) -> np.ndarray:

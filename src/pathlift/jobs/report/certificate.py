@@ -17,7 +17,7 @@ from pathlift.bounds.compression import CompressionBound, CompressionSearch, com
 from pathlift.bounds.disagreement import RouteCertificate, certify
 from pathlift.bounds.entry import check_sample
 from pathlift.bounds.verdict import judge, verdict
-from pathlift.data import Split
+from pathlift.data import Split, labels_of
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.graph.outputs import OutputKey, select_output
 from pathlift.train.recipes import compact_model, train_recipe
@@ -134,7 +134,7 @@ def certificates_of(net: nn.Module, shape: Sequence[int], split: Split,
     to ``progress``), and with an ``unlabeled`` .npz file the tightest route
     (``certified_route``; its direct certificate is then the compression one)."""
     if unlabeled is None:
-        return (compression_bound(net, shape, *split.train.tensors, outputs=output,
+        return (compression_bound(net, shape, split.train, outputs=output,
                                   time_budget=time_budget, progress=progress)
                 if compression else None), None
     route = certified_route(select_output(net, output, shape), shape, *split.train.tensors,
@@ -149,7 +149,7 @@ def certificate_rows(cert: CompressionBound | None, route: RouteCertificate | No
     and the tightest route (none for what was not computed), each judged against chance
     on the training labels, and the table's caption: chance, its rule, the i.i.d.
     statement and why the compression search stopped, if it stopped early."""
-    labels = split.train.tensors[1]
+    labels = labels_of(split.train)
     rows = []
     if cert is not None:
         rows.append([f"compression (Occam, {cert.transfer} transfer)",
@@ -159,7 +159,7 @@ def certificate_rows(cert: CompressionBound | None, route: RouteCertificate | No
         rows.append([f"tightest route: {route.route}",
                      ", ".join(f"{k} {v:.4f}" for k, v in route.routes().items()),
                      verdict(math.log10(route.value), test_error, labels=labels)])
-    sample = check_sample(*split.train.tensors)
+    sample = check_sample(split.train)
     caption = (f"chance (the best constant classifier's training error, {sample.rule}): "
                f"{sample.chance:.4f}; {sample.statement()}")
     if cert is not None and cert.stopped:
