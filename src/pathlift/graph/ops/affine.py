@@ -620,6 +620,8 @@ def fold_batchnorms(bns: Sequence[nn.modules.batchnorm._BatchNorm]) -> None:
     c = c.add_(joined([b for _, _, _, b in todo]))
     for (folds, _, _, _), a_i, c_i in zip(todo, a.split(sizes), c.split(sizes), strict=True):
         folds[torch.float64] = (a_i, c_i, _versions((a_i, c_i)))
+    if torch.is_grad_enabled():  # a differentiable pass, which a tape may record
+        return  # (pathlift.lift.tape): each unit read from its own fold, its drift checked
     for dtype in {bn.running_var.dtype for _, bn, _, _ in todo}:
         _keep_in_dtype([t[:2] for t in todo], sizes, a, c, dtype)
 
