@@ -36,10 +36,13 @@ docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
 # the default selection on every core (pytest-xdist, one test file a worker: module fixtures
-# run once), then the tests that time themselves or spawn process groups, alone
+# run once), then the tests that time themselves or spawn process groups, alone: collected
+# from the files that mark a test `pytest.mark.serial` only, not from all of them again
+# (with none found, pytest collects every file: the same tests, only slower)
+SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)
 test: $(STAMP) lint docs
 	$(BIN)/pytest -n auto --dist loadfile -m 'not slow and not gpu and not serial'
-	$(BIN)/pytest -m 'serial and not slow and not gpu'
+	$(BIN)/pytest -m 'serial and not slow and not gpu' $(SERIAL_FILES)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow

@@ -2,6 +2,7 @@
 examples, so a green or red CI does not depend on the draw."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -12,6 +13,13 @@ import cpu_torchvision  # noqa: F401  (before anything imports torchvision)
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# A suite started in the background of a shell script (`nohup make test &`) inherits SIGINT
+# ignored, and so would every command line a test starts, which Python then leaves ignored:
+# the Ctrl-C tests would see their child finish or time out. Ignored here means a handler
+# again, so the children start with SIGINT at its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # One intra-op thread for the whole run: the suite is many small ops, where a second
 # thread costs more in synchronisation than it gains (several times slower on 2 cores).

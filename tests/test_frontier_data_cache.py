@@ -5,6 +5,7 @@ with a warning, a changed file is refused in one line, a matching one is reused.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import numpy as np
@@ -15,7 +16,10 @@ from safetensors.torch import load_file, save_file
 from pathlift.errors import InvalidParameterError
 from pathlift.jobs import frontier
 
-pytest.importorskip("mnist1d")
+# found, not imported: MNIST-1D imports matplotlib's pyplot, which every process collecting
+# the suite would pay for; the tests import it when they run
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("mnist1d") is None,
+                                reason="needs mnist1d (pip install pathlift[data])")
 
 N = 200
 

@@ -6,6 +6,7 @@ its hook on ``OpWalker``, and every registered handler's kind is one of them."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from typing import ClassVar
@@ -18,9 +19,6 @@ import pathlift
 from pathlift.errors import UnsupportedModelError
 from pathlift.graph import OpWalker, graph_of
 from pathlift.graph.ops import FUNCTIONS, METHODS, MODULES, Kind
-
-for _info in pkgutil.walk_packages(pathlift.__path__, "pathlift."):
-    importlib.import_module(_info.name)  # every pass defined anywhere is a subclass now
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -39,9 +37,15 @@ def _implements(cls: type, kind: Kind) -> bool:
     return getattr(cls, f"on_{kind.value}") is not getattr(OpWalker, f"on_{kind.value}")
 
 
+@functools.cache
 def _passes() -> list[type]:
     """Every walker that implements a neuron kind (a base that only says how values move,
-    such as ScaledWalker, is no pass of its own)."""
+    such as ScaledWalker, is no pass of its own), every module of pathlift imported first
+    so that a pass defined anywhere is a subclass. Imported when a test asks, not at
+    collection: the walk imports every optional integration (Lightning, Torch-Pruning,
+    timm), which each process collecting the suite would pay for."""
+    for info in pkgutil.walk_packages(pathlift.__path__, "pathlift."):
+        importlib.import_module(info.name)
     return sorted((w for w in _subclasses(OpWalker)
                    if any(_implements(w, k) for k in NEURON_KINDS)),
                   key=lambda w: f"{w.__module__}.{w.__qualname__}")
@@ -62,14 +66,14 @@ def test_the_passes_are_found():
             "_LayerCount", "_BoxPass"} <= names
 
 
-@pytest.mark.parametrize("walker", _passes(), ids=lambda w: f"{w.__module__}.{w.__qualname__}")
-def test_every_pass_implements_or_refuses_every_kind(walker):
-    undecided = [k.value for k in NEURON_KINDS
-                 if not _implements(walker, k) and k not in walker.refuses]
-    assert not undecided, (f"{walker.__qualname__} neither implements on_<kind> nor lists "
-                           f"in `refuses` the kinds {undecided}")
-    both = [k.value for k in walker.refuses if _implements(walker, k)]
-    assert not both, f"{walker.__qualname__} implements and refuses {both}"
+def test_every_pass_implements_or_refuses_every_kind():
+    for walker in _passes():
+        undecided = [k.value for k in NEURON_KINDS
+                     if not _implements(walker, k) and k not in walker.refuses]
+        assert not undecided, (f"{walker.__qualname__} neither implements on_<kind> nor "
+                               f"lists in `refuses` the kinds {undecided}")
+        both = [k.value for k in walker.refuses if _implements(walker, k)]
+        assert not both, f"{walker.__qualname__} implements and refuses {both}"
 
 
 def test_a_stated_refusal_is_a_typed_error_naming_the_node():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import os
 import sys
@@ -307,8 +308,16 @@ _PATHLIFT_DIR = os.path.dirname(os.path.realpath(pathlift.__file__)) + os.sep
 
 def _loaded_files() -> frozenset[str]:
     """The source files of every module imported so far (pathlift, its libraries)."""
-    return frozenset(os.path.realpath(file) for module in list(sys.modules.values())
+    return frozenset(_resolved(file) for module in list(sys.modules.values())
                      if isinstance(file := getattr(module, "__file__", None), str))
+
+
+@functools.cache
+def _resolved(file: str) -> str:
+    """``os.path.realpath`` of an imported module's file, once per file: a process that runs
+    many command lines (``cli_runner.invoke`` in the tests: 4,000 modules loaded, 0.17 s
+    of ``lstat`` per command) resolves each module once."""
+    return os.path.realpath(file)
 
 
 def _is_users(file: str, known: Collection[str]) -> bool:
