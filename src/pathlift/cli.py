@@ -304,17 +304,15 @@ def bounds(
             net.eval(), shape, split, output, compression, unlabeled, time_budget=time_budget,
             progress=lambda done, planned: describe(
                 f"compression search: candidate {done} of at most {planned}"))
-    m = b.measured
-    u = b.top1_union
+    m, u = b.measured, b.top1_union
     rows = [["Thm 4.1.2 + 4.4.1, union over radii and margins",
              f"margin loss {u.train_margin_loss:.4f} + complexity 10^{u.complexity_log10:.2f} "
              f"+ confidence {u.confidence:.4f}",
              verdict(u.log10, m.test_error, labels=labels_of(split.train))]]
     more, caption = certificate_rows(cert, route, split, m.test_error)
     console.print(_table(f"{model} on {data}, input {shape.described()}: certificates valid "
-                         f"as stated (delta = "
-                         f"{u.delta:g}, n = {b.n_train})", ["bound", "terms", "verdict"],
-                         rows + more, caption=caption))
+                         f"as stated (delta = {u.delta:g}, n = {b.n_train})",
+                         ["bound", "terms", "verdict"], rows + more, caption=caption))
     rows = [[r.theorem, f"{r.log10:.3f}", f"{v:.3f}",
              "n/a (gap <= 0)" if math.isnan(o) else f"{o:.1f}"] for r, v, o in
             zip(b.rademacher, b.cross_entropy_log10, b.orders_above_measured, strict=True)]
