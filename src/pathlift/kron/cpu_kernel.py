@@ -67,8 +67,10 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +87,8 @@ from pathlift.kron.machine import (
 __all__ = ["CpuKernel", "bsf_path", "build_flags", "compiled_library", "current_kernel",
            "grad_factor", "load_kernel", "multiply", "multiply_once", "multiply_transposed",
            "pack", "path_of", "vector_width", "width_flags"]
+
+T = TypeVar("T")
 
 # the C source, shipped as package data beside this module (pyproject package-data)
 SOURCE = (Path(__file__).with_name("ks_fused.c")).read_text()
@@ -298,18 +302,28 @@ def _open(dtype: torch.dtype, compiler: str, flags: tuple[str, ...],
             shutil.rmtree(library.parent, ignore_errors=True)
 
 
+def _opened(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...],
+            bind: Callable[[ctypes.CDLL], T], source: str = SOURCE, stem: str = "ks_fused"
+            ) -> T:
+    """``bind`` of the library of this build, from the cache or built; one that does not
+    load or bind (OSError, AttributeError: a damaged or stale cached file) is built again
+    once. RuntimeError without a compiler."""
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC or install gcc)")
+    try:
+        return bind(_open(dtype, compiler, flags, False, source, stem))
+    except (OSError, AttributeError):  # a cached library that does not load: build anew
+        return bind(_open(dtype, compiler, flags, True, source, stem))
+
+
 @functools.cache
 def _load(dtype: torch.dtype, compiler: str | None, flags: tuple[str, ...]) -> CpuKernel | None:
     """The kernel, from the cache or built; a library that does not load or lacks a symbol
     is built again once, and if that fails too the caller falls back to einsum (one
     warning): never an exception."""
     try:
-        if compiler is None:
-            raise RuntimeError("no C compiler found (set CC or install gcc)")
-        try:
-            return _bind(_open(dtype, compiler, flags, rebuild=False), dtype, compiler, flags)
-        except (OSError, AttributeError):  # a cached library that does not load: build anew
-            return _bind(_open(dtype, compiler, flags, rebuild=True), dtype, compiler, flags)
+        return _opened(dtype, compiler, flags,
+                       lambda lib: _bind(lib, dtype, compiler, flags))
     except (RuntimeError, OSError, AttributeError) as err:
         warnings.warn(f"pathlift.kron: the fused CPU kernel could not be built or loaded "
                       f"({err}); falling back to the einsum algorithm", RuntimeWarning,
@@ -392,15 +406,10 @@ def compiled_library(source: str, stem: str, dtype: torch.dtype) -> ctypes.CDLL 
 def _library_for(source: str, stem: str, dtype: torch.dtype, cc: str | None, path: str,
                  cflags: str) -> ctypes.CDLL | None:
     # per value of the variables the build depends on, as ``_load_for``
-    compiler = cc or _compiler_on_path(path)
     try:
-        if compiler is None:
-            raise RuntimeError("no C compiler found (set CC or install gcc)")
-        try:
-            return _open(dtype, compiler, _flags(cflags), False, source, stem)
-        except OSError:  # a cached library that does not load: build anew
-            return _open(dtype, compiler, _flags(cflags), True, source, stem)
-    except (RuntimeError, OSError) as err:
+        return _opened(dtype, cc or _compiler_on_path(path), _flags(cflags), lambda lib: lib,
+                       source, stem)
+    except (RuntimeError, OSError, AttributeError) as err:
         warnings.warn(f"pathlift: {stem}.c could not be built or loaded ({err}); the "
                       "replayed pass runs instead", RuntimeWarning, stacklevel=5)
         return None
