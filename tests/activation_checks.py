@@ -18,7 +18,7 @@ from pathlift.graph import copy_model
 from pathlift.graph.boundary import flat_outputs
 from pathlift.graph.normalize import normalize
 from pathlift.lift import path_metric, path_norm
-from pathlift.lift.differentiable import differentiable_path_norm
+from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
 
@@ -112,3 +112,21 @@ def masks_written(pruned: nn.Module, net: nn.Module) -> nn.Module:
             if key.endswith("_mask"):
                 plain.get_parameter(key.removesuffix("_mask")).mul_(mask)
     return plain
+
+
+def assert_path_sgd_scale_is_enumerated(net: nn.Module, shape: tuple[int, ...], p: Tensor,
+                                        entries: list[tuple[int, ...]]) -> None:
+    """Path-SGD's gamma_p = d||Phi||_2^2 / d(p^2) of the parameter ``p`` of ``net``, at each
+    of ``entries``, against central differences of the enumerated ||Phi||_2^2 divided by
+    d(p^2)/dp = 2p (rel 1e-6); ``p`` is moved and put back."""
+    gammas = magnitude_gradients(net, shape, 2.0)
+    gamma = gammas.mantissas[p] * math.exp(gammas.log_scale)
+    eps = 1e-5
+    for idx in entries:
+        norms = []
+        for step in (eps, -2 * eps, eps):
+            with torch.no_grad():
+                p[idx] += step
+            norms.append(NeuronDAG.from_module(net, shape).path_norm(2.0) ** 2)
+        derivative = (norms[0] - norms[1]) / (2 * eps) / (2 * float(p[idx]))
+        assert float(gamma[idx]) == pytest.approx(derivative, rel=1e-6), idx

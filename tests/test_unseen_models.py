@@ -24,12 +24,15 @@ from torch import nn
 import timm_scan
 import unseen_zoo as z
 from abs_pow_oracle import abs_pow_log10
-from activation_checks import assert_bounds_and_path_metric, randomised
+from activation_checks import (
+    assert_bounds_and_path_metric,
+    assert_path_sgd_scale_is_enumerated,
+    randomised,
+)
 from pathlift.cli_support import one_line
 from pathlift.errors import PathliftError, UnsupportedModelError
 from pathlift.graph.boundary import flat_outputs
 from pathlift.lift import path_metric, path_norm
-from pathlift.lift.differentiable import magnitude_gradients
 from pathlift.prune import global_path_magnitude, path_magnitude_scores
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
@@ -197,17 +200,8 @@ def test_path_sgd_scales_of_tied_layers_sum_both_layers() -> None:
     over both (chain rule): checked entry by entry against central differences of the
     enumerated ||Phi||_2^2 (one layer's gamma overwrote the other's: 0.977 for 1.509)."""
     net, shape = _net("tied_weights_two_layers")
-    gammas = magnitude_gradients(net, shape, 2.0)
-    gamma = gammas.mantissas[net.a.weight] * math.exp(gammas.log_scale)
-    p, eps = net.a.weight, 1e-5
-    for idx in ((0, 0), (1, 1), (0, 1), (2, 3)):
-        norms = []
-        for step in (eps, -2 * eps, eps):
-            with torch.no_grad():
-                p[idx] += step
-            norms.append(NeuronDAG.from_module(net, shape).path_norm(2.0) ** 2)
-        derivative = (norms[0] - norms[1]) / (2 * eps) / (2 * float(p[idx]))
-        assert float(gamma[idx]) == pytest.approx(derivative, rel=1e-6), idx
+    assert_path_sgd_scale_is_enumerated(net, shape, net.a.weight,
+                                        [(0, 0), (1, 1), (0, 1), (2, 3)])
 
 
 def test_rescaling_moves_the_weights_of_a_plain_unseen_model() -> None:
