@@ -60,6 +60,8 @@ SPELLINGS = {
     "max_method_keyword": (lambda h: h.max(other=torch.full_like(h, 0.0)), _relu),
     "fmax": (lambda h: torch.fmax(h, torch.zeros_like(h)), _relu),
     "minimum_negated": (lambda h: -torch.minimum(-h, torch.zeros_like(h)), _relu),
+    "min_elementwise_negated": (lambda h: -torch.min(-h, torch.zeros_like(h)), _relu),
+    "min_method_negated": (lambda h: -(-h).min(torch.zeros_like(h)), _relu),
     "threshold_functional": (lambda h: F.threshold(h, 0.0, 0.0), _relu),
     "abs_function": (torch.abs, _abs_twin),
     "abs_method": (lambda h: h.abs(), _abs_twin),

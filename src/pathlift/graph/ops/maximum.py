@@ -155,8 +155,8 @@ for _fill in _FILLS:
 register(Clipped("maximum", "min"), functions=[torch.maximum, torch.max, torch.fmax],
          methods=["maximum", "max", "fmax"],
          note="(of an activation and a constant fill: ReLU, clamp)")
-register(Clipped("minimum", "max"), functions=[torch.minimum, torch.fmin],
-         methods=["minimum", "fmin"])
+register(Clipped("minimum", "max"), functions=[torch.minimum, torch.min, torch.fmin],
+         methods=["minimum", "min", "fmin"])
 register(ThresholdHandler("threshold"), modules=[nn.Threshold],
          functions=[F.threshold, F.threshold_, torch.threshold, torch.threshold_],
          note="(`threshold(z, t, t)`)")
