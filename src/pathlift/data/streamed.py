@@ -1,5 +1,6 @@
 """An .npz file read a batch of rows at a time (``load_streamed``): the inputs stay in the
-file, memory holds one batch and the labels (8 bytes a row).
+file, memory holds one batch, the labels (8 bytes a row) and a checksum of each row (4
+bytes a row).
 
 ``np.savez`` stores each array uncompressed, as a .npy file inside the zip; the rows of x
 are then read where they lie (``os.pread`` of each row's bytes). The checks of
@@ -7,8 +8,11 @@ are then read where they lie (``os.pread`` of each row's bytes). The checks of
 over x in chunks refuses a NaN or inf (the same one-line message, naming the first
 sample), the labels are checked in memory, and the train/test split is the same seeded
 permutation, so the rows, their order and every number computed from them are those of
-``load_data``. Anything else (a compressed archive, Fortran order, another source, a
-normalisation) is read in memory by ``load_data``.
+``load_data``. The pass of the checks also takes each row's CRC-32, and every later read
+compares the row it gets with it: a file changed or cut short after it was checked (by
+another process, between two of the certificate's passes) is refused in one line, never
+read as other numbers. Anything else (a compressed archive, Fortran order, another source,
+a normalisation) is read in memory by ``load_data``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import math
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,12 +45,14 @@ class FileRows(Dataset):
     """Rows ``index`` of an array stored uncompressed at byte ``offset`` of ``path``
     (C order, ``dtype``, rows of ``row_shape``), as float32 of ``shape``, each with its
     label (``labels``, in memory). ``__getitems__`` reads a batch: what ``Batches``
-    and ``DataLoader`` ask for."""
+    and ``DataLoader`` ask for. ``checksums`` holds the CRC-32 of every stored row as the
+    checks read it; a row read otherwise is refused (the module docstring)."""
 
     def __init__(self, path: Path, offset: int, dtype: np.dtype, row_shape: tuple[int, ...],
-                 shape: tuple[int, ...], index: Tensor, labels: Tensor):
+                 shape: tuple[int, ...], index: Tensor, labels: Tensor, checksums: np.ndarray):
         self.path, self.offset, self.dtype = path, offset, dtype
         self.row_shape, self.shape, self.index, self.labels = row_shape, shape, index, labels
+        self.checksums = checksums
         self.row_bytes = math.prod(row_shape) * dtype.itemsize
 
     def __len__(self) -> int:
@@ -65,10 +72,11 @@ class FileRows(Dataset):
             fd = fh.fileno()
             for k, p in enumerate(positions.tolist()):
                 row = os.pread(fd, self.row_bytes, self.offset + p * self.row_bytes)
-                if len(row) < self.row_bytes:
+                if len(row) < self.row_bytes or zlib.crc32(row) != self.checksums[p]:
                     raise InvalidParameterError(
-                        f"'{self.path}' ends before its row {p}: the file changed after it "
-                        "was checked; keep it unchanged while pathlift reads it")
+                        f"'{self.path}': its row {p} is not what was checked (the file "
+                        "changed after it was checked); keep it unchanged while pathlift "
+                        "reads it")
                 out[k] = np.frombuffer(row, dtype=self.dtype).reshape(self.row_shape)
         with np.errstate(over="ignore"):
             values = out.astype(np.float32)
@@ -115,8 +123,8 @@ def load_streamed(spec: str, *, input_shape: Sequence[int] | None = None,
     if math.prod(shape) != math.prod(row_shape):
         return load_data(spec, input_shape=input_shape, test_fraction=test_fraction,
                          normalize=normalize, seed=seed)  # its ShapeError
-    train, test = (FileRows(path, offset, dtype, row_shape, shape, index, y)
-                   for (offset, dtype, row_shape), index, y in parts)
+    train, test = (FileRows(path, offset, dtype, row_shape, shape, index, y, sums)
+                   for (offset, dtype, row_shape, sums), index, y in parts)
     classes = torch.cat([train.labels, test.labels]).unique()
     if len(classes) < 2:
         raise InvalidParameterError(
@@ -126,6 +134,7 @@ def load_streamed(spec: str, *, input_shape: Sequence[int] | None = None,
 
 
 _Stored = tuple[int, np.dtype, tuple[int, ...]]  # data offset, dtype, shape
+_Checked = tuple[int, np.dtype, tuple[int, ...], np.ndarray]  # ... row shape, CRC-32 a row
 
 
 def _stored(path: Path) -> dict[str, _Stored] | None:
@@ -164,9 +173,10 @@ def _stored(path: Path) -> dict[str, _Stored] | None:
 
 
 def _checked(path: Path, x: _Stored, y: _Stored, where: str
-             ) -> tuple[_Stored, Tensor]:
-    """(x as stored, with rows of its shape; the labels, checked as ``load_data`` checks
-    them), after one pass over x in chunks refusing NaN/inf as ``load_data`` does."""
+             ) -> tuple[_Checked, Tensor]:
+    """(x as stored, with rows of its shape and the CRC-32 of each row; the labels,
+    checked as ``load_data`` checks them), after one pass over x in chunks refusing
+    NaN/inf as ``load_data`` does."""
     (offset, dtype, shape), (y_offset, y_dtype, y_shape) = x, y
     if len(shape) < 2:
         raise InvalidParameterError(f"{where}: the inputs have shape {shape}; give one "
@@ -181,11 +191,15 @@ def _checked(path: Path, x: _Stored, y: _Stored, where: str
     row_bytes = math.prod(shape[1:]) * dtype.itemsize
     step = max(1, _CHUNK // max(row_bytes, 1))
     bad, first, stored_bad = 0, 0, False
+    checksums = np.empty(shape[0], dtype=np.uint32)
     with open_regular(path, 0.0) as fh:
         fh.seek(offset)
         for start in range(0, shape[0], step):
             chunk = np.fromfile(fh, dtype=dtype, count=min(step, shape[0] - start)
                                 * math.prod(shape[1:])).reshape(-1, *shape[1:])
+            raw = chunk.tobytes()
+            checksums[start:start + len(chunk)] = [
+                zlib.crc32(raw[k:k + row_bytes]) for k in range(0, len(raw), row_bytes)]
             with np.errstate(over="ignore"):
                 finite = np.isfinite(chunk.astype(np.float32))
             if not finite.all():
@@ -196,4 +210,4 @@ def _checked(path: Path, x: _Stored, y: _Stored, where: str
                 stored_bad = stored_bad or not np.isfinite(chunk).all()
     if bad:
         _refuse_nonfinite(where, bad, first, stored_bad)
-    return (offset, dtype, tuple(shape[1:])), torch.from_numpy(labels)
+    return (offset, dtype, tuple(shape[1:]), checksums), torch.from_numpy(labels)
