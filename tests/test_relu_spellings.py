@@ -198,6 +198,10 @@ REFUSED = {
                             "made a constant"),
     "fill_read_by_a_sum": (lambda h: h + torch.zeros_like(h), "zeros_like"),
     "max_over_everything": (lambda h: h.max(), "reduces over every dim"),
+    "max_indices_read": (lambda h: h + h.max(1, keepdim=True)[1].to(h.dtype),
+                         "its indices (argmax) are read"),
+    "min_indices_read": (lambda h: h + torch.min(h, 1, keepdim=True).indices.to(h.dtype),
+                         "its indices (argmin) are read"),
 }
 
 

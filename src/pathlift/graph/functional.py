@@ -360,7 +360,9 @@ def select_values(graph: fx.Graph) -> None:
         if values is None or dim is None or isinstance(dim, fx.Node) or not node.users:
             continue
         if not all(_reads_values(u, node) for u in node.users):
-            node.meta[REFUSED] = ("its indices (argmax) are read: they are no neuron of Def. "
+            which = "argmin" if "min" in getattr(node.target, "__name__", str(node.target)) \
+                else "argmax"
+            node.meta[REFUSED] = (f"its indices ({which}) are read: they are no neuron of Def. "
                                   "2.2.2; read only .values (max-pool neurons)")
             continue
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
