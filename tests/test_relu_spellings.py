@@ -1,7 +1,8 @@
-"""ReLU and |z| as users write them (``pathlift.graph.ops.maximum``, ``.absolute``, and
-``clamp_min`` / ``clamp_max`` of ``.activation``): ``h.clamp_min(0)``, ``torch.maximum(h,
-torch.zeros_like(h))``, ``torch.max(h, zeros)`` (elementwise), a broadcast zeros of C
-entries, ``F.threshold(h, 0, 0)``, ``torch.abs`` / ``.abs()`` / ``abs(h)``. Each model's
+"""ReLU and |z| as users write them (``pathlift.graph.ops.maximum``, ``.absolute``,
+``.selection``, and ``clamp_min`` / ``clamp_max`` of ``.activation``): ``h.clamp_min(0)``,
+``torch.maximum(h, torch.zeros_like(h))``, ``torch.max(h, zeros)`` (elementwise), a
+broadcast zeros of C entries, ``F.threshold(h, 0, 0)``, ``torch.where(h > 0, h, 0)`` and
+clamps selected by a comparison, ``torch.abs`` / ``.abs()`` / ``abs(h)``. Each model's
 path-norms equal explicit path enumeration (``pathlift.testing.neurons``, which probes the
 real ops) at q = 1, 2 (and mixed) in float64 to 1e-12, and equal those of its twin written
 with F.relu (|z| as F.relu(z) + F.relu(-z)); a random rescaling and the normalisation keep
@@ -63,6 +64,21 @@ SPELLINGS = {
     "min_elementwise_negated": (lambda h: -torch.min(-h, torch.zeros_like(h)), _relu),
     "min_method_negated": (lambda h: -(-h).min(torch.zeros_like(h)), _relu),
     "threshold_functional": (lambda h: F.threshold(h, 0.0, 0.0), _relu),
+    "where_number": (lambda h: torch.where(h > 0, h, 0), _relu),
+    "where_method_ge": (lambda h: h.where(h >= 0, 0.0), _relu),
+    "where_reflected_zeros_like": (lambda h: torch.where(0 < h, h, torch.zeros_like(h)),  # noqa: SIM300
+                                   _relu),
+    "where_swapped_le": (lambda h: torch.where(h <= 0, 0.0, h), _relu),
+    "where_clamp_min": (lambda h: torch.where(h > -0.5, h, -0.5),
+                        lambda h: h.clamp(min=-0.5)),
+    "where_clamp_max_torch_lt": (lambda h: torch.where(torch.lt(h, 1.5), h, 1.5),
+                                 lambda h: h.clamp(max=1.5)),
+    "where_clamp_max_full_like": (
+        lambda h: torch.where(h.gt(0.25), torch.full_like(h, 0.25), h),
+        lambda h: h.clamp(max=0.25)),
+    "where_leaky": (lambda h: torch.where(h > 0, h, 0.1 * h), lambda h: F.leaky_relu(h, 0.1)),
+    "where_leaky_lt_method": (lambda h: torch.where(h.lt(0), h * 0.2, h),
+                              lambda h: F.leaky_relu(h, 0.2)),
     "abs_function": (torch.abs, _abs_twin),
     "abs_method": (lambda h: h.abs(), _abs_twin),
     "abs_builtin": (lambda h: abs(h), _abs_twin),
@@ -198,6 +214,13 @@ REFUSED = {
                             "made a constant"),
     "fill_read_by_a_sum": (lambda h: h + torch.zeros_like(h), "zeros_like"),
     "max_over_everything": (lambda h: h.max(), "reduces over every dim"),
+    "where_jump": (lambda h: torch.where(h > 0, h, 1.0), "jumps at 0"),
+    "where_gate": (lambda h: torch.where(h > 0, h, h.flip(1)), "a gate"),
+    "where_leaky_product_first": (lambda h: (lambda s: torch.where(h > 0, h, s))(0.1 * h),
+                                  "computed just before it"),
+    "where_leaky_off_zero": (lambda h: torch.where(h > 1, h, 0.1 * h), "jumps at 1"),
+    "comparison_as_mask": (lambda h: h * (h > 0), "a comparison (gt) of activations"),
+    "where_on_another_condition": (lambda h: torch.where(h.flip(1) > 0, h, 0), "(gt)"),
     "max_indices_read": (lambda h: h + h.max(1, keepdim=True)[1].to(h.dtype),
                          "its indices (argmax) are read"),
     "min_indices_read": (lambda h: h + torch.min(h, 1, keepdim=True).indices.to(h.dtype),

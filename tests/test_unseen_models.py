@@ -227,7 +227,6 @@ REFUSED = {  # name -> (builder, shape, op named in the message)
     "embedding": (z.embedding_bag, VEC, "Embedding"),
     "pre_hook_that_scales": (z.pre_hooked, VEC, "torch.fx trace"),
     "forward_hook_that_scales": (z.forward_hooked, VEC, "torch.fx trace"),
-    "where_on_values": (z.where_leaky, VEC, "gt"),
     "batchnorm_without_running_stats": (z.batchnorm_without_running_stats, IMG,
                                         "BatchNorm2d"),
     "instance_norm_running_stats": (z.instance_norm_with_running_stats, IMG,
@@ -299,10 +298,12 @@ def test_a_conv_padding_mode_is_measured_like_its_twin(mode: str) -> None:
     _assert_like_twin(net, twin, shape)
 
 
-@pytest.mark.parametrize("name", ["clamp_min_zero", "maximum_with_zeros", "abs"])
+@pytest.mark.parametrize("name", ["clamp_min_zero", "maximum_with_zeros", "abs",
+                                  "where_leaky"])
 def test_inside_the_theory_and_measured_like_its_twin(name: str) -> None:
     """Refused at an earlier stop: ``clamp_min(0)`` and ``torch.maximum(h, zeros)`` are
-    ReLU, |z| is ReLU(z) + ReLU(-z) (tests/test_relu_spellings.py checks every spelling)."""
+    ReLU, |z| is ReLU(z) + ReLU(-z), ``torch.where(h > 0, h, 0.1 * h)`` is LeakyReLU
+    (tests/test_relu_spellings.py checks every spelling)."""
     net, twin, shape = _twins(name)
     _assert_like_twin(net, twin, shape)
 

@@ -471,13 +471,16 @@ def AcceptedSpellings() -> nn.Module:  # noqa: N802  (a builder named as the mod
 
 
 def where_leaky() -> nn.Module:
-    """A LeakyReLU written as ``torch.where(h > 0, h, 0.1 * h)``: a select on values."""
+    """A LeakyReLU written as ``torch.where(h > 0, h, 0.1 * h)``: a select on values
+    (refused at an earlier stop; ``pathlift.graph.ops.selection`` reads it)."""
     net = Spelled("relu")
     net.spelling = "where"
     return net
 
 
 SPELLINGS["where"] = lambda net, h: torch.where(h > 0, h, 0.1 * h)
+SPELLINGS["leaky_twin"] = lambda net, h: F.leaky_relu(h, 0.1)
+TWINS["where"] = "leaky_twin"
 
 
 class EagerBlock(ScriptedBlock):
@@ -495,6 +498,7 @@ WRONGLY_REFUSED = {
     "torch_stack_sum": lambda: Spelled("stack_sum"),
     "jit_script_submodule": ScriptedBlock,
     "scalar_times_tensor": lambda: ScalarFirst(),
+    "where_leaky": where_leaky,
 }
 
 

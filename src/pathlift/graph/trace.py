@@ -42,6 +42,7 @@ from pathlift.graph.input_shape import as_input_shape, resolve_input_shape
 from pathlift.graph.layer_graph import LayerGraph, called, holder
 from pathlift.graph.memory import check as check_memory
 from pathlift.graph.ops import MODULES, Handler
+from pathlift.graph.ops.selection import lower_where
 from pathlift.graph.validate import (
     BATCH,
     classify,
@@ -513,6 +514,7 @@ def _trace(found: Survey, shape: tuple[int, ...]) -> LayerGraph:
     commute_scales(graph)
     lower_calls(graph, clone)
     select_values(graph)
+    lower_where(graph)
     modules = called(clone, graph, modules={name: copies[id(m)]
                                              for name, m in found.modules.items()})[1]
     problems = classify(graph, modules) + in_place_problems(graph, modules)

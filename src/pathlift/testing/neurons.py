@@ -55,7 +55,7 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse
 import torch
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 
 from pathlift.errors import ShapeError, UnsupportedModelError
 from pathlift.exponents import check_q, check_r
@@ -479,7 +479,7 @@ class _Builder(OpWalker):
         def probe(points: np.ndarray) -> np.ndarray:
             z = torch.tensor(points, dtype=torch.float64).reshape(
                 (-1,) + (1,) * (ids.dim() - 1)).expand((len(points), *ids.shape[1:]))
-            return call.replace(z.contiguous()).run().reshape(len(points), -1).numpy()
+            return _of_first(call, z.contiguous()).run().reshape(len(points), -1).numpy()
 
         coarse = probe(_GRID)
         slopes = np.diff(coarse, axis=0) / np.diff(_GRID)[:, None]
@@ -594,3 +594,37 @@ class _Builder(OpWalker):
         return NeuronDAG(tuple(neurons), self.layer_graph.input_shape,
                          tuple(new_id[alias[v]] for v in out_ids),
                          tuple(tuple(t.shape[1:]) for t in outputs), (indptr, indices, data))
+
+
+def _of_first(call: Call, z: Tensor) -> Call:
+    """``call`` with ``z`` as its first argument and every other argument that the traced
+    graph computes from that first argument alone (with numbers: the condition ``h > c``
+    of a selection, a filled tensor sized by h) computed again from ``z``: the real op as a
+    function of its activation."""
+    first = call.node.args[0]
+
+    missing = object()  # a value read from another node: not a function of z alone
+
+    def again(value: object) -> object:
+        if value is first:
+            return z
+        if isinstance(value, list | tuple):
+            found = [again(v) for v in value]
+            return missing if any(v is missing for v in found) else type(value)(found)
+        if not isinstance(value, fx.Node):
+            return value
+        if value.op not in ("call_function", "call_method"):
+            return missing
+        args = [again(a) for a in value.args]
+        kwargs = {k: again(v) for k, v in value.kwargs.items()}
+        if any(a is missing for a in (*args, *kwargs.values())):
+            return missing
+        if value.op == "call_method":
+            return getattr(args[0], value.target)(*args[1:], **kwargs)
+        return value.target(*args, **kwargs)
+
+    args = [z]
+    for node, recorded in zip(call.node.args[1:], call.args[1:], strict=False):
+        found = again(node) if isinstance(node, fx.Node) else missing
+        args.append(recorded if found is missing else found)
+    return call.replace(*args)
