@@ -150,6 +150,8 @@ class Chain:
 
     def _addresses(self, tensors: Sequence[Tensor]) -> ctypes.Array:
         """The kernel's array W_0, b_0, W_1, ... of ``tensors`` (NULL: no bias)."""
+        if len(tensors) == len(self.inputs):  # every layer has its bias
+            return self._pointers(*map(Tensor.data_ptr, tensors))
         found = self._pointers()
         for i, t in zip(self.present, tensors, strict=True):
             found[i] = t.data_ptr()
