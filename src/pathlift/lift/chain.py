@@ -89,8 +89,6 @@ class Chain:
         # the kernel's array of the parameters, built again when one's storage moves
         self._at: tuple[int, ...] = ()
         self._array = self._pointers()
-        self._out = ctypes.c_double()
-        self._out_ref = ctypes.byref(self._out)
 
     @classmethod
     def of(cls, tape: Tape, out: Any) -> Chain | None:
@@ -143,10 +141,11 @@ class Chain:
         """ln T by the kernel on the parameters at ``params`` (``_addresses``); ``mode`` 1:
         c d ln T / d p, 2: c d T / d|p|^q for each parameter p, written into the tensors
         at ``into``."""
+        out = ctypes.c_double()  # one per call: the call runs without the GIL
         if self.kernel.chain(self.layers, self.widths, params, self.q, mode, c, into,
-                             self._out_ref):
+                             ctypes.byref(out)):
             raise MemoryError("pathlift.lift.chain: no memory for the pass's vectors")
-        return self._out.value
+        return out.value
 
     def _addresses(self, tensors: Sequence[Tensor]) -> ctypes.Array:
         """The kernel's array W_0, b_0, W_1, ... of ``tensors`` (NULL: no bias)."""
