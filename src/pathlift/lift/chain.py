@@ -167,7 +167,7 @@ class Chain:
         if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, params)):
             return _penalty(self, params)
         a, b = self.affine
-        return torch.tensor(a * self._run(self._array) + b, dtype=self.dtype)
+        return torch.scalar_tensor(a * self._run(self._array) + b, dtype=self.dtype)
 
     def gradients(self) -> tuple[Any, list[Tensor | None]] | None:
         """Gamma's pass: the tape's result (..., T, [|p|^q leaves]) and d T / d leaf, or
@@ -216,7 +216,8 @@ class _Penalty(torch.autograd.Function):
         ctx.chain, ctx.grads, ctx.at = chain, grads, chain._addresses(grads)
         ctx.save_for_backward(*params)  # an in-place change before backward is refused
         a, b = chain.affine
-        return torch.tensor(a * chain._run(chain._array, 1, a, ctx.at) + b, dtype=chain.dtype)
+        return torch.scalar_tensor(a * chain._run(chain._array, 1, a, ctx.at) + b,
+                                   dtype=chain.dtype)
 
     @staticmethod
     @once_differentiable  # a second derivative is refused, never silently zero
