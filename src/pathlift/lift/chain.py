@@ -16,8 +16,11 @@ for the penalty ``log`` and scalar ``add``/``mul``/``div`` of it. Any other call
 mask, a LeakyReLU's sub-DAG, BatchNorm, a convolution, a layer taken in a unit other
 than 1) keeps the tape. The plan is kept only if the kernel gives the recorded value
 (float64: 1e-12 relative). ``replay()`` is the penalty as one autograd node whose
-backward is one more call; ``gradients()`` gamma's d T / d|p|^q without autograd (the
-contracts of ``Tape.replay`` and ``Transposed.gradients``).
+forward computes the value and its gradient by one call and whose backward only scales
+that gradient by the upstream one; ``gradients()`` gamma's d T / d|p|^q without
+autograd (the contracts of ``Tape.replay`` and ``Transposed.gradients``). The kernel's
+array of parameter addresses is built again only when a parameter's storage moves;
+which parameters there are is ``pathlift.lift.replay.Watch``'s to check.
 """
 
 from __future__ import annotations
