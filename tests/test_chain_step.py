@@ -208,6 +208,23 @@ def test_frozen_parameters_and_no_grad_give_plain_numbers() -> None:
         assert not ln.requires_grad and float(ln) == pytest.approx(want, rel=1e-12)
 
 
+def test_a_partly_frozen_model_gets_the_walked_gradient_on_the_rest() -> None:
+    """The first layer frozen: its parameters get no .grad, the others the walked one."""
+    model, shape = _net("narrow, 5 layers")
+    model[1].requires_grad_(False)
+    differentiable_path_norm(model, shape)
+    graph = graph_of(model, shape, as_eval=True)
+    grads = []
+    for measure in (lambda: differentiable_path_norm(model, shape),
+                    lambda: differentiable_path_norm(graph)):
+        model.zero_grad(set_to_none=True)
+        (0.5 * measure()).backward()
+        assert model[1].weight.grad is None and model[1].bias.grad is None
+        grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+    assert all(type(p) is Chain for p in plans(model))
+    _assert_close(grads[0], grads[1], 1e-12)
+
+
 @pytest.mark.parametrize("change", [".data new storage", "rescaled in place", "replaced"])
 def test_path_sgd_steps_follow_the_walked_scales_across_changes(change: str) -> None:
     """PathSGD's steps move the parameters by grad / gamma; gamma by the chain equals the
