@@ -211,31 +211,48 @@ class _Penalty(torch.autograd.Function):
     kernel call in the forward into new tensors; the backward scales them by the upstream
     gradient in place (one more call) and hands them over: they are never written again.
     A second backward of the same graph (``retain_graph``) computes them anew from the
-    saved parameters."""
+    parameters. Autograd's rules kept at a step's cost: a parameter changed in place
+    since the forward is refused by its version counter (what ``save_for_backward``
+    checks); under ``create_graph`` the gradient is ``once_differentiable``'s (a second
+    derivative raises, never silently zero)."""
 
     @staticmethod
     def forward(ctx: Any, chain: Chain, *params: Tensor) -> Tensor:
         grads = [torch.empty_like(p) for p in params]
         ctx.chain, ctx.grads, ctx.at = chain, grads, chain._addresses(grads)
-        ctx.save_for_backward(*params)  # an in-place change before backward is refused
+        ctx.params, ctx.versions = params, tuple(map(_VERSION, params))
         a, b = chain.affine
         return torch.scalar_tensor(a * chain._run(chain._array, 1, a, ctx.at) + b,
                                    dtype=chain.dtype)
 
     @staticmethod
-    @once_differentiable  # a second derivative is refused, never silently zero
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        chain: Chain = ctx.chain
-        params = ctx.saved_tensors
-        c = grad.item()
-        grads, ctx.grads = ctx.grads, None
-        if grads is None:  # a second backward: the first one's tensors are the caller's
-            grads = [torch.empty_like(p) for p in params]
-            chain._run(chain._addresses(params), 1, chain.affine[0] * c,
-                       chain._addresses(grads))
-        elif c != 1.0:
-            chain.kernel.scale(chain.layers, chain.widths, ctx.at, c)
-        return (None, *grads)
+        if torch.is_grad_enabled():
+            return _once(ctx, grad)
+        return _gradients(ctx, grad)
+
+
+def _gradients(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """``_Penalty``'s backward (see there)."""
+    chain: Chain = ctx.chain
+    params = ctx.params
+    if tuple(map(_VERSION, params)) != ctx.versions:
+        raise RuntimeError(
+            "pathlift.lift.chain: a parameter of the path-norm penalty was modified by an "
+            "inplace operation after the penalty was computed; compute the penalty again "
+            "after changing the parameters")
+    c = grad.item()
+    grads, ctx.grads = ctx.grads, None
+    if grads is None:  # a second backward: the first one's tensors are the caller's
+        grads = [torch.empty_like(p) for p in params]
+        chain._run(chain._addresses(params), 1, chain.affine[0] * c, chain._addresses(grads))
+    elif c != 1.0:
+        chain.kernel.scale(chain.layers, chain.widths, ctx.at, c)
+    return (None, *grads)
+
+
+_once = once_differentiable(_gradients)
+_VERSION = operator.attrgetter("_version")
 
 
 def _penalty(chain: Chain, params: list[Tensor]) -> Tensor:
