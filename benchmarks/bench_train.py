@@ -23,8 +23,10 @@ Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step and reg_step / 
 the machine. The penalty and Path-SGD's gamma are replayed from their recorded passes
 (``pathlift.lift.replay``) after the first call, written out as straight-line code
 (``pathlift.lift.program``), gamma's gradient by the pass's transpose without autograd
-(``pathlift.lift.transpose``), and an MLP's pass with its gradient by one compiled call
-(``pathlift.lift.chain``); run the script with an older checkout's
+(``pathlift.lift.transpose``), and an MLP's pass by one compiled call
+(``pathlift.lift.chain``: in a step, ln ||Phi|| and its gradient by that one call in the
+forward, the backward scaling them by the upstream gradient); run the script with an
+older checkout's
 ``src`` on PYTHONPATH, alternating with this one, for the walked ones. ``--out`` keeps the
 rows of the file's other labels (one row per label and model), each naming the machine
 (vector width, cores).

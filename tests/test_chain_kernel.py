@@ -15,12 +15,12 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import prune
 
+from chain_checks import Subclassed, assert_gamma_walked, plans
 from nets import step_, tied_mlp
 from pathlift.graph import graph_of
 from pathlift.kron import cpu_kernel
@@ -30,22 +30,6 @@ from pathlift.lift.replay import _PLANS
 from pathlift.models import mlp, small_cnn
 from pathlift.symmetry import random_rescale
 from pathlift.testing.neurons import NeuronDAG
-
-
-class Subclassed(nn.Module):
-    """Functional style: F.relu between subclassed Linear layers, a dict output."""
-
-    class Dense(nn.Linear):
-        pass
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = self.Dense(12, 9), self.Dense(9, 7, bias=False)
-        self.c = self.Dense(7, 3)
-
-    def forward(self, x):
-        return {"logits": self.c(F.relu(self.b(F.relu(self.a(x.flatten(1))))))}
-
 
 NETS = {"digits mlp 64-128-64-10": (lambda: mlp(64, (128, 64), 10), (1, 8, 8)),
         "784-256-256-10": (lambda: mlp(784, (256, 256), 10), (784,)),
@@ -57,10 +41,6 @@ def _model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
     torch.manual_seed(0)
     build, shape = NETS[name]
     return build().double().eval(), shape
-
-
-def _plans(model: nn.Module) -> list:
-    return [plan for _, _, plan in _PLANS[model].values()]
 
 
 def _value_and_grads(model: nn.Module, measure) -> tuple[float, list[torch.Tensor]]:
@@ -85,11 +65,11 @@ def _assert_walked(model: nn.Module, shape: tuple[int, ...], q: float) -> None:
 def test_the_chain_penalty_equals_the_walked_one(name: str, q: float) -> None:
     model, shape = _model(name)
     differentiable_path_norm(model, shape, q)  # recorded
-    assert [type(p) for p in _plans(model)] == [Chain]
+    assert [type(p) for p in plans(model)] == [Chain]
     for seed in range(3):  # run by the kernel on new values
         step_(model, seed)
         _assert_walked(model, shape, q)
-    assert all(type(p) is Chain for p in _plans(model))
+    assert all(type(p) is Chain for p in plans(model))
 
 
 @pytest.mark.parametrize("name", ["narrow, 5 layers", "subclassed, functional, no bias, dict"])
@@ -102,16 +82,16 @@ def test_the_chain_penalty_equals_path_enumeration(name: str) -> None:
             ln = differentiable_path_norm(model, shape, q)
         assert not ln.requires_grad
         assert float(ln) == pytest.approx(math.log(dag.path_norm(q)), rel=1e-12)
-    assert all(type(p) is Chain for p in _plans(model))
+    assert all(type(p) is Chain for p in plans(model))
 
 
 @pytest.mark.parametrize("name", list(NETS))
 def test_chain_path_sgd_scales_equal_the_walked_ones(name: str) -> None:
     model, shape = _model(name)
     for seed in range(3):
-        _assert_gamma_walked(model, shape)
+        assert_gamma_walked(model, shape)
         step_(model, seed)
-    assert [type(p) for p in _plans(model)] == [Chain]
+    assert [type(p) for p in plans(model)] == [Chain]
 
 
 @settings(max_examples=15, deadline=None)
@@ -135,7 +115,7 @@ def test_a_rescaling_in_place_keeps_the_chain_and_its_number() -> None:
     parameters leave ln ||Phi|| as it was, and the gradient is the walked one."""
     model, shape = _model("digits mlp 64-128-64-10")
     before = float(differentiable_path_norm(model, shape).detach())
-    plans = _plans(model)
+    recorded = plans(model)
     rescaled = random_rescale(model, factors=(2.0 ** -40, 1.0, 2.0 ** 40), seed=1)
     with torch.no_grad():
         for p, new in zip(model.parameters(), rescaled.parameters(), strict=True):
@@ -143,7 +123,7 @@ def test_a_rescaling_in_place_keeps_the_chain_and_its_number() -> None:
     assert float(differentiable_path_norm(model, shape).detach()) == pytest.approx(
         before, rel=1e-12)
     _assert_walked(model, shape, 1.0)
-    assert _plans(model) == plans
+    assert plans(model) == recorded
 
 
 def _replace(model: nn.Module) -> None:
@@ -166,22 +146,13 @@ def test_the_chain_is_rebuilt_when_the_model_changes(change, chain: bool) -> Non
     model, shape = _model("digits mlp 64-128-64-10")
     differentiable_path_norm(model, shape)
     magnitude_gradients(model, shape, 2.0)
-    before = _plans(model)
+    before = plans(model)
     change(model)
     _assert_walked(model, shape, 1.0)
     magnitude_gradients(model, shape, 2.0)
-    after = _plans(model)
+    after = plans(model)
     assert all(a is not b for a, b in zip(after, before, strict=True))
     assert all((type(p) is Chain) == chain for p in after)
-
-
-def _assert_gamma_walked(model: nn.Module, shape: tuple[int, ...]) -> None:
-    got = magnitude_gradients(model, shape, 2.0)
-    want = magnitude_gradients(graph_of(model, shape), q=2.0)
-    assert got.mantissas.keys() == want.mantissas.keys()
-    for p, gamma in want.mantissas.items():
-        torch.testing.assert_close(got.mantissas[p] * math.exp(got.log_scale),
-                                   gamma * math.exp(want.log_scale), rtol=1e-12, atol=0)
 
 
 def test_tied_weights_and_convolutions() -> None:
@@ -193,24 +164,28 @@ def test_tied_weights_and_convolutions() -> None:
     cnn = small_cnn().double().eval()
     differentiable_path_norm(cnn, (1, 8, 8))
     magnitude_gradients(cnn, (1, 8, 8))
-    assert not any(type(p) is Chain for p in _plans(cnn))
+    assert not any(type(p) is Chain for p in plans(cnn))
     reused = tied_mlp()  # one module called twice
     shared = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6)).double()
     shared[2].weight = shared[0].weight  # one weight in two modules
     for model, shape in ((reused, (5,)), (shared, (6,))):
         for _ in range(2):  # recorded, then run by the chain or the tape
             _assert_walked(model, shape, 1.0)
-            _assert_gamma_walked(model, shape)
+            assert_gamma_walked(model, shape)
     kinds = {key[0]: type(plan) for key, (_, _, plan) in _PLANS[reused].items()}
     assert kinds["norm"] is Chain and kinds["gamma"] is not Chain
-    assert all(type(p) is Chain for p in _plans(shared))
+    assert all(type(p) is Chain for p in plans(shared))
 
 
-def test_an_in_place_change_before_backward_is_refused() -> None:
-    """The gradient is that of the values of the forward: autograd's version check."""
+@pytest.mark.parametrize("retained", [False, True], ids=["first backward", "second backward"])
+def test_an_in_place_change_before_backward_is_refused(retained: bool) -> None:
+    """The gradient is that of the values of the forward: autograd's version check, also
+    for retain_graph's second backward (which computes the gradient anew)."""
     model, shape = _model("narrow, 5 layers")
     differentiable_path_norm(model, shape)
     ln = differentiable_path_norm(model, shape)
+    if retained:
+        ln.backward(retain_graph=True)
     with torch.no_grad():
         model[1].weight.mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -241,7 +216,7 @@ def test_float32_chain_is_the_walk_to_float32_rounding() -> None:
     torch.manual_seed(0)
     model, shape = mlp(64, (128, 64), 10).eval(), (1, 8, 8)
     differentiable_path_norm(model, shape)
-    assert [type(p) for p in _plans(model)] == [Chain]
+    assert [type(p) for p in plans(model)] == [Chain]
     exact = differentiable_path_norm(graph_of(model.double(), shape), q=1.0)
     model.float()
     assert float(differentiable_path_norm(model, shape).detach()) == pytest.approx(
@@ -259,7 +234,7 @@ def test_without_a_compiler_the_tape_runs_with_one_warning(monkeypatch) -> None:
             differentiable_path_norm(model, shape, 2.0)
         assert len([w for w in caught if "path_chain.c could not be built" in str(w.message)]
                    ) == 1
-        assert not any(type(p) is Chain for p in _plans(model))
+        assert not any(type(p) is Chain for p in plans(model))
         _assert_walked(model, shape, 1.0)
     finally:
         cpu_kernel._library_for.cache_clear()

@@ -16,17 +16,21 @@ for the penalty ``log`` and scalar ``add``/``mul``/``div`` of it. Any other call
 mask, a LeakyReLU's sub-DAG, BatchNorm, a convolution, a layer taken in a unit other
 than 1) keeps the tape. The plan is kept only if the kernel gives the recorded value
 (float64: 1e-12 relative). ``replay()`` is the penalty as one autograd node whose
-backward is one more call; ``gradients()`` gamma's d T / d|p|^q without autograd (the
-contracts of ``Tape.replay`` and ``Transposed.gradients``).
+forward computes the value and its gradient by one call and whose backward only scales
+that gradient by the upstream one; ``gradients()`` gamma's d T / d|p|^q without
+autograd (the contracts of ``Tape.replay`` and ``Transposed.gradients``). The kernel's
+array of parameter addresses is built again only when a parameter's storage moves;
+which parameters there are is ``pathlift.lift.replay.Watch``'s to check.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import operator
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -49,33 +53,45 @@ _AFTER = {"add": lambda a, b, c: (a, b + c), "sub": lambda a, b, c: (a, b - c),
 # Agreement with the recorded pass demanded of the kernel (relative, at least 1 absolute)
 _AGREE = {torch.float32: 1e-4, torch.float64: 1e-12}
 
-def _library(dtype: torch.dtype) -> Any:
-    """``path_chain`` compiled for ``dtype`` and typed, or None (one warning)."""
+class _Kernel(NamedTuple):
+    """The typed entry points of ``path_chain.c`` for one dtype."""
+
+    chain: Any  # path_chain: ln T, and in modes 1 and 2 a gradient
+    scale: Any  # path_chain_scale: a gradient times c, in place
+
+
+def _library(dtype: torch.dtype) -> _Kernel | None:
+    """``path_chain.c`` compiled for ``dtype`` and typed, or None (one warning)."""
     lib = compiled_library(SOURCE, "path_chain", dtype)
     if lib is None:
         return None
-    fn = lib.path_chain
-    ptr = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_long, ptr, ptr, ctypes.c_double, ctypes.c_int, ctypes.c_double,
-                   ptr, ptr]
+    ptr, long_, double = ctypes.c_void_p, ctypes.c_long, ctypes.c_double
+    fn, scale = lib.path_chain, lib.path_chain_scale
+    fn.argtypes = [long_, ptr, ptr, double, ctypes.c_int, double, ptr, ptr]
     fn.restype = ctypes.c_int
-    return fn
+    scale.argtypes = [long_, ptr, ptr, double]
+    scale.restype = None
+    return _Kernel(fn, scale)
 
 
 class Chain:
     """A tape recognised as a chain of dense layers (see the module), run by the kernel."""
 
-    def __init__(self, tape: Tape, fn: Any, inputs: list[tuple[dict, str] | None],
+    def __init__(self, tape: Tape, kernel: _Kernel, inputs: list[tuple[dict, str] | None],
                  widths: list[int], q: float, affine: tuple[float, float],
                  leaves: list[int] | None, dtype: torch.dtype):
-        self.tape, self.fn, self.q, self.affine, self.dtype = tape, fn, q, affine, dtype
+        self.tape, self.kernel, self.q, self.affine, self.dtype = tape, kernel, q, affine, dtype
         self.inputs = inputs  # (table, key) of W_0, b_0, W_1, ... (None: no bias)
         self.present = [i for i, where in enumerate(inputs) if where is not None]
+        self._where = [inputs[i] for i in self.present]
         self.layers = len(widths) - 1
         self.widths = (ctypes.c_long * len(widths))(*widths)
         # gamma: each leaf of the result as an index into the present parameters
         self.leaves = None if leaves is None else [self.present.index(i) for i in leaves]
         self._pointers = ctypes.c_void_p * len(inputs)
+        # the kernel's array of the parameters, built again when one's storage moves
+        self._at: tuple[int, ...] = ()
+        self._array = self._pointers()
 
     @classmethod
     def of(cls, tape: Tape, out: Any) -> Chain | None:
@@ -93,17 +109,17 @@ class Chain:
                                   or (i % 2 == 0 and t.shape[1] != widths[i // 2]))
                for i, t in enumerate(tensors)):
             return None
-        fn = _library(dtype) if dtype in _AGREE else None
-        if fn is None:
+        kernel = _library(dtype) if dtype in _AGREE else None
+        if kernel is None:
             return None
-        plan = cls(tape, fn, inputs, widths, q, affine, leaves, dtype)
+        plan = cls(tape, kernel, inputs, widths, q, affine, leaves, dtype)
         return plan if plan._agrees(out) else None
 
     def _agrees(self, out: Any) -> bool:
         """Whether the kernel gives the recorded pass's number (ln T's map, or T)."""
-        ln = self._ln(self._parameters())
-        if ln is None:
+        if self._parameters() is None:
             return False
+        ln = self._run(self._array)
         if self.leaves is None:
             mine, recorded = self.affine[0] * ln + self.affine[1], float(out.detach())
         else:
@@ -113,38 +129,48 @@ class Chain:
         return abs(mine - recorded) <= _AGREE[self.dtype] * max(1.0, abs(recorded))
 
     def _parameters(self) -> list[Tensor] | None:
-        """The current W_0, b_0, ... (biases only where present), or None where one is no
-        longer contiguous (the kernel reads rows)."""
-        found = [table[key] for table, key in (self.inputs[i] for i in self.present)]
-        return found if all(t.is_contiguous() for t in found) else None
-
-    def _ln(self, params: Sequence[Tensor] | None, mode: int = 0, c: float = 1.0,
-            into: list[Tensor] | None = None) -> float | None:
-        """ln T by the kernel; ``mode`` 1: c d ln T / d p, 2: c d T / d|p|^q for each
-        parameter p, written into ``into`` (tensors like ``params``). None for
-        non-contiguous parameters."""
-        if params is None:
+        """The current W_0, b_0, ... (biases only where present), their addresses in
+        ``_array``; None where one is no longer contiguous (the kernel reads rows)."""
+        found = [table[key] for table, key in self._where]
+        if not all(map(Tensor.is_contiguous, found)):
             return None
-        out = ctypes.c_double()
-        if self.fn(self.layers, self.widths, self._addresses(params), self.q, mode, c,
-                   None if into is None else self._addresses(into), ctypes.byref(out)):
+        at = tuple(map(Tensor.data_ptr, found))
+        if at != self._at:  # a new storage (.data reassigned, .to(...)): new addresses
+            self._array, self._at = self._addresses(found), at
+        return found
+
+    def _run(self, params: ctypes.Array, mode: int = 0, c: float = 1.0,
+             into: ctypes.Array | None = None) -> float:
+        """ln T by the kernel on the parameters at ``params`` (``_addresses``); ``mode`` 1:
+        c d ln T / d p, 2: c d T / d|p|^q for each parameter p, written into the tensors
+        at ``into``."""
+        out = ctypes.c_double()  # one per call: the call runs without the GIL
+        if self.kernel.chain(self.layers, self.widths, params, self.q, mode, c, into,
+                             ctypes.byref(out)):
             raise MemoryError("pathlift.lift.chain: no memory for the pass's vectors")
         return out.value
 
     def _addresses(self, tensors: Sequence[Tensor]) -> ctypes.Array:
         """The kernel's array W_0, b_0, W_1, ... of ``tensors`` (NULL: no bias)."""
+        if len(tensors) == len(self.inputs):  # every layer has its bias
+            return self._pointers(*map(Tensor.data_ptr, tensors))
         found = self._pointers()
         for i, t in zip(self.present, tensors, strict=True):
             found[i] = t.data_ptr()
         return found
 
     def replay(self) -> Any:
-        """The penalty a ln T + b on the current parameters, in autograd (one node), or the
-        tape's replay where a parameter is no longer contiguous."""
+        """The penalty a ln T + b on the current parameters: in autograd where grad mode is
+        on and a parameter requires grad (one node, its gradient computed with the value,
+        ``_Penalty``), else a plain number; the tape's replay where a parameter is no
+        longer contiguous."""
         params = self._parameters()
         if params is None:
             return self.tape.replay()
-        return _Penalty.apply(self, *params)
+        if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, params)):
+            return _penalty(self, params)
+        a, b = self.affine
+        return torch.scalar_tensor(a * self._run(self._array) + b, dtype=self.dtype)
 
     def gradients(self) -> tuple[Any, list[Tensor | None]] | None:
         """Gamma's pass: the tape's result (..., T, [|p|^q leaves]) and d T / d leaf, or
@@ -155,12 +181,16 @@ class Chain:
             return None
         with torch.no_grad():
             grads = [torch.empty_like(p) for p in params]
-            total = torch.tensor(_exp(self._ln(params, 2, 1.0, grads)), dtype=self.dtype)
+            ln = self._run(self._array, 2, 1.0, self._addresses(grads))
+            total = torch.tensor(_exp(ln), dtype=self.dtype)
             if not 0 < float(total) < math.inf:
                 return None
             mags = _magnitudes(params, self.q)
         flat = self.tape.result[0][:-len(self.leaves) - 1]
         return (*flat, total, [mags[i] for i in self.leaves]), [grads[i] for i in self.leaves]
+
+
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 def _exp(x: float) -> float:
@@ -177,24 +207,63 @@ def _magnitudes(params: list[Tensor], q: float) -> list[Tensor]:
 
 
 class _Penalty(torch.autograd.Function):
-    """a ln T + b of a chain (``Chain.replay``): the value by one kernel call, the
-    gradient by another in the backward, into new tensors."""
+    """a ln T + b of a chain (``Chain.replay``) and its gradient a d ln T / d p, both by one
+    kernel call in the forward into new tensors; the backward scales them by the upstream
+    gradient in place (one more call) and hands them over: they are never written again.
+    A second backward of the same graph (``retain_graph``) computes them anew from the
+    parameters. Autograd's rules kept at a step's cost: a parameter changed in place
+    since the forward is refused by its version counter (what ``save_for_backward``
+    checks); under ``create_graph`` the gradient is ``once_differentiable``'s (a second
+    derivative raises, never silently zero)."""
 
     @staticmethod
     def forward(ctx: Any, chain: Chain, *params: Tensor) -> Tensor:
-        ctx.chain = chain
-        ctx.save_for_backward(*params)  # an in-place change before backward is refused
+        grads = [torch.empty_like(p) for p in params]
+        ctx.chain, ctx.grads, ctx.at = chain, grads, chain._addresses(grads)
+        ctx.params, ctx.versions = params, tuple(map(_VERSION, params))
         a, b = chain.affine
-        return torch.tensor(a * chain._ln(params) + b, dtype=chain.dtype)
+        return torch.scalar_tensor(a * chain._run(chain._array, 1, a, ctx.at) + b,
+                                   dtype=chain.dtype)
 
     @staticmethod
-    @once_differentiable  # a second derivative is refused, never silently zero
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        chain: Chain = ctx.chain
-        params = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _once(ctx, grad)
+        return _gradients(ctx, grad)
+
+
+def _gradients(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """``_Penalty``'s backward (see there)."""
+    chain: Chain = ctx.chain
+    params = ctx.params
+    if tuple(map(_VERSION, params)) != ctx.versions:
+        raise RuntimeError(
+            "pathlift.lift.chain: a parameter of the path-norm penalty was modified by an "
+            "inplace operation after the penalty was computed; compute the penalty again "
+            "after changing the parameters")
+    c = grad.item()
+    grads, ctx.grads = ctx.grads, None
+    if grads is None:  # a second backward: the first one's tensors are the caller's
         grads = [torch.empty_like(p) for p in params]
-        chain._ln(params, 1, chain.affine[0] * float(grad), grads)
-        return (None, *grads)
+        chain._run(chain._addresses(params), 1, chain.affine[0] * c, chain._addresses(grads))
+    elif c != 1.0:
+        chain.kernel.scale(chain.layers, chain.widths, ctx.at, c)
+    return (None, *grads)
+
+
+_once = once_differentiable(_gradients)
+_VERSION = operator.attrgetter("_version")
+
+
+def _penalty(chain: Chain, params: list[Tensor]) -> Tensor:
+    """``_Penalty.apply(chain, *params)``, by autograd's C entry point where no functorch
+    transform is active (``Function.apply``'s own checks are for those)."""
+    if torch._C._are_functorch_transforms_active():
+        return _Penalty.apply(chain, *params)
+    return _APPLY(chain, *params)
+
+
+_APPLY = super(torch.autograd.Function, _Penalty).apply
 
 
 def _recognise(tape: Tape) -> tuple[list, list[int], float, tuple[float, float],

@@ -203,8 +203,9 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
         return _log_norm(walker(graph, q, dtype or graph.dtype).run_all_ones(), q, r)
 
     ln = replayed(model, input_shape, ("norm", q, r, dtype), record, _graph)
-    if not math.isfinite(float(ln.detach())):
-        _refuse_non_finite(_graph(model, input_shape), float(ln.detach()), q, dtype)
+    value = ln.item()
+    if not math.isfinite(value):
+        _refuse_non_finite(_graph(model, input_shape), value, q, dtype)
     return ln if torch.is_grad_enabled() else ln.detach()
 
 

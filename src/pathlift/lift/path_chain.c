@@ -10,7 +10,7 @@
  * mode 0: the pass alone; mode 1: c d ln T / d W (d ln T / d|W|^q times q |W|^{q-1} sign W)
  * into G; mode 2: c d T / d|W|^q (the magnitudes' gradient, g_L = 1), into G. G holds the
  * same layout as P (G[2k] and G[2k+1] for W_k and b_k). Returns 0, or 1 when no memory is
- * left.
+ * left. path_chain_scale multiplies such a G by c in place (the upstream gradient).
  * Compiled with -Dreal=float or -Dreal=double (the parameters' type).
  */
 #include <math.h>
@@ -127,4 +127,15 @@ int path_chain(long L, const long* n, real* const* P, double q, int mode, double
                      g + widest, G);
   free(work);
   return 0;
+}
+
+void path_chain_scale(long L, const long* n, real* const* G, double c) {
+  for (long k = 0; k < L; k++) {
+    long size = n[k + 1] * n[k];
+    real* w = G[2 * k];
+    real* b = G[2 * k + 1];
+    for (long i = 0; i < size; i++) w[i] = (real)(w[i] * c);
+    if (b)
+      for (long i = 0; i < n[k + 1]; i++) b[i] = (real)(b[i] * c);
+  }
 }

@@ -13,7 +13,6 @@ record the pass again. Sharded (FSDP2) and FSDP1 models are walked at every call
 
 from __future__ import annotations
 
-import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -44,64 +43,54 @@ def _plain(value: object) -> bool:
 
 class Watch:
     """The parts of a model a traced graph depends on, as they were (see the module); the
-    modules held weakly (the cache of tapes is weak in the model)."""
+    modules held weakly (the cache of tapes is weak in the model).
+
+    What is compared is one tuple, made by a function generated for the model (as
+    ``pathlift.lift.program`` writes a tape): per module its class, train/eval flag,
+    instance-level forward, hook ids, children and parameters (by id: the recorded ones
+    are held, so no other object takes their id), buffer names and plain attributes;
+    per parameter and buffer its dtype, device and shape."""
 
     def __init__(self, model: nn.Module):
-        self.modules = []
-        for m in model.modules():
-            state = vars(m)
-            attrs = tuple(k for k, v in state.items()
-                          if k[0] != "_" and k != "training" and _plain(v))
-            read = _reader(attrs)
-            self.modules.append((
-                weakref.ref(m), type(m), m.training, tuple(m._forward_hooks),
-                tuple(m._forward_pre_hooks), id(state.get("forward")), tuple(m._modules.values()),
-                tuple(m._parameters.values()), tuple(m._buffers), read, read(state)))
-        # parameters are the same objects (checked above), buffers are read where they are
-        self.tensors = [(table, key, t.dtype, t.device, t.shape) for m in model.modules()
-                        for table in (m._parameters, m._buffers)
-                        for key, t in table.items() if t is not None]
+        modules = list(model.modules())
+        self._now = _snapshot(modules)
+        self._held = [t for m in modules for t in (*m._modules.values(),
+                                                   *m._parameters.values())]
+        self._recorded = self._now()
 
     def unchanged(self) -> bool:
         """Whether every module and tensor is as it was recorded."""
-        is_ = operator.is_
-        for (ref, cls, training, hooks, pre_hooks, forward, children, params, buffers, read,
-             values) in self.modules:
-            m = ref()
-            if m is None:
-                return False
-            state = vars(m)
-            now_children, now_params = m._modules.values(), m._parameters.values()
-            try:
-                now_values = read(state)
-            except KeyError:  # a plain attribute deleted
-                return False
-            if type(m) is not cls or m.training is not training \
-                    or id(state.get("forward")) != forward \
-                    or tuple(m._forward_hooks) != hooks \
-                    or tuple(m._forward_pre_hooks) != pre_hooks \
-                    or len(now_children) != len(children) \
-                    or not all(map(is_, now_children, children)) \
-                    or len(now_params) != len(params) or not all(map(is_, now_params, params)) \
-                    or tuple(m._buffers) != buffers \
-                    or now_values != values:  # a tuple: a NaN compares as itself
-                return False
-        for table, key, dtype, device, shape in self.tensors:
-            t = table[key]
-            if t is None or t.dtype != dtype or t.device != device or t.shape != shape:
-                return False
-        return True
+        try:
+            return self._now() == self._recorded  # a tuple: a NaN compares as itself
+        except (AttributeError, KeyError):  # a module freed, a tensor or attribute removed
+            return False
 
 
-def _reader(attrs: tuple[str, ...]) -> Callable[[dict], tuple]:
-    """The function giving the values of ``attrs`` in a module's ``vars`` as a tuple
-    (KeyError for a missing one)."""
-    if len(attrs) > 1:
-        return operator.itemgetter(*attrs)
-    if attrs:
-        get = operator.itemgetter(attrs[0])
-        return lambda state: (get(state),)
-    return lambda state: ()
+def _snapshot(modules: list[nn.Module]) -> Callable[[], tuple]:
+    """The generated function giving the tuple ``Watch`` compares (see there)."""
+    env: dict[str, Any] = {}
+    lines, items = [], []
+    for i, m in enumerate(modules):
+        env[f"R{i}"] = weakref.ref(m)
+        lines.append(f"m{i} = R{i}(); s{i} = m{i}.__dict__")
+        items += [f"type(m{i})", f"m{i}.training", f"id(s{i}.get('forward'))",
+                  *(f"tuple(s{i}[{name!r}])"
+                    for name in ("_forward_hooks", "_forward_pre_hooks", "_buffers")),
+                  *(f"tuple(map(id, s{i}[{name!r}].values()))"
+                    for name in ("_modules", "_parameters")),
+                  *(f"s{i}[{k!r}]" for k, v in vars(m).items()
+                    if k[0] != "_" and k != "training" and _plain(v))]
+    tensors = [(table, key) for m in modules for table in (m._parameters, m._buffers)
+               for key, t in table.items() if t is not None]
+    for j, (table, key) in enumerate(tensors):
+        env[f"T{j}"], env[f"K{j}"] = table, key
+        lines.append(f"t{j} = T{j}[K{j}]")
+        items += [f"t{j}.dtype", f"t{j}.device", f"t{j}.shape"]
+    source = ("def now():\n" + "".join(f"    {line}\n" for line in lines)
+              + "    return (" + ", ".join(items) + ",)\n")
+    exec(compile(source, f"<pathlift watch of {len(modules)} modules>", "exec"), env)
+    return env["now"]
+
 
 # Per model: (what, input shape) -> (the model's watch, its tape or None: walk each time,
 # the compiled chain (``pathlift.lift.chain``: replays and gradients) or the tape's transpose
@@ -109,6 +98,7 @@ def _reader(attrs: tuple[str, ...]) -> Callable[[dict], tuple]:
 _PLANS: weakref.WeakKeyDictionary[
     nn.Module, dict[tuple, tuple[Watch, Tape | None, Chain | Transposed | None]]] = \
     weakref.WeakKeyDictionary()
+_NONE: dict = {}  # the plans of a model not seen yet (never written)
 
 
 def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, what: tuple,
@@ -129,13 +119,13 @@ def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, w
         with torch.enable_grad():
             return run(graph)
     net = unwrap(model)
-    plans = _PLANS.setdefault(net, {})
     where = (*what, tuple(input_shape))
-    known = plans.get(where)
-    if known is not None and known[0].unchanged() and known[1] is not None:
+    known = _PLANS.get(net, _NONE).get(where)
+    if known is not None and known[1] is not None and known[0].unchanged():
         out = (known[1] if gradient or known[2] is None else known[2]).replay()
         if out is not None:
             return out
+    plans = _PLANS.setdefault(net, {})
     graph = graph_of(model, input_shape)
     watch = Watch(net)
     with torch.enable_grad():
@@ -170,7 +160,7 @@ def replayed_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     or the tape's transpose without autograd (``pathlift.lift.transpose``) where one covers
     the recorded pass, else by autograd."""
     if not isinstance(model, LayerGraph) and input_shape is not None:
-        known = _PLANS.get(unwrap(model), {}).get((*what, tuple(input_shape)))
+        known = _PLANS.get(unwrap(model), _NONE).get((*what, tuple(input_shape)))
         if known is not None and known[2] is not None and known[0].unchanged():
             got = known[2].gradients()
             if got is not None:
