@@ -249,3 +249,20 @@ def test_path_sgd_steps_follow_the_walked_scales_across_changes(change: str) -> 
         if round_ == 0:
             CHANGES[change](model)
     assert all(type(p) is Chain for p in plans(model))
+
+
+@pytest.mark.parametrize("missing", ["_APPLY", "_TRANSFORMS_ACTIVE"])
+def test_a_torch_without_autograds_private_entry_takes_function_apply(monkeypatch, missing):
+    """The node enters autograd by a private C entry point where this torch has it; a torch
+    without it (the package takes torch >= 2.3) runs ``Function.apply``: the same step."""
+    from pathlift.lift import chain
+
+    model, shape = _net("digits 64-128-64-10")
+    torch.manual_seed(1)
+    x, y = torch.randn(8, *shape, dtype=torch.float64), torch.randint(10, (8,))
+    fast = _loss_grads(model, shape, x, y, 1.0, lambda: differentiable_path_norm(model, shape))
+    monkeypatch.setattr(chain, missing, None)
+    fallback = _loss_grads(model, shape, x, y, 1.0,
+                           lambda: differentiable_path_norm(model, shape))
+    assert all(type(p) is Chain for p in plans(model))
+    _assert_close(fallback, fast, 1e-15)

@@ -257,13 +257,15 @@ _VERSION = operator.attrgetter("_version")
 
 def _penalty(chain: Chain, params: list[Tensor]) -> Tensor:
     """``_Penalty.apply(chain, *params)``, by autograd's C entry point where no functorch
-    transform is active (``Function.apply``'s own checks are for those)."""
-    if torch._C._are_functorch_transforms_active():
+    transform is active (``Function.apply``'s own checks are for those) and this torch
+    has both (private: any other torch takes ``Function.apply``)."""
+    if _APPLY is None or _TRANSFORMS_ACTIVE is None or _TRANSFORMS_ACTIVE():
         return _Penalty.apply(chain, *params)
     return _APPLY(chain, *params)
 
 
-_APPLY = super(torch.autograd.Function, _Penalty).apply
+_APPLY = getattr(super(torch.autograd.Function, _Penalty), "apply", None)
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 
 
 def _recognise(tape: Tape) -> tuple[list, list[int], float, tuple[float, float],
