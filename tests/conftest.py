@@ -23,7 +23,12 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 # One intra-op thread for the whole run: the suite is many small ops, where a second
 # thread costs more in synchronisation than it gains (several times slower on 2 cores).
+# The processes the tests start (command lines, kernel builds, the docs' bash blocks) too,
+# unless the caller chose: beside the other xdist worker, a child's second OpenMP thread
+# spins at every barrier (ResNet-18's `pathlift normalize`: 4.5 s of CPU with one
+# thread, 13 s with two at load 7).
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

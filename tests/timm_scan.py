@@ -78,10 +78,11 @@ class Verdict:
     error: UnsupportedModelError | None = field(default=None, repr=False)
 
 
-def build(name: str, dtype: torch.dtype = torch.float64) -> nn.Module:
+def build(name: str, dtype: torch.dtype = torch.float64, **kwargs) -> nn.Module:
+    """timm's ``name`` with seed 0, 10 classes and timm's constructor arguments ``kwargs``."""
     import timm
     torch.manual_seed(0)
-    return timm.create_model(name, pretrained=False, num_classes=10).eval().to(dtype)
+    return timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval().to(dtype)
 
 
 def parameters(name: str) -> int:
@@ -92,13 +93,14 @@ def parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def classify(name: str) -> Verdict:
-    """pathlift's verdict on the timm model ``name`` (see ``verdict``), on a model built
-    without initialising its values (the verdict reads the structure only)."""
+def classify(name: str, **kwargs) -> Verdict:
+    """pathlift's verdict on the timm model ``name`` (built with timm's constructor arguments
+    ``kwargs``; see ``verdict``), on a model built without initialising its values (the
+    verdict reads the structure only)."""
     import timm
     try:
         with torch.device("meta"):
-            model = timm.create_model(name, pretrained=False, num_classes=10)
+            model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
         model = model.to_empty(device="cpu").eval()
     except Exception as err:  # timm's own constructor failing (an optional dependency)
         return Verdict(name, family(name), "not_built", reason=one_line(err)[:200])
