@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -27,7 +28,8 @@ from pathlift.bounds.reference import (
 )
 from pathlift.bounds.sample import as_batches
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
-from pathlift.train.quantized import grid_step, quantize_towards_zero
+from pathlift.graph.outputs import select_output
+from pathlift.train.quantized import grid_step, quantize_towards_zero, snap_
 from pathlift.train.recipes import (
     compact_model,
     train_recipe,
@@ -252,3 +254,64 @@ def test_tuning_stays_on_the_reference_grids_and_keeps_its_zeros():
     assert 0 < moved[0.3] < moved[0.0]
     with pytest.raises(InvalidParameterError, match="pull"):
         tune_from_reference_(same, x, y, 2, 1, 64, 1e-3, 0, pull=-1.0)
+
+
+class _Hidden(nn.Module):
+    """A functional layer in a module of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(12, 6))
+        self.b = nn.Parameter(torch.randn(12))
+
+    def forward(self, x):
+        return F.relu(F.linear(x, self.w, self.b))
+
+
+class _DictNet(nn.Module):
+    """A user's network: a subclassed functional layer, a head, a dict of outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = _Hidden(), nn.Linear(12, 3)
+
+    def forward(self, x):
+        h = self.body(x)
+        return {"features": h, "logits": self.head(h)}
+
+
+def test_user_network_with_dict_outputs_against_a_moved_reference():
+    """A subclassed functional network with dict outputs, A on its grid, Q = A with four
+    codes moved one step towards 0: the certificate (``outputs="logits"``) codes Q relative to A
+    (Q decoded back from the word), its bits are those of the four differences' word, and
+    its empirical term is the event counted by hand on S2."""
+    torch.manual_seed(3)
+    a = _DictNet()
+    snap_(a, 2)
+    x = torch.randn(500, 6, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        y = a(x)["logits"].argmax(1)
+    s1, s2 = split_sample(len(x), 0.5, seed=0)
+    ref = reference_of(a, (6,), x, y, s1, outputs="logits")
+    q = _DictNet()
+    q.load_state_dict(a.state_dict())
+    with torch.no_grad():  # four codes of 2 steps or more moved one step towards 0
+        flat = q.body.w.view(-1)
+        step = grid_step(flat, 2)
+        moved = (flat.abs() >= 2 * step).nonzero().squeeze(1)[:4]
+        flat[moved] -= torch.sign(flat[moved]) * step
+    cert = compression_bound(q, (6,), x, y, search=ONE, reference=ref, outputs="logits")
+    assert cert.d_log10 < -12 and cert.prior_samples == len(s1) and cert.n == len(s2)
+    diff = relative(cert.coded, ref)
+    assert sum(int((c != 0).sum()) for c in diff.codes) == 4
+    family = [architecture_of(select_output(q.double(), "logits", (6,)), (6,))]
+    word = encode(diff, family)
+    assert word.length == cert.length
+    assert absolute(decode(word.bits, family)[0], ref) == cert.coded
+    with torch.no_grad():
+        out = q.double()(x[s2].double())["logits"]
+    true = out.gather(1, y[s2][:, None]).squeeze(1)
+    margin = true - out.scatter(1, y[s2][:, None], -math.inf).amax(1)
+    hit = margin <= cert.tau * input_scale(x[s2]) + 1e-9 * (1 + out.abs().amax(1))
+    assert cert.occam.empirical == float(hit.double().mean())
+    assert cert.length.total < 100

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from pathlift.bounds.code import CodedNetwork, quantized_tensors
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.graph import graph_of, unwrap, writable_copy
+from pathlift.graph.outputs import OutputKey, select_output
 
 __all__ = ["Reference", "absolute", "reference_of", "relative", "split_sample"]
 
@@ -129,15 +130,17 @@ class Reference:
 
 
 def reference_of(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: Tensor,
-                 prior: Tensor) -> Reference:
+                 prior: Tensor, outputs: OutputKey | None = None) -> Reference:
     """The ``Reference`` of a network A trained on (x[prior], y[prior]) alone, ``prior``
-    the S1 of ``split_sample(len(x), ...)``. The model is not modified."""
+    the S1 of ``split_sample(len(x), ...)``; ``outputs`` picks the class logits of a model
+    returning several, as ``compression_bound``'s. The model is not modified."""
     prior = torch.as_tensor(prior, dtype=torch.int64).sort().values
     if len(prior) and (int(prior[0]) < 0 or int(prior[-1]) >= len(x)
                        or bool((prior[1:] == prior[:-1]).any())):
         raise InvalidParameterError("prior must hold distinct indices of the sample")
-    net = writable_copy(unwrap(model)).to(torch.float64).eval()
-    tensors = quantized_tensors(graph_of(net, tuple(input_shape)))
+    shape = tuple(input_shape)
+    net = writable_copy(select_output(unwrap(model), outputs, shape)).to(torch.float64).eval()
+    tensors = quantized_tensors(graph_of(net, shape))
     return Reference(tuple(name for name, *_ in tensors),
                      tuple(v.detach().clone() for *_, v in tensors), len(x), prior,
                      _digest(x[prior], y[prior]))
