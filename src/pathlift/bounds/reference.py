@@ -28,8 +28,8 @@ header), A_pruned = (A == 0). Where A is not pruned, D is pruned where Q is and 
 is Q_int - A_int elsewhere; where A is pruned, D's code is Q_int, and D is pruned only
 where Q is not pruned with code 0 (Q pruned gives D = 0 unpruned). So Q = A gives D = 0
 everywhere, a few bits a tensor (``pathlift.bounds.enumerative``: one symbol, no
-arrangement), and a Q that moves few weights of A a grid step costs about n2 times the
-entropy of its differences, not of its weights.
+arrangement), and a Q that moves few weights of A a grid step costs about its number of
+weights times the empirical entropy of its differences, not of its weights.
 """
 
 from __future__ import annotations
@@ -133,7 +133,10 @@ def reference_of(model: nn.Module, input_shape: Sequence[int], x: Tensor, y: Ten
                  prior: Tensor, outputs: OutputKey | None = None) -> Reference:
     """The ``Reference`` of a network A trained on (x[prior], y[prior]) alone, ``prior``
     the S1 of ``split_sample(len(x), ...)``; ``outputs`` picks the class logits of a model
-    returning several, as ``compression_bound``'s. The model is not modified."""
+    returning several, as ``compression_bound``'s. The model is not modified. That A saw
+    no row outside S1 is the caller's to keep (``pathlift.train.train_with_reference``
+    keeps it by construction): the reference records which rows are S1, not how A was
+    trained."""
     prior = torch.as_tensor(prior, dtype=torch.int64).sort().values
     if len(prior) and (int(prior[0]) < 0 or int(prior[-1]) >= len(x)
                        or bool((prior[1:] == prior[:-1]).any())):
