@@ -154,6 +154,7 @@ def test_certificate_through_reference_is_occam_on_the_held_out_part():
     assert cert.n == len(s2) == 600 and cert.prior_samples == len(s1) == 600
     assert "code from the first n1 = 600 samples" in cert.statement()
     assert "bound on the other n2 = 600" in cert.statement()
+    assert "n 600 (code relative to a reference from n1 = 600 others)" in repr(cert)
     family = [architecture_of(net, (1, 8, 8))]
     word = encode(relative(cert.coded, ref), family)
     assert word.length == cert.length

@@ -294,7 +294,10 @@ class CompressionBound:
                 f"{self.occam.budget:.4f}), {self.transfer}: {event}; L = "
                 f"{self.length.total} bits ({self.bits_per_parameter:.2f}/parameter, "
                 f"{self.num_nonzero}/{self.num_parameters} non-zero), rescaling "
-                f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}, train error "
+                f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}"
+                + (f" (code relative to a reference from n1 = {self.prior_samples} others)"
+                   if self.prior_samples else "")
+                + f", train error "
                 f"{self.train_error:.4f}, Q's {self.quantized_error:.4f}"
                 + (f"; stopped: {self.stopped})" if self.stopped else ")"))
 
