@@ -19,6 +19,13 @@ lowest certificate kept (a union bound over the K networks, chosen on training d
 alone: the kept network's bound holds with probability >= 0.95). Prints one row per
 seed (certificate, its terms, accuracy, CPU seconds of one thread, ``kept``); appends
 them to ``--out``.
+
+``--prior-split p`` (recipe ``quantized`` only): the data-dependent code of
+``pathlift.bounds.reference``: the training sample is split by ``split_sample(n, p,
+seed=0)``, the recipe trains the reference network on the first part alone, the network
+is then fine-tuned from it on the whole sample (``--tune-epochs``, default epochs / 2;
+``--pull``: the pull towards the reference's cells) and certified relative to it, the
+event counted on the other part (n2 = n - floor(p n)).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pathlift.data import load_data
 from pathlift.data.images import load_digit_images
 from pathlift.data.mnist1d import load_mnist1d
 from pathlift.jobs.frontier import FRONTIER_SEARCH
-from pathlift.train.recipes import compact_model, train_recipe
+from pathlift.train.recipes import compact_model, train_recipe, train_with_reference
 from pathlift.train.surrogate import predictions
 
 # the held-out part of the training split with --validation (as the recipes of
@@ -56,8 +63,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sparsity", type=float, default=0.0)
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--prior-split", type=float, default=0.0)
+    parser.add_argument("--pull", type=float, default=0.0)
+    parser.add_argument("--tune-epochs", type=int, default=None)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    if args.prior_split and args.recipe != "quantized":
+        parser.error("--prior-split needs --recipe quantized (the reference's grids)")
     torch.set_num_threads(1)
     split = _split(args.dataset, args.samples)
     x, y = split.train.tensors
@@ -71,13 +83,22 @@ def main() -> None:
         torch.manual_seed(seed)
         net = compact_model(args.model, split.input_shape, 10)
         start = time.thread_time()
-        train_recipe(net, x, y, args.recipe, args.strength, args.epochs, args.batch_size,
-                     3e-3, seed, sparsity=args.sparsity)
+        reference = None
+        if args.prior_split:
+            reference = train_with_reference(
+                net, x, y, int(args.strength), args.epochs, args.batch_size, 3e-3, seed,
+                prior_fraction=args.prior_split, pull=args.pull, tune_epochs=args.tune_epochs)
+        else:
+            train_recipe(net, x, y, args.recipe, args.strength, args.epochs, args.batch_size,
+                         3e-3, seed, sparsity=args.sparsity)
         train_s = time.thread_time() - start
         start = time.thread_time()
         cert = compression_bound(net, split.input_shape, x, y, search=FRONTIER_SEARCH,
-                                 delta=0.05 / args.seeds)
-        rows.append({"dataset": args.dataset, "epochs": args.epochs, "model": args.model,
+                                 delta=0.05 / args.seeds, reference=reference)
+        extra = {} if reference is None else {
+            "n_train": len(x), "prior_split": args.prior_split, "pull": args.pull,
+            "tune_epochs": args.tune_epochs}
+        rows.append({**extra, "dataset": args.dataset, "epochs": args.epochs, "model": args.model,
                      "recipe": args.recipe, "strength": args.strength, "seed": seed,
                      "sparsity": args.sparsity, "seeds": args.seeds,
                      "validation": args.validation, "n": len(x),

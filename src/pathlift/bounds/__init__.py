@@ -7,7 +7,8 @@ keeps the normalisation of smallest certified error (``symmetry_aware``, Sec. 7.
 certificate of a pruning (``PruningCertificate``, eq. 3.19: defined in
 ``pathlift.lift.pruning_bound``, below the pruning package that computes it while it
 prunes), and the compression certificate of a trained network (``compression``), its
-training sample streamed in batches and sharded over torchrun's ranks (``sample``)."""
+training sample streamed in batches and sharded over torchrun's ranks (``sample``), its
+code relative to a reference network trained on part of the sample (``reference``)."""
 
 from pathlift.bounds.compression import (
     CompressionBound,
@@ -46,6 +47,7 @@ from pathlift.bounds.rademacher import (
     sigma_from_loader,
     sigma_of,
 )
+from pathlift.bounds.reference import Reference, reference_of, split_sample
 from pathlift.bounds.risk import (
     CROSS_ENTROPY_LIPSCHITZ,
     MarginBound,
@@ -94,6 +96,7 @@ __all__ = [
     "PriorGrid",
     "PruningCertificate",
     "RademacherBound",
+    "Reference",
     "RouteCertificate",
     "Sigma",
     "SymmetryAwareQuantized",
@@ -125,9 +128,11 @@ __all__ = [
     "pruning_certificate",
     "rademacher_covering",
     "rademacher_peeling",
+    "reference_of",
     "sharpened_constant",
     "sigma_from_loader",
     "sigma_of",
+    "split_sample",
     "symmetry_aware_quantize",
     "union_gap_bound",
     "union_margin_bound",

@@ -42,6 +42,11 @@ The final pass counts E_box on every row: P_S[E_box] n exactly, the same whateve
 batches, their order and the ranks (``box_margins``: a row's bounds are its own, bit for
 bit). The search scores its candidates by the float64 bounds alone: it only chooses Q.
 
+With a ``reference`` (``pathlift.bounds.reference``: a network A trained on a part S1 of
+the sample, fixed by a split rule chosen in advance), L(Q) is the length of Q's code
+relative to A and the events are counted on the other part S2 alone, n = n2: the same
+proof over S2, whose code depends on S1 only (that module's theorem).
+
 Numerics: rescalings are by powers of two (exact in floating point); Q's margins are
 computed in float64 and the event counted with a slack of 1e-9 (1 + max |logit|), d is
 bounded above with its float64 rounding proven (``pathlift.bounds.rounding``), the
@@ -72,6 +77,7 @@ from pathlift.bounds.code import (
 )
 from pathlift.bounds.entry import Sample, check_sample
 from pathlift.bounds.kl import OccamBound, kl_inverse, occam_bound
+from pathlift.bounds.reference import Reference, relative
 from pathlift.bounds.rounding import certified_d
 from pathlift.bounds.sample import Batches, as_batches
 from pathlift.bounds.verdict import format_bound, verdict
@@ -172,7 +178,8 @@ class CompressionBound:
     ``quantized_error``: training error of Q itself; ``sample``: n, duplicates and chance
     (``pathlift.bounds.entry``); ``eval_layers``: the layers certified in eval mode;
     ``stopped``: why the search ended early ("" when it ran in full), which changes which
-    Q is found, never the validity.
+    Q is found, never the validity; ``prior_samples``: n1 when the code is relative to a
+    reference network trained on n1 other samples (0 otherwise; n is then n2).
     """
 
     occam: OccamBound
@@ -194,6 +201,7 @@ class CompressionBound:
     sample: Sample | None = field(default=None, compare=False)
     eval_layers: tuple[str, ...] = ()
     stopped: str = ""
+    prior_samples: int = 0
 
     hypothesis_class = ("every network of an architecture of the family, through the "
                         "quantised networks Q its prefix code names")
@@ -252,7 +260,8 @@ class CompressionBound:
                 "quantized_path_norm_log10": self.quantized_path_norm_log10,
                 "rescaling": self.rescaling, "prune_fraction": self.prune_fraction,
                 "num_parameters": self.num_parameters, "num_nonzero": self.num_nonzero,
-                "chance": self.chance, "stopped": self.stopped}
+                "chance": self.chance, "stopped": self.stopped,
+                "prior_samples": self.prior_samples}
 
     @property
     def chance(self) -> float:
@@ -270,8 +279,11 @@ class CompressionBound:
             f"the trained network in eval mode ({', '.join(self.eval_layers)}: running "
             "statistics, no dropout)")
         sample = "" if self.sample is None else f"; {self.sample.statement()}"
+        split = "" if not self.prior_samples else (
+            f"; code from the first n1 = {self.prior_samples} samples (relative to a "
+            f"reference network trained on them alone), bound on the other n2 = {self.n}")
         return (f"with probability >= {1 - self.delta:g} over the n = {self.n} training "
-                f"samples, the top-1 error of {network} is at most "
+                f"samples{split}, the top-1 error of {network} is at most "
                 f"{format_bound(math.log10(self.value))[0]} (transfer: {self.transfer}); "
                 f"valid for {self.hypothesis_class}; paid by {self.paid_by}{sample}")
 
@@ -282,7 +294,10 @@ class CompressionBound:
                 f"{self.occam.budget:.4f}), {self.transfer}: {event}; L = "
                 f"{self.length.total} bits ({self.bits_per_parameter:.2f}/parameter, "
                 f"{self.num_nonzero}/{self.num_parameters} non-zero), rescaling "
-                f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}, train error "
+                f"{self.rescaling}, pruned {self.prune_fraction:g}, n {self.n}"
+                + (f" (code relative to a reference from n1 = {self.prior_samples} others)"
+                   if self.prior_samples else "")
+                + f", train error "
                 f"{self.train_error:.4f}, Q's {self.quantized_error:.4f}"
                 + (f"; stopped: {self.stopped})" if self.stopped else ")"))
 
@@ -379,8 +394,8 @@ class _Problem:
 
     def __init__(self, model: nn.Module, shape: tuple[int, ...], n: int,
                  family: Sequence[Architecture], events: EventGrid, delta: float,
-                 transfers: Sequence[str]):
-        self.model, self.shape = model, shape
+                 transfers: Sequence[str], reference: Reference | None = None):
+        self.model, self.shape, self.reference = model, shape, reference
         self.family, self.events, self.delta = list(family), events, delta
         self.transfers = tuple(transfers)
         self.n = n
@@ -391,6 +406,13 @@ class _Problem:
                 "(pathlift.bounds.code.architecture_of) before certifying")
         self.index = self.family.index(arch)
         self.constants = constants_of(model, shape)
+        tensors = [(name, v.shape) for name, *_, v in quantized_tensors(graph_of(model, shape))]
+        if reference is not None and tensors != [
+                (name, v.shape) for name, v in zip(reference.names, reference.values,
+                                                   strict=True)]:
+            raise InvalidParameterError("the reference network's tensors are not the "
+                                        "certified network's: train it with the same "
+                                        "architecture")
 
     def rescaled(self, name: str) -> tuple[nn.Module, LayerGraph]:
         """lambda.theta (a copy; powers of two, exact) and its graph (which holds only a
@@ -412,7 +434,9 @@ class _Problem:
               exact_length: bool = False) -> tuple[nn.Module, CodedNetwork, CodeLength]:
         """Q: ``pruned`` quantised with steps 2^exponents (towards zero), its code and the
         code's length: the bits ``encode`` writes when ``exact_length``, else the
-        search's estimate (``estimated_length``, within a few bits). No pass over data."""
+        search's estimate (``estimated_length``, within a few bits); with a reference, the
+        length of the code relative to it (``pathlift.bounds.reference``). No pass over
+        data."""
         names = [name for name, _, _, _ in quantized_tensors(graph)]
         q = quantize(pruned, self.shape, step={n: math.ldexp(1.0, e)
                                                for n, e in zip(names, exponents, strict=True)})
@@ -427,8 +451,9 @@ class _Problem:
             exact.append(v == 0)
         coded = CodedNetwork(self.index, tuple(exponents), tuple(zero_exponents),
                              tuple(codes), tuple(exact), self.constants)
-        length = encode(coded, self.family).length if exact_length else \
-            estimated_length(coded, self.family)
+        word = coded if self.reference is None else relative(coded, self.reference)
+        length = encode(word, self.family).length if exact_length else \
+            estimated_length(word, self.family)
         return q.model, coded, length
 
     def budget(self, bits: int) -> float:
@@ -634,7 +659,8 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
                       search: CompressionSearch = DEFAULT_SEARCH,
                       outputs: OutputKey | None = None,
                       progress: Callable[[int, int], None] | None = None,
-                      time_budget: float | None = None) -> CompressionBound:
+                      time_budget: float | None = None,
+                      reference: Reference | None = None) -> CompressionBound:
     """The certificate of the module docstring for ``model`` trained on (x, y): the coded
     network Q (rescaling, pruning, steps) and the event found by ``search`` on the
     training data, then the bound on all of (x, y). The sample may come in batches: x a
@@ -647,7 +673,11 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
     one process (every rank runs the search on the same subsample and certifies rank
     0's Q). ``family`` is the list of architectures fixed in advance (default: this
     model's alone, 0 bits). ``outputs`` picks the output holding the class logits of a
-    model returning several (``pathlift.graph.outputs.select_output``).
+    model returning several (``pathlift.graph.outputs.select_output``). ``reference``
+    (``pathlift.bounds.reference.reference_of``): a network trained on the part S1 of
+    (x, y) alone; Q is coded relative to it and every event counted on the other part S2
+    only (x, y must be the whole sample the split was made on, as two tensors: the rows
+    counted are the complement of those the reference saw, checked by their digest).
 
     The model is measured in eval mode and not modified; the certificate is for the
     function its weights define, computed on a float64 copy (which holds any float16,
@@ -692,10 +722,13 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
             f"layer '{first}' ({type(net.get_submodule(first)).__name__}) is in training "
             "mode, which computes otherwise (batch statistics, randomness); call "
             "model.eval() before certifying: the certificate is for the eval-mode network")
+    if reference is not None:
+        x, y = reference.held_out(x, y)
     data = as_batches(x, y)
     sample = check_sample(data, outputs=graph.d_out)
     family = [architecture_of(net, shape)] if family is None else list(family)
-    problem = _Problem(net, shape, sample.n, family, events, delta, search.transfers)
+    problem = _Problem(net, shape, sample.n, family, events, delta, search.transfers,
+                       reference)
     own = _float64(net)
     train_error = data.count(lambda xb, yb: (_margins(own, xb, yb)[0] <= 0).sum(), 1)[0] \
         / sample.n
@@ -723,7 +756,8 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
         final.quantized_error, path_norm(net, shape).log10, final.quantized_path_norm_log10,
         final.rescaling, final.prune_fraction, final.exponents,
         sum(v.numel() for *_, v in quantized_tensors(graph)), final.coded.num_nonzero,
-        len(family), final.coded, sample, eval_layers, stopped)
+        len(family), final.coded, sample, eval_layers, stopped,
+        0 if reference is None else reference.n1)
 
 
 def _hopeless(search: CompressionSearch, train_error: float, sample: Sample,

@@ -1,6 +1,7 @@
 """Training toward informative bounds (thesis Sec. 7.2.1-7.2.2): differentiable path-norm
 penalties, training under a path-norm budget, Path-SGD on any ReLU DAG and the recipes
-toward the compression certificate (box-robust training, prune-retrain, compact models);
+toward the compression certificate (box-robust training, prune-retrain, compact models,
+a reference network for a data-dependent code);
 the certified top-1 bound of a trained network is ``pathlift.bounds.certified_top1``. The
 accuracy/bound frontier experiment is the job ``pathlift.jobs.frontier``."""
 
@@ -8,7 +9,7 @@ from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gra
 from pathlift.train.budget import PathNormBudget
 from pathlift.train.path_sgd import PathSGD
 from pathlift.train.penalties import PENALTIES, AverageCasePenalty, PathNormPenalty, make_penalty
-from pathlift.train.recipes import RECIPES, compact_model, train_recipe
+from pathlift.train.recipes import RECIPES, compact_model, train_recipe, train_with_reference
 from pathlift.train.robust import box_robust_loss
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
            "magnitude_gradients",
            "make_penalty",
            "train_recipe",
+           "train_with_reference",
 ]

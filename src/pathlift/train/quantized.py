@@ -20,30 +20,40 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-__all__ = ["quantize_towards_zero", "quantized_forward", "snap_"]
+__all__ = ["grid_step", "quantize_towards_zero", "quantized_forward", "snap_"]
 
 
-def quantize_towards_zero(w: Tensor, offset: int) -> Tensor:
-    """w truncated towards zero on the grid of step 2^(floor(log2 max|w|) - offset) (w
-    itself when it is all zeros)."""
+def grid_step(w: Tensor, offset: int) -> float:
+    """2^(floor(log2 max|w|) - offset), the step of w's grid (0 when w is all zeros)."""
     top = float(w.detach().abs().max()) if w.numel() else 0.0
-    if top == 0:
+    return math.ldexp(1.0, math.frexp(top)[1] - 1 - offset) if top else 0.0
+
+
+def quantize_towards_zero(w: Tensor, offset: int, step: float | None = None) -> Tensor:
+    """w truncated towards zero on the grid of step ``step`` (default: ``grid_step(w,
+    offset)``; w itself when the step is 0)."""
+    step = grid_step(w, offset) if step is None else step
+    if step == 0:
         return w
-    step = math.ldexp(1.0, math.frexp(top)[1] - 1 - offset)
     return torch.trunc(w / step) * step
 
 
-def quantized_forward(model: nn.Module, x: Tensor, offset: int) -> Tensor:
+def quantized_forward(model: nn.Module, x: Tensor, offset: int,
+                      steps: dict[str, float] | None = None) -> Tensor:
     """model(x) with every parameter replaced by its quantised value in the forward pass
-    and the identity in the backward pass (straight-through). A pruned layer's
+    and the identity in the backward pass (straight-through); ``steps`` fixes the step of
+    the parameters it names (a reference network's grids). A pruned layer's
     ``weight_orig`` is quantised before its mask applies (truncation keeps zeros)."""
-    params = {name: p + (quantize_towards_zero(p, offset) - p).detach()
+    steps = steps or {}
+    params = {name: p + (quantize_towards_zero(p, offset, steps.get(name)) - p).detach()
               for name, p in model.named_parameters()}
     return functional_call(model, params, (x,))
 
 
 @torch.no_grad()
-def snap_(model: nn.Module, offset: int) -> None:
-    """Set every parameter of ``model`` to its quantised value, in place."""
-    for p in model.parameters():
-        p.copy_(quantize_towards_zero(p, offset))
+def snap_(model: nn.Module, offset: int, steps: dict[str, float] | None = None) -> None:
+    """Set every parameter of ``model`` to its quantised value, in place (on the grids of
+    ``steps`` for the parameters it names)."""
+    steps = steps or {}
+    for name, p in model.named_parameters():
+        p.copy_(quantize_towards_zero(p, offset, steps.get(name)))

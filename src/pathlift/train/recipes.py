@@ -23,6 +23,12 @@ of its tensor over all parameters (the mean code magnitude on each tensor's grid
 2^o): weights pushed to 0 and +-1 step lower the empirical entropy of each tensor's codes,
 which is what the certificate's code pays (``pathlift.bounds.code``, the enumerative
 scheme's n H and the bit-length scheme's symbols).
+
+``train_with_reference`` trains for the certificate with a data-dependent code
+(``pathlift.bounds.reference``): the ``quantized`` recipe on a part S1 of the sample
+(``split_sample``) gives the reference A, then the network, started from A, is fine-tuned
+on the whole sample on A's grids (``tune_from_reference_``) with a pull towards A's cells,
+so that few of its codes differ from A's and its code relative to A is short.
 """
 
 from __future__ import annotations
@@ -35,12 +41,14 @@ import torch.nn.functional as F
 import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
+from pathlift.bounds.reference import Reference, reference_of, split_sample
 from pathlift.errors import InvalidParameterError
 from pathlift.prune.methods import prune_model
-from pathlift.train.quantized import quantized_forward, snap_
+from pathlift.train.quantized import grid_step, quantized_forward, snap_
 from pathlift.train.robust import box_robust_loss
 
-__all__ = ["BOX_ROBUST_PRUNE", "RECIPES", "compact_model", "fit", "train_recipe"]
+__all__ = ["BOX_ROBUST_PRUNE", "RECIPES", "compact_model", "fit", "train_recipe",
+           "train_with_reference", "tune_from_reference_"]
 
 RECIPES = ("prune-retrain", "box-robust", "quantized")
 BOX_ROBUST_PRUNE = 0.6
@@ -94,6 +102,66 @@ def train_recipe(model: nn.Module, x: Tensor, y: Tensor, method: str, strength: 
                 torch_prune.remove(module, name)
     if offset is not None:
         snap_(model, offset)
+
+
+def train_with_reference(model: nn.Module, x: Tensor, y: Tensor, offset: int, epochs: int,
+                         batch_size: int, lr: float, seed: int, *,
+                         prior_fraction: float = 0.5, split_seed: int = 0,
+                         pull: float = 0.0, tune_epochs: int | None = None
+                         ) -> Reference:
+    """Train ``model`` IN PLACE for a certificate relative to a reference (module
+    docstring): the ``quantized`` recipe at ``offset`` on S1 = the first part of
+    ``split_sample(len(x), prior_fraction, split_seed)`` alone gives A, whose
+    ``Reference`` is returned; then ``tune_from_reference_`` on all of (x, y) for
+    ``tune_epochs`` (default epochs // 2) at lr / 3. Pass the returned reference and the
+    same (x, y) to ``compression_bound(..., reference=)``: it counts on S2 only."""
+    prior, _ = split_sample(len(x), prior_fraction, split_seed)
+    train_recipe(model, x[prior], y[prior], "quantized", offset, epochs, batch_size, lr, seed)
+    reference = reference_of(model, tuple(x.shape[1:]), x, y, prior)
+    tune_from_reference_(model, x, y, offset, max(epochs // 2, 1) if tune_epochs is None
+                         else tune_epochs, batch_size, lr / 3, seed + 1, pull)
+    return reference
+
+
+def tune_from_reference_(model: nn.Module, x: Tensor, y: Tensor, offset: int, epochs: int,
+                         batch_size: int, lr: float, seed: int, pull: float = 0.0) -> None:
+    """Fine-tune ``model`` (the reference A, on its ``offset`` grids) IN PLACE on (x, y),
+    quantisation-aware on A's grids (each parameter's step fixed at A's,
+    ``pathlift.train.quantized``), A's zeros held at 0, the weights started at the centre
+    of A's cells (A + sign(A) step / 2: truncation gives A back, a small step does not
+    change a code) and ``pull`` times the mean of |w - centre| / step (the mean distance
+    to A's cell, in steps) added to the loss; Adam, cosine-annealed; then set on A's
+    grids. With ``pull`` large or ``epochs`` 0 the network stays A."""
+    if not (math.isfinite(pull) and pull >= 0):
+        raise InvalidParameterError(f"pull must be a finite number >= 0, got {pull}")
+    params = dict(model.named_parameters())
+    steps = {name: grid_step(p, offset) for name, p in params.items()}
+    with torch.no_grad():
+        kept = {name: p != 0 for name, p in params.items()}
+        for name, p in params.items():
+            p.add_(torch.sign(p) * steps[name] / 2)
+        centres = {name: p.detach().clone() for name, p in params.items()}
+
+    def loss(xb: Tensor, yb: Tensor) -> Tensor:
+        out = F.cross_entropy(quantized_forward(model, xb, offset, steps), yb)
+        if not pull:
+            return out
+        total = sum(p.numel() for p in params.values())
+        return out + pull * sum(((p - centres[n]).abs() / max(steps[n], 1e-300)).sum()
+                                for n, p in params.items()) / total
+
+    def held() -> None:
+        anneal()
+        with torch.no_grad():
+            for name, p in params.items():
+                p.mul_(kept[name])
+
+    opt = torch.optim.Adam(params.values(), lr=lr)
+    anneal = torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, max(epochs * math.ceil(len(x) / batch_size), 1)).step
+    fit(model, x, y, opt, loss, epochs, batch_size, torch.Generator().manual_seed(seed),
+        after_step=held, what="tune from reference: ")
+    snap_(model, offset, steps)
 
 
 def _adam(model: nn.Module, x: Tensor, y: Tensor, shape: tuple[int, ...], epochs: int,
