@@ -118,3 +118,7 @@ def test_recipes_on_compact_models(tmp_path):
     zeros = int((model[1].weight == 0).sum() + (model[3].weight == 0).sum())
     assert zeros == round(0.6 * (640 + 100))  # global pruning of 60% of the weights
     assert compact_model("cnn-small", (1, 40))(torch.rand(2, 1, 40)).shape == (2, 10)
+    wide = compact_model("cnn-wide", (1, 40))
+    assert wide(torch.rand(2, 1, 40)).shape == (2, 10)
+    assert sum(p.numel() for p in wide.parameters()) == 16 * 6 + 32 * (16 * 5 + 1) + (32 * 10 + 1) * 10
+    assert compact_model("cnn-wide", (1, 28, 28))(torch.rand(2, 1, 28, 28)).shape == (2, 10)

@@ -56,20 +56,24 @@ BOX_ROBUST_PRUNE = 0.6
 
 def compact_model(kind: str, shape: Sequence[int], num_classes: int = 10) -> nn.Module:
     """The small architectures of the certificate experiments: ``"mlp-small"`` (one hidden
-    layer of 10 ReLU units) and ``"cnn-small"`` (conv5-ReLU-maxpool2 with 8 then 16
+    layer of 10 ReLU units), ``"cnn-small"`` (conv5-ReLU-maxpool2 with 8 then 16
     channels, then a Linear classifier; 1-d or 2-d by the input shape, 3x3 kernels in
-    2-d)."""
+    2-d) and ``"cnn-wide"`` (the same with 16 then 32 channels: more weights, which a
+    code relative to a reference, ``pathlift.bounds.reference``, pays only where they
+    move)."""
     shape = tuple(shape)
     if kind == "mlp-small":
         return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), 10), nn.ReLU(),
                              nn.Linear(10, num_classes))
-    if kind == "cnn-small" and len(shape) in (2, 3):
+    widths = {"cnn-small": (8, 16), "cnn-wide": (16, 32)}.get(kind)
+    if widths is not None and len(shape) in (2, 3):
         conv, pool = (nn.Conv1d, nn.MaxPool1d) if len(shape) == 2 else (nn.Conv2d, nn.MaxPool2d)
         k = 5 if len(shape) == 2 else 3
         spatial = math.prod(s // 4 for s in shape[1:])
-        return nn.Sequential(conv(shape[0], 8, k, padding=k // 2), nn.ReLU(), pool(2),
-                             conv(8, 16, k, padding=k // 2), nn.ReLU(), pool(2),
-                             nn.Flatten(), nn.Linear(16 * spatial, num_classes))
+        a, b = widths
+        return nn.Sequential(conv(shape[0], a, k, padding=k // 2), nn.ReLU(), pool(2),
+                             conv(a, b, k, padding=k // 2), nn.ReLU(), pool(2),
+                             nn.Flatten(), nn.Linear(b * spatial, num_classes))
     raise InvalidParameterError(f"unknown compact model {kind!r} for input shape {shape}")
 
 
