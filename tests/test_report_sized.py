@@ -58,6 +58,7 @@ def test_report_over_a_limit_is_refused_in_one_line_before_any_training(args, en
     assert all(path.read_bytes() == data for path, data in user.items())
 
 
+@pytest.mark.serial  # two wall-clock times compared: alone, not beside the parallel run
 def test_report_states_its_estimate_first_and_it_bounds_the_time_taken():
     """The estimate line is the first line out, and it is a lower bound: the report's
     measuring (``Report.seconds``, timed by the report itself) takes at least as long."""
