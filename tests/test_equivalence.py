@@ -158,3 +158,22 @@ def test_random_networks_permuted_and_rescaled_are_equivalent(seed):
                            factors=(0.37, 3.1, 250.0), seed=seed, input_shape=shape)
     result = equivalent(model, other, shape)
     assert result.equivalent, result
+
+
+@pytest.mark.parametrize("counts", [(2, 2, 2, 2), (1, 3, 2, 2)])
+def test_outgoing_rows_are_each_neurons_weights_sorted(counts):
+    """``_outgoing``'s rows (one sort for all when every neuron is read alike, one per
+    neuron else) against each neuron's weights gathered and sorted by hand, a neuron that
+    is not read padded with zeros."""
+    from pathlift.symmetry.equivalence import _outgoing
+
+    torch.manual_seed(0)
+    inputs = torch.tensor([i for i, c in enumerate(counts) for _ in range(c)])[
+        torch.randperm(sum(counts))]
+    weight = torch.randn(len(inputs), 3, dtype=torch.float64)
+    neurons = torch.tensor([2, 0, 7, 1, 3])  # 7 is read by no weight
+    got = _outgoing(weight, inputs, neurons)
+    width = 3 * max(counts)
+    for row, n in zip(got, neurons.tolist(), strict=True):
+        mine = weight[inputs == n].reshape(-1).sort(descending=True).values
+        assert torch.equal(row, torch.cat([mine, mine.new_zeros(width - len(mine))]))
