@@ -193,16 +193,22 @@ def test_reference_itself_gets_nearly_a_test_set_bound():
     assert cert.value < 2 * cert.occam.empirical + 0.1
 
 
-def test_events_are_counted_on_the_held_out_part_only():
-    """A fixed network, labels equal to its own predictions on S1 and shifted by one on
-    S2: the certificate's empirical term is S2's error (1), never S's (1/2); passing a
-    sample whose S1 rows differ from those the reference saw, the rows permuted, a part
-    alone or batches is refused."""
+def _on_its_grid() -> nn.Module:
+    """A 6-input, 3-class ``mlp-small`` whose weights lie on its grid at offset 2."""
     torch.manual_seed(1)
     net = compact_model("mlp-small", (6,), 3)
     with torch.no_grad():
         for p in net.parameters():
             p.copy_(quantize_towards_zero(p, 2))
+    return net
+
+
+def test_events_are_counted_on_the_held_out_part_only():
+    """A fixed network, labels equal to its own predictions on S1 and shifted by one on
+    S2: the certificate's empirical term is S2's error (1), never S's (1/2); passing a
+    sample whose S1 rows differ from those the reference saw, the rows permuted, a part
+    alone or batches is refused."""
+    net = _on_its_grid()
     x = torch.randn(400, 6, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         predicted = net(x).argmax(1)
@@ -316,3 +322,25 @@ def test_user_network_with_dict_outputs_against_a_moved_reference():
     hit = margin <= cert.tau * input_scale(x[s2]) + 1e-9 * (1 + out.abs().amax(1))
     assert cert.occam.empirical == float(hit.double().mean())
     assert cert.length.total < 100
+
+
+def test_a_sample_passed_twice_reports_the_rows_the_reference_saw():
+    """A sample passed twice puts most rows in both parts: the statement reports every
+    row of S2 equal to a row of S1 or to an earlier row of S2, counted here by hand (the
+    S2 rows A saw are no fresh draws); a sample without repeats reports none."""
+    net = _on_its_grid()
+    once = torch.randn(200, 6, generator=torch.Generator().manual_seed(2))
+    labels = torch.randint(3, (200,), generator=torch.Generator().manual_seed(3))
+    for x, y, twice in ((once, labels, False),
+                        (torch.cat([once, once]), torch.cat([labels, labels]), True)):
+        s1, s2 = split_sample(len(x), 0.5, seed=0)
+        cert = compression_bound(net, (6,), x, y, search=ONE,
+                                 reference=reference_of(net, (6,), x, y, s1))
+        seen = {(x[i].numpy().tobytes(), int(y[i])) for i in s1.tolist()}
+        expected = 0
+        for i in s2.tolist():
+            row = (x[i].numpy().tobytes(), int(y[i]))
+            expected += row in seen
+            seen.add(row)
+        assert cert.sample.duplicates == expected and (expected > 50) == twice
+        assert ("duplicate(s) of earlier points" in cert.statement()) == twice

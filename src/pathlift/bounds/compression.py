@@ -691,7 +691,8 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
     (BatchNorm, Dropout) is in training mode: call ``model.eval()`` first, and the
     statement says the network is certified in eval mode. UnsupportedModelError for a
     model outside the supported ops. The sample must be i.i.d.: exact duplicates are
-    counted (``sample.duplicates``) and said in the statement.
+    counted (``sample.duplicates``; with a reference, S2's rows equal to a row of S1 too,
+    ``Reference.repeats``) and said in the statement.
 
     The search (``_Search``) scores candidates with the estimated code length
     (``estimated_length``) and skips those that cannot beat the best so far nor chance
@@ -722,10 +723,13 @@ def compression_bound(model: nn.Module, input_shape: Sequence[int], x: Tensor | 
             f"layer '{first}' ({type(net.get_submodule(first)).__name__}) is in training "
             "mode, which computes otherwise (batch statistics, randomness); call "
             "model.eval() before certifying: the certificate is for the eval-mode network")
+    whole = (x, y)
     if reference is not None:
         x, y = reference.held_out(x, y)
     data = as_batches(x, y)
     sample = check_sample(data, outputs=graph.d_out)
+    if reference is not None:  # S2's repeats of S1's rows too: A saw those
+        sample = replace(sample, duplicates=reference.repeats(*whole))
     family = [architecture_of(net, shape)] if family is None else list(family)
     problem = _Problem(net, shape, sample.n, family, events, delta, search.transfers,
                        reference)

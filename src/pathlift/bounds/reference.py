@@ -43,6 +43,8 @@ import torch
 from torch import Tensor, nn
 
 from pathlift.bounds.code import CodedNetwork, quantized_tensors
+from pathlift.bounds.duplicates import duplicates, row_hashes
+from pathlift.bounds.sample import as_batches
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.graph import graph_of, unwrap, writable_copy
 from pathlift.graph.outputs import OutputKey, select_output
@@ -110,9 +112,25 @@ class Reference:
             raise InvalidParameterError(
                 "the rows at the reference's S1 indices are not those it was trained on: "
                 "pass the sample the split was made on, in its order")
+        return x[self._bound_rows()], y[self._bound_rows()]
+
+    def repeats(self, x: Tensor, y: Tensor) -> int:
+        """The rows of S2 (of the whole sample (x, y)) equal to a row of S1 or to an earlier
+        row of S2: the duplicates the certificate reports. A row of S2 that A saw in S1 is
+        no fresh draw for A (a sample passed twice puts most rows in both parts), which an
+        i.i.d. sample of a continuous distribution never holds."""
+        s1, s2 = self.prior, self._bound_rows().nonzero().reshape(-1)
+
+        def repeated(rows: Tensor) -> int:
+            return duplicates(as_batches(x[rows], y[rows]), row_hashes(x[rows], y[rows]))
+
+        return repeated(torch.cat([s1, s2])) - repeated(s1)
+
+    def _bound_rows(self) -> Tensor:
+        """The mask of S2's rows in the whole sample."""
         keep = torch.ones(self.n, dtype=torch.bool)
         keep[self.prior] = False
-        return x[keep], y[keep]
+        return keep
 
     def codes(self, exponents: Sequence[int]) -> list[Tensor]:
         """A_int = trunc(A / 2^e) per tensor (int64), exactly (division by a power of two)."""
