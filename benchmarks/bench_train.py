@@ -18,18 +18,20 @@ a new order; each figure is the median over the rounds of that round's ratio:
   (for ResNet-18 inside ``eval_mode``);
 - ``step``: an unregularised SGD step at batch 64 (forward, backward, update);
 - ``reg_step``: the same step with loss + 0.1 ln ||Phi||_1;
+- ``reg_backward``: the same regularised step as ``loss.backward()`` then
+  ``path_norm_backward(model, shape, 0.1)`` (the penalty's gradient added to ``.grad``:
+  one compiled call on an MLP, autograd's route on the others);
 - ``path_sgd_step``: the same step with PathSGD instead of SGD.
-Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step and reg_step / step, with
-the machine. The penalty and Path-SGD's gamma are replayed from their recorded passes
-(``pathlift.lift.replay``) after the first call, written out as straight-line code
-(``pathlift.lift.program``), gamma's gradient by the pass's transpose without autograd
-(``pathlift.lift.transpose``), and an MLP's pass by one compiled call
-(``pathlift.lift.chain``: in a step, ln ||Phi|| and its gradient by that one call in the
-forward, the backward scaling them by the upstream gradient); run the script with an
-older checkout's
-``src`` on PYTHONPATH, alternating with this one, for the walked ones. ``--out`` keeps the
-rows of the file's other labels (one row per label and model), each naming the machine
-(vector width, cores).
+Prints penalty / fb1, path_sgd_extra / fb1, path_sgd_step / step, reg_step / step and
+reg_backward / step, with the machine. The penalty and Path-SGD's gamma are replayed
+from their recorded passes (``pathlift.lift.replay``) after the first call, written out
+as straight-line code (``pathlift.lift.program``), gamma's gradient by the pass's
+transpose without autograd (``pathlift.lift.transpose``), and an MLP's pass by one
+compiled call (``pathlift.lift.chain``: in a step, ln ||Phi|| and its gradient by that
+one call in the forward, the backward scaling them by the upstream gradient); run the
+script with an older checkout's ``src`` on PYTHONPATH, alternating with this one, for the
+walked ones. ``--out`` keeps the rows of the file's other labels (one row per label and
+model), each naming the machine (vector width, cores).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from torch import nn
 
 from pathlift.graph import eval_mode
 from pathlift.kron.cache import machine_description
-from pathlift.lift.differentiable import differentiable_path_norm
+from pathlift.lift.differentiable import differentiable_path_norm, path_norm_backward
 from pathlift.models import mlp, resnet18, small_cnn
 from pathlift.train import PathSGD
 from timing import round_robin
@@ -109,6 +111,13 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
         (ce(model(x), y) + 0.1 * ln_norm()).backward()
         sgd.step()
 
+    def reg_backward() -> None:
+        sgd.zero_grad()
+        ce(model(x), y).backward()
+        with as_eval():
+            path_norm_backward(model, shape, 0.1)
+        sgd.step()
+
     def path_sgd_step() -> None:
         path_sgd.zero_grad()
         ce(model(x), y).backward()
@@ -118,7 +127,8 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
     penalty()  # trace and record once
     path_sgd_update()
     times = round_robin({"fb1": fb1, "penalty": penalty, "path_sgd_extra": path_sgd_extra,
-                         "step": step, "reg_step": reg_step, "path_sgd_step": path_sgd_step},
+                         "step": step, "reg_step": reg_step, "reg_backward": reg_backward,
+                         "path_sgd_step": path_sgd_step},
                         repeats, min_sample=0, clock=time.thread_time)
 
     def ratio(a: str, b: str) -> float:
@@ -127,7 +137,8 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...],
     ratios = {"penalty/fb1": ratio("penalty", "fb1"),
               "path_sgd_extra/fb1": ratio("path_sgd_extra", "fb1"),
               "path_sgd_step/step": ratio("path_sgd_step", "step"),
-              "reg_step/step": ratio("reg_step", "step")}
+              "reg_step/step": ratio("reg_step", "step"),
+              "reg_backward/step": ratio("reg_backward", "step")}
     medians = {k: statistics.median(v) for k, v in times.items()}
     print(f"{name}: " + ", ".join(f"{k} = {v:.2f}" for k, v in ratios.items())
           + f" (fb1 {1e3 * medians['fb1']:.2f} ms, step {1e3 * medians['step']:.2f} ms)")

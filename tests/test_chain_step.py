@@ -17,14 +17,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import prune
 
-from chain_checks import Subclassed, assert_gamma_walked, plans
+from chain_checks import CHANGES, Subclassed, assert_gamma_walked, plans
 from pathlift.graph import graph_of
 from pathlift.lift.chain import Chain
 from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
 from pathlift.models import mlp
-from pathlift.symmetry import random_rescale
 from pathlift.train import PathSGD
 
 NETS = {"digits 64-128-64-10": (lambda: mlp(64, (128, 64), 10), (1, 8, 8)),
@@ -91,40 +89,6 @@ def test_float32_steps_equal_the_walked_penalty_to_float32_rounding() -> None:
         assert all(type(p) is Chain for p in plans(model))
         _assert_close(fast, walked, 1e-5)
         sgd.step()
-
-
-def _replace(model: nn.Module) -> None:
-    model[1].weight = nn.Parameter(torch.randn_like(model[1].weight))
-
-
-def _prune(model: nn.Module) -> None:
-    prune.l1_unstructured(model[1], "weight", amount=0.5)
-
-
-def _rescale(model: nn.Module) -> None:
-    rescaled = random_rescale(model, factors=(0.25, 1.0, 8.0), seed=2)
-    with torch.no_grad():
-        for p, new in zip(model.parameters(), rescaled.parameters(), strict=True):
-            p.copy_(new)
-
-
-def _new_storage(model: nn.Module) -> None:
-    w = model[3].weight
-    w.data = 1.5 * w.data  # the same Parameter object, new values in a new storage
-
-
-def _non_contiguous(model: nn.Module) -> None:
-    w = model[3].weight
-    w.data = (2.0 * w.data).t().contiguous().t()
-
-
-def _flip(model: nn.Module) -> None:
-    model.train(not model.training)
-
-
-CHANGES = {"replaced": _replace, "pruned": _prune, "rescaled in place": _rescale,
-           ".data new storage": _new_storage, ".data non-contiguous": _non_contiguous,
-           "train/eval flip": _flip}
 
 
 @pytest.mark.parametrize("change", list(CHANGES))

@@ -171,9 +171,8 @@ class PathNormRegularizer(Callback):
                                         "under DDP use a data-free penalty (l1, l2, l4, log-l1)")
         net = self._net(pl_module)
         with eval_mode(net):  # BatchNorm as its affine map, Dropout as the identity
-            value = self.penalty(net, self._inputs)
-        (self.strength * value).backward()
-        pl_module.log(self.prefix + "penalty", value.detach(), rank_zero_only=True)
+            value = self.penalty.backward(net, self.strength, self._inputs)
+        pl_module.log(self.prefix + "penalty", value, rank_zero_only=True)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:

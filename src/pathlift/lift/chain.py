@@ -67,7 +67,7 @@ def _library(dtype: torch.dtype) -> _Kernel | None:
         return None
     ptr, long_, double = ctypes.c_void_p, ctypes.c_long, ctypes.c_double
     fn, scale = lib.path_chain, lib.path_chain_scale
-    fn.argtypes = [long_, ptr, ptr, double, ctypes.c_int, double, ptr, ptr]
+    fn.argtypes = [long_, ptr, ptr, double, ctypes.c_int, double, double, ptr, ptr]
     fn.restype = ctypes.c_int
     scale.argtypes = [long_, ptr, ptr, double]
     scale.restype = None
@@ -140,12 +140,12 @@ class Chain:
         return found
 
     def _run(self, params: ctypes.Array, mode: int = 0, c: float = 1.0,
-             into: ctypes.Array | None = None) -> float:
+             into: ctypes.Array | None = None, a: float = 0.0) -> float:
         """ln T by the kernel on the parameters at ``params`` (``_addresses``); ``mode`` 1:
-        c d ln T / d p, 2: c d T / d|p|^q for each parameter p, written into the tensors
-        at ``into``."""
+        c T^a d ln T / d p, 2: c d T / d|p|^q for each parameter p, written into the
+        tensors at ``into``; 3: as 1, added to them where ln T is finite (``path_chain.c``)."""
         out = ctypes.c_double()  # one per call: the call runs without the GIL
-        if self.kernel.chain(self.layers, self.widths, params, self.q, mode, c, into,
+        if self.kernel.chain(self.layers, self.widths, params, self.q, mode, c, a, into,
                              ctypes.byref(out)):
             raise MemoryError("pathlift.lift.chain: no memory for the pass's vectors")
         return out.value
@@ -171,6 +171,39 @@ class Chain:
             return _penalty(self, params)
         a, b = self.affine
         return torch.scalar_tensor(a * self._run(self._array) + b, dtype=self.dtype)
+
+    def add_gradient(self, weight: float, exponentiate: bool) -> float | None:
+        """The penalty y = a ln T + b (``exponentiate``: e^y) on the current parameters,
+        weight times its gradient added to each parameter's ``.grad`` (a zero one where it
+        is None; frozen parameters untouched) by one kernel call, without autograd. None,
+        and nothing written, where autograd must do it: a parameter no longer contiguous
+        or holding a tensor hook, a ``.grad`` that is not a plain dense tensor of the
+        parameter's dtype, or a y that is not finite (the caller's refusal)."""
+        params = self._parameters()
+        if params is None:
+            return None
+        trained = [p for p in params if p.requires_grad]
+        for p in trained:
+            g = p.grad
+            if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) or (
+                    g is not None and (g.layout != torch.strided or g.requires_grad
+                                       or g.dtype != p.dtype or not g.is_contiguous())):
+                return None
+        made = [p for p in trained if p.grad is None]
+        for p in made:
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        into = self._pointers()  # NULL: a frozen parameter, not written
+        for i, p in zip(self.present, params, strict=True):
+            if p.requires_grad:
+                into[i] = p.grad.data_ptr()
+        a, b = self.affine
+        c = weight * a * (math.exp(b) if exponentiate else 1.0)
+        y = a * self._run(self._array, 3, c, into, a if exponentiate else 0.0) + b
+        if not math.isfinite(y):  # nothing was added (path_chain.c)
+            for p in made:
+                p.grad = None
+            return None
+        return _exp(y) if exponentiate else y
 
     def gradients(self) -> tuple[Any, list[Tensor | None]] | None:
         """Gamma's pass: the tape's result (..., T, [|p|^q leaves]) and d T / d leaf, or

@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from pathlift.errors import PrecisionError, Problem, UnsupportedModelError
+from pathlift.errors import InvalidParameterError, PrecisionError, Problem, UnsupportedModelError
 from pathlift.exponents import check_q, check_r
 from pathlift.graph import AbsPowInterpreter, LayerGraph, graph_of
 from pathlift.graph.abs_pow import AbsPowLayer, output_logs, output_sum
@@ -40,10 +40,10 @@ from pathlift.graph.boundary import is_fsdp1
 from pathlift.graph.ops import Call
 from pathlift.graph.sharded import ShardedWalker, is_sharded_graph
 from pathlift.lift.path_norm import COUNTING_Q, check_finite, log_outputs, log_r_norm
-from pathlift.lift.replay import replayed, replayed_gradients
+from pathlift.lift.replay import recorded_chain, replayed, replayed_gradients
 
 __all__ = ["LivePass", "MagnitudeGradients", "ShardedLivePass", "differentiable_path_norm",
-           "magnitude_gradients"]
+           "magnitude_gradients", "path_norm_backward"]
 
 
 @runtime_checkable
@@ -207,6 +207,51 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     if not math.isfinite(value):
         _refuse_non_finite(_graph(model, input_shape), value, q, dtype)
     return ln if torch.is_grad_enabled() else ln.detach()
+
+
+def path_norm_backward(model: nn.Module, input_shape: Sequence[int], weight: float = 1.0,
+                       q: float = 1.0, r: float | None = None, dtype: torch.dtype | None = None,
+                       log: bool = True) -> float:
+    """``(weight * penalty).backward()`` for the penalty ln ||Phi(theta)||_{q,r} (``log=False``:
+    ||Phi(theta)||_{q,r}) of ``differentiable_path_norm``, at the cost of arithmetic: the
+    regularised training step as ``loss.backward()``, then this, then ``opt.step()``
+    (weight decay's way: the penalty's gradient added to ``.grad``, thesis Thm 3.1.1).
+
+    On a chain of dense layers (an MLP whose recorded pass ``pathlift.lift.chain`` runs)
+    one compiled call computes the value and adds weight times its gradient to each
+    parameter's ``.grad`` without building an autograd graph (parameter hooks are not
+    called: a parameter that has one takes autograd's route); any other network takes
+    autograd's route on the recorded pass. Both give autograd's numbers: the same
+    ``.grad`` (``None`` becomes the gradient, frozen parameters untouched), whatever the
+    grad mode.
+
+    Args and errors as ``differentiable_path_norm``; ``weight``: the penalty's factor in
+    the loss (any finite number).
+
+    Returns:
+        the penalty's value (ln ||Phi||_{q,r}, or ||Phi||_{q,r}, inf where it leaves float64).
+
+    Example::
+
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        path_norm_backward(model, (1, 8, 8), 1e-3)  # + 1e-3 ln ||Phi||_1 in the loss
+        opt.step()
+    """
+    check_q(q, minimum=1.0, what=" for a differentiable path-norm")
+    r = q if r is None else check_r(r)
+    if not math.isfinite(weight):
+        raise InvalidParameterError(f"the penalty's weight must be finite, got {weight}")
+    chain = recorded_chain(model, input_shape, ("norm", q, r, dtype))
+    value = None if chain is None else chain.add_gradient(weight, not log)
+    if value is not None:
+        return value
+    with torch.enable_grad():
+        ln = differentiable_path_norm(model, input_shape, q, r, dtype)
+        penalty = ln if log else ln.exp()
+        if penalty.requires_grad:
+            (weight * penalty).backward()
+    return float(penalty.detach())
 
 
 def _refuse_non_finite(graph: LayerGraph, ln: float, q: float, dtype: torch.dtype | None

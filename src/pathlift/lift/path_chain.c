@@ -7,10 +7,12 @@
  * mantissa 1), so neither T nor its gradient overflows between layers. The gradient of
  * c ln T runs the chain backwards: g_L = d ln T / d v_L = 1/T, g_{k-1} = |W_k|^q^T g_k
  * (scaled the same way), d ln T / d|W_k|^q = g_k v_{k-1}^T and d ln T / d|b_k|^q = g_k.
- * mode 0: the pass alone; mode 1: c d ln T / d W (d ln T / d|W|^q times q |W|^{q-1} sign W)
- * into G; mode 2: c d T / d|W|^q (the magnitudes' gradient, g_L = 1), into G. G holds the
- * same layout as P (G[2k] and G[2k+1] for W_k and b_k). Returns 0, or 1 when no memory is
- * left. path_chain_scale multiplies such a G by c in place (the upstream gradient).
+ * mode 0: the pass alone; mode 1: c T^a d ln T / d W (d ln T / d|W|^q times
+ * q |W|^{q-1} sign W) into G; mode 2: c d T / d|W|^q (the magnitudes' gradient, g_L = 1),
+ * into G; mode 3: as mode 1, added to G (a training step's .grad), and only where ln T is
+ * finite. G holds the same layout as P (G[2k] and G[2k+1] for W_k and b_k; NULL: not
+ * written). Returns 0, or 1 when no memory is left. path_chain_scale multiplies such a G
+ * by c in place (the upstream gradient).
  * Compiled with -Dreal=float or -Dreal=double (the parameters' type).
  */
 #include <math.h>
@@ -71,12 +73,12 @@ static void forward(long L, const long* n, real* const* P, double q, double* v, 
 }
 
 static void backward(long L, const long* n, real* const* P, double q, int mode, double c,
-                     const double* v, const double* s, double ln, double* g, double* next,
-                     real* const* G) {
+                     double a, const double* v, const double* s, double ln, double* g,
+                     double* next, real* const* G) {
   long at = 0;
   for (long k = 0; k < L; k++) at += n[k];
   for (long i = 0; i < n[L]; i++) g[i] = 1.0;
-  double scale = mode == 2 ? 0.0 : -ln; /* g = e^scale * mantissa */
+  double scale = mode == 2 ? 0.0 : (a - 1.0) * ln; /* g = e^scale * mantissa */
   for (long k = L - 1; k >= 0; k--) {
     long in = n[k], o = n[k + 1];
     at -= in;
@@ -89,17 +91,24 @@ static void backward(long L, const long* n, real* const* P, double q, int mode, 
     for (long j = 0; j < in; j++) next[j] = 0.0;
     for (long i = 0; i < o; i++) {
       const real* row = w + i * in;
-      real* grow = gw + i * in;
-      double gi = g[i], a = gi * fw;
-      if (mode == 1)
-        for (long j = 0; j < in; j++) grow[j] = (real)(a * vp[j] * slope(row[j], q));
+      real* grow = gw ? gw + i * in : 0;
+      double gi = g[i], f = gi * fw;
+      if (!gw)
+        ;
+      else if (mode == 1)
+        for (long j = 0; j < in; j++) grow[j] = (real)(f * vp[j] * slope(row[j], q));
+      else if (mode == 3)
+        for (long j = 0; j < in; j++) grow[j] += (real)(f * vp[j] * slope(row[j], q));
       else
-        for (long j = 0; j < in; j++) grow[j] = (real)(a * vp[j]);
+        for (long j = 0; j < in; j++) grow[j] = (real)(f * vp[j]);
       if (q == 1.0)
         for (long j = 0; j < in; j++) next[j] += fabs((double)row[j]) * gi;
       else
         for (long j = 0; j < in; j++) next[j] += power(row[j], q) * gi;
-      if (b) gb[i] = (real)(gi * fb * (mode == 1 ? slope(b[i], q) : 1.0));
+      if (b && gb) {
+        real d = (real)(gi * fb * (mode == 2 ? 1.0 : slope(b[i], q)));
+        gb[i] = mode == 3 ? gb[i] + d : d;
+      }
     }
     double top = 0.0;
     for (long j = 0; j < in; j++)
@@ -110,7 +119,7 @@ static void backward(long L, const long* n, real* const* P, double q, int mode, 
 }
 
 int path_chain(long L, const long* n, real* const* P, double q, int mode, double c,
-               real* const* G, double* out) {
+               double a, real* const* G, double* out) {
   long total = 0, widest = 0;
   for (long k = 0; k <= L; k++) {
     total += n[k];
@@ -123,8 +132,9 @@ int path_chain(long L, const long* n, real* const* P, double q, int mode, double
   double sum = 0.0;
   for (long i = 0; i < n[L]; i++) sum += v[total - n[L] + i];
   out[0] = s[L] + log0(sum);
-  if (mode) backward(L, n, P, q, mode, isfinite(out[0]) ? c : NAN, v, s, out[0], g,
-                     g + widest, G);
+  if (mode && (mode != 3 || isfinite(out[0])))
+    backward(L, n, P, q, mode, isfinite(out[0]) ? c : NAN, a, v, s, out[0], g, g + widest,
+             G);
   free(work);
   return 0;
 }

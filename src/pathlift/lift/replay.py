@@ -27,7 +27,7 @@ from pathlift.lift.chain import Chain
 from pathlift.lift.tape import Tape
 from pathlift.lift.transpose import Transposed
 
-__all__ = ["Watch", "replayed", "replayed_gradients"]
+__all__ = ["Watch", "recorded_chain", "replayed", "replayed_gradients"]
 
 T = TypeVar("T")
 
@@ -136,6 +136,19 @@ def replayed(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None, w
     chain = Chain.of(tape, out) if tape is not None else None
     plans[where] = (watch, tape, chain or (_transposed(tape, out) if gradient and tape else None))
     return out
+
+
+def recorded_chain(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None,
+                   what: tuple) -> Chain | None:
+    """The compiled chain (``pathlift.lift.chain``) of the pass ``replayed`` recorded for
+    ``model``, ``input_shape`` and ``what`` while the model's ``Watch`` holds, else None
+    (not recorded yet, no chain, or the model changed: ``replayed`` records again)."""
+    if isinstance(model, LayerGraph) or input_shape is None:
+        return None
+    known = _PLANS.get(unwrap(model), _NONE).get((*what, tuple(input_shape)))
+    if known is not None and type(known[2]) is Chain and known[0].unchanged():
+        return known[2]
+    return None
 
 
 def _transposed(tape: Tape, out: tuple) -> Transposed | None:

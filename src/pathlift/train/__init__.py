@@ -5,7 +5,11 @@ a reference network for a data-dependent code);
 the certified top-1 bound of a trained network is ``pathlift.bounds.certified_top1``. The
 accuracy/bound frontier experiment is the job ``pathlift.jobs.frontier``."""
 
-from pathlift.lift.differentiable import differentiable_path_norm, magnitude_gradients
+from pathlift.lift.differentiable import (
+    differentiable_path_norm,
+    magnitude_gradients,
+    path_norm_backward,
+)
 from pathlift.train.budget import PathNormBudget
 from pathlift.train.path_sgd import PathSGD
 from pathlift.train.penalties import PENALTIES, AverageCasePenalty, PathNormPenalty, make_penalty
@@ -24,6 +28,7 @@ __all__ = [
            "differentiable_path_norm",
            "magnitude_gradients",
            "make_penalty",
+           "path_norm_backward",
            "train_recipe",
            "train_with_reference",
 ]

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from pathlift.errors import InvalidParameterError
 from pathlift.graph import eval_mode, unwrap
 from pathlift.graph.boundary import flat_outputs
-from pathlift.lift.differentiable import differentiable_path_norm
+from pathlift.lift.differentiable import differentiable_path_norm, path_norm_backward
 
 __all__ = ["PENALTIES", "AverageCasePenalty", "PathNormPenalty", "make_penalty"]
 
@@ -33,6 +33,11 @@ class PathNormPenalty:
 
         penalty = PathNormPenalty((1, 8, 8), q=1.0, log=True)
         loss = F.cross_entropy(model(x), y) + 1e-2 * penalty(model)
+
+    or, the same step without the penalty's autograd graph (``backward``)::
+
+        F.cross_entropy(model(x), y).backward()
+        penalty.backward(model, 1e-2)
     """
 
     input_shape: tuple[int, ...]
@@ -43,6 +48,14 @@ class PathNormPenalty:
     def __call__(self, model: nn.Module, x: Tensor | None = None) -> Tensor:
         ln_norm = differentiable_path_norm(model, self.input_shape, self.q, None, self.dtype)
         return ln_norm if self.log else ln_norm.exp()
+
+    def backward(self, model: nn.Module, weight: float = 1.0, x: Tensor | None = None
+                 ) -> float:
+        """``(weight * penalty(model)).backward()``, called after the loss's ``backward``,
+        at the cost of arithmetic on an MLP (``pathlift.lift.path_norm_backward``); returns
+        the penalty's value."""
+        return path_norm_backward(model, self.input_shape, weight, self.q, None, self.dtype,
+                                  self.log)
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,13 @@ class AverageCasePenalty:
                 offset = out[:, v] - (slopes * flat).sum(1)
                 total = total + slopes.abs().sum(1) + offset.abs()
         return total.mean()
+
+    def backward(self, model: nn.Module, weight: float = 1.0, x: Tensor | None = None
+                 ) -> float:
+        """``(weight * penalty(model, x)).backward()``; returns the penalty's value."""
+        value = self(model, x)
+        (weight * value).backward()
+        return float(value.detach())
 
 
 PENALTIES = ("l1", "l2", "l4", "log-l1", "average-case")
