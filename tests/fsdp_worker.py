@@ -7,6 +7,7 @@ threads can abort a normal interpreter exit)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import sys
@@ -258,26 +259,33 @@ def _local_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, penalty: Callable[..., Any],
-          strength: float) -> tuple[float, float]:
-    """One SGD step on cross-entropy + strength * penalty(model)."""
+          strength: float, route: str = "loss") -> float:
+    """One SGD step on cross-entropy + strength * penalty(model): the penalty in the loss
+    (``route`` "loss"), or added to .grad after the loss's backward ("backward",
+    ``PathNormPenalty.backward``); the penalty's value."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt.zero_grad()
     out = model(x)
-    value = penalty(model)
-    loss = nn.functional.cross_entropy(out.flatten(1), y) + strength * value
-    loss.backward()
+    if route == "backward":
+        nn.functional.cross_entropy(out.flatten(1), y).backward()
+        value = penalty.backward(model, strength)
+    else:
+        value = penalty(model)
+        (nn.functional.cross_entropy(out.flatten(1), y) + strength * value).backward()
+        value = value.item()
     opt.step()
-    return loss.item(), value.item()
+    return value
 
 
 @scenario
 def penalty_step(rank: int, world: int, names: tuple[str, ...], penalty: str = "log-l1"
                  ) -> dict[str, Any]:
-    """One training step on cross-entropy + 0.1 * penalty: the plain model on the whole
-    batch (every rank alone) against the FSDP2 model, each rank on its slice of the batch
-    (FSDP2 averages the cross-entropy gradients; the penalty's is exact on each shard),
-    after the plain penalty was recorded and replayed on the same model. Returns the
-    largest gap between each rank's updated shard and the plain update."""
+    """One training step on cross-entropy + 0.1 * penalty, the penalty in the loss and by
+    its ``backward`` (an MLP's by the compiled chain on the plain model): the plain model
+    on the whole batch (every rank alone) against the FSDP2 model, each rank on its slice
+    of the batch (FSDP2 averages the cross-entropy gradients; the penalty's is exact on
+    each shard), after the plain penalty was recorded and replayed on the same model.
+    Returns the largest gap between each rank's updated shard and the plain update."""
     from pathlift.graph import copy_model
     from pathlift.train import make_penalty
 
@@ -287,16 +295,17 @@ def penalty_step(rank: int, world: int, names: tuple[str, ...], penalty: str = "
         x = torch.randn(2 * world, *shape, generator=torch.Generator().manual_seed(1))
         y = torch.arange(2 * world) % 2
         mine = slice(2 * rank, 2 * rank + 2)
-        for per_layer in (True, False):
+        for per_layer, route in itertools.product((True, False), ("loss", "backward")):
             model = built(name)
             plain = copy_model(model)
             pen = make_penalty(penalty, shape)
-            _, ref_pen = _step(plain, x, y, pen, 0.1)
+            pen(plain)  # recorded: the plain step replays it (or runs its chain)
+            ref_pen = _step(plain, x, y, pen, 0.1, route)
             pen(model), pen(model)  # recorded and replayed: sharding must record it anew
             shard(model, per_layer)
-            _, value = _step(model, x[mine], y[mine], pen, 0.1)
+            value = _step(model, x[mine], y[mine], pen, 0.1, route)
             gap, scale = _gap(model, plain, rank, world)
-            key = f"{name}/{'layer' if per_layer else 'whole'}"
+            key = f"{name}/{'layer' if per_layer else 'whole'}/{route}"
             found[key] = {"penalty": value, "reference": ref_pen, "gap": gap, "scale": scale,
                           "moved": _moved(plain, built(name)),
                           "loss": train_step(model, torch.ones(2, *shape))}
@@ -567,7 +576,7 @@ def memory(rank: int, world: int) -> dict[str, Any]:
 DEFAULT: dict[str, dict[str, Any]] = {
     "trace_keeps_rng": {},
     "path_norms": {"names": ("small_cnn", "mlp", "unet", "pruned", "far")},
-    "penalty_step": {"names": ("small_cnn", "unet"), "penalty": "log-l1"},
+    "penalty_step": {"names": ("small_cnn", "unet", "mlp"), "penalty": "log-l1"},
     "scores": {"names": ("small_cnn", "pruned")},
     "tracker": {"names": ("small_cnn",)},
     "fsdp1": {},
