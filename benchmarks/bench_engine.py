@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_engine.py [--rounds 5] [--threads 1]
         [--models resnet18 resnet50 vgg11] [--authors PATH/TO/pathnorm.py]
-        [--out benchmarks/results/bench_engine.csv]
+        [--out benchmarks/results/bench_engine_runs.csv] [--label "this checkout"]
 
 For each model at 3x224x224 (the MLP at 3x32x32), measured in turns in the same run (each
 figure is the median over the rounds of its ratio to the forward pass timed in the same
@@ -16,12 +16,15 @@ Targets on ResNet-18 (issue 33: no engine regression from the library/jobs split
 call float32 <= 1.6x, repeated float32 <= 1.1x, scores <= 3.6x (and float64 <= 0.7x the
 authors' float64). With one thread each sample is the thread's CPU time (all the work runs
 on it), which leaves out the time other processes hold the core on a shared machine.
+``--out`` keeps the rows of the file's other labels (one row per label and model), each
+naming the machine (vector width, cores) and the load.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -31,12 +34,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pathlift.files import write_text
 from pathlift.graph import copy_model
+from pathlift.kron.cache import machine_description
 from pathlift.lift import path_norm
 from pathlift.models import mlp, resnet18, resnet50, unet, vgg11
 from pathlift.prune import path_magnitude_scores
-from timing import round_robin
+from timing import round_robin, write_rows
 
 SHAPE = (3, 224, 224)
 MODELS: dict[str, Callable[[], nn.Module]] = {
@@ -93,7 +96,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(DEFAULT), choices=list(MODELS))
     parser.add_argument("--authors", default=None,
                         help="path to the authors' pathnorm.py, timed in the same turns")
-    parser.add_argument("--out", default="benchmarks/results/bench_engine.csv")
+    parser.add_argument("--out", type=Path,
+                        default=Path("benchmarks/results/bench_engine_runs.csv"))
+    parser.add_argument("--label", default="this checkout",
+                        help="the code measured (its rows in --out replace that label's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     authors = None
@@ -102,6 +108,8 @@ def main() -> None:
         authors = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(authors)
     clock = "CPU" if args.threads == 1 else "wall-clock"
+    machine = machine_description()
+    print(machine)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), input {SHAPE} "
           f"(mlp {SHAPES['mlp']}), median of {args.rounds} round-robin rounds ({clock} "
           "time); ratios to one float32 forward pass at batch 1")
@@ -121,12 +129,11 @@ def main() -> None:
         row = "  ".join(f"{label} {r:5.2f}x" for label, r in ratios.items())
         forward_ms = statistics.median(base) * 1e3
         print(f"{name:<9} forward {forward_ms:6.1f} ms  {row}", flush=True)
-        if not rows:
-            rows.append(",".join(["model", "forward_ms", *(label.replace(" ", "_") + "_x"
-                                                          for label in ratios)]))
-        rows.append(",".join([name, f"{forward_ms:.2f}", *(f"{r:.3f}" for r in ratios.values())]))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_text(args.out, "\n".join(rows) + "\n")
+        rows.append({"label": args.label, "model": name, "forward_ms": f"{forward_ms:.2f}",
+                     **{label.replace(" ", "_") + "_x": f"{r:.3f}"
+                        for label, r in ratios.items()},
+                     "load": round(os.getloadavg()[0], 1), "machine": machine})
+    write_rows(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import os
 import statistics
 import time
@@ -53,7 +52,7 @@ from pathlift.kron.cache import machine_description
 from pathlift.lift.differentiable import differentiable_path_norm, path_norm_backward
 from pathlift.models import mlp, resnet18, small_cnn
 from pathlift.train import PathSGD
-from timing import round_robin
+from timing import round_robin, write_rows
 
 CASES = {"small_cnn": (small_cnn, (1, 8, 8)),
          "mlp": (lambda: mlp(64, (128, 64), 10), (1, 8, 8)),
@@ -162,24 +161,7 @@ def main() -> None:
             for name in args.models]
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     if args.out is not None:
-        _write(args.out, rows)
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    """``rows`` into the CSV at ``path``, after its rows of other labels (atomically)."""
-    import io
-
-    from pathlift.files import write_text
-    kept = []
-    if path.exists():
-        with path.open(newline="") as f:
-            kept = [r for r in csv.DictReader(f) if r.get("label") != rows[0]["label"]
-                    and list(r) == list(rows[0])]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows([*kept, *rows])
-    write_text(path, buffer.getvalue())
+        write_rows(args.out, rows)
 
 
 if __name__ == "__main__":
