@@ -116,13 +116,13 @@ def test_after_each_change_the_step_is_the_walked_one(change: str) -> None:
 
 def test_missing_grads_are_made_frozen_ones_left_and_grad_mode_ignored(monkeypatch) -> None:
     """.grad None becomes the gradient; a frozen layer keeps None; under no_grad the
-    same numbers; negative and zero weights as autograd's."""
+    same numbers; negative, zero and tensor weights as autograd's."""
     model, shape, _, _ = _net("narrow, 5 layers")
     model[1].requires_grad_(False)
     graph = graph_of(model, shape)
     path_norm_backward(model, shape)  # records the pass
     routes = _Routes(monkeypatch)
-    for weight in (-2.0, 0.0, 3.0):
+    for weight in (-2.0, 0.0, torch.tensor(3.0)):
         model.zero_grad(set_to_none=True)
         (weight * differentiable_path_norm(graph)).backward()
         want = [p.grad for p in model.parameters()]

@@ -183,7 +183,8 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
         ln ||Phi||_{q,r} (natural log; exp() of it is the norm while it fits a float).
         ``backward()`` on it accumulates d ln||Phi|| / d theta into the parameters'
         ``.grad``; nothing else of the model changes. Under ``torch.no_grad()`` it is a
-        plain number.
+        plain number. ``path_norm_backward`` adds the same gradient to ``.grad`` without
+        an autograd graph (a training step's cheaper route on an MLP).
 
     Raises:
         InvalidParameterError for q outside [1, inf) or r <= 0; UnsupportedModelError
@@ -209,7 +210,7 @@ def differentiable_path_norm(model: nn.Module | LayerGraph,
     return ln if torch.is_grad_enabled() else ln.detach()
 
 
-def path_norm_backward(model: nn.Module, input_shape: Sequence[int], weight: float = 1.0,
+def path_norm_backward(model: nn.Module, input_shape: Sequence[int], weight: float | Tensor = 1.0,
                        q: float = 1.0, r: float | None = None, dtype: torch.dtype | None = None,
                        log: bool = True) -> float:
     """``(weight * penalty).backward()`` for the penalty ln ||Phi(theta)||_{q,r} (``log=False``:
@@ -226,7 +227,7 @@ def path_norm_backward(model: nn.Module, input_shape: Sequence[int], weight: flo
     grad mode.
 
     Args and errors as ``differentiable_path_norm``; ``weight``: the penalty's factor in
-    the loss (any finite number).
+    the loss (a finite number or 0-dim tensor).
 
     Returns:
         the penalty's value (ln ||Phi||_{q,r}, or ||Phi||_{q,r}, inf where it leaves float64).
@@ -240,6 +241,7 @@ def path_norm_backward(model: nn.Module, input_shape: Sequence[int], weight: flo
     """
     check_q(q, minimum=1.0, what=" for a differentiable path-norm")
     r = q if r is None else check_r(r)
+    weight = float(weight)  # a 0-dim tensor (a scheduled strength) too
     if not math.isfinite(weight):
         raise InvalidParameterError(f"the penalty's weight must be finite, got {weight}")
     chain = recorded_chain(model, input_shape, ("norm", q, r, dtype))
