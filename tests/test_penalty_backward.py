@@ -82,7 +82,7 @@ def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor], rel: float)
 
 
 @pytest.mark.parametrize("name", list(NETS))
-@pytest.mark.parametrize(("q", "log"), [(1.0, True), (2.0, True), (1.0, False)])
+@pytest.mark.parametrize(("q", "log"), [(1.0, True), (2.0, True), (1.0, False), (2.0, False)])
 def test_steps_equal_autograd_of_the_walked_penalty(name, q, log, monkeypatch) -> None:
     """Three SGD steps with momentum: each step's .grad and penalty are the walked ones
     (1e-12), by the kernel on the MLPs from the second call on."""
