@@ -100,11 +100,18 @@ def _reap(*_: object) -> None:
 
 
 def _accept(listener: socket.socket) -> None:
-    """Serve connections for ever; returns only in a fork that is to run a command line,
-    set up as that command line's process."""
+    """Serve connections until the process that started this one ends; returns only in a
+    fork that is to run a command line, set up as that command line's process."""
     signal.signal(signal.SIGCHLD, _reap)
+    parent = os.getppid()
+    listener.settimeout(5)
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the tests that started it were killed: end too
+                os._exit(0)
+            continue
         if os.fork():
             conn.close()
             continue
