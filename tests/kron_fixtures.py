@@ -55,14 +55,10 @@ def quick_build(monkeypatch):
         monkeypatch.setenv(name, value)
 
 
-@pytest.fixture(scope="session")
-def kron_cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("pathlift-cache")
-
-
 @pytest.fixture(autouse=True)
 def isolated_kron_cache(kron_cache_dir, monkeypatch):
-    """PATHLIFT_CACHE_DIR points at the session's temporary cache (import this fixture)."""
+    """PATHLIFT_CACHE_DIR points at the session's temporary cache (``kron_cache_dir`` of
+    tests/conftest.py; import this fixture)."""
     monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(kron_cache_dir))
     return kron_cache_dir
 

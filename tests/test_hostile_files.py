@@ -35,7 +35,6 @@ from cli_runner import invoke
 from kron_fixtures import (  # noqa: F401
     isolated_kron_cache,
     kernel_child,
-    kron_cache_dir,
     quick_build,
 )
 from pathlift.data import load_data

@@ -19,7 +19,6 @@ import torch
 from kron_fixtures import (  # noqa: F401
     QUICK_BUILD,
     isolated_kron_cache,
-    kron_cache_dir,
     quick_build,
 )
 from kron_fixtures import kernel_child as child
