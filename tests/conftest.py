@@ -41,3 +41,13 @@ def _process_limits_restored(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(pathlift.memory, "_limit", pathlift.memory._limit)
     monkeypatch.setattr(pathlift.memory, "_time_limit", pathlift.memory._time_limit)
+
+
+@pytest.fixture(scope="session")
+def kron_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The Kronecker kernel and measurement cache of the whole session (of each xdist
+    worker), in a temporary folder (``kron_fixtures.isolated_kron_cache``). Defined here
+    once: a session fixture defined (imported) in each test module is one per module,
+    and each module built the same kernels again (17 builds of 9 kernels in the
+    Kronecker tests)."""
+    return tmp_path_factory.mktemp("pathlift-cache")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kron_fixtures import QUICK_BUILD
 from pathlift.errors import InvalidParameterError
 from pathlift.kron import cpu_kernel
 
@@ -33,7 +34,8 @@ needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 @pytest.fixture
 def attacker(tmp_path, monkeypatch):
     """A folder holding evil.c, evilcc.sh, a flags file and bin/cc, as the current folder,
-    with a fresh kernel cache (nothing built before counts)."""
+    with a fresh kernel cache (nothing built before counts),
+    built with ``kron_fixtures.QUICK_BUILD``."""
     (tmp_path / "evil.c").write_text(EVIL_C)
     (tmp_path / "flags.txt").write_text("-include evil.c\n")
     for script in (tmp_path / "evilcc.sh", tmp_path / "bin" / "cc"):
@@ -42,6 +44,8 @@ def attacker(tmp_path, monkeypatch):
         script.chmod(0o755)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(tmp_path / "cache"))
+    for name, value in QUICK_BUILD.items():
+        monkeypatch.setenv(name, value)
     cpu_kernel._load_for.cache_clear()
     yield tmp_path
     cpu_kernel._load_for.cache_clear()

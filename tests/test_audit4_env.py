@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kron_fixtures import QUICK_BUILD
 from pathlift.kron import cpu_kernel
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -31,7 +32,8 @@ needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("as")
 
 @pytest.fixture
 def attacker(tmp_path, monkeypatch):
-    """evil/stdlib.h and evil/as, a fresh kernel cache (nothing built before counts)."""
+    """evil/stdlib.h and evil/as, a fresh kernel cache (nothing built before counts),
+    built with ``kron_fixtures.QUICK_BUILD``."""
     evil = tmp_path / "evil"
     evil.mkdir()
     marker = tmp_path / "marker"
@@ -39,6 +41,8 @@ def attacker(tmp_path, monkeypatch):
     (evil / "as").write_text(EVIL_AS.format(marker=marker, real=shutil.which("as")))
     (evil / "as").chmod(0o755)
     monkeypatch.setenv("PATHLIFT_CACHE_DIR", str(tmp_path / "cache"))
+    for name, value in QUICK_BUILD.items():
+        monkeypatch.setenv(name, value)
     for cached in (cpu_kernel._load_for, cpu_kernel._load):  # built in this test, not before
         cached.cache_clear()
     yield evil

@@ -32,7 +32,11 @@ from torch import nn
 
 import pathlift.files
 from cli_runner import invoke
-from kron_fixtures import isolated_kron_cache, kernel_child, kron_cache_dir  # noqa: F401
+from kron_fixtures import (  # noqa: F401
+    isolated_kron_cache,
+    kernel_child,
+    quick_build,
+)
 from pathlift.data import load_data
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError, UnsupportedModelError
 from pathlift.files import FileSystemError, append_rows, write_text
@@ -725,6 +729,7 @@ def _plant(folder: Path, tmp_path: Path, *, library_as_link: bool = False) -> No
 @pytest.mark.parametrize("poison", ["group-writable folder", "world-writable folder",
                                     "another user's folder", "folder is a link",
                                     "library is a link"])
+@pytest.mark.usefixtures("quick_build")
 def test_a_poisoned_kernel_cache_is_never_loaded(tmp_path, poison):
     root, marker = tmp_path / "cache", tmp_path / "marker"
     folder = root / "kron"
@@ -746,6 +751,7 @@ def test_a_poisoned_kernel_cache_is_never_loaded(tmp_path, poison):
     assert sum("unusable" in w for w in result["warnings"]) == (1 if untrusted else 0), result
 
 
+@pytest.mark.usefixtures("quick_build")
 def test_a_cached_library_missing_a_symbol_is_rebuilt_not_raised(tmp_path):
     """The audit's raw AttributeError: a recorded library (the user's own, in a trusted
     folder) without the kernel's entry points."""

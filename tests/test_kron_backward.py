@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kron_fixtures import WIDTHS, isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import WIDTHS, isolated_kron_cache  # noqa: F401
 from pathlift.kron import KSPattern, cpu_kernel, ks_multiply, random_factor, to_dense, vector_width
 from pathlift.kron import multiply as multiply_module
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.cli import app
 from pathlift.jobs.bench import KronBenchResult, run_kron_benchmark
 from pathlift.jobs.bench import kron as bench

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kron_fixtures import WIDTHS, isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import WIDTHS, isolated_kron_cache  # noqa: F401
 from pathlift.errors import ShapeError
 from pathlift.kron import (
     KSLinear,

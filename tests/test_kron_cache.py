@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import (  # noqa: F401
+    QUICK_BUILD,
+    isolated_kron_cache,
+    quick_build,
+)
 from kron_fixtures import kernel_child as child
 from pathlift import files
 from pathlift.kron import (
@@ -35,6 +39,7 @@ from pathlift.kron import (
 from pathlift.kron import layer as layer_module
 
 P = KSPattern(2, 24, 20, 3)
+pytestmark = pytest.mark.usefixtures("quick_build")  # kernels built in the tests' own folders
 
 def records(folder: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted(folder.glob("ks_fused_float_*.json"))]
@@ -93,7 +98,7 @@ def built_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache where a fresh process built and recorded the float32 kernel (built once for
     the damage cases, each of which damages its own copy)."""
     root = tmp_path_factory.mktemp("built")
-    assert child(root)["kernel"]
+    assert child(root, **QUICK_BUILD)["kernel"]
     return root
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 from typer.testing import CliRunner
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders
 from pathlift.data.training import evaluate, train_classifier

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.errors import UnsupportedModelError
 from pathlift.kron import KSLinear, KSPattern, to_dense
 from pathlift.lift import path_norm

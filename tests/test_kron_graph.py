@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.bounds import certified_error, lipschitz_input
 from pathlift.kron import (
     KSLinear,

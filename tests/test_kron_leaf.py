@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import pathlift
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.kron import KSLinear, monarch, replace_linears
 from pathlift.models import mlp
 

@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.errors import InvalidParameterError, ShapeError
 from pathlift.kron import (
     ALGORITHMS,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.errors import InvalidParameterError
 from pathlift.kron import KSLinear, KSPattern, design, load_state, monarch, replace_linears
 from pathlift.kron import layer as layer_module

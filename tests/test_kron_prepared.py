@@ -12,7 +12,7 @@ import torch
 import torch.nn.utils.prune as prune
 from torch import nn
 
-from kron_fixtures import isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import isolated_kron_cache  # noqa: F401
 from pathlift.kron import (
     ALGORITHMS,
     KSLinear,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kron_fixtures import WIDTHS, X86, isolated_kron_cache, kron_cache_dir  # noqa: F401
+from kron_fixtures import WIDTHS, X86, isolated_kron_cache  # noqa: F401
 from pathlift.errors import InvalidParameterError
 from pathlift.kron import (
     KSLinear,
