@@ -40,6 +40,30 @@ def test_digits_are_sklearn_images_over_16(digits):
     assert all(tuple(row) in pixels for row in x_tr[:50])
 
 
+def test_digit_arrays_are_sklearns_read_without_importing_it(monkeypatch):
+    """The shipped file read directly equals ``sklearn.datasets.load_digits`` (images and
+    labels, in order), in a process that never imports ``sklearn.datasets``; where the
+    file is not found, the same arrays come from ``load_digits`` itself."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits as sk
+
+    from pathlift.data import embedded
+
+    raw = sk()
+    for finder in (importlib.util.find_spec, lambda name: None):
+        monkeypatch.setattr(embedded.importlib.util, "find_spec", finder)
+        pixels, target = embedded.digit_arrays()
+        assert np.array_equal(pixels, raw.images) and np.array_equal(target, raw.target)
+    code = ("import sys; from pathlift.data import load_digits; load_digits(); "
+            "print('sklearn.datasets' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_split_is_a_seeded_uniform_permutation_not_stratified(digits):
     """The test split is the first ceil(0.25 n) images of numpy's permutation with the
     seed, the training split the rest (so class counts are random, as an i.i.d. sample's)."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pathlift.errors import InvalidParameterError
 
-__all__ = ["Digits", "Split", "load_digits", "loaders", "synthetic"]
+__all__ = ["Digits", "Split", "digit_arrays", "load_digits", "loaders", "synthetic"]
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,11 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
 
     Images are float32 of shape (1, 8, 8) scaled to [0, 1]; labels are int64 in 0..9.
     """
-    from sklearn.datasets import load_digits as sk_load_digits
-
     if not 0.0 < test_fraction < 1.0:
         raise InvalidParameterError(f"test_fraction={test_fraction} must lie in (0, 1)")
-    bunch = sk_load_digits()
-    images = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
-    labels = bunch.target.astype(np.int64)
+    pixels, target = digit_arrays()
+    images = (pixels / 16.0).astype(np.float32)[:, None, :, :]
+    labels = target.astype(np.int64)
     n_test = math.ceil(test_fraction * len(labels))
     if not 0 < n_test < len(labels):
         raise InvalidParameterError(f"test_fraction={test_fraction} leaves an empty side of "
@@ -56,6 +57,26 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
     train, test = order[n_test:], order[:n_test]
     return Split(_dataset(images[train], labels[train]), _dataset(images[test], labels[test]),
                  (1, 8, 8), 10)
+
+
+def digit_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 8x8 digits as ``load_digits()`` gives them: the images (1,797 x 8 x
+    8, values 0..16) and their labels, read from the file scikit-learn ships
+    (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row) without
+    importing ``sklearn.datasets``, which costs a command about a second; through
+    ``sklearn.datasets.load_digits`` where that file is not where this scikit-learn keeps
+    it."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    shipped = None if spec is None or spec.origin is None else \
+        Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    if shipped is not None and shipped.is_file():
+        with gzip.open(shipped) as f:
+            rows = np.loadtxt(f, delimiter=",")
+        return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    return bunch.images, bunch.target
 
 
 def synthetic(n_train: int = 512, n_test: int = 256, input_shape: tuple[int, ...] = (1, 8, 8),

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
-from pathlift.data.embedded import Split
+from pathlift.data.embedded import Split, digit_arrays
 from pathlift.errors import InvalidParameterError
 
 __all__ = ["draw_digit_images", "load_digit_images"]
@@ -39,11 +39,9 @@ def draw_digit_images(num_samples: int, seed: int, size: int = 28) -> TensorData
     if num_samples < 1 or size < 8:
         raise InvalidParameterError(f"need num_samples >= 1 and size >= 8, got {num_samples}, "
                                     f"{size}")
-    from sklearn.datasets import load_digits as sk_load_digits
-
-    bunch = sk_load_digits()
-    templates = torch.from_numpy((bunch.images / 16.0).astype(np.float32))[:, None]
-    targets = torch.from_numpy(bunch.target.astype(np.int64))
+    pixels, target = digit_arrays()
+    templates = torch.from_numpy((pixels / 16.0).astype(np.float32))[:, None]
+    targets = torch.from_numpy(target.astype(np.int64))
     gen = torch.Generator().manual_seed(seed)
     images, labels = [], []
     for start in range(0, num_samples, _CHUNK):
