@@ -27,8 +27,8 @@ from pathlib import Path
 #: what the command lines import, imported once: pathlift's command line imports them when a
 #: command needs them, and torch some of its own on first use (measured: ``-X importtime``
 #: of ``bounds``, ``metric`` on a pruned checkpoint, ``summary``)
-PRELOAD = ("torch", "torch._dynamo", "torch.fx.experimental.symbolic_shapes", "sklearn.datasets",
-           "typer._adapters", "pathlift.bounds", "pathlift.data", "pathlift.jobs",
+PRELOAD = ("torch", "torch._dynamo", "torch.fx.experimental.symbolic_shapes", "typer._adapters",
+           "pathlift.bounds", "pathlift.data", "pathlift.jobs",
            "pathlift.jobs.report.certificate", "pathlift.lift", "pathlift.models",
            "pathlift.prune", "pathlift.quant", "pathlift.summary", "pathlift.symmetry",
            "pathlift.train")
