@@ -41,10 +41,16 @@ def _batch_norm_outputs(x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor, Ten
     return _like(x), _empty(x, (0,)), _empty(x, (0,))
 
 
-def _sum(x: Tensor, y: Any, *args, **kwargs) -> Tensor:
-    if isinstance(y, Tensor) and (y.shape != x.shape or y.dtype != x.dtype):
-        return torch.ops.aten.add.Tensor(x, y, *args, **kwargs)
-    return _like(x)
+def _elementwise(func):
+    """x + y or x * y of two tensors of one shape, dtype and layout: like x (a prune mask
+    times its weight, a residual sum); any other pair by the op itself (broadcasting,
+    type promotion)."""
+    def run(x: Tensor, y: Any, *args, **kwargs) -> Tensor:
+        if not isinstance(y, Tensor) or y.shape != x.shape or y.dtype != x.dtype \
+                or y.stride() != x.stride():
+            return func(x, y, *args, **kwargs)
+        return _like(x)
+    return run
 
 
 def _addmm(bias: Tensor, x: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
@@ -99,6 +105,33 @@ def _convolution(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[in
                                               transposed, output_padding, groups)
 
 
+def _max_pool2d(x: Tensor, kernel_size: list[int], stride: list[int] = (),
+                padding: list[int] = (0,), dilation: list[int] = (1,), ceil_mode: bool = False
+                ) -> tuple[Tensor, Tensor]:
+    """A 2-d max-pool's values and indices, contiguous as torch's meta kernel makes them
+    (a Python reference whose first check imports sympy, about 0.3 s); any argument it
+    would check goes to it."""
+    pairs = [tuple(v) * (3 - len(v)) if len(v) in (1, 2) else None
+             for v in (kernel_size, stride or kernel_size, padding, dilation)]
+    if x.dim() in (3, 4) and x.is_contiguous() and x.numel() and None not in pairs:
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = pairs
+        out = [_pooled(n, k, s, p, d, ceil_mode)
+               for n, k, s, p, d in ((x.shape[-2], kh, sh, ph, dh), (x.shape[-1], kw, sw, pw, dw))]
+        if min(kh, kw, sh, sw, dh, dw) > 0 and 0 <= ph <= kh // 2 and 0 <= pw <= kw // 2 \
+                and min(out) > 0:
+            shape = (*x.shape[:-2], *out)
+            return _empty(x, shape), torch.empty(shape, dtype=torch.int64, device=x.device)
+    return torch.ops.aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding,
+                                                          dilation, ceil_mode)
+
+
+def _pooled(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """The pooled length of n (ATen's pooling_output_shape): with ``ceil_mode`` the last
+    window must start inside the input or its left padding."""
+    out = (n + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    return out - 1 if ceil_mode and (out - 1) * s >= n + p else out
+
+
 def _relu(x: Tensor) -> Tensor:
     return _like(x)
 
@@ -114,9 +147,11 @@ _FAST = {
     torch.ops.aten.relu_.default: _relu_,
     torch.ops.aten.native_batch_norm.default: _batch_norm_outputs,
     torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_outputs,
-    torch.ops.aten.add.Tensor: _sum,
+    torch.ops.aten.add.Tensor: _elementwise(torch.ops.aten.add.Tensor),
+    torch.ops.aten.mul.Tensor: _elementwise(torch.ops.aten.mul.Tensor),
     torch.ops.aten.addmm.default: _addmm,
     torch.ops.aten.convolution.default: _convolution,
+    torch.ops.aten.max_pool2d_with_indices.default: _max_pool2d,
 }
 _FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
 
