@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from torch import nn
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError
 from pathlift.symmetry import analyse, random_rescale
 from pathlift.symmetry.equivalence import (
+    _lexicographic_order,
     canonicalize,
     equivalent,
     permutable_units,
@@ -177,3 +179,17 @@ def test_outgoing_rows_are_each_neurons_weights_sorted(counts):
     for row, n in zip(got, neurons.tolist(), strict=True):
         mine = weight[inputs == n].reshape(-1).sort(descending=True).values
         assert torch.equal(row, torch.cat([mine, mine.new_zeros(width - len(mine))]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 12).flatmap(lambda n: st.lists(
+    st.lists(st.lists(st.sampled_from([-1.0, -0.0, 0.0, 0.5, 2.0]), min_size=n, max_size=n),
+             min_size=0, max_size=4), min_size=0, max_size=3).map(lambda blocks: (n, blocks))))
+def test_the_lazy_lexicographic_order_is_numpys_lexsort(case):
+    """Rows of several blocks of columns with many ties (equal rows too, -0 beside 0): the
+    column-by-column refinement gives np.lexsort's order of the whole rows."""
+    n, blocks = case
+    arrays = [np.array(b, dtype=np.float64).reshape(len(b), n).T for b in blocks]
+    whole = np.concatenate([np.zeros((n, 0)), *arrays], axis=1)
+    want = np.lexsort(whole.T[::-1]) if whole.shape[1] else np.arange(n)  # no key: as is
+    assert np.array_equal(_lexicographic_order(iter(arrays), n), want)

@@ -11,7 +11,7 @@ neurons of every permutable layer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -200,28 +200,56 @@ class Canonical:
     permutations: dict[str, Tensor]
 
 
-def _sort_key(model: nn.Module, cmap: ChannelMap, unit: Unit) -> np.ndarray:
-    """Rows, one per channel, compared lexicographically: -bias of the layer and of its
-    BatchNorms, -incoming weights, then -outgoing weights, sorted (they separate channels
-    with equal incoming weights whatever the order of the readers' channels)."""
+def _sort_keys(model: nn.Module, cmap: ChannelMap, unit: Unit) -> Iterator[np.ndarray]:
+    """Blocks of columns, one row per channel, the rows compared lexicographically across
+    them: -bias of the layer and of its BatchNorms, -incoming weights, then -outgoing
+    weights, sorted (they separate channels with equal incoming weights whatever the order
+    of the readers' channels). Each block is made when asked: channels that the biases
+    already tell apart never have their outgoing weights sorted."""
     p = unit.producer
-    weight = stored(p.module_in(model), "weight").detach().double()
-    if _permutable(p).out_dim == 1:
-        weight = weight.transpose(0, 1)
     biases = [stored(q.module_in(model), "bias") for q in (p, *unit.carried)
               if q is p or not q.passthrough]
     columns = [b.detach().double()[:, None] for b in biases if b is not None]
-    columns.append(weight.reshape(weight.shape[0], -1))
+    if columns:
+        yield _rounded(torch.cat(columns, dim=1))
+    weight = stored(p.module_in(model), "weight").detach().double()
+    if _permutable(p).out_dim == 1:
+        weight = weight.transpose(0, 1)
+    yield _rounded(weight.reshape(weight.shape[0], -1))
     last = unit.carried[-1] if unit.carried and not unit.carried[-1].passthrough else p
     for reader in cmap.producers:
         if reader.diagonal or not torch.isin(reader.inputs, last.neurons).any():
             continue
         w = stored(reader.module_in(model), "weight").detach().double()
         w = w.transpose(0, 1) if _permutable(reader).out_dim == 0 else w
-        columns.append(_outgoing(w, reader.inputs, last.neurons))
-    key = -torch.cat(columns, dim=1).numpy()
-    scale = np.maximum(np.abs(key).max(axis=0, keepdims=True), 1e-300)
-    return np.round(key / scale, 9)  # rounding noise must not decide between equal keys
+        yield _rounded(_outgoing(w, reader.inputs, last.neurons))
+
+
+def _rounded(columns: Tensor) -> np.ndarray:
+    """-columns, each divided by its largest magnitude and rounded to 9 digits: rounding
+    noise must not decide between equal keys (+ 0.0: no -0 to tell from 0)."""
+    key = -columns.numpy()
+    scale = np.maximum(np.abs(key).max(axis=0, keepdims=True), 1e-300) if key.size else 1.0
+    return np.round(key / scale, 9) + 0.0
+
+
+def _lexicographic_order(blocks: Iterable[np.ndarray], n: int) -> np.ndarray:
+    """``np.lexsort`` of the n rows made of the blocks side by side (the first column
+    first, equal rows in index order), reading the columns one by one and only while some
+    rows are still tied: each column refines the ranks of the rows tied so far."""
+    order = np.arange(n)
+    if n < 2:
+        return order
+    rank = np.zeros(n, dtype=np.int64)
+    for block in blocks:
+        for column in block.T:
+            order = np.lexsort((column, rank))
+            r, v = rank[order], column[order]
+            rank[order] = np.concatenate(([0], np.cumsum((r[1:] != r[:-1])
+                                                         | (v[1:] != v[:-1]))))
+            if rank[order[-1]] == n - 1:  # every row told apart: later columns are moot
+                return order
+    return order
 
 
 def _outgoing(weight: Tensor, inputs: Tensor, neurons: Tensor) -> Tensor:
@@ -265,8 +293,8 @@ def canonicalize(model: nn.Module | LayerGraph, input_shape: Sequence[int] | Non
     cmap = analyse(current, graph.input_shape)
     permutations = {}
     for unit in permutable_units(cmap):
-        key = _sort_key(current, cmap, unit)
-        perm = torch.from_numpy(np.lexsort(key.T[::-1]).copy())
+        n = len(unit.producer.neurons)
+        perm = torch.from_numpy(_lexicographic_order(_sort_keys(current, cmap, unit), n))
         _apply_permutation(current, cmap, unit, perm)
         permutations[unit.producer.name] = perm
     return Canonical(current, permutations)
