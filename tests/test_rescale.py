@@ -410,3 +410,29 @@ def test_compare_random_rescale_is_the_command_in_one_call(tmp_path):
     assert safe_open(result.path, "pt").metadata() == safe_open(by_hand, "pt").metadata()
     assert compare_random_rescale(net, shape, samples=5).path is None
     assert "\n" not in repr(result) and repr(result).startswith("Transformed(rescaled")
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_group_members_and_batchnorm_only_groups_are_their_definitions(name: str) -> None:
+    """``ChannelMap.members`` (one sort per producer) and ``diagonal_only`` against their
+    definitions read channel by channel: each free group's producers with the channels
+    holding it, and the groups only BatchNorm-like layers hold."""
+    from pathlift.symmetry.rescale import diagonal_only
+
+    cmap = channel_map(trace(build(name), ZOO[name][1]))
+    want: dict[int, list] = {}
+    for p in cmap.producers:
+        if p.passthrough:
+            continue
+        for c, g in enumerate(cmap.group[p.neurons].tolist()):
+            if g:
+                rows = want.setdefault(g, [])
+                if not rows or rows[-1][0] is not p:
+                    rows.append((p, []))
+                rows[-1][1].append(c)
+    got = cmap.members()
+    assert got.keys() == want.keys()
+    for g, rows in want.items():
+        assert [(p, c.tolist()) for p, c in got[g]] == rows
+    assert diagonal_only(cmap) == {g for g, rows in want.items()
+                                   if all(p.diagonal for p, _ in rows)}

@@ -126,15 +126,18 @@ class ChannelMap:
         return torch.arange(1, self.num_groups)
 
     def members(self) -> dict[int, list[tuple[Producer, Tensor]]]:
-        """For each free group: the producers holding it and their channel indices."""
+        """For each free group: the producers holding it and their channel indices
+        (ascending), by one stable sort of each producer's channels by group."""
         out: dict[int, list[tuple[Producer, Tensor]]] = {}
         for p in self.producers:
             if p.passthrough:
                 continue
             groups = self.group[p.neurons]
-            for g in torch.unique(groups).tolist():
+            order = torch.argsort(groups, stable=True)
+            ids, counts = torch.unique_consecutive(groups[order], return_counts=True)
+            for g, channels in zip(ids.tolist(), order.split(counts.tolist()), strict=True):
                 if g:
-                    out.setdefault(g, []).append((p, torch.nonzero(groups == g).flatten()))
+                    out.setdefault(g, []).append((p, channels))
         return out
 
 

@@ -16,24 +16,36 @@ from pathlift.graph.factors import apply_all_, as_factors, refuse_shared_paramet
 def diagonal_only(cmap: ChannelMap) -> set[int]:
     """Groups held by BatchNorm-like (diagonal) layers only: Appendix E.1.2 lets them
     follow the factor of their input instead of drawing their own."""
-    return {g for g, members in cmap.members().items() if all(p.diagonal for p, _ in members)}
+    held: set[int] = set()
+    elsewhere: set[int] = set()  # groups a layer that is not diagonal holds too
+    for p in cmap.producers:
+        if not p.passthrough:
+            groups = set(torch.unique(cmap.group[p.neurons]).tolist()) - {0}
+            held |= groups
+            if not p.diagonal:
+                elsewhere |= groups
+    return held - elsewhere
 
 
 def factors_from_groups(cmap: ChannelMap, values: Tensor, given: Tensor) -> Tensor:
     """Per-id factors from per-group ``values``; groups not ``given`` get 1, except groups of
     BatchNorm channels only, which inherit the factor of their input (Appendix E.1.2)."""
-    values, given = values.clone(), given.clone()
-    values[0], given[0] = 1.0, True
+    factor, known = values.tolist(), given.tolist()  # read and written one entry at a time
+    factor[0], known[0] = 1.0, True
     inherit = diagonal_only(cmap)
     for p in cmap.producers:
         groups = cmap.group[p.neurons]
-        for c in torch.nonzero(~given[groups]).flatten().tolist():
-            g = int(groups[c])
-            if given[g]:
+        todo = torch.nonzero(~given[groups]).flatten()
+        if not len(todo):
+            continue
+        sources = cmap.group[p.inputs[todo]].tolist() if p.inputs.shape == p.neurons.shape \
+            else [None] * len(todo)
+        for g, source in zip(groups[todo].tolist(), sources, strict=True):
+            if known[g]:
                 continue
-            values[g] = values[cmap.group[p.inputs[c]]] if g in inherit else 1.0
-            given[g] = True
-    return values[cmap.group]
+            factor[g] = factor[source] if g in inherit else 1.0
+            known[g] = True
+    return values.new_tensor(factor)[cmap.group]
 
 
 def rescaled_copy(cmap: ChannelMap, grow: Tensor) -> nn.Module:
