@@ -75,13 +75,16 @@ def test_the_max_pool_stand_in_is_torchs_meta_kernel(args):
 @st.composite
 def elementwise_pairs(draw):
     """Two meta tensors as a forward meets them: one shape or a broadcast one, one dtype or
-    two, each contiguous, transposed or a wrapped scalar."""
+    two, each contiguous, transposed, a strided slice (not dense) or a wrapped scalar."""
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=4)))
 
     def tensor(dims: tuple[int, ...]) -> torch.Tensor:
         dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.int64]))
+        layout = draw(st.sampled_from(["contiguous", "transposed", "sliced"]))
+        if layout == "sliced" and dims:
+            return torch.empty((*dims[:-1], 2 * dims[-1]), dtype=dtype, device="meta")[..., ::2]
         t = torch.empty(dims, dtype=dtype, device="meta")
-        if len(dims) >= 2 and draw(st.booleans()):
+        if layout == "transposed" and len(dims) >= 2:
             t = t.transpose(0, 1).contiguous().transpose(0, 1)
         return t
 
@@ -93,11 +96,14 @@ def elementwise_pairs(draw):
 @settings(max_examples=300, deadline=None)
 @given(elementwise_pairs(), st.sampled_from(["add", "mul"]))
 def test_the_elementwise_stand_ins_are_torchs_meta_kernels(pair, name):
-    """x + y and x * y: the stand-in's shape, strides and dtype are the meta kernel's."""
+    """x + y, x * y and relu(x): the stand-in's shape, strides and dtype are the meta
+    kernel's (a slice's result dense, as torch lays it out)."""
     func = getattr(torch.ops.aten, name).Tensor
     x, y = pair
     assert _outcome(_FAST[func], x, y) == _outcome(func, x, y)
     assert _outcome(_FAST[func], y, x) == _outcome(func, y, x)
+    relu = torch.ops.aten.relu.default
+    assert _outcome(_FAST[relu], x) == _outcome(relu, x)
 
 
 def test_validating_a_pruned_residual_network_imports_no_compiler() -> None:

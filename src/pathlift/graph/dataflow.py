@@ -24,9 +24,24 @@ def _shape_only(func, output):
 
 
 def _like(x: Tensor) -> Tensor:
-    """An uninitialised tensor of x's shape, dtype and strides: torch.empty_like's meta
-    kernel is a Python reference that imports sympy (0.7 s) on its first call."""
+    """An uninitialised tensor of x's shape and dtype, laid out as torch.empty_like lays
+    it out (x's strides where x is dense and non-overlapping, else contiguous: a slice
+    x[:, ::2] gives a dense result) without its meta kernel, a Python reference that
+    imports sympy (0.7 s) on its first call."""
+    if x.is_contiguous() or not _dense(x):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+
+
+def _dense(x: Tensor) -> bool:
+    """Whether x's elements fill a block of its storage, each once (any dimension order)."""
+    expected = 1
+    for size, stride in sorted(zip(x.shape, x.stride(), strict=True), key=lambda d: d[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
 
 def _empty(x: Tensor, shape: Any) -> Tensor:
