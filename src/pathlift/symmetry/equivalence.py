@@ -227,10 +227,10 @@ def _sort_keys(model: nn.Module, cmap: ChannelMap, unit: Unit) -> Iterator[np.nd
 
 def _rounded(columns: Tensor) -> np.ndarray:
     """-columns, each divided by its largest magnitude and rounded to 9 digits: rounding
-    noise must not decide between equal keys (+ 0.0: no -0 to tell from 0)."""
+    noise must not decide between equal keys."""
     key = -columns.numpy()
     scale = np.maximum(np.abs(key).max(axis=0, keepdims=True), 1e-300) if key.size else 1.0
-    return np.round(key / scale, 9) + 0.0
+    return np.round(key / scale, 9)
 
 
 def _lexicographic_order(blocks: Iterable[np.ndarray], n: int) -> np.ndarray:
