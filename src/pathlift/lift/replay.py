@@ -143,12 +143,19 @@ def recorded_chain(model: nn.Module | LayerGraph, input_shape: Sequence[int] | N
     """The compiled chain (``pathlift.lift.chain``) of the pass ``replayed`` recorded for
     ``model``, ``input_shape`` and ``what`` while the model's ``Watch`` holds, else None
     (not recorded yet, no chain, or the model changed: ``replayed`` records again)."""
+    plan = _recorded_plan(model, input_shape, what)
+    return plan if type(plan) is Chain else None
+
+
+def _recorded_plan(model: nn.Module | LayerGraph, input_shape: Sequence[int] | None,
+                   what: tuple) -> Chain | Transposed | None:
+    """The chain or transpose recorded beside the tape of ``what`` while the model's
+    ``Watch`` holds, else None."""
     if isinstance(model, LayerGraph) or input_shape is None:
         return None
     known = _PLANS.get(unwrap(model), _NONE).get((*what, tuple(input_shape)))
-    if known is not None and type(known[2]) is Chain and known[0].unchanged():
-        return known[2]
-    return None
+    return known[2] if known is not None and known[2] is not None \
+        and known[0].unchanged() else None
 
 
 def _transposed(tape: Tape, out: tuple) -> Transposed | None:
@@ -172,12 +179,10 @@ def replayed_gradients(model: nn.Module | LayerGraph, input_shape: Sequence[int]
     for each leaf (None where none flows): by the compiled chain (``pathlift.lift.chain``)
     or the tape's transpose without autograd (``pathlift.lift.transpose``) where one covers
     the recorded pass, else by autograd."""
-    if not isinstance(model, LayerGraph) and input_shape is not None:
-        known = _PLANS.get(unwrap(model), _NONE).get((*what, tuple(input_shape)))
-        if known is not None and known[2] is not None and known[0].unchanged():
-            got = known[2].gradients()
-            if got is not None:
-                return got
+    plan = _recorded_plan(model, input_shape, what)
+    got = None if plan is None else plan.gradients()
+    if got is not None:
+        return got
     with torch.enable_grad():
         result = replayed(model, input_shape, what, run, graph_of, gradient=True)
         total, leaves = result[-2], result[-1]
