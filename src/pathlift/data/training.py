@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -106,7 +107,9 @@ def reproducible(threads: int = 1) -> Iterator[None]:
     ``torch.use_deterministic_algorithms`` (warn-only: CPU kernels are deterministic at a
     fixed thread count, this guards the few scatter-style ops that are not). Both settings
     are restored afterwards. Another CPU type (vector width) may still move the last
-    digits.
+    digits. TorchInductor's own switch is set with them only when inductor is loaded:
+    ``torch.use_deterministic_algorithms`` imports it, and torch._dynamo with it (about 1 s
+    of every training command's start), for code that nothing here compiles.
 
     Example:
         >>> with reproducible():
@@ -115,12 +118,22 @@ def reproducible(threads: int = 1) -> Iterator[None]:
     previous = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled())
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    _deterministic(True, warn_only=True)
     try:
         yield
     finally:
         torch.set_num_threads(previous[0])
-        torch.use_deterministic_algorithms(previous[1], warn_only=previous[2])
+        _deterministic(previous[1], warn_only=previous[2])
+
+
+def _deterministic(mode: bool, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms(mode, warn_only=warn_only)`` when TorchInductor is
+    loaded, else the same switch of torch's dispatcher alone (what that function sets but
+    inductor's config, whose import loads torch._dynamo)."""
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 @contextmanager
