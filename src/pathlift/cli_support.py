@@ -23,6 +23,7 @@ import sysconfig
 import traceback
 import typing
 import warnings
+import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -63,6 +64,22 @@ USAGE_EXIT = 2
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
+#: each app's click tree with its domains (``constrain``) and the registrations it was built from
+_TREES: weakref.WeakKeyDictionary[typer.Typer, tuple[tuple[int, int], Any]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _click_tree(app: typer.Typer) -> Any:
+    """The click command tree of ``app`` with its domains, built on the first command line
+    that a process runs (25-40 ms of signatures read) and reused by the next ones (a test
+    suite or a notebook running several), again when a command has been registered."""
+    registered = (len(app.registered_commands), len(app.registered_groups))
+    built = _TREES.get(app)
+    if built is None or built[0] != registered:
+        built = _TREES[app] = (registered, constrain(typer.main.get_command(app)))
+    return built[1]
+
+
 def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     """Run the command line ``args`` (default ``sys.argv[1:]``) and exit with its status.
 
@@ -79,7 +96,7 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     warnings.formatwarning = _one_line_warning
     if hasattr(sys.stdout, "reconfigure"):  # a path that is not UTF-8 prints as its bytes
         sys.stdout.reconfigure(errors="surrogateescape")
-    command = constrain(typer.main.get_command(app))
+    command = _click_tree(app)
     debug = "--debug" in args or os.environ.get("PATHLIFT_DEBUG", "") not in ("", "0")
     if _closed(sys.stdout):
         typer.echo("Error: standard output is closed, so nothing could be printed; redirect "
