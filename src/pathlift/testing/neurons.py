@@ -102,15 +102,23 @@ class Neuron:
 class PathLifting:
     """Phi(theta) (Def. 2.3.3) with its path labels, grouped by output neuron.
 
-    ``paths[p]`` lists neuron ids from p_0 to the output; ``ends[p]`` is the position in
-    ``NeuronDAG.outputs`` of the output it ends at. |Phi_p| is kept as a natural log so that
-    products of many large weights do not overflow.
+    Row p of ``padded`` lists the neuron ids of path p from p_0 to its output, then -1;
+    ``paths[p]`` is that row as a tuple. ``ends[p]`` is the position in
+    ``NeuronDAG.outputs`` of the output it ends at (ascending). |Phi_p| is kept as a natural
+    log so that products of many large weights do not overflow.
     """
 
-    paths: tuple[tuple[int, ...], ...]
+    padded: np.ndarray
     ends: np.ndarray
     sign: np.ndarray
     log_abs: np.ndarray
+
+    @cached_property
+    def paths(self) -> tuple[tuple[int, ...], ...]:
+        """Every path as a tuple of neuron ids, from p_0 to its output."""
+        lengths = (self.padded >= 0).sum(axis=1).tolist()
+        return tuple(tuple(row[:n]) for row, n in zip(self.padded.tolist(), lengths,
+                                                        strict=True))
 
     @property
     def values(self) -> np.ndarray:
@@ -119,7 +127,7 @@ class PathLifting:
             return self.sign * np.exp(self.log_abs)
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.ends)
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,36 +207,46 @@ class NeuronDAG:
 
     @cached_property
     def _phi(self) -> PathLifting:
-        paths: list[tuple[int, ...]] = []
-        ends: list[int] = []
-        signs: list[float] = []
-        logs: list[float] = []
-        for j, v in enumerate(self.outputs):
-            stack = [((v,), 1.0, 0.0)]
-            while stack:
-                suffix, sign, log_abs = stack.pop()
-                start = self.neurons[suffix[0]]
-                if start.activation is Activation.INPUT:
-                    sign_p, log_p = sign, log_abs
-                else:  # a path from a hidden (or output) neuron carries its bias
-                    sign_p, log_p = sign * _sign(start.bias), log_abs + _log_abs(start.bias)
-                paths.append(suffix)
-                ends.append(j)
-                signs.append(sign_p)
-                logs.append(log_p)
-                for u, w in zip(start.antecedents, start.weights, strict=True):
-                    stack.append(((u, *suffix), sign * _sign(w), log_abs + _log_abs(w)))
-        return PathLifting(tuple(paths), np.asarray(ends, dtype=np.int64),
-                           np.asarray(signs), np.asarray(logs))
-
-    @cached_property
-    def _padded_paths(self) -> np.ndarray:
-        paths = self.phi().paths
-        width = max((len(p) for p in paths), default=1)
-        padded = np.full((len(paths), width), -1, dtype=np.int64)
-        for i, p in enumerate(paths):
-            padded[i, : len(p)] = p
-        return padded
+        """Paths enumerated backwards from the outputs, one length at a time: the paths of
+        length k + 1 are those of length k extended by each antecedent of their first
+        neuron (Def. 2.3.1), each with the sign and ln|.| of its product of weights; a path
+        starting at a hidden or output neuron multiplies in that neuron's bias."""
+        indptr, indices, data = self._csr
+        is_input = np.array([v.activation is Activation.INPUT for v in self.neurons],
+                            dtype=bool)
+        bias = np.array([v.bias for v in self.neurons], dtype=np.float64)
+        with np.errstate(divide="ignore"):  # ln 0 = -inf: a path through a zero bias
+            start_log = np.where(is_input, 0.0, np.log(np.abs(bias)))
+            edge_log = np.log(np.abs(data))
+        start_sign = np.where(is_input, 1.0, np.sign(bias))
+        edge_sign = np.sign(data)
+        first = np.asarray(self.outputs, dtype=np.int64)  # p_0 of the paths of this length
+        end = np.arange(first.size, dtype=np.int64)
+        sign, log_abs = np.ones(first.size), np.zeros(first.size)
+        parent = np.full(first.size, -1, dtype=np.int64)  # the path it extends
+        levels: list[tuple[np.ndarray, ...]] = []
+        count = 0
+        while first.size:
+            levels.append((first, end, sign * start_sign[first], log_abs + start_log[first],
+                           parent))
+            degree = indptr[first + 1] - indptr[first]
+            row = np.repeat(np.arange(first.size), degree)
+            edge = indptr[first][row] + np.arange(row.size) - np.repeat(
+                np.cumsum(degree) - degree, degree)
+            parent = count + row
+            count += first.size
+            first, end = indices[edge], end[row]
+            sign, log_abs = sign[row] * edge_sign[edge], log_abs[row] + edge_log[edge]
+        first, end, sign, log_abs, parent = (np.concatenate(a)
+                                             for a in zip(*levels, strict=True))
+        padded = np.full((first.size, len(levels)), -1, dtype=np.int64)
+        at = np.arange(first.size)
+        for column in range(len(levels)):  # p_0, then each neuron after it to the output
+            there = at >= 0
+            padded[there, column] = first[at[there]]
+            at = np.where(there, parent[np.where(there, at, 0)], -1)
+        order = np.argsort(end, kind="stable")
+        return PathLifting(padded[order], end[order], sign[order], log_abs[order])
 
     def values(self, x: Tensor) -> np.ndarray:
         """v(theta, x) for every neuron v, by the recursion of Def. 2.2.2 (Eq. 2.2-2.3)."""
@@ -263,7 +281,7 @@ class NeuronDAG:
                 scores = [v.bias + vals[u] * w for u, w in zip(v.antecedents, v.weights,
                                                                 strict=True)]
                 chosen[i] = v.antecedents[int(np.argmax(scores))]  # argmax: first maximum
-        padded = self._padded_paths
+        padded = self.phi().padded
         active = node_on[padded[:, 0]]
         for step in range(1, padded.shape[1]):
             prev, cur = padded[:, step - 1], padded[:, step]
@@ -377,14 +395,6 @@ def _lowering(breaks: list[float], slopes: list[float], value: float
     neurons = [(-1.0, breaks[0], -slopes[0]), (1.0, -breaks[0], slopes[1])]
     neurons += [(1.0, -breaks[i], slopes[i + 1] - slopes[i]) for i in range(1, len(breaks))]
     return [n for n in neurons if n[2] != 0], value
-
-
-def _sign(w: float) -> float:
-    return float(np.sign(w))
-
-
-def _log_abs(w: float) -> float:
-    return math.log(abs(w)) if w != 0 else -math.inf
 
 
 def _log_sum_exp(a: np.ndarray) -> float:
