@@ -12,25 +12,37 @@ command line, and checkpoints that name a timm architecture.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 
 import pytest
 import torch
 
-timm = pytest.importorskip("timm")
-
-import timm_scan  # noqa: E402
-from cli_runner import invoke  # noqa: E402
-from pathlift.errors import InvalidParameterError  # noqa: E402
-from pathlift.lift import path_norm  # noqa: E402
-from pathlift.models import (  # noqa: E402
+import timm_scan
+from cli_runner import invoke
+from pathlift.errors import InvalidParameterError
+from pathlift.lift import path_norm
+from pathlift.models import (
     UntrustedArchitectureError,
     get_model,
     load_model,
     save_checkpoint,
 )
-from pathlift.models.checkpoints import _ARCH, _KWARGS  # noqa: E402
+from pathlift.models.checkpoints import _ARCH, _KWARGS
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None,
+                                reason="timm is not installed")
+
+
+@pytest.fixture(scope="module")
+def timm():
+    """timm, imported when a test of this file runs, not at collection: its ~760 nn.Module
+    subclasses make each torch.fx trace that the worker runs afterwards slower (setting
+    ``nn.Module.__call__``, as fx does twice a trace, updates every subclass)."""
+    import timm
+
+    return timm
 
 #: the families run by default (the cheapest of each); the others are ``slow``
 DEFAULT = {"ResNet", "ResNet-D", "DLA", "SelecSLS", "MobileOne", "TF-EfficientNet-Lite"}
@@ -74,7 +86,7 @@ def test_listed_models_are_measured_exactly_or_refused_in_one_line(name, kwargs)
 
 
 @pytest.mark.slow
-def test_every_model_timm_lists_is_measured_exactly_or_refused_in_one_line():
+def test_every_model_timm_lists_is_measured_exactly_or_refused_in_one_line(timm):
     """The whole list (timm.list_models()); models over ``MAX_PARAMETERS`` are left out."""
     measured = 0
     for verdict in timm_scan.scan(timm.list_models()):
@@ -87,7 +99,7 @@ def test_every_model_timm_lists_is_measured_exactly_or_refused_in_one_line():
 
 
 # ----------------------------------------------------------------------- timm:NAME specs
-def test_a_timm_spec_builds_timms_model_with_its_arguments_and_declared_shape():
+def test_a_timm_spec_builds_timms_model_with_its_arguments_and_declared_shape(timm):
     model, shape = load_model("timm:resnet18", seed=0)
     assert type(model).__module__.startswith("timm.")
     assert shape == (3, 224, 224) and "pretrained_cfg" in shape.source
@@ -122,7 +134,7 @@ def test_without_timm_a_timm_spec_says_how_to_get_it(monkeypatch):
         get_model("timm:resnet18")
 
 
-def test_the_command_line_takes_a_timm_spec_and_says_where_the_shape_came_from():
+def test_the_command_line_takes_a_timm_spec_and_says_where_the_shape_came_from(timm):
     result = invoke("norm", "timm:resnet18", "-q", "2")
     assert result.exit_code == 0, result.output
     text = "".join(result.output.split())  # rich may wrap the title anywhere
@@ -134,7 +146,7 @@ def test_the_command_line_takes_a_timm_spec_and_says_where_the_shape_came_from()
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
 
 
-def test_a_checkpoint_may_name_a_timm_architecture(tmp_path):
+def test_a_checkpoint_may_name_a_timm_architecture(tmp_path, timm):
     torch.manual_seed(1)
     model = timm.create_model("resnet18", pretrained=False, num_classes=4).eval()
     path = save_checkpoint(model, tmp_path / "net.safetensors", "timm:resnet18",
@@ -145,7 +157,7 @@ def test_a_checkpoint_may_name_a_timm_architecture(tmp_path):
                         rel_tol=1e-12)
 
 
-def test_a_checkpoint_cannot_make_timm_load_or_run_what_it_names(tmp_path):
+def test_a_checkpoint_cannot_make_timm_load_or_run_what_it_names(tmp_path, timm):
     from safetensors.torch import save_file
     state = {k: v.contiguous() for k, v in
              timm.create_model("resnet18", num_classes=4).state_dict().items()}
@@ -159,7 +171,7 @@ def test_a_checkpoint_cannot_make_timm_load_or_run_what_it_names(tmp_path):
         load_model(path)
 
 
-def test_model_kwargs_build_the_named_architecture_with_them():
+def test_model_kwargs_build_the_named_architecture_with_them(timm):
     result = invoke("norm", "timm:resnet18", "--model-kwargs",
                     '{"num_classes": 10, "drop_rate": 0.0}', "--input-shape", "3", "32", "32",
                     "-q", "2")
@@ -179,7 +191,7 @@ def test_model_kwargs_that_are_no_json_object_of_literals_are_refused_in_one_lin
     assert "--model-kwargs" in result.output and "JSON object" in result.output
 
 
-def test_model_kwargs_with_a_checkpoint_are_refused_in_one_line(tmp_path):
+def test_model_kwargs_with_a_checkpoint_are_refused_in_one_line(tmp_path, timm):
     model = timm.create_model("resnet18", pretrained=False, num_classes=4).eval()
     path = save_checkpoint(model, tmp_path / "net.safetensors", "timm:resnet18",
                            input_shape=(3, 32, 32), num_classes=4)
