@@ -123,3 +123,31 @@ print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+@st.composite
+def upsamplings(draw):
+    """An interpolating upsampling's aten call as F.interpolate makes it, valid or not: the
+    op, its input (contiguous, channels-last or empty) and its arguments."""
+    name, dims = draw(st.sampled_from([("upsample_linear1d", 1), ("upsample_bilinear2d", 2),
+                                       ("upsample_bicubic2d", 2),
+                                       ("upsample_trilinear3d", 3)]))
+    spatial = draw(st.lists(st.integers(0, 5), min_size=dims, max_size=dims))
+    rank = dims + 2 - draw(st.sampled_from([0, 0, 0, 1]))  # or a wrong rank
+    shape = (draw(st.integers(0, 2)), draw(st.integers(1, 3)), *spatial)[:rank]
+    dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.int64]))
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    if x.dim() == 4 and draw(st.booleans()):
+        x = x.contiguous(memory_format=torch.channels_last)
+    size = draw(st.lists(st.integers(-1, 9), min_size=dims - 1, max_size=dims + 1))
+    scales = draw(st.lists(st.sampled_from([None, 0.5, 2.0]), max_size=dims))
+    return getattr(torch.ops.aten, name).default, x, size, draw(st.booleans()), *scales
+
+
+@settings(max_examples=300, deadline=None)
+@given(upsamplings())
+def test_the_upsampling_stand_ins_are_torchs_meta_kernels(call):
+    """Shape, strides and dtype of linear, bilinear, bicubic and trilinear upsampling, or
+    the same refusal (an empty input, a wrong rank or size, a size below 1)."""
+    op, *args = call
+    assert _outcome(_FAST[op], *args) == _outcome(op, *args)

@@ -147,6 +147,19 @@ def _pooled(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
     return out - 1 if ceil_mode and (out - 1) * s >= n + p else out
 
 
+def _interpolated(func):
+    """A linear, bilinear, bicubic or trilinear upsampling to ``output_size``: contiguous
+    like a contiguous input, as torch's meta kernels make it (Python decompositions that
+    compute on meta tensors: bicubic 36 ms a call, bilinear 5 ms); anything else, or an
+    argument they would refuse, goes to the op."""
+    def run(x: Tensor, output_size: list[int], *args, **kwargs) -> Tensor:
+        if x.dim() == len(output_size) + 2 and x.is_contiguous() and x.numel() \
+                and min(output_size) > 0:
+            return _empty(x, (*x.shape[:2], *output_size))
+        return func(x, output_size, *args, **kwargs)
+    return run
+
+
 def _relu(x: Tensor) -> Tensor:
     return _like(x)
 
@@ -167,6 +180,10 @@ _FAST = {
     torch.ops.aten.addmm.default: _addmm,
     torch.ops.aten.convolution.default: _convolution,
     torch.ops.aten.max_pool2d_with_indices.default: _max_pool2d,
+    **{op: _interpolated(op) for op in (torch.ops.aten.upsample_linear1d.default,
+                                        torch.ops.aten.upsample_bilinear2d.default,
+                                        torch.ops.aten.upsample_bicubic2d.default,
+                                        torch.ops.aten.upsample_trilinear3d.default)},
 }
 _FAST = {op: _shape_only(op, output) for op, output in _FAST.items()}
 
