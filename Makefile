@@ -36,8 +36,7 @@ docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
 # the default selection on every core (pytest-xdist, one test file a worker: module fixtures
-# run once), then the tests whose checks depend on time (a start-up time, a rank frozen or
-# killed seconds in, a group timeout of seconds), alone: collected
+# run once), then the tests that time themselves or spawn process groups, alone: collected
 # from the files that mark a test `pytest.mark.serial` only, not from all of them again
 # (with none found, pytest collects every file: the same tests, only slower)
 SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)

@@ -8,10 +8,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from certificate_worker import problem
 from test_distributed import TORCHRUN, _launch
+
+pytestmark = pytest.mark.serial  # a torchrun group of its own
 
 WORKER = str(Path(__file__).with_name("certificate_worker.py"))
 

@@ -33,6 +33,9 @@ from pathlift.models import mlp
 from pathlift.symmetry import random_rescale
 from pathlift.track import PathNormTracker
 
+# torchrun groups of its own: `make test` runs it alone, after the parallel run
+pytestmark = pytest.mark.serial
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc_per_node", "2"]
 PRUNE = ["prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1", "--amount", "0.8",
@@ -114,7 +117,6 @@ def build():
 """
 
 
-@pytest.mark.serial  # a 2 s group timeout: beside the parallel run, a slow start is a freeze
 def test_a_frozen_rank_ends_the_run_after_the_timeout_option(tmp_path: Path) -> None:
     (tmp_path / "frozen.py").write_text(FROZEN)
     start = time.monotonic()
@@ -259,7 +261,6 @@ def build():
 """
 
 
-@pytest.mark.serial  # rank 1 dies 1 or 3 s in: rank 0 must be where it means by then
 @pytest.mark.parametrize(("sleeps", "said"), [
     ((3, 0), "rank 0: lost the connection to rank 1 ("),  # rank 0 waits in a collective
     ((1, 30), "rank 0: stopped by SIGTERM, which torchrun sends"),  # rank 0 works alone

@@ -10,6 +10,9 @@ import pytest
 
 from fsdp_worker import DEFAULT, spawn
 
+# its own 2- and 3-process groups: `make test` runs it alone, after the parallel run
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
@@ -162,7 +165,6 @@ def test_fsdp1_is_refused_in_one_line_or_exact_inside_summon_full_params(
             assert row["step1"] > 0 and row["step2"] > 0
 
 
-@pytest.mark.serial  # a 3 s group timeout: beside the parallel run, a slow start is absence
 def test_a_rank_measuring_alone_gets_a_typed_error_within_the_timeout(tmp_path: Path
                                                                       ) -> None:
     """Rank 0 calls path_norm on an FSDP2 model, rank 1 does not (group timeout 3 s): a
