@@ -249,9 +249,9 @@ def launched(backend: str | None = None,
         _raise_lost(err, wait)
         raise
     finally:
+        dist.destroy_process_group()  # under the handler: a SIGTERM meanwhile is let pass
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        dist.destroy_process_group()
 
 
 _launched_here = False
@@ -321,18 +321,36 @@ def _stop_on_sigterm() -> Any:
 
     torchrun sends SIGTERM to every surviving rank as soon as one rank's process ends
     with an error or a signal; by default the survivors then die without a word, and
-    only the launcher's ChildFailedError summary is left."""
+    only the launcher's ChildFailedError summary is left.
+
+    A SIGTERM that comes while this rank is already ending by an error of the group (the
+    connection to a killed rank lost, a collective timed out: an exception being handled,
+    see ``_ending``) is let pass: torchrun sends it about 0.1 s after the other rank's
+    death, while the survivor unwinds, and it would replace the error that says what
+    happened with its own, or, once the handler was restored, end the rank without a
+    word."""
     if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
         return None
     rank = os.environ.get("RANK", "?")
 
-    def stopped(signum: int, frame: object) -> NoReturn:
+    def stopped(signum: int, frame: object) -> None:
+        if _ending(sys.exc_info()[1]):
+            return
         raise DistributedError(
             f"rank {rank}: stopped by SIGTERM, which torchrun sends to every rank once one "
             "rank has failed or was killed (its 'Root Cause' below names that rank), or "
             "someone ended the run")
 
     return signal.signal(signal.SIGTERM, stopped)
+
+
+def _ending(err: BaseException | None) -> bool:
+    """Whether ``err`` ends this rank because of the group: a ``DistributedError``, or a
+    RuntimeError that ``_raise_lost`` turns into one."""
+    if isinstance(err, DistributedError):
+        return True
+    text = str(err).lower() if isinstance(err, RuntimeError) else ""
+    return any(marker in text for marker in (*_LOST, "timed out"))
 
 
 def _lost_peer(rank: str) -> str:
