@@ -3,6 +3,7 @@ examples, so a green or red CI does not depend on the draw."""
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,11 +44,28 @@ def _process_limits_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pathlift.memory, "_time_limit", pathlift.memory._time_limit)
 
 
+_KRON_CACHE = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmpdir plugin made its factory
+def pytest_configure(config: pytest.Config) -> None:
+    """``PATHLIFT_CACHE_DIR``, the Kronecker kernel and measurement cache, set for the
+    whole run before collection (the Kronecker tests' vector widths come from the kernel
+    this machine builds) to a folder of the run's temporary one, never the user's
+    ~/.cache/pathlift: the xdist workers share it (beside their own folders), so each
+    kernel is built once a run, not once a worker (6 of 14 builds were the other worker's
+    again). The cache's writes are atomic and its libraries named by their digest, as for
+    a user's concurrent processes."""
+    base = config._tmp_path_factory.getbasetemp()  # pytest's own, as xdist uses it
+    folder = (base.parent if hasattr(config, "workerinput") else base) / "pathlift-cache"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.environ["PATHLIFT_CACHE_DIR"] = str(folder)
+    config.stash[_KRON_CACHE] = folder
+
+
 @pytest.fixture(scope="session")
-def kron_cache_dir(tmp_path_factory: pytest.TempPathFactory):
-    """The Kronecker kernel and measurement cache of the whole session (of each xdist
-    worker), in a temporary folder (``kron_fixtures.isolated_kron_cache``). Defined here
-    once: a session fixture defined (imported) in each test module is one per module,
-    and each module built the same kernels again (17 builds of 9 kernels in the
-    Kronecker tests)."""
-    return tmp_path_factory.mktemp("pathlift-cache")
+def kron_cache_dir(pytestconfig: pytest.Config) -> Path:
+    """The Kronecker kernel and measurement cache of the run (``pytest_configure``), which
+    ``kron_fixtures.isolated_kron_cache`` sets again for the tests that change the
+    environment."""
+    return pytestconfig.stash[_KRON_CACHE]

@@ -1,4 +1,4 @@
-"""Fixtures of the Kronecker-sparse tests: one kernel and measurement cache per session in a
+"""Fixtures of the Kronecker-sparse tests: one kernel and measurement cache per run in a
 temporary folder, never the user's ~/.cache/pathlift; a fresh process loading the kernel;
 quick builds for the tests of the cache itself."""
 

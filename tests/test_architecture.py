@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = "docs/architecture.md"
 LAYER_LINE = re.compile(r"^\s*(\d+)\s+([\w-]+)\s+(.+?)\s*$")
@@ -189,21 +191,27 @@ def test_every_package_has_a_layer():
     assert not stale, f"{PAGE} names packages that do not exist: {stale}"
 
 
-def test_no_import_cycle_between_packages():
-    assert cycles(package_graph(imports(ROOT))) == []
+@pytest.fixture(scope="module")
+def found() -> list[Import]:
+    """The imports of the repository's source, read once for the checks below."""
+    return imports(ROOT)
 
 
-def test_no_module_level_import_cycle_inside_a_package():
-    assert cycles(module_graph(imports(ROOT))) == []
+def test_no_import_cycle_between_packages(found):
+    assert cycles(package_graph(found)) == []
 
 
-def test_no_upward_import_between_layers():
-    bad = upward(imports(ROOT), layers())
+def test_no_module_level_import_cycle_inside_a_package(found):
+    assert cycles(module_graph(found)) == []
+
+
+def test_no_upward_import_between_layers(found):
+    bad = upward(found, layers())
     assert not bad, "\n".join(f"{i.source}:{i.line} imports {i.target}" for i in bad)
 
 
-def test_function_local_imports_of_pathlift_buy_start_up_time():
-    bad = uncommented_local(imports(ROOT))
+def test_function_local_imports_of_pathlift_buy_start_up_time(found):
+    bad = uncommented_local(found)
     assert not bad, "\n".join(f"{i.source}:{i.line} imports {i.target} in a function "
                               f"without '{START_UP} ...'" for i in bad)
 

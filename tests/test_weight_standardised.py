@@ -13,6 +13,7 @@ the stored weight in place of the effective one, are refused in one line saying 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -38,7 +39,18 @@ from pathlift.quant import quantize
 from pathlift.symmetry import magnitude_prune, normalize, random_rescale, rescale
 from pathlift.testing.neurons import NeuronDAG
 
-layers = pytest.importorskip("timm.layers")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None,
+                                reason="timm is not installed")
+
+
+def _timm_layers():
+    """``timm.layers``, imported when a test of this file first builds a ``Net``, not at
+    collection: its ~760 nn.Module subclasses make each torch.fx trace that the worker runs
+    afterwards slower (tests/test_timm.py)."""
+    import timm.layers
+
+    return timm.layers
+
 
 SHAPE = (2, 6, 6)
 
@@ -69,6 +81,7 @@ class Net(nn.Module):
 
     def __init__(self):
         super().__init__()
+        layers = _timm_layers()
         self.stem = layers.StdConv2d(2, 4, 3)
         self.bn = nn.BatchNorm2d(4)
         self.conv = layers.ScaledStdConv2d(4, 5, 3, bias=True, gain_init=0.7)
