@@ -8,11 +8,12 @@ import json
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+import warm_process
 
 # A fresh process: the float32 kernel from $PATHLIFT_CACHE_DIR, its product against the
 # dense matrix in float64, and the warnings it gave.
@@ -33,10 +34,12 @@ print(json.dumps({"kernel": kernel is not None, "error": float((y - ref).abs().m
 
 
 def kernel_child(cache_dir: Path, **env: str) -> dict:
-    """What ``KERNEL_CHILD`` reports, run with ``PATHLIFT_CACHE_DIR=cache_dir`` and ``env``."""
+    """What ``KERNEL_CHILD`` reports, run with ``PATHLIFT_CACHE_DIR=cache_dir`` and ``env``
+    in a fork of the warm process (tests/warm_process.py), which imported pathlift but
+    never loaded a kernel."""
     env = os.environ | {"PATHLIFT_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1", **env}
-    proc = subprocess.run([sys.executable, "-c", KERNEL_CHILD], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = subprocess.run([warm_process.python(), "-c", KERNEL_CHILD], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])
 

@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import pathlift.files
+import warm_process
 from pathlift.bounds.symmetry_aware import QuantReport
 from pathlift.data import load_digits, loaders, synthetic
 from pathlift.errors import InvalidParameterError
@@ -499,8 +499,10 @@ except pathlift.PathliftError as err:
 
 
 def _refused(call: str, tmp_path: Path) -> tuple[str, int, str]:
-    out = subprocess.run([sys.executable, "-c", _HUGE.format(call=call)], capture_output=True,
-                         text=True, timeout=300, cwd=tmp_path,
+    """In a child of its own: a fork of the warm process (tests/warm_process.py), whose
+    resident memory is measured from the fork on."""
+    out = subprocess.run([warm_process.python(), "-c", _HUGE.format(call=call)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     kind, grown_mb, message = out.stdout.strip().split("|")

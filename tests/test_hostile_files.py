@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import pathlift.files
+import warm_process
 from cli_runner import invoke
 from kron_fixtures import (  # noqa: F401
     isolated_kron_cache,
@@ -92,14 +93,16 @@ for args in commands:
 def _limited_clis(commands: list[list[str]], cwd: Path, address_space: int = 4 << 30,
                   timeout: float = 120) -> list[tuple[int, float, str]]:
     """(exit status, seconds, stderr) of each ``pathlift ARGS`` of ``commands``, run one
-    after the other in one child under `ulimit -v` (so they share its imports and load)."""
+    after the other in one child under `ulimit -v` (so they share its imports and load): a
+    fork of the warm process (tests/warm_process.py), which takes the limit from its
+    client."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
     args = [arg for command in commands for arg in (THEN, *command)][1:]
-    proc = subprocess.run([sys.executable, "-c", _CLI_CHILD, *args], cwd=cwd, timeout=timeout,
-                          capture_output=True, text=True, preexec_fn=limit,
+    proc = subprocess.run([warm_process.python(), "-c", _CLI_CHILD, *args], cwd=cwd,
+                          timeout=timeout, capture_output=True, text=True, preexec_fn=limit,
                           env=os.environ | {"OMP_NUM_THREADS": "1"})
     status = [line.split() for line in proc.stdout.splitlines() if line.startswith("STATUS ")]
     errors = proc.stderr.split("END\n")
@@ -147,8 +150,10 @@ except pathlift.PathliftError as err:
 
 def _refused(call: str, cwd: Path, limit: str) -> tuple[str, int, str]:
     """(error class, MB the child's resident memory grew, message) of ``call`` under the
-    memory limit ``limit``, in a fresh process."""
-    proc = subprocess.run([sys.executable, "-c", _GROWTH_CHILD.format(call=call, limit=limit)],
+    memory limit ``limit``, in a child of its own: a fork of the warm process
+    (tests/warm_process.py), whose resident memory is measured from the fork on."""
+    proc = subprocess.run([warm_process.python(), "-c",
+                           _GROWTH_CHILD.format(call=call, limit=limit)],
                           capture_output=True, text=True, timeout=300, cwd=cwd,
                           env=os.environ | {"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]

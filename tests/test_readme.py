@@ -6,7 +6,7 @@ page) where ``.venv`` links to the environment running the tests, so
 ``.venv/bin/pathlift ...`` is the literal text a user pastes from the repository root, and
 what a block writes stays out of the repository. There ``.venv`` is a folder of links to
 the environment's, but for ``bin/pathlift``, which runs each command line in a fork of one
-process that imported torch and pathlift once (tests/cli_server.py): the same entry, the
+process that imported torch and pathlift once (tests/warm_process.py): the same entry, the
 command line's own arguments, environment, folder, streams and exit status, without 1.5 s
 of imports each (about 30 command lines). ``python`` blocks run in a fresh
 namespace each (no block relies on another's variables); ``bash`` blocks run with
@@ -19,13 +19,9 @@ runs alone.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +29,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from cli_server import client_script
+from warm_process import client_script, warm
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -158,31 +154,8 @@ class Runner:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    """The address of the warm ``pathlift`` process (tests/cli_server.py), ended with every
-    command line still running in it."""
-    folder = tempfile.mkdtemp(prefix="pathlift-docs-")  # a socket's path: 107 bytes at most
-    address = os.path.join(folder, "pathlift.sock")
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py")),
-                             address], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(address):
-            assert proc.poll() is None and time.monotonic() < deadline, \
-                "the warm pathlift process did not start"
-            time.sleep(0.05)
-        yield address
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for name in os.listdir(folder):
-            os.unlink(os.path.join(folder, name))
-        os.rmdir(folder)
-
-
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory, server: str) -> Iterator[Runner]:
-    yield Runner(tmp_path_factory.mktemp("docs"), server)
+def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
+    yield Runner(tmp_path_factory.mktemp("docs"), warm().address)
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
