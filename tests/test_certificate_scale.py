@@ -5,14 +5,13 @@ process bit for bit, duplicates across shards counted exactly (tests/certificate
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from certificate_worker import problem
-from test_distributed import TORCHRUN, _launch
+from test_distributed import TORCHRUN, WARM, _launch
 
 pytestmark = pytest.mark.serial  # a torchrun group of its own
 
@@ -28,7 +27,7 @@ def test_two_ranks_certify_bit_for_bit_as_one_process(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
-    rc, log = _launch([sys.executable, WORKER, str(one)], tmp_path)
+    rc, log = _launch([WARM, WORKER, str(one)], tmp_path)
     assert rc == 0, log
     rc, log = _launch([*TORCHRUN, WORKER, str(two)], tmp_path)
     assert rc == 0, log

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 from typer.testing import CliRunner
 
+import warm_process
 from pathlift import distributed
 from pathlift.cli import app
 from pathlift.data import load_digits, loaders
@@ -37,18 +37,26 @@ from pathlift.track import PathNormTracker
 # torchrun groups of its own: `make test` runs it alone, after the parallel run
 pytestmark = pytest.mark.serial
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", "2"]
+#: where ``_launch`` puts the warm process's python (tests/warm_process.py): torchrun's
+#: launcher and each rank (``--no-python``: the client is the rank's program) run in forks
+#: of one process that imported torch and pathlift, each still a process of its own and the
+#: launcher's child, as torchrun's ``python -u`` (PYTHONUNBUFFERED) would run it, without 2 s
+#: of imports each (about 30 s of the serial run's CPU)
+WARM = "<the warm python>"
+TORCHRUN = [WARM, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "--no-python", WARM]
 PRUNE = ["prune", "--model", "mlp", "--epochs", "2", "--rewind-epoch", "1", "--amount", "0.8",
          "--method", "path-magnitude-global", "--method", "magnitude-layerwise"]
 
 
 def _launch(args: list[str], cwd: Path, timeout: float = 300) -> tuple[int, str]:
-    """Run a command in its own session; on a timeout kill it with its children. The
-    processes import the pathlift under test (a relative PYTHONPATH made absolute)."""
+    """Run a command (``WARM``: the warm process's python) in its own session; on a
+    timeout kill it with its children. The processes import the pathlift under test (a
+    relative PYTHONPATH made absolute)."""
     path = os.pathsep.join(str(Path(p).resolve()) for p in
                            os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    args = [warm_process.python() if arg == WARM else arg for arg in args]
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -66,3 +67,9 @@ def test_a_client_killed_by_a_timeout_ends_its_fork(tmp_path: Path) -> None:
     assert time.monotonic() - start < 2.5  # the streams closed with the fork, not at its end
     time.sleep(3)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("number", [signal.SIGKILL, signal.SIGTERM])
+def test_a_child_ended_by_a_signal_ends_its_client_by_it(number: int) -> None:
+    warm, fresh = _both(["-c", f"import os\nos.kill(os.getpid(), {int(number)})"])
+    assert warm.returncode == fresh.returncode == -number

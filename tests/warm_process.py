@@ -4,14 +4,16 @@ pathlift once, and each command line sent to it runs in a fork of it.
 A fresh process spends about 1.5 s of CPU importing torch before its first line runs, and
 the tests start about a hundred: the docs' bash blocks run about 30 ``pathlift`` command
 lines (tests/test_readme.py), the hostile-file and kernel-cache checks about 30 ``python
--c`` children. Each runs here in a fork that is set up as the command line's own process:
-its arguments, environment, working folder, standard streams and resource limits (those
-of the client, so a ``preexec_fn`` that sets ``ulimit -v`` applies to it), a fresh
-``__main__``; its exit status, or the signal that ended it, is the command line's. The
-client (``client_script``) is a small executable without torch that stands where the
-command would: ``.venv/bin/pathlift`` in a docs block, ``python()`` in place of
-``sys.executable`` (``-c CODE`` or ``-m MODULE``). SIGINT, SIGTERM and SIGHUP sent to the
-client are passed on; a client that ends (a timeout's kill) takes its fork with it.
+-c`` children, the torchrun checks a launcher and two ranks each (tests/test_distributed.py:
+the client is the ranks' program). Each runs here in a fork that is set up as the command
+line's own process: its arguments, environment, working folder, standard streams and
+resource limits (those of the client, so a ``preexec_fn`` that sets ``ulimit -v`` applies
+to it), a fresh ``__main__``; its exit status, or the signal that ended it, is the command
+line's. The client (``client_script``) is a small executable without torch that stands
+where the command would: ``.venv/bin/pathlift`` in a docs block, ``python()`` in place of
+``sys.executable`` (``-c CODE``, ``-m MODULE`` or a script). SIGINT, SIGTERM and SIGHUP
+sent to the client are passed on; a client that ends (a timeout's kill) takes its fork
+with it.
 
 What a fork cannot show stays in fresh processes: which modules a command imports, start-up
 time, a kill at a random moment, a closed standard stream. The console script itself runs
@@ -84,7 +86,8 @@ def request(address: str, mode: str) -> int:
         (status,) = _STATUS.unpack(_read(sock, _STATUS.size))
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the two without a handler
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
@@ -101,12 +104,15 @@ def client_script(address: str, mode: str = "cli") -> str:
 
 def _standard_streams() -> None:
     """sys.stdin, stdout and stderr made anew on file descriptors 0, 1 and 2 as Python
-    makes them at start-up (the server's were made on its own files)."""
+    makes them at start-up (the server's were made on its own files), unbuffered under
+    PYTHONUNBUFFERED (``python -u``)."""
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     for number, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         kept = getattr(sys, name)
         stream = io.TextIOWrapper(open(number, mode + "b", closefd=False),  # noqa: SIM115
                                   encoding=kept.encoding, errors=kept.errors,
-                                  line_buffering=name == "stderr" or os.isatty(number))
+                                  line_buffering=name == "stderr" or os.isatty(number),
+                                  write_through=unbuffered and mode == "w")
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
@@ -177,21 +183,27 @@ def _accept(listener: socket.socket) -> dict:
 
 
 def _run_python(argv: list[str]) -> None:
-    """``python -c CODE ARGS`` or ``python -m MODULE ARGS`` in this process, as a fresh
-    interpreter runs them: a new ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python
-    sets them; an exception ends the process with a traceback and status 1."""
+    """``python -c CODE ARGS``, ``python -m MODULE ARGS`` or ``python SCRIPT ARGS`` in this
+    process, as a fresh interpreter runs them: a new ``__main__``, ``sys.argv`` and
+    ``sys.path[0]`` as Python sets them; an exception ends the process with a traceback
+    and status 1."""
     import runpy
+    import warnings
 
+    if argv[0] not in ("-c", "-m"):
+        sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+        return
     option, target, *args = argv
-    sys.path[0] = "" if option == "-c" else os.getcwd()
     if option == "-m":
-        sys.argv = [target, *args]  # runpy puts the module's file first
+        sys.argv, sys.path[0] = [target, *args], os.getcwd()  # runpy puts the file first
+        # a module this process imported (pathlift.cli) runs again as __main__, as in a
+        # fresh interpreter, without runpy's warning that it was imported
+        warnings.filterwarnings("ignore", f"'{target}' found in sys.modules", RuntimeWarning)
         runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
-    if option != "-c":
-        raise SystemExit(f"warm_process: only -c and -m, not {option!r}")
     main = types.ModuleType("__main__")
-    sys.modules["__main__"], sys.argv = main, ["-c", *args]
+    sys.modules["__main__"], sys.argv, sys.path[0] = main, ["-c", *args], ""
     exec(compile(target, "<string>", "exec"), main.__dict__)
 
 
@@ -256,8 +268,8 @@ def warm() -> WarmProcess:
 
 
 def python() -> str:
-    """An executable that runs ``python ARGS`` (``-c CODE`` or ``-m MODULE``) in a fork of
-    the warm process: in place of ``sys.executable`` for a child that needs a fresh
+    """An executable that runs ``python ARGS`` (``-c CODE``, ``-m MODULE`` or ``SCRIPT``) in a
+    fork of the warm process: in place of ``sys.executable`` for a child that needs a fresh
     ``__main__`` but not a fresh interpreter."""
     return warm().python
 
