@@ -37,6 +37,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+import warm_process
 from cli_runner import invoke
 from pathlift.cli_support import printable
 from pathlift.lift import path_norm
@@ -609,8 +610,9 @@ def _interrupt(args: list[str], cwd: Path, after: float) -> tuple[float, int, st
     line (the work starts right after it: mid-work), and return the seconds it took to end,
     its status and its stderr."""
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "pathlift.cli", *args], cwd=cwd, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([warm_process.python(), "-m", "pathlift.cli", *args], cwd=cwd,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     first = process.stdout.readline()
     assert first.startswith("estimate: "), first + process.stderr.read()
     try:

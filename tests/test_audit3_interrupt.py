@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import warm_process
 from cli_runner import invoke
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -32,8 +32,8 @@ def _user_files(folder: Path) -> dict[Path, bytes]:
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "pathlift.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([warm_process.python(), "-m", "pathlift.cli", *args], cwd=cwd,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _interrupt(process: subprocess.Popen) -> tuple[float, str]:

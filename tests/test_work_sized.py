@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import warm_process
 from cli_runner import invoke
 from pathlift.depth.classes import parse_model
 from pathlift.jobs import depth
@@ -117,7 +118,7 @@ def test_ctrl_c_after_the_estimate_stops_within_a_second_in_one_line(tmp_path):
     """SIGINT as soon as the estimate line shows (the runs start right after it)."""
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "pathlift.cli", "depth", "--depths", "3000", "--samples",
+        [warm_process.python(), "-m", "pathlift.cli", "depth", "--depths", "3000", "--samples",
          "20000", "--seeds", "1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:

@@ -4,16 +4,16 @@ pathlift once, and each command line sent to it runs in a fork of it.
 A fresh process spends about 1.5 s of CPU importing torch before its first line runs, and
 the tests start about a hundred: the docs' bash blocks run about 30 ``pathlift`` command
 lines (tests/test_readme.py), the hostile-file and kernel-cache checks about 30 ``python
--c`` children, the torchrun checks a launcher and two ranks each (tests/test_distributed.py:
-the client is the ranks' program). Each runs here in a fork that is set up as the command
-line's own process: its arguments, environment, working folder, standard streams and
-resource limits (those of the client, so a ``preexec_fn`` that sets ``ulimit -v`` applies
-to it), a fresh ``__main__``; its exit status, or the signal that ended it, is the command
-line's. The client (``client_script``) is a small executable without torch that stands
-where the command would: ``.venv/bin/pathlift`` in a docs block, ``python()`` in place of
-``sys.executable`` (``-c CODE``, ``-m MODULE`` or a script). SIGINT, SIGTERM and SIGHUP
-sent to the client are passed on; a client that ends (a timeout's kill) takes its fork
-with it.
+-c`` children, the Ctrl-C checks their command lines, the torchrun checks a launcher and
+two ranks each (tests/test_distributed.py: the client is the ranks' program). Each runs
+here in a fork that is set up as the command line's own process: its arguments,
+environment, working folder, standard streams and resource limits (those of the client,
+so a ``preexec_fn`` that sets ``ulimit -v`` applies to it), a fresh ``__main__``; its exit
+status, or the signal that ended it, is the command line's. The client
+(``client_script``) is a small executable without torch that stands where the command
+would: ``.venv/bin/pathlift`` in a docs block, ``python()`` in place of ``sys.executable``
+(``-c CODE``, ``-m MODULE`` or a script). SIGINT, SIGTERM and SIGHUP sent to the client
+are passed on; a client that ends (a timeout's kill) takes its fork with it.
 
 What a fork cannot show stays in fresh processes: which modules a command imports, start-up
 time, a kill at a random moment, a closed standard stream. The console script itself runs
