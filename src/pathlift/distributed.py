@@ -344,13 +344,22 @@ def _stop_on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, stopped)
 
 
+def _group_failure(err: BaseException | None) -> str | None:
+    """"lost" when ``err`` is a RuntimeError saying another rank's process is gone, "timed
+    out" when it says a collective or the rendezvous timed out, else None (gloo raises a
+    plain RuntimeError, NCCL and the store torch.distributed.DistError subclasses)."""
+    if not isinstance(err, RuntimeError):
+        return None
+    text = str(err).lower()
+    if any(marker in text for marker in _LOST):
+        return "lost"
+    return "timed out" if "timed out" in text else None
+
+
 def _ending(err: BaseException | None) -> bool:
     """Whether ``err`` ends this rank because of the group: a ``DistributedError``, or a
     RuntimeError that ``_raise_lost`` turns into one."""
-    if isinstance(err, DistributedError):
-        return True
-    text = str(err).lower() if isinstance(err, RuntimeError) else ""
-    return any(marker in text for marker in (*_LOST, "timed out"))
+    return isinstance(err, DistributedError) or _group_failure(err) is not None
 
 
 def _lost_peer(rank: str) -> str:
@@ -362,17 +371,16 @@ def _lost_peer(rank: str) -> str:
 
 def _raise_lost(err: RuntimeError, wait: timedelta) -> None:
     """Raise a one-line ``DistributedError`` if ``err`` is a collective or rendezvous that
-    timed out, or lost its connection to another rank (gloo raises a plain RuntimeError,
-    NCCL and the store torch.distributed.DistError subclasses)."""
-    text = str(err).lower()
+    timed out, or lost its connection to another rank (``_group_failure``)."""
+    failure = _group_failure(err)
     rank = os.environ.get("RANK", "?")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if any(marker in text for marker in _LOST):
+    if failure == "lost":
         raise DistributedError(
             f"rank {rank}: lost the connection to {_lost_peer(rank)} ({first[:160]}); that "
             "rank ended or was killed, and its own output (or torchrun's 'Root Cause' "
             "below) says why") from err
-    if "timed out" not in text:
+    if failure is None:
         return
     raise DistributedError(
         f"rank {rank}: the other ranks did not answer within {wait.total_seconds():g} s "
