@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import time
 import traceback
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import pathlift.files
-import warm_process
+from memory_growth import refused
 from pathlift.bounds.symmetry_aware import QuantReport
 from pathlift.data import load_digits, loaders, synthetic
 from pathlift.errors import InvalidParameterError
@@ -482,36 +481,9 @@ def test_a_read_only_output_folder_is_one_line(tmp_path):
 # ------------------------------------------------------------------ too large for the machine
 
 
-_HUGE = """
-import resource
-import pathlift
-import pathlift.models
-from torch import nn
-from pathlift.lift.path_norm import path_norm
-model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 1, 3, padding=1))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-try:
-    {call}
-except pathlift.PathliftError as err:
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    print(type(err).__name__, grown // 1024, err, sep="|")
-"""
-
-
-def _refused(call: str, tmp_path: Path) -> tuple[str, int, str]:
-    """In a child of its own: a fork of the warm process (tests/warm_process.py), whose
-    resident memory is measured from the fork on."""
-    out = subprocess.run([warm_process.python(), "-c", _HUGE.format(call=call)],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr
-    kind, grown_mb, message = out.stdout.strip().split("|")
-    return kind, int(grown_mb), message
-
-
 def test_a_huge_input_shape_is_refused_before_allocating(tmp_path):
     side = 65536
-    kind, grown_mb, message = _refused(f"path_norm(model, (1, {side}, {side}))", tmp_path)
+    kind, grown_mb, message = refused(f"path_norm(model, (1, {side}, {side}))", tmp_path)
     assert kind == "MemoryLimitError" and grown_mb < 100
     # by hand: float64 input, conv (8 ch), relu (8 ch), conv (1 ch) outputs at batch 1,
     # and the parameters twice (|theta|^q and its gradient)
@@ -527,7 +499,7 @@ def test_a_checkpoint_asking_for_a_huge_model_is_refused_before_building(tmp_pat
     tensors = {f"t{i}": torch.zeros(1) for i in range(6)}
     save_file(tensors, str(path), {"pathlift.arch": "mlp", "pathlift.kwargs":
                                                json.dumps({"hidden": [200000, 200000]})})
-    kind, grown_mb, message = _refused(f"pathlift.models.load_model({str(path)!r})", tmp_path)
+    kind, grown_mb, message = refused(f"pathlift.models.load_model({str(path)!r})", tmp_path)
     assert kind == "MemoryLimitError" and grown_mb < 100
     params = 64 * 200000 + 200000 + 200000 * 200000 + 200000 + 200000 * 10 + 10
     assert f"'mlp' {{'hidden': [200000, 200000]}} needs about {params * 4 / 2**30:.1f} GB" \

@@ -38,6 +38,7 @@ from kron_fixtures import (  # noqa: F401
     kernel_child,
     quick_build,
 )
+from memory_growth import refused
 from pathlift.data import load_data
 from pathlift.errors import ArchitectureMismatchError, InvalidParameterError, UnsupportedModelError
 from pathlift.files import FileSystemError, append_rows, write_text
@@ -129,36 +130,6 @@ def _refused_as_promptly(args: list[str], baseline: list[str], cwd: Path) -> tup
     limit = 2 * max(before[1], after[1]) + 0.5
     assert seconds <= limit, f"took {seconds:.2f} s, the plain refusal {before[1]:.2f} s"
     return code, stderr
-
-
-# A child process measuring how much its resident memory grew during ``{call}``, which
-# must raise a PathliftError: prints "kind|MB grown|message".
-_GROWTH_CHILD = """
-import resource, sys
-import torch
-import pathlift, pathlift.models, pathlift.data, pathlift.lift
-from torch import nn
-pathlift.set_memory_limit({limit!r})
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-try:
-    {call}
-except pathlift.PathliftError as err:
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    print(type(err).__name__, grown // 1024, str(err).replace("\\n", " "), sep="|")
-"""
-
-
-def _refused(call: str, cwd: Path, limit: str) -> tuple[str, int, str]:
-    """(error class, MB the child's resident memory grew, message) of ``call`` under the
-    memory limit ``limit``, in a child of its own: a fork of the warm process
-    (tests/warm_process.py), whose resident memory is measured from the fork on."""
-    proc = subprocess.run([warm_process.python(), "-c",
-                           _GROWTH_CHILD.format(call=call, limit=limit)],
-                          capture_output=True, text=True, timeout=300, cwd=cwd,
-                          env=os.environ | {"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
-    kind, grown, message = proc.stdout.strip().splitlines()[-1].split("|", 2)
-    return kind, int(grown), message
 
 
 # ===================================================================== code execution
@@ -496,7 +467,7 @@ def test_a_deflate_bomb_pt_is_refused_before_it_is_unpacked(tmp_path):
     bomb = _deflated_copy(plain, tmp_path / "bomb.pt")
     plain.unlink()
     assert bomb.stat().st_size < 200_000  # a ratio above 300:1, as the audit's 1 MB -> 1 GiB
-    kind, grown, message = _refused(f"pathlift.models.read_checkpoint({str(bomb)!r})",
+    kind, grown, message = refused(f"pathlift.models.read_checkpoint({str(bomb)!r})",
                                     tmp_path, "32M")
     assert kind == "MemoryLimitError" and grown < 24, message
     assert "unpacking" in message and "bomb.pt" in message
@@ -507,7 +478,7 @@ def test_a_deflate_bomb_npz_is_refused_before_it_is_unpacked(tmp_path):
     bomb = tmp_path / "bomb.npz"
     np.savez_compressed(bomb, x=np.zeros((1 << 20, 8)), y=np.zeros(1 << 20))  # 72 MiB
     assert bomb.stat().st_size < 200_000
-    kind, grown, message = _refused(f"pathlift.data.load_data({str(bomb)!r})", tmp_path, "32M")
+    kind, grown, message = refused(f"pathlift.data.load_data({str(bomb)!r})", tmp_path, "32M")
     assert kind == "MemoryLimitError" and grown < 24 and "unpacking" in message, message
 
 
@@ -565,7 +536,7 @@ def test_an_image_over_the_memory_limit_or_a_text_bomb_is_refused(tmp_path):
     """Unlisted: 81 M pixels (under Pillow's own limit) refused by --max-memory before it
     is decoded; a 64 MiB compressed text chunk refused by Pillow's text limit."""
     folder = _image_folder(tmp_path, _png(tmp_path / "large.png", 9000, 9000))
-    kind, grown, message = _refused(f"pathlift.data.load_data({str(folder)!r})", tmp_path,
+    kind, grown, message = refused(f"pathlift.data.load_data({str(folder)!r})", tmp_path,
                                     "256M")
     assert kind == "MemoryLimitError" and grown < 64 and "large.png" in message, message
     text = b"k\0\0" + zlib.compress(bytes(64 << 20), 9)
@@ -584,7 +555,7 @@ def _maxpool_net() -> nn.Module:
 def test_the_max_pool_probe_over_the_limit_is_refused_without_allocating(tmp_path):
     call = ("pathlift.lift.path_norm(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), "
             "nn.MaxPool2d(2, padding=1)), (1, 20000, 20000))")
-    kind, grown, message = _refused(call, tmp_path, "1G")
+    kind, grown, message = refused(call, tmp_path, "1G")
     # a full-size probe alone is 20000^2 float32 = 1.5 GiB
     assert kind == "MemoryLimitError" and grown < 100, message
 
@@ -613,7 +584,7 @@ def test_the_padding_probe_agrees_with_a_full_size_one(sides, kernel, stride, di
 
 
 def test_a_model_factory_with_a_huge_class_count_is_refused_before_building(tmp_path):
-    kind, grown, message = _refused(
+    kind, grown, message = refused(
         "pathlift.models.model_factory('small_cnn', num_classes=10**12)", tmp_path, "8G")
     assert kind == "MemoryLimitError" and grown < 100 and "num_classes" in message, message
 
@@ -628,7 +599,7 @@ def test_a_kron_chain_larger_than_its_factors_is_refused_before_building(tmp_pat
     path = tmp_path / "chain.safetensors"
     save_file(state, str(path), {"pathlift.arch": "mlp", "pathlift.kwargs": json.dumps(
         {"in_features": 16, "hidden": [], "num_classes": 16})})
-    kind, grown, message = _refused(f"pathlift.models.load_model({str(path)!r})", tmp_path,
+    kind, grown, message = refused(f"pathlift.models.load_model({str(path)!r})", tmp_path,
                                     "8G")
     assert kind == "ArchitectureMismatchError" and grown < 100, message
     assert "saved chain" in message
