@@ -73,3 +73,11 @@ def test_a_client_killed_by_a_timeout_ends_its_fork(tmp_path: Path) -> None:
 def test_a_child_ended_by_a_signal_ends_its_client_by_it(number: int) -> None:
     warm, fresh = _both(["-c", f"import os\nos.kill(os.getpid(), {int(number)})"])
     assert warm.returncode == fresh.returncode == -number
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_pythonunbuffered_makes_the_streams_write_through_as_in_python_u(unbuffered: str
+                                                                          ) -> None:
+    code = "import sys\nprint(sys.stdout.write_through, sys.stderr.write_through)"
+    warm, fresh = _both(["-c", code], env=os.environ | {"PYTHONUNBUFFERED": unbuffered})
+    assert warm.stdout == fresh.stdout == f"{bool(unbuffered)} {bool(unbuffered)}\n"
